@@ -1,0 +1,509 @@
+//! The on-disk format, as pure functions over byte slices: segment file
+//! headers, entry frames, and sealed-segment index files. No IO here.
+//!
+//! ```text
+//! segment file  = segment header (40 B) , frame*
+//! segment header= magic "FLOGSEG\0" (8) | version u32 | flags u32 | base index u64
+//!                 | base offset u64 | crc32c u32 (of the 32 bytes before) | zero u32
+//! frame         = frame_len u32 (bytes after this field)
+//!                 | crc32c u32 (Castagnoli, over every byte after this field)
+//!                 | kind u8 | attrs u8 | reserved u16
+//!                 | term u64 | leader node u64 | index u64
+//!                 | base offset u64 | record count u32
+//!                 | first timestamp ms i64 | max timestamp ms i64
+//!                 | producer id i64 | producer epoch i16 | base sequence i32 | reserved u16
+//!                 | payload (records, membership as JSON, or nothing)
+//! ```
+//! All integers are little-endian. A frame carries its full Raft log id, so
+//! any copy of a segment (a replica's, a snapshot's) is self-describing.
+
+use bytes::Bytes;
+
+use crate::batch::RecordBatch;
+use crate::types::{Entry, EntryPayload, LogId, Membership, log_id};
+
+/// Magic bytes at the start of every segment file.
+pub const SEGMENT_MAGIC: [u8; 8] = *b"FLOGSEG\0";
+/// Magic bytes at the start of every sealed-segment index file.
+pub const INDEX_MAGIC: [u8; 8] = *b"FLOGIDX\0";
+/// Current on-disk format version of segment and index files.
+pub const FORMAT_VERSION: u32 = 1;
+/// Length of a segment file header, bytes.
+pub const SEGMENT_HEADER_BYTES: usize = 40;
+/// Length of a frame's fixed header, bytes (the two leading u32 included).
+pub const FRAME_HEADER_BYTES: usize = 80;
+/// Largest frame the decoder accepts, bytes. Anything larger is treated as
+/// garbage, so a corrupt length can never make us allocate gigabytes.
+pub const FRAME_BYTES_MAX: usize = 256 * 1024 * 1024;
+
+/// Kind byte of a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// A leader's blank entry (Raft paper §8); occupies no offset.
+    Blank = 1,
+    /// A record batch; occupies `record_count` offsets.
+    Records = 2,
+    /// A membership change; occupies no offset.
+    Membership = 3,
+}
+
+impl FrameKind {
+    fn from_u8(b: u8) -> Option<Self> {
+        match b {
+            1 => Some(Self::Blank),
+            2 => Some(Self::Records),
+            3 => Some(Self::Membership),
+            _ => None,
+        }
+    }
+}
+
+/// Why bytes could not be decoded. Positions are relative to the slice given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Fewer bytes than the structure needs: a torn write at a file's tail,
+    /// or a read that stopped short.
+    #[error("truncated: need {needed} bytes, have {available}")]
+    Truncated {
+        /// Bytes the structure needs.
+        needed: usize,
+        /// Bytes available.
+        available: usize,
+    },
+    /// The stored checksum does not match the bytes.
+    #[error("crc32c mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    Checksum {
+        /// Checksum stored on disk.
+        stored: u32,
+        /// Checksum computed over the bytes read.
+        computed: u32,
+    },
+    /// A field holds a value the format does not allow.
+    #[error("invalid {field}: {detail}")]
+    Invalid {
+        /// Name of the field.
+        field: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+fn invalid(field: &'static str, detail: impl Into<String>) -> DecodeError {
+    DecodeError::Invalid { field, detail: detail.into() }
+}
+
+/// The parsed header of a segment file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentHeader {
+    /// Raft index of the first entry the segment holds (or will hold).
+    pub base_index: u64,
+    /// Offset of the first record the segment holds (or will hold).
+    pub base_offset: u64,
+}
+
+impl SegmentHeader {
+    /// Encodes the header into its fixed 40 bytes.
+    pub fn encode(&self) -> [u8; SEGMENT_HEADER_BYTES] {
+        let mut b = [0u8; SEGMENT_HEADER_BYTES];
+        b[0..8].copy_from_slice(&SEGMENT_MAGIC);
+        b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[16..24].copy_from_slice(&self.base_index.to_le_bytes());
+        b[24..32].copy_from_slice(&self.base_offset.to_le_bytes());
+        let crc = crc32c::crc32c(&b[0..32]);
+        b[32..36].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Decodes and verifies a segment header.
+    ///
+    /// # Errors
+    /// [`DecodeError`] if the slice is short, the magic or version is wrong,
+    /// or the checksum does not match.
+    pub fn decode(b: &[u8]) -> Result<Self, DecodeError> {
+        if b.len() < SEGMENT_HEADER_BYTES {
+            return Err(DecodeError::Truncated { needed: SEGMENT_HEADER_BYTES, available: b.len() });
+        }
+        if b[0..8] != SEGMENT_MAGIC {
+            return Err(invalid("segment magic", format!("{:?}", &b[0..8])));
+        }
+        let stored = u32_at(b, 32);
+        let computed = crc32c::crc32c(&b[0..32]);
+        if stored != computed {
+            return Err(DecodeError::Checksum { stored, computed });
+        }
+        let version = u32_at(b, 8);
+        if version != FORMAT_VERSION {
+            return Err(invalid("segment format version", format!("{version}, this build reads {FORMAT_VERSION}")));
+        }
+        Ok(Self { base_index: u64_at(b, 16), base_offset: u64_at(b, 24) })
+    }
+}
+
+/// The fixed header of one frame: everything about an entry but its payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// Total length of the frame on disk, bytes (header and payload).
+    pub frame_bytes: usize,
+    /// What the entry is.
+    pub kind: FrameKind,
+    /// The entry's Raft log id.
+    pub log_id: LogId,
+    /// Offset of the entry's first record; for entries without records, the
+    /// offset the next record will get.
+    pub base_offset: u64,
+    /// Records in the entry (0 unless `kind` is `Records`).
+    pub record_count: u32,
+    /// First record timestamp, ms since the Unix epoch (0 without records).
+    pub first_timestamp_ms: i64,
+    /// Largest record timestamp, ms since the Unix epoch (0 without records).
+    pub max_timestamp_ms: i64,
+    /// Idempotent producer id (KIP-98), or -1.
+    pub producer_id: i64,
+    /// Producer epoch.
+    pub producer_epoch: i16,
+    /// Sequence number of the first record.
+    pub base_sequence: i32,
+}
+
+impl FrameHeader {
+    /// Offset one past the entry's last record.
+    pub fn next_offset(&self) -> u64 {
+        self.base_offset + u64::from(self.record_count)
+    }
+
+    /// The Raft index of the entry.
+    pub fn index(&self) -> u64 {
+        self.log_id.index
+    }
+}
+
+/// Appends the frame of `entry` to `out` and returns its header.
+/// `base_offset` is the offset the entry's first record receives.
+///
+/// # Errors
+/// [`DecodeError::Invalid`] if the entry cannot be stored: a record batch
+/// with no records, or a frame over [`FRAME_BYTES_MAX`].
+pub fn encode_entry(entry: &Entry, base_offset: u64, out: &mut Vec<u8>) -> Result<FrameHeader, DecodeError> {
+    let start = out.len();
+    out.resize(start + FRAME_HEADER_BYTES, 0);
+    let (kind, batch) = match &entry.payload {
+        EntryPayload::Blank => (FrameKind::Blank, None),
+        EntryPayload::Normal(b) => (FrameKind::Records, Some(b)),
+        EntryPayload::Membership(m) => {
+            serde_json::to_writer(&mut *out, m).map_err(|e| invalid("membership", e.to_string()))?;
+            (FrameKind::Membership, None)
+        }
+    };
+    if let Some(b) = batch {
+        if b.record_count == 0 {
+            out.truncate(start);
+            return Err(invalid("record_count", "a record batch must hold at least one record"));
+        }
+        out.extend_from_slice(&b.records);
+    }
+    let frame_bytes = out.len() - start;
+    if frame_bytes > FRAME_BYTES_MAX {
+        out.truncate(start);
+        return Err(invalid("frame length", format!("{frame_bytes} bytes exceeds {FRAME_BYTES_MAX}")));
+    }
+    let header = FrameHeader {
+        frame_bytes,
+        kind,
+        log_id: entry.log_id,
+        base_offset,
+        record_count: batch.map_or(0, |b| b.record_count),
+        first_timestamp_ms: batch.map_or(0, |b| b.first_timestamp_ms),
+        max_timestamp_ms: batch.map_or(0, |b| b.max_timestamp_ms),
+        producer_id: batch.map_or(-1, |b| b.producer_id),
+        producer_epoch: batch.map_or(0, |b| b.producer_epoch),
+        base_sequence: batch.map_or(0, |b| b.base_sequence),
+    };
+    let h = &mut out[start..start + FRAME_HEADER_BYTES];
+    h[0..4].copy_from_slice(&((frame_bytes - 4) as u32).to_le_bytes());
+    h[8] = kind as u8;
+    h[12..20].copy_from_slice(&header.log_id.leader_id.term.to_le_bytes());
+    h[20..28].copy_from_slice(&header.log_id.leader_id.node_id.to_le_bytes());
+    h[28..36].copy_from_slice(&header.log_id.index.to_le_bytes());
+    h[36..44].copy_from_slice(&base_offset.to_le_bytes());
+    h[44..48].copy_from_slice(&header.record_count.to_le_bytes());
+    h[48..56].copy_from_slice(&header.first_timestamp_ms.to_le_bytes());
+    h[56..64].copy_from_slice(&header.max_timestamp_ms.to_le_bytes());
+    h[64..72].copy_from_slice(&header.producer_id.to_le_bytes());
+    h[72..74].copy_from_slice(&header.producer_epoch.to_le_bytes());
+    h[74..78].copy_from_slice(&header.base_sequence.to_le_bytes());
+    let crc = crc32c::crc32c(&out[start + 8..]);
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    Ok(header)
+}
+
+/// Reads the length prefix of the frame at the start of `b`: the frame's
+/// total length in bytes, so a reader knows how much to fetch.
+///
+/// # Errors
+/// [`DecodeError`] if fewer than 4 bytes are given or the length is outside
+/// `FRAME_HEADER_BYTES..=FRAME_BYTES_MAX`.
+pub fn frame_len(b: &[u8]) -> Result<usize, DecodeError> {
+    if b.len() < 4 {
+        return Err(DecodeError::Truncated { needed: 4, available: b.len() });
+    }
+    let len = u32_at(b, 0) as usize + 4;
+    if !(FRAME_HEADER_BYTES..=FRAME_BYTES_MAX).contains(&len) {
+        return Err(invalid("frame length", format!("{len} bytes")));
+    }
+    Ok(len)
+}
+
+/// Decodes and checksums the frame at the start of `b`, returning its header.
+/// The payload is `b[FRAME_HEADER_BYTES..header.frame_bytes]`.
+///
+/// # Errors
+/// [`DecodeError::Truncated`] if the frame extends past `b`,
+/// [`DecodeError::Checksum`] if it fails its CRC32C, and
+/// [`DecodeError::Invalid`] for an impossible length or kind.
+pub fn decode_frame_header(b: &[u8]) -> Result<FrameHeader, DecodeError> {
+    let frame_bytes = frame_len(b)?;
+    if b.len() < frame_bytes {
+        return Err(DecodeError::Truncated { needed: frame_bytes, available: b.len() });
+    }
+    let stored = u32_at(b, 4);
+    let computed = crc32c::crc32c(&b[8..frame_bytes]);
+    if stored != computed {
+        return Err(DecodeError::Checksum { stored, computed });
+    }
+    let kind = FrameKind::from_u8(b[8]).ok_or_else(|| invalid("frame kind", b[8].to_string()))?;
+    let header = FrameHeader {
+        frame_bytes,
+        kind,
+        log_id: log_id(u64_at(b, 12), u64_at(b, 20), u64_at(b, 28)),
+        base_offset: u64_at(b, 36),
+        record_count: u32_at(b, 44),
+        first_timestamp_ms: i64_at(b, 48),
+        max_timestamp_ms: i64_at(b, 56),
+        producer_id: i64_at(b, 64),
+        producer_epoch: i16::from_le_bytes([b[72], b[73]]),
+        base_sequence: i32::from_le_bytes([b[74], b[75], b[76], b[77]]),
+    };
+    if (kind == FrameKind::Records) != (header.record_count > 0) {
+        return Err(invalid("record_count", format!("{} for a {kind:?} frame", header.record_count)));
+    }
+    Ok(header)
+}
+
+/// Rebuilds the Raft entry of a verified frame. `frame` holds exactly the
+/// frame's bytes (as [`decode_frame_header`] measured them); slicing a
+/// shared buffer keeps record payloads zero-copy.
+///
+/// # Errors
+/// [`DecodeError::Invalid`] if a membership payload is not valid JSON.
+pub fn decode_entry(header: &FrameHeader, frame: &Bytes) -> Result<Entry, DecodeError> {
+    let payload = frame.slice(FRAME_HEADER_BYTES..header.frame_bytes);
+    let payload = match header.kind {
+        FrameKind::Blank => EntryPayload::Blank,
+        FrameKind::Records => EntryPayload::Normal(RecordBatch {
+            record_count: header.record_count,
+            first_timestamp_ms: header.first_timestamp_ms,
+            max_timestamp_ms: header.max_timestamp_ms,
+            producer_id: header.producer_id,
+            producer_epoch: header.producer_epoch,
+            base_sequence: header.base_sequence,
+            records: payload,
+        }),
+        FrameKind::Membership => {
+            let m: Membership =
+                serde_json::from_slice(&payload).map_err(|e| invalid("membership", e.to_string()))?;
+            EntryPayload::Membership(m)
+        }
+    };
+    Ok(Entry { log_id: header.log_id, payload })
+}
+
+/// One row of a segment's sparse index: where an entry starts, which offset
+/// it carries, and the largest record timestamp seen before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// Raft index of the entry.
+    pub index: u64,
+    /// The entry's base offset.
+    pub offset: u64,
+    /// Byte position of the entry's frame in the segment file.
+    pub position: u64,
+    /// Largest record timestamp of every entry before this one in the
+    /// segment, ms (i64::MIN if none); monotonic, so binary-searchable.
+    pub max_timestamp_before_ms: i64,
+}
+
+/// Summary of a sealed segment, stored with its index so the segment need
+/// not be scanned on open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SealedSummary {
+    /// Length of the segment file when sealed, bytes.
+    pub size_bytes: u64,
+    /// Raft index of the last entry.
+    pub last_log_id: LogId,
+    /// Offset one past the last record.
+    pub next_offset: u64,
+    /// Largest record timestamp in the segment, ms (i64::MIN if none).
+    pub max_timestamp_ms: i64,
+}
+
+const INDEX_ROW_BYTES: usize = 32;
+const INDEX_HEADER_BYTES: usize = 64;
+
+/// Encodes a sealed segment's index file: header, summary, rows, crc32c.
+pub fn encode_index(summary: &SealedSummary, rows: &[IndexEntry]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(INDEX_HEADER_BYTES + rows.len() * INDEX_ROW_BYTES + 4);
+    b.extend_from_slice(&INDEX_MAGIC);
+    b.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    b.extend_from_slice(&(rows.len() as u32).to_le_bytes());
+    b.extend_from_slice(&summary.size_bytes.to_le_bytes());
+    b.extend_from_slice(&summary.last_log_id.leader_id.term.to_le_bytes());
+    b.extend_from_slice(&summary.last_log_id.leader_id.node_id.to_le_bytes());
+    b.extend_from_slice(&summary.last_log_id.index.to_le_bytes());
+    b.extend_from_slice(&summary.next_offset.to_le_bytes());
+    b.extend_from_slice(&summary.max_timestamp_ms.to_le_bytes());
+    for r in rows {
+        b.extend_from_slice(&r.index.to_le_bytes());
+        b.extend_from_slice(&r.offset.to_le_bytes());
+        b.extend_from_slice(&r.position.to_le_bytes());
+        b.extend_from_slice(&r.max_timestamp_before_ms.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Decodes and verifies an index file written by [`encode_index`].
+///
+/// # Errors
+/// [`DecodeError`] if the file is short, has the wrong magic or version, or
+/// fails its checksum.
+pub fn decode_index(b: &[u8]) -> Result<(SealedSummary, Vec<IndexEntry>), DecodeError> {
+    if b.len() < INDEX_HEADER_BYTES + 4 {
+        return Err(DecodeError::Truncated { needed: INDEX_HEADER_BYTES + 4, available: b.len() });
+    }
+    let body = &b[..b.len() - 4];
+    let stored = u32_at(b, b.len() - 4);
+    let computed = crc32c::crc32c(body);
+    if stored != computed {
+        return Err(DecodeError::Checksum { stored, computed });
+    }
+    if b[0..8] != INDEX_MAGIC {
+        return Err(invalid("index magic", format!("{:?}", &b[0..8])));
+    }
+    let version = u32_at(b, 8);
+    if version != FORMAT_VERSION {
+        return Err(invalid("index format version", version.to_string()));
+    }
+    let count = u32_at(b, 12) as usize;
+    if body.len() != INDEX_HEADER_BYTES + count * INDEX_ROW_BYTES {
+        return Err(invalid("index length", format!("{} bytes for {count} rows", body.len())));
+    }
+    let summary = SealedSummary {
+        size_bytes: u64_at(b, 16),
+        last_log_id: log_id(u64_at(b, 24), u64_at(b, 32), u64_at(b, 40)),
+        next_offset: u64_at(b, 48),
+        max_timestamp_ms: i64_at(b, 56),
+    };
+    let rows = (0..count)
+        .map(|i| {
+            let p = INDEX_HEADER_BYTES + i * INDEX_ROW_BYTES;
+            IndexEntry {
+                index: u64_at(b, p),
+                offset: u64_at(b, p + 8),
+                position: u64_at(b, p + 16),
+                max_timestamp_before_ms: i64_at(b, p + 24),
+            }
+        })
+        .collect();
+    Ok((summary, rows))
+}
+
+fn u32_at(b: &[u8], p: usize) -> u32 {
+    u32::from_le_bytes([b[p], b[p + 1], b[p + 2], b[p + 3]])
+}
+
+fn u64_at(b: &[u8], p: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[p..p + 8]);
+    u64::from_le_bytes(a)
+}
+
+fn i64_at(b: &[u8], p: usize) -> i64 {
+    u64_at(b, p) as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch_entry(index: u64, n: u32) -> Entry {
+        Entry {
+            log_id: log_id(3, 1, index),
+            payload: EntryPayload::Normal(RecordBatch {
+                record_count: n,
+                first_timestamp_ms: 10,
+                max_timestamp_ms: 20,
+                producer_id: 7,
+                producer_epoch: 1,
+                base_sequence: 42,
+                records: Bytes::from_static(b"hello records"),
+            }),
+        }
+    }
+
+    #[test]
+    fn frame_round_trips() {
+        let mut buf = Vec::new();
+        let e = batch_entry(5, 3);
+        let h = encode_entry(&e, 100, &mut buf).unwrap();
+        assert_eq!(h.frame_bytes, buf.len());
+        let d = decode_frame_header(&buf).unwrap();
+        assert_eq!(d, h);
+        assert_eq!(d.next_offset(), 103);
+        assert_eq!(decode_entry(&d, &Bytes::from(buf)).unwrap(), e);
+    }
+
+    #[test]
+    fn every_flipped_bit_is_detected() {
+        let mut buf = Vec::new();
+        encode_entry(&batch_entry(5, 3), 100, &mut buf).unwrap();
+        for bit in 0..buf.len() * 8 {
+            let mut c = buf.clone();
+            c[bit / 8] ^= 1 << (bit % 8);
+            assert!(decode_frame_header(&c).is_err(), "bit {bit} flipped went unnoticed");
+        }
+    }
+
+    #[test]
+    fn torn_frame_is_truncated_not_garbage() {
+        let mut buf = Vec::new();
+        encode_entry(&batch_entry(5, 3), 100, &mut buf).unwrap();
+        for cut in 0..buf.len() {
+            assert!(matches!(
+                decode_frame_header(&buf[..cut]),
+                Err(DecodeError::Truncated { .. } | DecodeError::Invalid { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn empty_batch_is_refused() {
+        let mut buf = Vec::new();
+        assert!(encode_entry(&batch_entry(1, 0), 0, &mut buf).is_err());
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn segment_header_and_index_round_trip() {
+        let h = SegmentHeader { base_index: 9, base_offset: 77 };
+        assert_eq!(SegmentHeader::decode(&h.encode()).unwrap(), h);
+        let s = SealedSummary { size_bytes: 1000, last_log_id: log_id(2, 3, 40), next_offset: 90, max_timestamp_ms: 5 };
+        let rows = vec![IndexEntry { index: 9, offset: 77, position: 40, max_timestamp_before_ms: i64::MIN }];
+        let enc = encode_index(&s, &rows);
+        assert_eq!(decode_index(&enc).unwrap(), (s, rows));
+        let mut bad = enc.clone();
+        bad[20] ^= 1;
+        assert!(decode_index(&bad).is_err());
+    }
+}

@@ -1,0 +1,52 @@
+//! Durable storage of one Ferrolog partition replica for openraft.
+//!
+//! A partition is a Raft group whose log entries *are* its record batches,
+//! so the Raft log storage is the data store. Data path:
+//!
+//! ```text
+//!  openraft ──append──> log_store ──> log::PartitionLog ──pwrite──> segment files (*.seg)
+//!                                          │                           │  sealed: *.idx
+//!                                          │ tail_cache                 │
+//!                                          └─ file ──> flusher (one per data dir):
+//!                                                      fdatasync / syncfs, then IOFlushed
+//!  openraft ──apply──> state_machine ──> offsets, high watermark
+//!  consumers ──read(offset)──> PartitionLog::read ──> whole CRC-checked frames
+//!  vote, committed, purge pointer, snapshot meta ──> meta (redb)
+//! ```
+//!
+//! Modules, one responsibility each:
+//! - [`format`]: the on-disk byte format (pure functions).
+//! - [`segment`]: one segment file and its sparse offset/time index.
+//! - [`log`]: the list of segments, offsets, truncate/purge, reads.
+//! - [`flusher`]: group commit across partitions of a data directory.
+//! - [`meta`]: crash-safe small metadata in redb.
+//! - [`tail_cache`]: bounded cache of the newest entries.
+//! - [`snapshot`]: snapshots that carry the retained segment files.
+//! - [`log_store`], [`state_machine`]: the openraft trait implementations.
+//! - [`replica`]: opens a replica and hands out both halves.
+//! - [`types`], [`batch`], [`config`], [`error`]: shared vocabulary.
+
+pub mod batch;
+pub mod config;
+pub mod error;
+pub mod flusher;
+pub mod format;
+mod fsutil;
+pub mod log;
+pub mod log_store;
+pub mod meta;
+pub mod replica;
+pub mod segment;
+pub mod snapshot;
+pub mod state_machine;
+pub mod tail_cache;
+pub mod types;
+
+pub use batch::{AppendResult, NO_PRODUCER_ID, RecordBatch};
+pub use config::{FlushPolicy, StoreConfig};
+pub use error::StoreError;
+pub use flusher::Flusher;
+pub use log::{PartitionLog, StoredBatch};
+pub use log_store::LogStore;
+pub use replica::Replica;
+pub use state_machine::PartitionStateMachine;

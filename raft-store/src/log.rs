@@ -1,0 +1,579 @@
+//! The log of one partition replica: an ordered list of segment files, the
+//! offsets of its records, the tail cache, and the persisted Raft metadata.
+//!
+//! Two starts are kept apart on purpose:
+//! - the **Raft purge pointer** (`purged`): entries at or below it are gone
+//!   for Raft (openraft purged them after a snapshot) and are never returned
+//!   to it;
+//! - the **log start offset**: the first record still on disk for
+//!   consumers. Segment files are deleted only by retention, never by a Raft
+//!   purge, so a snapshot can ship every retained record to a new replica.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::config::{FlushPolicy, StoreConfig};
+use crate::error::{Result, StoreError};
+use crate::flusher::{FlushCallback, Flusher};
+use crate::format::{self, FrameHeader};
+use crate::fsutil;
+use crate::meta::{self, MetaStore, Sync};
+use crate::segment::{Segment, parse_segment_file_name};
+use crate::tail_cache::TailCache;
+use crate::types::{Entry, LogId, LogState, Vote};
+
+/// One stored record batch as it lies on disk: its frame header and the
+/// exact frame bytes (header and records), CRC-verified when read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredBatch {
+    /// The parsed frame header: log id, offsets, timestamps, producer.
+    pub header: FrameHeader,
+    /// The whole frame, byte for byte as stored.
+    pub frame: Bytes,
+}
+
+impl StoredBatch {
+    /// The batch's encoded records (the frame without its header).
+    pub fn records(&self) -> Bytes {
+        self.frame.slice(format::FRAME_HEADER_BYTES..)
+    }
+}
+
+/// The durable log of one partition replica.
+#[derive(Debug)]
+pub struct PartitionLog {
+    dir: PathBuf,
+    config: StoreConfig,
+    /// Sorted by base index; never empty; the last one is active.
+    segments: Vec<Segment>,
+    meta: MetaStore,
+    flusher: Flusher,
+    cache: TailCache,
+    purged: Option<LogId>,
+    committed: Option<LogId>,
+    vote: Option<Vote>,
+    last_interval_flush: Instant,
+    encode_buf: Vec<u8>,
+}
+
+/// Name of the metadata database inside a replica directory.
+pub const META_FILE: &str = "meta.redb";
+
+impl PartitionLog {
+    /// Opens (or creates) the log in `dir`: loads sealed segments from their
+    /// index files, scans the active segment verifying every frame, and cuts
+    /// a torn tail left by a crash (never an entry before it).
+    ///
+    /// # Errors
+    /// [`StoreError::Corruption`] with file and position if a sealed segment
+    /// or the join between segments does not verify; [`StoreError::Io`] or
+    /// [`StoreError::Meta`] for IO failures; an invalid `config`.
+    pub fn open(dir: &Path, config: StoreConfig, flusher: Flusher) -> Result<Self> {
+        config.validate().map_err(|e| StoreError::Invalid(e.to_string()))?;
+        fs::create_dir_all(dir).map_err(|e| StoreError::io("create directory", dir, e))?;
+        let meta = MetaStore::open(&dir.join(META_FILE))?;
+        let mut bases = Vec::new();
+        for ent in fs::read_dir(dir).map_err(|e| StoreError::io("list", dir, e))? {
+            let ent = ent.map_err(|e| StoreError::io("list", dir, e))?;
+            let name = ent.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".tmp") {
+                fsutil::remove_if_exists(&ent.path())?;
+            } else if let Some(base) = parse_segment_file_name(&name) {
+                bases.push(base);
+            }
+        }
+        bases.sort_unstable();
+        let segments = open_segments(dir, &bases, &config)?;
+        let mut log = Self {
+            dir: dir.to_owned(),
+            cache: TailCache::new(config.tail_cache_bytes),
+            config,
+            segments,
+            purged: meta.get(meta::KEY_PURGED)?,
+            committed: meta.get(meta::KEY_COMMITTED)?,
+            vote: meta.get(meta::KEY_VOTE)?,
+            meta,
+            flusher,
+            last_interval_flush: Instant::now(),
+            encode_buf: Vec::new(),
+        };
+        if log.segments.is_empty() {
+            let first = log.purged.map_or(0, |p| p.index + 1);
+            log.segments.push(Segment::create(dir, first, 0, log.config.index_interval_bytes)?);
+        }
+        Ok(log)
+    }
+
+    /// The replica directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn active(&mut self) -> &mut Segment {
+        // `segments` is never empty (see `open`).
+        let last = self.segments.len() - 1;
+        &mut self.segments[last]
+    }
+
+    /// Raft index the next appended entry gets.
+    pub fn next_index(&self) -> u64 {
+        self.segments.last().map_or(0, Segment::next_index)
+    }
+
+    /// Log end offset: the offset the next record will get.
+    pub fn log_end_offset(&self) -> u64 {
+        self.segments.last().map_or(0, Segment::next_offset)
+    }
+
+    /// Log start offset: the first offset still stored for consumers.
+    pub fn log_start_offset(&self) -> u64 {
+        self.segments.first().map_or(0, Segment::base_offset)
+    }
+
+    /// Log id of the last stored entry, ignoring the purge pointer.
+    fn last_stored_log_id(&self) -> Option<LogId> {
+        self.segments.iter().rev().find_map(Segment::last_log_id)
+    }
+
+    /// openraft's view: last purged and last log id (Raft paper §7).
+    pub fn log_state(&self) -> LogState {
+        let last = self.last_stored_log_id().filter(|l| Some(l.index) > self.purged.map(|p| p.index));
+        LogState { last_purged_log_id: self.purged, last_log_id: last.or(self.purged) }
+    }
+
+    /// Appends entries (consecutive, starting at [`next_index`](Self::next_index)),
+    /// assigning offsets, and arranges for `done` to run once they are
+    /// durable under the flush policy. Rolls the active segment first if it
+    /// is full or old.
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] for a non-consecutive index or an unstorable
+    /// entry (nothing is written then); [`StoreError::Io`] if the write
+    /// fails (the segment is cut back to its previous end).
+    pub fn append(&mut self, entries: Vec<Entry>, done: FlushCallback) -> Result<()> {
+        if entries.is_empty() {
+            done(Ok(()));
+            return Ok(());
+        }
+        let first = entries[0].log_id.index;
+        if first != self.next_index() && self.last_stored_log_id().is_none() {
+            // An empty log may begin at any index (after a purge or a
+            // snapshot made elsewhere, Raft's first index is not 0).
+            let next_offset = self.log_end_offset();
+            self.restart_at(first, next_offset)?;
+        }
+        self.maybe_roll()?;
+        let mut buf = std::mem::take(&mut self.encode_buf);
+        buf.clear();
+        let mut headers = Vec::with_capacity(entries.len());
+        let mut next_index = self.next_index();
+        let mut next_offset = self.log_end_offset();
+        for e in &entries {
+            if e.log_id.index != next_index {
+                self.encode_buf = buf;
+                return Err(StoreError::Invalid(format!(
+                    "append of index {} where {next_index} is next",
+                    e.log_id.index
+                )));
+            }
+            let h = match format::encode_entry(e, next_offset, &mut buf) {
+                Ok(h) => h,
+                Err(err) => {
+                    self.encode_buf = buf;
+                    return Err(StoreError::Invalid(format!("entry {}: {err}", e.log_id)));
+                }
+            };
+            next_index += 1;
+            next_offset = h.next_offset();
+            headers.push(h);
+        }
+        let result = self.active().append(&buf, &headers);
+        self.encode_buf = buf;
+        result?;
+        for e in entries {
+            self.cache.push(e);
+        }
+        let file = self.active().file().clone();
+        match self.config.flush {
+            FlushPolicy::Always => self.flusher.request(file, Some(done)),
+            FlushPolicy::Interval { interval_ms } => {
+                done(Ok(()));
+                if self.last_interval_flush.elapsed() >= Duration::from_millis(interval_ms) {
+                    self.last_interval_flush = Instant::now();
+                    self.flusher.request(file, None);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn maybe_roll(&mut self) -> Result<()> {
+        let (bytes_max, age_max) = (self.config.segment_bytes, self.config.segment_age_max());
+        let active = self.active();
+        let full = active.size_bytes() >= bytes_max;
+        let old = active.age() >= age_max;
+        if active.is_empty() || !(full || old) {
+            return Ok(());
+        }
+        let (base_index, base_offset) = (active.next_index(), active.next_offset());
+        active.seal()?;
+        let seg = Segment::create(&self.dir, base_index, base_offset, self.config.index_interval_bytes)?;
+        tracing::debug!(dir = %self.dir.display(), base_index, base_offset, "rolled segment");
+        self.segments.push(seg);
+        Ok(())
+    }
+
+    /// Entries with index in `start..end` that Raft may see (above the purge
+    /// pointer), from the tail cache where possible, else from disk.
+    ///
+    /// # Errors
+    /// [`StoreError::Corruption`] with file and position if a frame read
+    /// from disk does not verify; [`StoreError::Io`].
+    pub fn entries(&self, start: u64, end: u64) -> Result<Vec<Entry>> {
+        let start = start.max(self.purged.map_or(0, |p| p.index + 1));
+        let start = start.max(self.segments.first().map_or(0, Segment::base_index));
+        let end = end.min(self.next_index());
+        let mut out = Vec::with_capacity(end.saturating_sub(start).min(4096) as usize);
+        if start >= end {
+            return Ok(out);
+        }
+        let cache_first = self.cache.first_index().unwrap_or(u64::MAX).max(start);
+        let disk_end = end.min(cache_first);
+        let mut index = start;
+        while index < disk_end {
+            let seg = self.segment_for_index(index);
+            let pos = seg.position_of_index(index)?;
+            let frames = seg.read_frames(pos, usize::MAX, |h| h.index() < disk_end)?;
+            if frames.is_empty() {
+                break;
+            }
+            for (h, bytes) in frames {
+                let e = format::decode_entry(&h, &bytes).map_err(|source| StoreError::Corruption {
+                    path: seg.path().to_owned(),
+                    position: pos,
+                    source,
+                })?;
+                out.push(e);
+                index = h.index() + 1;
+            }
+        }
+        out.extend(self.cache.range(index, end));
+        Ok(out)
+    }
+
+    /// The segment that holds (or would hold) `index`.
+    fn segment_for_index(&self, index: u64) -> &Segment {
+        let i = self.segments.partition_point(|s| s.base_index() <= index).saturating_sub(1);
+        &self.segments[i]
+    }
+
+    /// Removes every entry after `last` (all of them for `None`); Raft calls
+    /// this only for uncommitted entries (Raft paper §5.3). Fsyncs the cut.
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] if asked to remove committed or purged
+    /// entries; [`StoreError::Io`].
+    pub fn truncate_after(&mut self, last: Option<LogId>) -> Result<()> {
+        let keep_to = last.map_or(0, |l| l.index + 1);
+        if keep_to >= self.next_index() {
+            return Ok(());
+        }
+        if let Some(c) = self.committed.filter(|c| c.index >= keep_to) {
+            return Err(StoreError::Invalid(format!("truncate to {keep_to} would remove committed {c}")));
+        }
+        if keep_to < self.segments[0].base_index() {
+            return Err(StoreError::Invalid(format!(
+                "truncate to {keep_to} is below the first stored index {}",
+                self.segments[0].base_index()
+            )));
+        }
+        while self.segments.len() > 1 && self.segments[self.segments.len() - 1].base_index() > keep_to {
+            if let Some(seg) = self.segments.pop() {
+                seg.delete()?;
+            }
+        }
+        let seg = self.active();
+        if seg.is_sealed() && seg.next_index() == keep_to {
+            // Nothing to cut in a sealed (possibly snapshot-linked) file:
+            // start a fresh active segment instead of reopening it.
+            let (i, o) = (seg.next_index(), seg.next_offset());
+            self.segments.push(Segment::create(&self.dir, i, o, self.config.index_interval_bytes)?);
+        } else {
+            let pos = seg.position_of_index(keep_to)?;
+            seg.truncate_at(pos)?;
+        }
+        fsutil::sync_dir(&self.dir)?;
+        self.cache.truncate_from(keep_to);
+        Ok(())
+    }
+
+    /// Moves the Raft purge pointer to `upto` (inclusive). Segment files
+    /// stay: they are deleted by retention, not by Raft. Purging past the
+    /// last entry (after a snapshot made elsewhere) restarts the log at
+    /// `upto + 1`.
+    ///
+    /// # Errors
+    /// [`StoreError::Meta`] if the pointer cannot be saved; [`StoreError::Io`].
+    pub fn purge(&mut self, upto: LogId) -> Result<()> {
+        if self.purged.is_some_and(|p| p.index >= upto.index) {
+            return Ok(());
+        }
+        if upto.index >= self.next_index() {
+            let next_offset = self.log_end_offset();
+            self.restart_at(upto.index + 1, next_offset)?;
+        }
+        self.purged = Some(upto);
+        self.meta.put(meta::KEY_PURGED, Some(&upto), Sync::Lazy)?;
+        self.cache.purge_to(upto.index);
+        Ok(())
+    }
+
+    /// Replaces all segments with one empty segment starting at
+    /// (`base_index`, `base_offset`).
+    pub(crate) fn restart_at(&mut self, base_index: u64, base_offset: u64) -> Result<()> {
+        let new = Segment::create(&self.dir, base_index, base_offset, self.config.index_interval_bytes)?;
+        let old = std::mem::replace(&mut self.segments, vec![new]);
+        for seg in old {
+            if seg.base_index() != base_index {
+                seg.delete()?;
+            }
+        }
+        fsutil::sync_dir(&self.dir)?;
+        self.cache.clear();
+        Ok(())
+    }
+
+    /// Replaces all segments with the verified segment files in `from`
+    /// (moved in by hard link), which must continue each other.
+    pub(crate) fn replace_segments(&mut self, files: &[PathBuf], expect_next: (u64, u64)) -> Result<()> {
+        for seg in std::mem::take(&mut self.segments) {
+            seg.delete()?;
+        }
+        self.cache.clear();
+        for f in files {
+            let name = f.file_name().map(|n| n.to_owned()).unwrap_or_default();
+            let dst = self.dir.join(name);
+            fs::hard_link(f, &dst).or_else(|_| fs::copy(f, &dst).map(|_| ())).map_err(|e| StoreError::io("link", &dst, e))?;
+        }
+        fsutil::sync_dir(&self.dir)?;
+        let bases: Vec<u64> = files
+            .iter()
+            .filter_map(|f| f.file_name().and_then(|n| n.to_str()).and_then(parse_segment_file_name))
+            .collect();
+        self.segments = open_segments(&self.dir, &bases, &self.config)?;
+        let ends_right = self.segments.last().map(|s| (s.next_index(), s.next_offset())) == Some(expect_next);
+        if !ends_right {
+            self.restart_at(expect_next.0, expect_next.1)?;
+        } else if !self.active().is_empty() {
+            // Imported segments are sealed copies; appends go to a new one.
+            let (i, o) = expect_next;
+            self.active().seal()?;
+            self.segments.push(Segment::create(&self.dir, i, o, self.config.index_interval_bytes)?);
+        }
+        Ok(())
+    }
+
+    /// Segments holding entries up to and including `upto`, for a
+    /// snapshot: `(path, whole)` where `whole` means every entry of the
+    /// file is ≤ `upto` and the file is sealed (safe to hard-link); else the
+    /// byte length of the prefix to copy is returned.
+    pub(crate) fn snapshot_sources(&self, upto: u64) -> Result<Vec<(PathBuf, Option<u64>)>> {
+        let mut out = Vec::new();
+        for (i, seg) in self.segments.iter().enumerate() {
+            if seg.base_index() > upto || seg.is_empty() {
+                continue;
+            }
+            let is_active = i + 1 == self.segments.len();
+            if !is_active && seg.next_index() <= upto + 1 {
+                out.push((seg.path().to_owned(), None));
+            } else {
+                let cut = seg.position_of_index((upto + 1).min(seg.next_index()))?;
+                out.push((seg.path().to_owned(), Some(cut)));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads record batches for a consumer: whole batches starting with the
+    /// one that holds `from_offset`, none reaching past `up_to_offset`
+    /// (exclusive; the high watermark), at most `max_bytes` of frames unless
+    /// the first batch alone is larger (KIP-74). Frames come back byte for
+    /// byte as stored, CRC-verified.
+    ///
+    /// # Errors
+    /// [`StoreError::OffsetOutOfRange`] if `from_offset` is below the log
+    /// start offset or above `up_to_offset`; [`StoreError::Corruption`].
+    pub fn read(&self, from_offset: u64, max_bytes: usize, up_to_offset: u64) -> Result<Vec<StoredBatch>> {
+        let up_to = up_to_offset.min(self.log_end_offset());
+        if from_offset < self.log_start_offset() || from_offset > up_to {
+            return Err(StoreError::OffsetOutOfRange {
+                offset: from_offset,
+                log_start_offset: self.log_start_offset(),
+                log_end_offset: up_to,
+            });
+        }
+        let mut out = Vec::new();
+        let mut budget = max_bytes;
+        let first = self.segments.partition_point(|s| s.next_offset() <= from_offset);
+        for seg in &self.segments[first..] {
+            if from_offset >= up_to || (!out.is_empty() && budget == 0) {
+                break;
+            }
+            let pos = seg.position_of_offset(from_offset)?;
+            let frames = seg.read_frames(pos, budget.max(1), |h| h.next_offset() <= up_to)?;
+            for (header, frame) in frames {
+                if header.record_count == 0 {
+                    continue;
+                }
+                budget = budget.saturating_sub(header.frame_bytes);
+                out.push(StoredBatch { header, frame });
+            }
+            if out.last().is_some_and(|b| b.header.next_offset() >= up_to) {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The first batch whose largest timestamp is ≥ `timestamp_ms`: its base
+    /// offset and that timestamp (Kafka ListOffsets by time, KIP-79), or
+    /// `None` if no stored batch is that late.
+    ///
+    /// # Errors
+    /// [`StoreError::Corruption`]; [`StoreError::Io`].
+    pub fn offset_for_timestamp(&self, timestamp_ms: i64) -> Result<Option<(u64, i64)>> {
+        for seg in self.segments.iter().filter(|s| s.max_timestamp_ms() >= timestamp_ms) {
+            let pos = seg.position_of_timestamp(timestamp_ms)?;
+            if let Some((h, _)) = seg.read_frames(pos, 1, |_| true)?.into_iter().next() {
+                return Ok(Some((h.base_offset, h.max_timestamp_ms)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Persists the vote durably before returning (Raft paper §5.2).
+    ///
+    /// # Errors
+    /// [`StoreError::Meta`].
+    pub fn save_vote(&mut self, vote: &Vote) -> Result<()> {
+        self.meta.put(meta::KEY_VOTE, Some(vote), Sync::Durable)?;
+        self.vote = Some(*vote);
+        Ok(())
+    }
+
+    /// The persisted vote.
+    pub fn vote(&self) -> Option<Vote> {
+        self.vote
+    }
+
+    /// Persists the committed log id atomically; it becomes durable with
+    /// the next durable write, so after a crash it may read back older,
+    /// never newer or torn.
+    ///
+    /// # Errors
+    /// [`StoreError::Meta`].
+    pub fn save_committed(&mut self, committed: Option<LogId>) -> Result<()> {
+        if committed == self.committed {
+            return Ok(());
+        }
+        self.meta.put(meta::KEY_COMMITTED, committed.as_ref(), Sync::Lazy)?;
+        self.committed = committed;
+        Ok(())
+    }
+
+    /// The last committed log id this replica knows of.
+    pub fn committed(&self) -> Option<LogId> {
+        self.committed
+    }
+
+    /// The metadata database.
+    pub(crate) fn meta(&self) -> &MetaStore {
+        &self.meta
+    }
+
+    /// fsyncs the active segment now (used before a clean shutdown).
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    pub fn sync(&self) -> Result<()> {
+        self.segments.last().map_or(Ok(()), Segment::sync)
+    }
+
+    /// The offset one past the entry at `index`: the high watermark when
+    /// `index` is the commit index. `None` if that entry is not stored.
+    ///
+    /// # Errors
+    /// [`StoreError::Corruption`]; [`StoreError::Io`].
+    pub fn next_offset_after(&self, index: u64) -> Result<Option<u64>> {
+        if index + 1 == self.next_index() {
+            return Ok(Some(self.log_end_offset()));
+        }
+        if index + 1 > self.next_index() || index < self.segments[0].base_index() {
+            return Ok(None);
+        }
+        let seg = self.segment_for_index(index);
+        let pos = seg.position_of_index(index)?;
+        Ok(seg.read_frames(pos, 1, |_| true)?.first().map(|(h, _)| h.next_offset()))
+    }
+
+    /// Number of segment files.
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+}
+
+/// Opens the segments with the given base indexes (sorted) in `dir`; the
+/// last one is the tail and gets torn-write recovery.
+fn open_segments(dir: &Path, bases: &[u64], config: &StoreConfig) -> Result<Vec<Segment>> {
+    let mut bases = bases.to_vec();
+    let mut segments: Vec<Segment> = Vec::with_capacity(bases.len());
+    while let Some((&last, _)) = bases.split_last() {
+        let path = dir.join(crate::segment::segment_file_name(last));
+        let len = fs::metadata(&path).map_err(|e| StoreError::io("stat", &path, e))?.len();
+        if len < format::SEGMENT_HEADER_BYTES as u64 && bases.len() > 1 {
+            // A crash during a roll left a new segment without its header.
+            tracing::warn!(path = %path.display(), "removing segment torn while being created");
+            fsutil::remove_if_exists(&path)?;
+            bases.pop();
+            continue;
+        }
+        break;
+    }
+    for (i, &base) in bases.iter().enumerate() {
+        let path = dir.join(crate::segment::segment_file_name(base));
+        let is_tail = i + 1 == bases.len();
+        if is_tail {
+            fsutil::remove_if_exists(&path.with_extension("idx"))?;
+        }
+        let (mut seg, cut) = Segment::open(&path, is_tail, config.index_interval_bytes)?;
+        if let Some(prev) = segments.last()
+            && (seg.base_index() != prev.next_index() || seg.base_offset() != prev.next_offset())
+        {
+            return Err(StoreError::Corruption {
+                path: path.clone(),
+                position: 0,
+                source: format::DecodeError::Invalid {
+                    field: "segment chain",
+                    detail: format!(
+                        "segment starts at index {} offset {}, previous ends before index {} offset {}",
+                        seg.base_index(),
+                        seg.base_offset(),
+                        prev.next_index(),
+                        prev.next_offset()
+                    ),
+                },
+            });
+        }
+        if let Some(cut) = cut {
+            let len = fs::metadata(&path).map(|m| m.len()).unwrap_or(cut);
+            tracing::warn!(path = %path.display(), position = cut, dropped_bytes = len - cut,
+                "cutting torn tail left by a crash");
+            seg.truncate_at(cut)?;
+        }
+        segments.push(seg);
+    }
+    Ok(segments)
+}

@@ -1,0 +1,88 @@
+//! openraft's `RaftLogStorage` and `RaftLogReader` over [`PartitionLog`].
+
+use std::fmt::Debug;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+
+use openraft::storage::{RaftLogReader, RaftLogStorage};
+use openraft::OptionalSend;
+
+use crate::replica::Replica;
+use crate::types::{Entry, IoFlushed, LogId, LogState, TypeConfig, Vote};
+
+/// The log half of a replica, as openraft drives it. Clones share state;
+/// the reader handed to replication tasks is a clone.
+#[derive(Clone, Debug)]
+pub struct LogStore {
+    pub(crate) replica: Replica,
+}
+
+fn bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
+    let start = match range.start_bound() {
+        Bound::Included(s) => *s,
+        Bound::Excluded(s) => s.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(e) => e.saturating_add(1),
+        Bound::Excluded(e) => *e,
+        Bound::Unbounded => u64::MAX,
+    };
+    (start, end)
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, io::Error> {
+        let (start, end) = bounds(&range);
+        Ok(self.replica.log().entries(start, end)?)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        Ok(self.replica.log().vote())
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState, io::Error> {
+        Ok(self.replica.log().log_state())
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        Ok(self.replica.log().save_vote(vote)?)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
+        Ok(self.replica.log().save_committed(committed)?)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
+        Ok(self.replica.log().committed())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: IoFlushed) -> Result<(), io::Error>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let done = Box::new(move |r: io::Result<()>| callback.io_completed(r));
+        Ok(self.replica.log().append(entries, done)?)
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
+        Ok(self.replica.log().truncate_after(last_log_id)?)
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
+        Ok(self.replica.log().purge(log_id)?)
+    }
+}

@@ -1,0 +1,177 @@
+//! One partition replica's storage: opens the log and state, and hands out
+//! the two halves openraft drives ([`LogStore`], [`PartitionStateMachine`])
+//! plus the consumer read path, all sharing one state.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::config::StoreConfig;
+use crate::error::{Result, StoreError};
+use crate::flusher::Flusher;
+use crate::log::{PartitionLog, StoredBatch};
+use crate::log_store::LogStore;
+use crate::meta::{self, Sync};
+use crate::snapshot::{self, SnapshotFiles};
+use crate::state_machine::PartitionStateMachine;
+use crate::types::{LogId, SnapshotMeta, StoredMembership};
+
+/// The persisted record of the current snapshot.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct SnapshotRecord {
+    pub meta: SnapshotMeta,
+    pub next_offset: u64,
+    pub dir_name: String,
+}
+
+/// State derived by applying committed entries (Raft paper §5.3).
+#[derive(Debug)]
+pub(crate) struct Applied {
+    pub last_applied: Option<LogId>,
+    pub membership: StoredMembership,
+    /// Offset one past the last applied record: the high watermark.
+    pub next_offset: u64,
+    pub snapshot: Option<SnapshotRecord>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub log: Mutex<PartitionLog>,
+    pub applied: Mutex<Applied>,
+    pub high_watermark: watch::Sender<u64>,
+    pub snapshot_root: PathBuf,
+}
+
+/// Storage of one partition replica. Cheap to clone; clones share state.
+#[derive(Clone, Debug)]
+pub struct Replica {
+    pub(crate) inner: Arc<Inner>,
+}
+
+const LOG_DIR: &str = "log";
+const SNAPSHOT_DIR: &str = "snapshots";
+
+impl Replica {
+    /// Opens the replica stored under `dir` (created if missing), recovering
+    /// the log (see [`PartitionLog::open`]) and the high watermark: the
+    /// offset after the persisted commit index, so reads are served from the
+    /// right point before Raft has caught up.
+    ///
+    /// # Errors
+    /// [`StoreError`] from opening the log or the metadata.
+    pub fn open(dir: &Path, config: StoreConfig, flusher: Flusher) -> Result<Self> {
+        let log = PartitionLog::open(&dir.join(LOG_DIR), config, flusher)?;
+        let snapshot_root = dir.join(SNAPSHOT_DIR);
+        std::fs::create_dir_all(&snapshot_root).map_err(|e| StoreError::io("create", &snapshot_root, e))?;
+        let record: Option<SnapshotRecord> = log.meta().get(meta::KEY_SNAPSHOT)?;
+        snapshot::remove_others(&snapshot_root, record.as_ref().map(|r| snapshot_root.join(&r.dir_name)).as_deref())?;
+        let (last_applied, membership, next_offset) = match &record {
+            Some(r) => (r.meta.last_log_id, r.meta.last_membership.clone(), r.next_offset),
+            None => (None, StoredMembership::default(), 0),
+        };
+        let committed_hw = match log.committed() {
+            Some(c) => log.next_offset_after(c.index)?.unwrap_or(0),
+            None => 0,
+        };
+        let (high_watermark, _) = watch::channel(next_offset.max(committed_hw));
+        let applied = Applied { last_applied, membership, next_offset, snapshot: record };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                log: Mutex::new(log),
+                applied: Mutex::new(applied),
+                high_watermark,
+                snapshot_root,
+            }),
+        })
+    }
+
+    /// The log half, for `openraft::Raft::new`.
+    pub fn log_store(&self) -> LogStore {
+        LogStore { replica: self.clone() }
+    }
+
+    /// The state machine half, for `openraft::Raft::new`.
+    pub fn state_machine(&self) -> PartitionStateMachine {
+        PartitionStateMachine { replica: self.clone() }
+    }
+
+    pub(crate) fn log(&self) -> MutexGuard<'_, PartitionLog> {
+        // A poisoned lock means a panic mid-operation; the on-disk state is
+        // still consistent (every write is verified on reopen), so go on.
+        self.inner.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn applied(&self) -> MutexGuard<'_, Applied> {
+        self.inner.applied.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// High watermark: offset one past the last committed and applied record.
+    /// Consumers never see records at or above it.
+    pub fn high_watermark(&self) -> u64 {
+        *self.inner.high_watermark.borrow()
+    }
+
+    /// A receiver that changes whenever the high watermark advances, for
+    /// long-polling fetches.
+    pub fn watch_high_watermark(&self) -> watch::Receiver<u64> {
+        self.inner.high_watermark.subscribe()
+    }
+
+    /// First offset still stored.
+    pub fn log_start_offset(&self) -> u64 {
+        self.log().log_start_offset()
+    }
+
+    /// Offset the next appended record will get (may be above the high
+    /// watermark while entries await commit).
+    pub fn log_end_offset(&self) -> u64 {
+        self.log().log_end_offset()
+    }
+
+    /// Reads committed record batches from `from_offset`, at most
+    /// `max_bytes` (one whole batch at least), never at or past the high
+    /// watermark. See [`PartitionLog::read`].
+    ///
+    /// # Errors
+    /// [`StoreError::OffsetOutOfRange`] with the log start offset and high
+    /// watermark; [`StoreError::Corruption`] with file and position.
+    pub fn read(&self, from_offset: u64, max_bytes: usize) -> Result<Vec<StoredBatch>> {
+        let hw = self.high_watermark();
+        self.log().read(from_offset, max_bytes, hw)
+    }
+
+    /// Earliest committed batch whose largest timestamp is ≥ `timestamp_ms`:
+    /// `(base offset, timestamp)`, or `None`.
+    ///
+    /// # Errors
+    /// [`StoreError::Corruption`]; [`StoreError::Io`].
+    pub fn offset_for_timestamp(&self, timestamp_ms: i64) -> Result<Option<(u64, i64)>> {
+        let hw = self.high_watermark();
+        Ok(self.log().offset_for_timestamp(timestamp_ms)?.filter(|(o, _)| *o < hw))
+    }
+
+    pub(crate) fn publish_high_watermark(&self, next_offset: u64) {
+        self.inner.high_watermark.send_if_modified(|hw| {
+            let advanced = next_offset > *hw;
+            if advanced {
+                *hw = next_offset;
+            }
+            advanced
+        });
+    }
+
+    /// Records `files` as the current snapshot and removes older ones.
+    pub(crate) fn set_current_snapshot(&self, files: &SnapshotFiles, meta: SnapshotMeta, next_offset: u64) -> Result<SnapshotRecord> {
+        let dir_name = files.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let record = SnapshotRecord { meta, next_offset, dir_name };
+        self.log().meta().put(meta::KEY_SNAPSHOT, Some(&record), Sync::Durable)?;
+        snapshot::remove_others(&self.inner.snapshot_root, Some(&files.dir))?;
+        Ok(record)
+    }
+
+    pub(crate) fn snapshot_root(&self) -> &Path {
+        &self.inner.snapshot_root
+    }
+}

@@ -1,0 +1,539 @@
+//! One segment file of a partition replica's log, with its sparse index.
+//!
+//! A segment holds consecutive Raft entries starting at `base_index`. The
+//! active (last) segment is appended to; the others are sealed: fsynced, never
+//! written again, and indexed by a `.idx` file written when they were sealed,
+//! so opening a log scans only its active segment.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::error::{Result, StoreError};
+use crate::format::{
+    self, DecodeError, FRAME_HEADER_BYTES, FrameHeader, IndexEntry, SEGMENT_HEADER_BYTES, SealedSummary,
+    SegmentHeader,
+};
+use crate::fsutil;
+use crate::types::LogId;
+
+/// Bytes read per IO when walking frames.
+const READ_CHUNK_BYTES: usize = 256 * 1024;
+
+/// File name of the segment whose first entry has Raft index `base_index`.
+pub fn segment_file_name(base_index: u64) -> String {
+    format!("{base_index:020}.seg")
+}
+
+/// Parses a segment file name back to its base index.
+pub fn parse_segment_file_name(name: &str) -> Option<u64> {
+    name.strip_suffix(".seg").filter(|s| s.len() == 20).and_then(|s| s.parse().ok())
+}
+
+/// One segment file and its in-memory sparse index.
+#[derive(Debug)]
+pub struct Segment {
+    path: PathBuf,
+    file: Arc<File>,
+    header: SegmentHeader,
+    /// Length of the valid part of the file, bytes: where the next frame goes.
+    size_bytes: u64,
+    last_log_id: Option<LogId>,
+    next_index: u64,
+    next_offset: u64,
+    max_timestamp_ms: i64,
+    rows: Vec<IndexEntry>,
+    bytes_since_row: u64,
+    index_interval_bytes: u64,
+    opened_at: Instant,
+    sealed: bool,
+}
+
+/// How a scan treats a frame that does not verify.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OnBadFrame {
+    /// Report corruption (sealed segments, and data before the tail).
+    Fail,
+    /// Stop there and report the position, so the caller can cut a torn tail.
+    Stop,
+}
+
+impl Segment {
+    /// Creates an empty segment file whose first entry will be `base_index`
+    /// with offset `base_offset`, durably (file and directory fsynced).
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] if the file cannot be created or synced.
+    pub fn create(dir: &Path, base_index: u64, base_offset: u64, index_interval_bytes: u64) -> Result<Self> {
+        let path = dir.join(segment_file_name(base_index));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(|e| StoreError::io("create segment", &path, e))?;
+        let header = SegmentHeader { base_index, base_offset };
+        file.write_all_at(&header.encode(), 0).map_err(|e| StoreError::io("write", &path, e))?;
+        file.sync_data().map_err(|e| StoreError::io("fsync", &path, e))?;
+        fsutil::sync_dir(dir)?;
+        Ok(Self::empty(path, file, header, index_interval_bytes))
+    }
+
+    fn empty(path: PathBuf, file: File, header: SegmentHeader, index_interval_bytes: u64) -> Self {
+        Self {
+            path,
+            file: Arc::new(file),
+            header,
+            size_bytes: SEGMENT_HEADER_BYTES as u64,
+            last_log_id: None,
+            next_index: header.base_index,
+            next_offset: header.base_offset,
+            max_timestamp_ms: i64::MIN,
+            rows: Vec::new(),
+            bytes_since_row: 0,
+            index_interval_bytes,
+            opened_at: Instant::now(),
+            sealed: false,
+        }
+    }
+
+    /// Opens an existing segment. A sealed segment is loaded from its index
+    /// file when that is intact, otherwise scanned with every frame
+    /// verified. The tail segment (`is_tail`) is always scanned; a frame that
+    /// does not verify ends it, and the returned position is where the torn
+    /// tail starts (the caller cuts it with [`Segment::truncate_at`]).
+    ///
+    /// # Errors
+    /// [`StoreError::Corruption`] for a bad header, for any bad frame in a
+    /// sealed segment, or for a frame that verifies but does not continue
+    /// the log (wrong index or offset); [`StoreError::Io`] for IO failures.
+    pub fn open(path: &Path, is_tail: bool, index_interval_bytes: u64) -> Result<(Self, Option<u64>)> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(is_tail)
+            .open(path)
+            .map_err(|e| StoreError::io("open segment", path, e))?;
+        let head = fsutil::read_up_to(&file, path, 0, SEGMENT_HEADER_BYTES)?;
+        let header = SegmentHeader::decode(&head)
+            .map_err(|source| StoreError::Corruption { path: path.to_owned(), position: 0, source })?;
+        let file_len = file.metadata().map_err(|e| StoreError::io("stat", path, e))?.len();
+        let mut seg = Self::empty(path.to_owned(), file, header, index_interval_bytes);
+        if !is_tail {
+            seg.sealed = true;
+            if seg.load_index(file_len) {
+                return Ok((seg, None));
+            }
+        }
+        let policy = if is_tail { OnBadFrame::Stop } else { OnBadFrame::Fail };
+        let cut = seg.scan(file_len, policy)?;
+        Ok((seg, cut))
+    }
+
+    fn index_path(&self) -> PathBuf {
+        self.path.with_extension("idx")
+    }
+
+    /// Loads the index file if it exists, verifies and matches this file.
+    fn load_index(&mut self, file_len: u64) -> bool {
+        let Ok(bytes) = std::fs::read(self.index_path()) else { return false };
+        let Ok((summary, rows)) = format::decode_index(&bytes) else {
+            tracing::warn!(path = %self.index_path().display(), "index file does not verify; rescanning segment");
+            return false;
+        };
+        if summary.size_bytes != file_len || rows.first().is_some_and(|r| r.index != self.header.base_index) {
+            tracing::warn!(path = %self.index_path().display(), "index file does not match segment; rescanning");
+            return false;
+        }
+        self.size_bytes = summary.size_bytes;
+        self.last_log_id = Some(summary.last_log_id);
+        self.next_index = summary.last_log_id.index + 1;
+        self.next_offset = summary.next_offset;
+        self.max_timestamp_ms = summary.max_timestamp_ms;
+        self.rows = rows;
+        true
+    }
+
+    /// Walks frames from the current end (`size_bytes`) to `file_len`,
+    /// verifying each and indexing it.
+    fn scan(&mut self, file_len: u64, policy: OnBadFrame) -> Result<Option<u64>> {
+        let mut cursor = FrameCursor::new(self.size_bytes, file_len);
+        loop {
+            let position = cursor.position;
+            match cursor.next(&self.file, &self.path)? {
+                None => return Ok(None),
+                Some(Ok((h, _))) => {
+                    self.check_continues(&h, position)?;
+                    self.note_frame(&h, position);
+                    self.size_bytes = position + h.frame_bytes as u64;
+                }
+                Some(Err(source)) => {
+                    if policy == OnBadFrame::Fail {
+                        return Err(StoreError::Corruption { path: self.path.clone(), position, source });
+                    }
+                    return Ok(Some(position));
+                }
+            }
+        }
+    }
+
+    fn check_continues(&self, h: &FrameHeader, position: u64) -> Result<()> {
+        let want_index = self.next_index();
+        if h.index() != want_index || h.base_offset != self.next_offset {
+            return Err(StoreError::Corruption {
+                path: self.path.clone(),
+                position,
+                source: DecodeError::Invalid {
+                    field: "log continuity",
+                    detail: format!(
+                        "frame has index {} offset {}, expected index {want_index} offset {}",
+                        h.index(),
+                        h.base_offset,
+                        self.next_offset
+                    ),
+                },
+            });
+        }
+        Ok(())
+    }
+
+    fn note_frame(&mut self, h: &FrameHeader, position: u64) {
+        if self.rows.is_empty() || self.bytes_since_row >= self.index_interval_bytes {
+            self.rows.push(IndexEntry {
+                index: h.index(),
+                offset: h.base_offset,
+                position,
+                max_timestamp_before_ms: self.max_timestamp_ms,
+            });
+            self.bytes_since_row = 0;
+        }
+        self.bytes_since_row += h.frame_bytes as u64;
+        self.last_log_id = Some(h.log_id);
+        self.next_index = h.index() + 1;
+        self.next_offset = h.next_offset();
+        if h.record_count > 0 {
+            self.max_timestamp_ms = self.max_timestamp_ms.max(h.max_timestamp_ms);
+        }
+    }
+
+    /// Appends encoded frames (`frames` holds them back to back, described
+    /// by `headers`) with one positional write. Not durable until
+    /// [`Segment::sync`] or the flusher syncs the file.
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] if the segment is sealed or the frames do not
+    /// continue the log; [`StoreError::Io`] if the write fails (the segment
+    /// is then truncated back, so a retry starts from a clean end).
+    pub fn append(&mut self, frames: &[u8], headers: &[FrameHeader]) -> Result<()> {
+        if self.sealed {
+            return Err(StoreError::Invalid(format!("append to sealed segment {}", self.path.display())));
+        }
+        let start = self.size_bytes;
+        if let Err(e) = self.file.write_all_at(frames, start) {
+            let _ = self.file.set_len(start);
+            return Err(StoreError::io("write", &self.path, e));
+        }
+        let mut position = start;
+        for h in headers {
+            self.note_frame(h, position);
+            position += h.frame_bytes as u64;
+        }
+        self.size_bytes = position;
+        Ok(())
+    }
+
+    /// Cuts the file at `position` (a frame boundary) and fsyncs it, then
+    /// rebuilds the in-memory state of what remains.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] on IO failure, [`StoreError::Corruption`] if the
+    /// remaining frames do not verify.
+    pub fn truncate_at(&mut self, position: u64) -> Result<()> {
+        let position = position.max(SEGMENT_HEADER_BYTES as u64);
+        if self.sealed {
+            self.sealed = false;
+            fsutil::remove_if_exists(&self.index_path())?;
+            self.file = Arc::new(
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&self.path)
+                    .map_err(|e| StoreError::io("reopen segment", &self.path, e))?,
+            );
+        }
+        self.file.set_len(position).map_err(|e| StoreError::io("truncate", &self.path, e))?;
+        self.file.sync_data().map_err(|e| StoreError::io("fsync", &self.path, e))?;
+        // Restart the in-memory state from the last index row before the cut.
+        self.rows.retain(|r| r.position < position);
+        match self.rows.pop() {
+            Some(r) => {
+                self.size_bytes = r.position;
+                self.next_index = r.index;
+                self.next_offset = r.offset;
+                self.max_timestamp_ms = r.max_timestamp_before_ms;
+            }
+            None => {
+                self.size_bytes = SEGMENT_HEADER_BYTES as u64;
+                self.next_index = self.header.base_index;
+                self.next_offset = self.header.base_offset;
+                self.max_timestamp_ms = i64::MIN;
+            }
+        }
+        self.bytes_since_row = self.index_interval_bytes;
+        self.last_log_id = None;
+        self.scan(position, OnBadFrame::Fail)?;
+        if self.last_log_id.is_none() {
+            // Empty now: the last entry before it is in an earlier segment.
+            self.bytes_since_row = 0;
+        }
+        Ok(())
+    }
+
+    /// Byte position where the entry with Raft index `index` starts, or the
+    /// end of the segment if `index` is one past its last entry.
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] if the index is outside the segment;
+    /// [`StoreError::Corruption`] if a frame on the way does not verify.
+    pub fn position_of_index(&self, index: u64) -> Result<u64> {
+        if index < self.header.base_index || index > self.next_index() {
+            return Err(StoreError::Invalid(format!("index {index} not in segment {}", self.path.display())));
+        }
+        if index == self.next_index() {
+            return Ok(self.size_bytes);
+        }
+        let row = self.rows.partition_point(|r| r.index <= index).saturating_sub(1);
+        self.walk_headers(self.rows[row].position, |h| h.index() >= index)
+    }
+
+    /// Byte position of the first entry holding an offset ≥ `offset` (the
+    /// batch containing `offset`, or the next one), or the segment end.
+    ///
+    /// # Errors
+    /// [`StoreError::Corruption`] if a frame on the way does not verify.
+    pub fn position_of_offset(&self, offset: u64) -> Result<u64> {
+        let row = self.rows.partition_point(|r| r.offset <= offset).saturating_sub(1);
+        let start = self.rows.get(row).map_or(self.size_bytes, |r| r.position);
+        self.walk_headers(start, |h| h.record_count > 0 && h.next_offset() > offset)
+    }
+
+    /// Byte position of the first record batch whose largest timestamp is ≥
+    /// `timestamp_ms` (Kafka's ListOffsets by time, KIP-79), or the end.
+    ///
+    /// # Errors
+    /// [`StoreError::Corruption`] if a frame on the way does not verify.
+    pub fn position_of_timestamp(&self, timestamp_ms: i64) -> Result<u64> {
+        let row = self.rows.partition_point(|r| r.max_timestamp_before_ms < timestamp_ms).saturating_sub(1);
+        let start = self.rows.get(row).map_or(self.size_bytes, |r| r.position);
+        self.walk_headers(start, |h| h.record_count > 0 && h.max_timestamp_ms >= timestamp_ms)
+    }
+
+    /// Walks verified frames from `position` until `stop` holds for one;
+    /// returns its position, or the segment end. Bounded by one index
+    /// interval plus one frame in the common case.
+    fn walk_headers(&self, position: u64, stop: impl Fn(&FrameHeader) -> bool) -> Result<u64> {
+        let mut cursor = FrameCursor::new(position, self.size_bytes);
+        loop {
+            let at = cursor.position;
+            match cursor.next(&self.file, &self.path)? {
+                None => return Ok(self.size_bytes),
+                Some(Ok((h, _))) if stop(&h) => return Ok(at),
+                Some(Ok(_)) => {}
+                Some(Err(source)) => {
+                    return Err(StoreError::Corruption { path: self.path.clone(), position: at, source });
+                }
+            }
+        }
+    }
+
+    /// Reads verified frames from `position` (a frame boundary) while `keep`
+    /// accepts them and the total stays within `max_bytes` (the first frame
+    /// is always returned whole, as Kafka does since KIP-74). Each frame
+    /// comes back as its header and its exact bytes, sliced without copying
+    /// from the read buffer.
+    ///
+    /// # Errors
+    /// [`StoreError::Corruption`] for a frame that does not verify.
+    pub fn read_frames(
+        &self,
+        position: u64,
+        max_bytes: usize,
+        mut keep: impl FnMut(&FrameHeader) -> bool,
+    ) -> Result<Vec<(FrameHeader, Bytes)>> {
+        let mut out = Vec::new();
+        let mut total = 0usize;
+        let mut cursor = FrameCursor::new(position, self.size_bytes);
+        loop {
+            let at = cursor.position;
+            match cursor.next(&self.file, &self.path)? {
+                None => return Ok(out),
+                Some(Ok((h, bytes))) => {
+                    if !keep(&h) || (!out.is_empty() && total + h.frame_bytes > max_bytes) {
+                        return Ok(out);
+                    }
+                    total += h.frame_bytes;
+                    out.push((h, bytes));
+                    if total >= max_bytes {
+                        return Ok(out);
+                    }
+                }
+                Some(Err(source)) => {
+                    return Err(StoreError::Corruption { path: self.path.clone(), position: at, source });
+                }
+            }
+        }
+    }
+
+    /// fsyncs the segment's data.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] if fsync fails.
+    pub fn sync(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| StoreError::io("fsync", &self.path, e))
+    }
+
+    /// Seals the segment: fsyncs it and writes its index file durably.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] on IO failure; [`StoreError::Invalid`] if empty.
+    pub fn seal(&mut self) -> Result<()> {
+        let Some(last_log_id) = self.last_log_id else {
+            return Err(StoreError::Invalid(format!("cannot seal empty segment {}", self.path.display())));
+        };
+        self.sync()?;
+        let summary = SealedSummary {
+            size_bytes: self.size_bytes,
+            last_log_id,
+            next_offset: self.next_offset,
+            max_timestamp_ms: self.max_timestamp_ms,
+        };
+        fsutil::write_durable(&self.index_path(), &format::encode_index(&summary, &self.rows))?;
+        self.sealed = true;
+        Ok(())
+    }
+
+    /// Deletes the segment's files.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] if a file cannot be removed.
+    pub fn delete(self) -> Result<()> {
+        fsutil::remove_if_exists(&self.index_path())?;
+        fsutil::remove_if_exists(&self.path)
+    }
+
+    /// Raft index of the segment's first entry.
+    pub fn base_index(&self) -> u64 {
+        self.header.base_index
+    }
+    /// Offset of the segment's first record.
+    pub fn base_offset(&self) -> u64 {
+        self.header.base_offset
+    }
+    /// Raft index the next appended entry must have.
+    pub fn next_index(&self) -> u64 {
+        self.next_index
+    }
+    /// Offset the next record will get.
+    pub fn next_offset(&self) -> u64 {
+        self.next_offset
+    }
+    /// Log id of the last entry, if any.
+    pub fn last_log_id(&self) -> Option<LogId> {
+        self.last_log_id
+    }
+    /// Valid length of the file, bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+    /// Largest record timestamp in the segment, ms (i64::MIN if none).
+    pub fn max_timestamp_ms(&self) -> i64 {
+        self.max_timestamp_ms
+    }
+    /// Whether the segment is sealed (read-only, indexed on disk).
+    pub fn is_sealed(&self) -> bool {
+        self.sealed
+    }
+    /// Whether no entry is stored.
+    pub fn is_empty(&self) -> bool {
+        self.last_log_id.is_none()
+    }
+    /// Time since the segment was opened or created.
+    pub fn age(&self) -> std::time::Duration {
+        self.opened_at.elapsed()
+    }
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    /// The open file, shared with the flusher.
+    pub fn file(&self) -> &Arc<File> {
+        &self.file
+    }
+}
+
+/// Reads frames sequentially in large chunks, verifying each.
+struct FrameCursor {
+    position: u64,
+    end: u64,
+    buf: Bytes,
+    buf_start: u64,
+}
+
+impl FrameCursor {
+    fn new(position: u64, end: u64) -> Self {
+        Self { position, end, buf: Bytes::new(), buf_start: position }
+    }
+
+    /// Next frame: `None` at the end, `Some(Err)` for a frame that does not
+    /// verify (or is cut short by the end), `Err` for an IO failure.
+    #[allow(clippy::type_complexity)]
+    fn next(
+        &mut self,
+        file: &File,
+        path: &Path,
+    ) -> Result<Option<std::result::Result<(FrameHeader, Bytes), DecodeError>>> {
+        if self.position >= self.end {
+            return Ok(None);
+        }
+        let remaining = (self.end - self.position) as usize;
+        let mut have = self.available();
+        if have.len() < FRAME_HEADER_BYTES.min(remaining) {
+            self.fill(file, path, READ_CHUNK_BYTES)?;
+            have = self.available();
+        }
+        let len = match format::frame_len(&have) {
+            Ok(l) => l,
+            Err(e) => return Ok(Some(Err(e))),
+        };
+        if have.len() < len && remaining >= len {
+            self.fill(file, path, len.max(READ_CHUNK_BYTES))?;
+            have = self.available();
+        }
+        let have = &have[..have.len().min(remaining)];
+        match format::decode_frame_header(have) {
+            Ok(h) => {
+                let off = (self.position - self.buf_start) as usize;
+                let bytes = self.buf.slice(off..off + h.frame_bytes);
+                self.position += h.frame_bytes as u64;
+                Ok(Some(Ok((h, bytes))))
+            }
+            Err(e) => Ok(Some(Err(e))),
+        }
+    }
+
+    fn available(&self) -> Bytes {
+        let skip = (self.position - self.buf_start) as usize;
+        if skip >= self.buf.len() { Bytes::new() } else { self.buf.slice(skip..) }
+    }
+
+    fn fill(&mut self, file: &File, path: &Path, want: usize) -> Result<()> {
+        let len = want.min((self.end - self.position) as usize);
+        self.buf = Bytes::from(fsutil::read_up_to(file, path, self.position, len)?);
+        self.buf_start = self.position;
+        Ok(())
+    }
+}

@@ -1,0 +1,122 @@
+//! openraft's `RaftStateMachine` for a partition.
+//!
+//! Applying a committed entry does not copy data: the records already sit in
+//! the log. It assigns the batch its offsets (a prefix sum of record counts,
+//! so every replica computes the same ones), tracks membership, and advances
+//! the high watermark that bounds what consumers may read.
+
+use std::io;
+
+use futures::{Stream, TryStreamExt};
+use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
+use openraft::OptionalSend;
+
+use crate::batch::AppendResult;
+use crate::replica::Replica;
+use crate::snapshot::{self, SnapshotFiles};
+use crate::types::{EntryPayload, LogId, SnapshotMeta, StoredMembership, TypeConfig};
+
+/// A snapshot as openraft passes it around.
+pub type Snapshot = openraft::alias::SnapshotOf<TypeConfig, SnapshotFiles>;
+
+/// The state machine half of a replica. Clones share state.
+#[derive(Clone, Debug)]
+pub struct PartitionStateMachine {
+    pub(crate) replica: Replica,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for PartitionStateMachine {
+    type SnapshotData = SnapshotFiles;
+
+    async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
+        let (meta, next_offset) = {
+            let a = self.replica.applied();
+            (SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() }, a.next_offset)
+        };
+        let files = {
+            let log = self.replica.log();
+            snapshot::build(&log, self.replica.snapshot_root(), meta.clone(), next_offset)?
+        };
+        let record = self.replica.set_current_snapshot(&files, meta.clone(), next_offset)?;
+        tracing::info!(dir = %self.replica.snapshot_root().display(), last = ?meta.last_log_id, "built snapshot");
+        self.replica.applied().snapshot = Some(record);
+        Ok(Snapshot { meta, snapshot: files })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
+    type SnapshotData = SnapshotFiles;
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
+        let a = self.replica.applied();
+        Ok((a.last_applied, a.membership.clone()))
+    }
+
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
+    where
+        Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
+    {
+        while let Some((entry, responder)) = entries.try_next().await? {
+            let result = {
+                let mut a = self.replica.applied();
+                let base_offset = a.next_offset;
+                let record_count = match &entry.payload {
+                    EntryPayload::Normal(b) => b.record_count,
+                    EntryPayload::Membership(m) => {
+                        a.membership = StoredMembership::new(Some(entry.log_id), m.clone());
+                        0
+                    }
+                    EntryPayload::Blank => 0,
+                };
+                a.next_offset += u64::from(record_count);
+                a.last_applied = Some(entry.log_id);
+                AppendResult { base_offset, record_count }
+            };
+            self.replica.publish_high_watermark(result.base_offset + u64::from(result.record_count));
+            if let Some(r) = responder {
+                r.send(result);
+            }
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, data: SnapshotFiles) -> Result<(), io::Error> {
+        let files = snapshot::adopt(&data, self.replica.snapshot_root())?;
+        let manifest = files.manifest()?;
+        let next_offset = manifest.next_offset;
+        if let Some(last) = meta.last_log_id {
+            let mut log = self.replica.log();
+            let local_matches = log.entries(last.index, last.index + 1)?.first().map(|e| e.log_id) == Some(last);
+            if !local_matches {
+                // Raft Log Matching (§5.3): a local entry equal to the
+                // snapshot's last one means the prefixes are equal. Otherwise
+                // the snapshot's segments replace the local log.
+                log.replace_segments(&files.segment_paths()?, (last.index + 1, next_offset))?;
+            }
+        }
+        let record = self.replica.set_current_snapshot(&files, meta.clone(), next_offset)?;
+        {
+            let mut a = self.replica.applied();
+            a.last_applied = meta.last_log_id;
+            a.membership = meta.last_membership.clone();
+            a.next_offset = next_offset;
+            a.snapshot = Some(record);
+        }
+        self.replica.publish_high_watermark(next_offset);
+        tracing::info!(last = ?meta.last_log_id, next_offset, "installed snapshot");
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
+        let a = self.replica.applied();
+        Ok(a.snapshot.as_ref().map(|r| Snapshot {
+            meta: r.meta.clone(),
+            snapshot: SnapshotFiles { dir: self.replica.snapshot_root().join(&r.dir_name) },
+        }))
+    }
+}

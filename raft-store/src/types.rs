@@ -1,0 +1,49 @@
+//! The openraft type configuration of one partition's Raft group, and the
+//! aliases the rest of Ferrolog uses instead of naming openraft's generics.
+//!
+//! openraft is pinned at an alpha (`=0.10.0-alpha.37`); keeping every
+//! openraft type behind these names means an upgrade touches this file and
+//! the two trait implementations (`log_store.rs`, `state_machine.rs`), not
+//! the broker.
+
+use crate::batch::{AppendResult, RecordBatch};
+
+openraft::declare_raft_types!(
+    /// Type configuration of a partition replica's Raft group: application
+    /// data is a [`RecordBatch`], the applied result an [`AppendResult`].
+    pub TypeConfig:
+        D = RecordBatch,
+        R = AppendResult,
+);
+
+/// A replica's Raft node id. Unique within its group and never reused.
+pub type NodeId = u64;
+/// A Raft node's address book entry.
+pub type Node = openraft::impls::BasicNode;
+/// A Raft term.
+pub type Term = u64;
+/// The (term, leader node) pair that proposed an entry.
+pub type LeaderId = openraft::alias::CommittedLeaderIdOf<TypeConfig>;
+/// A Raft log id: (term, leader node, index) — Raft paper §5.3.
+pub type LogId = openraft::alias::LogIdOf<TypeConfig>;
+/// A Raft log entry.
+pub type Entry = openraft::alias::EntryOf<TypeConfig>;
+/// An entry's payload: blank, a record batch, or a membership change.
+pub type EntryPayload = openraft::alias::EntryPayloadOf<TypeConfig>;
+/// A persisted vote: (term, candidate, committed) — Raft paper §5.2, Figure 2.
+pub type Vote = openraft::alias::VoteOf<TypeConfig>;
+/// A cluster membership configuration (joint consensus, Raft paper §6).
+pub type Membership = openraft::Membership<NodeId, Node>;
+/// A membership configuration with the log id that introduced it.
+pub type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
+/// Metadata of a snapshot: last included log id and membership.
+pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
+/// The callback openraft hands to `append`, completed once entries are durable.
+pub type IoFlushed = openraft::storage::IOFlushed<TypeConfig>;
+/// openraft's log state: last purged and last log ids.
+pub type LogState = openraft::storage::LogState<TypeConfig>;
+
+/// Builds a log id from its parts.
+pub fn log_id(term: Term, leader_node: NodeId, index: u64) -> LogId {
+    LogId::new(LeaderId { term, node_id: leader_node }, index)
+}
