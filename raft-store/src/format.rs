@@ -134,7 +134,10 @@ impl SegmentHeader {
         }
         let version = u32_at(b, 8);
         if version != FORMAT_VERSION {
-            return Err(invalid("segment format version", format!("{version}, this build reads {FORMAT_VERSION}")));
+            return Err(invalid(
+                "segment format version",
+                format!("{version}, this build reads {FORMAT_VERSION}"),
+            ));
         }
         Ok(Self { base_index: u64_at(b, 16), base_offset: u64_at(b, 24) })
     }
@@ -498,7 +501,12 @@ mod tests {
     fn segment_header_and_index_round_trip() {
         let h = SegmentHeader { base_index: 9, base_offset: 77 };
         assert_eq!(SegmentHeader::decode(&h.encode()).unwrap(), h);
-        let s = SealedSummary { size_bytes: 1000, last_log_id: log_id(2, 3, 40), next_offset: 90, max_timestamp_ms: 5 };
+        let s = SealedSummary {
+            size_bytes: 1000,
+            last_log_id: log_id(2, 3, 40),
+            next_offset: 90,
+            max_timestamp_ms: 5,
+        };
         let rows = vec![IndexEntry { index: 9, offset: 77, position: 40, max_timestamp_before_ms: i64::MIN }];
         let enc = encode_index(&s, &rows);
         assert_eq!(decode_index(&enc).unwrap(), (s, rows));

@@ -356,7 +356,9 @@ impl PartitionLog {
         for f in files {
             let name = f.file_name().map(|n| n.to_owned()).unwrap_or_default();
             let dst = self.dir.join(name);
-            fs::hard_link(f, &dst).or_else(|_| fs::copy(f, &dst).map(|_| ())).map_err(|e| StoreError::io("link", &dst, e))?;
+            fs::hard_link(f, &dst)
+                .or_else(|_| fs::copy(f, &dst).map(|_| ()))
+                .map_err(|e| StoreError::io("link", &dst, e))?;
         }
         fsutil::sync_dir(&self.dir)?;
         let bases: Vec<u64> = files

@@ -4,8 +4,8 @@ use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 
-use openraft::storage::{RaftLogReader, RaftLogStorage};
 use openraft::OptionalSend;
+use openraft::storage::{RaftLogReader, RaftLogStorage};
 
 use crate::replica::Replica;
 use crate::types::{Entry, IoFlushed, LogId, LogState, TypeConfig, Vote};

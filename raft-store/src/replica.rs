@@ -66,7 +66,10 @@ impl Replica {
         let snapshot_root = dir.join(SNAPSHOT_DIR);
         std::fs::create_dir_all(&snapshot_root).map_err(|e| StoreError::io("create", &snapshot_root, e))?;
         let record: Option<SnapshotRecord> = log.meta().get(meta::KEY_SNAPSHOT)?;
-        snapshot::remove_others(&snapshot_root, record.as_ref().map(|r| snapshot_root.join(&r.dir_name)).as_deref())?;
+        snapshot::remove_others(
+            &snapshot_root,
+            record.as_ref().map(|r| snapshot_root.join(&r.dir_name)).as_deref(),
+        )?;
         let (last_applied, membership, next_offset) = match &record {
             Some(r) => (r.meta.last_log_id, r.meta.last_membership.clone(), r.next_offset),
             None => (None, StoredMembership::default(), 0),
@@ -163,7 +166,12 @@ impl Replica {
     }
 
     /// Records `files` as the current snapshot and removes older ones.
-    pub(crate) fn set_current_snapshot(&self, files: &SnapshotFiles, meta: SnapshotMeta, next_offset: u64) -> Result<SnapshotRecord> {
+    pub(crate) fn set_current_snapshot(
+        &self,
+        files: &SnapshotFiles,
+        meta: SnapshotMeta,
+        next_offset: u64,
+    ) -> Result<SnapshotRecord> {
         let dir_name = files.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let record = SnapshotRecord { meta, next_offset, dir_name };
         self.log().meta().put(meta::KEY_SNAPSHOT, Some(&record), Sync::Durable)?;

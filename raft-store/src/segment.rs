@@ -119,8 +119,11 @@ impl Segment {
             .open(path)
             .map_err(|e| StoreError::io("open segment", path, e))?;
         let head = fsutil::read_up_to(&file, path, 0, SEGMENT_HEADER_BYTES)?;
-        let header = SegmentHeader::decode(&head)
-            .map_err(|source| StoreError::Corruption { path: path.to_owned(), position: 0, source })?;
+        let header = SegmentHeader::decode(&head).map_err(|source| StoreError::Corruption {
+            path: path.to_owned(),
+            position: 0,
+            source,
+        })?;
         let file_len = file.metadata().map_err(|e| StoreError::io("stat", path, e))?.len();
         let mut seg = Self::empty(path.to_owned(), file, header, index_interval_bytes);
         if !is_tail {

@@ -103,7 +103,8 @@ pub fn build(log: &PartitionLog, root: &Path, meta: SnapshotMeta, next_offset: u
             segments.push(file_name.to_string_lossy().into_owned());
         }
     }
-    let manifest = SnapshotManifest { version: MANIFEST_VERSION, meta, next_offset, segments, compaction: None };
+    let manifest =
+        SnapshotManifest { version: MANIFEST_VERSION, meta, next_offset, segments, compaction: None };
     let bytes = serde_json::to_vec_pretty(&manifest).map_err(|e| StoreError::Invalid(e.to_string()))?;
     fsutil::write_durable(&building.join(MANIFEST_FILE), &bytes)?;
     let dir = root.join(&name);

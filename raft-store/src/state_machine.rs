@@ -8,8 +8,8 @@
 use std::io;
 
 use futures::{Stream, TryStreamExt};
-use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
 use openraft::OptionalSend;
+use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
 
 use crate::batch::AppendResult;
 use crate::replica::Replica;
@@ -31,7 +31,10 @@ impl RaftSnapshotBuilder<TypeConfig> for PartitionStateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         let (meta, next_offset) = {
             let a = self.replica.applied();
-            (SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() }, a.next_offset)
+            (
+                SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() },
+                a.next_offset,
+            )
         };
         let files = {
             let log = self.replica.log();
@@ -91,7 +94,8 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
         let next_offset = manifest.next_offset;
         if let Some(last) = meta.last_log_id {
             let mut log = self.replica.log();
-            let local_matches = log.entries(last.index, last.index + 1)?.first().map(|e| e.log_id) == Some(last);
+            let local_matches =
+                log.entries(last.index, last.index + 1)?.first().map(|e| e.log_id) == Some(last);
             if !local_matches {
                 // Raft Log Matching (§5.3): a local entry equal to the
                 // snapshot's last one means the prefixes are equal. Otherwise

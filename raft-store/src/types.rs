@@ -47,3 +47,16 @@ pub type LogState = openraft::storage::LogState<TypeConfig>;
 pub fn log_id(term: Term, leader_node: NodeId, index: u64) -> LogId {
     LogId::new(LeaderId { term, node_id: leader_node }, index)
 }
+
+/// A flush callback for [`openraft::storage::RaftLogStorage::append`] and a
+/// future that resolves once the store completes it: for callers that append
+/// outside a running Raft (tools, tests, benchmarks).
+///
+/// The future yields the store's flush result, or an error if the callback
+/// was dropped without being completed.
+pub fn flush_signal() -> (IoFlushed, impl std::future::Future<Output = std::io::Result<()>> + Send) {
+    use openraft::type_config::TypeConfigExt;
+    let (tx, rx) = TypeConfig::oneshot();
+    let done = async move { rx.await.map_err(|_| std::io::Error::other("flush callback dropped"))? };
+    (IoFlushed::signal(tx), done)
+}

@@ -41,7 +41,8 @@ fn openraft_storage_suite_passes_with_tiny_segments() {
             &self,
         ) -> Result<(tempfile::TempDir, LogStore, PartitionStateMachine), StorageError<TypeConfig>> {
             let dir = tempfile::tempdir().map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?;
-            let config = StoreConfig { segment_bytes: 4096, index_interval_bytes: 1, ..StoreConfig::default() };
+            let config =
+                StoreConfig { segment_bytes: 4096, index_interval_bytes: 1, ..StoreConfig::default() };
             let replica = Replica::open(dir.path(), config, self.0.clone())
                 .map_err(|e| StorageError::read(TypeConfig::err_from_error(&std::io::Error::from(e))))?;
             Ok((dir, replica.log_store(), replica.state_machine()))

@@ -1,0 +1,225 @@
+//! Recovery and corruption on real files: torn tails are cut, a flipped bit
+//! before the tail is reported with file and position, metadata and the
+//! high watermark survive a restart, snapshots carry the retained records.
+
+mod common;
+
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use ferrolog_raft_store::types::log_id;
+use ferrolog_raft_store::{Flusher, PartitionLog, Replica, StoreConfig, StoreError};
+use openraft::storage::{RaftLogStorage, RaftSnapshotBuilder, RaftStateMachine};
+use openraft::type_config::TypeConfigExt;
+
+use ferrolog_raft_store::types::{TypeConfig, Vote};
+
+fn tiny() -> StoreConfig {
+    StoreConfig { segment_bytes: 4096, index_interval_bytes: 256, ..StoreConfig::default() }
+}
+
+fn flusher() -> Flusher {
+    Flusher::spawn("test").expect("flusher")
+}
+
+/// Writes entries `0..n` durably through the openraft interface.
+fn write_entries(dir: &Path, config: StoreConfig, n: u64) {
+    TypeConfig::run(async {
+        let replica = Replica::open(dir, config, flusher()).expect("open");
+        let mut store = replica.log_store();
+        for i in 0..n {
+            common::append_durable(&mut store, vec![common::entry(1, i, 300)]).await.expect("append");
+        }
+    });
+}
+
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = fs::read_dir(dir.join("log"))
+        .expect("list")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn torn_tail_is_cut_at_every_byte_and_nothing_before_it_is_lost() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_entries(dir.path(), StoreConfig::default(), 20);
+    let seg = segments(dir.path()).pop().expect("segment");
+    let full = fs::read(&seg).expect("read");
+    // Where the last frame starts: reopen and ask for the end before it.
+    let last_start = {
+        let log =
+            PartitionLog::open(&dir.path().join("log"), StoreConfig::default(), flusher()).expect("open");
+        full.len() - log.read(common::base_offset(19), usize::MAX, u64::MAX).expect("read")[0].frame.len()
+    };
+    for cut in (last_start..full.len()).step_by(7) {
+        fs::write(&seg, &full[..cut]).expect("write torn copy");
+        let log = PartitionLog::open(&dir.path().join("log"), StoreConfig::default(), flusher())
+            .unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
+        assert_eq!(log.log_state().last_log_id, Some(log_id(1, 1, 18)), "cut at {cut}");
+        assert_eq!(log.entries(0, 100).expect("entries").len(), 19);
+        assert_eq!(fs::metadata(&seg).expect("stat").len() as usize, last_start, "torn bytes left behind");
+    }
+    // A garbage tail (a crash while a page of zeros or junk was written) is cut too.
+    let mut junk = full.clone();
+    junk.extend_from_slice(&[0xAB; 100]);
+    fs::write(&seg, &junk).expect("write");
+    let log = PartitionLog::open(&dir.path().join("log"), StoreConfig::default(), flusher()).expect("open");
+    assert_eq!(log.log_state().last_log_id, Some(log_id(1, 1, 19)));
+}
+
+#[test]
+fn flipped_bit_in_a_sealed_segment_is_reported_with_file_and_position() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_entries(dir.path(), tiny(), 60);
+    let segs = segments(dir.path());
+    assert!(segs.len() >= 4, "want several segments, got {}", segs.len());
+    let victim = &segs[1];
+    let len_before = fs::metadata(victim).expect("stat").len();
+    // Flip one bit inside the second frame's payload of the middle segment.
+    let f = OpenOptions::new().read(true).write(true).open(victim).expect("open victim");
+    let position = 40 + 80 + 300 + 80 + 50;
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, position).expect("read byte");
+    f.write_all_at(&[b[0] ^ 0x10], position).expect("flip");
+    drop(f);
+
+    // With its index intact the segment is not rescanned on open; the bad
+    // frame is caught when read, by Raft or by a consumer.
+    let log = PartitionLog::open(&dir.path().join("log"), tiny(), flusher()).expect("open");
+    let err = log.entries(0, 60).expect_err("corrupt entry served");
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::Corruption { .. }), "{msg}");
+    assert!(msg.contains(&victim.display().to_string()) && msg.contains("at byte"), "{msg}");
+    let err = log.read(0, usize::MAX, u64::MAX).expect_err("corrupt batch served to a consumer");
+    assert!(matches!(err, StoreError::Corruption { .. }), "{err}");
+    // Entries before the damage are still served.
+    assert!(!log.entries(0, 2).expect("entries before the damage").is_empty());
+    drop(log);
+
+    // Without the index the open-time scan finds it and refuses to open,
+    // and nothing is cut away.
+    fs::remove_file(victim.with_extension("idx")).expect("remove idx");
+    let err =
+        PartitionLog::open(&dir.path().join("log"), tiny(), flusher()).expect_err("opened a corrupt log");
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::Corruption { position: p, .. } if p > 40), "{msg}");
+    assert!(msg.contains(&victim.display().to_string()), "{msg}");
+    assert_eq!(fs::metadata(victim).expect("stat").len(), len_before, "corrupt data was truncated");
+}
+
+#[test]
+fn a_segment_torn_while_being_created_is_removed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_entries(dir.path(), tiny(), 30);
+    let last = segments(dir.path()).pop().expect("segment");
+    let next_base: u64 =
+        last.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse::<u64>().ok()).expect("base") + 1000;
+    let torn = dir.path().join("log").join(format!("{next_base:020}.seg"));
+    fs::write(&torn, b"FLOGSEG").expect("write torn header");
+    let log = PartitionLog::open(&dir.path().join("log"), tiny(), flusher()).expect("open");
+    assert_eq!(log.log_state().last_log_id, Some(log_id(1, 1, 29)));
+    assert!(!torn.exists());
+}
+
+#[test]
+fn vote_committed_purge_pointer_and_high_watermark_survive_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_entries(dir.path(), tiny(), 40);
+    let vote = Vote::new(7, 2);
+    TypeConfig::run(async {
+        let replica = Replica::open(dir.path(), tiny(), flusher()).expect("open");
+        let mut store = replica.log_store();
+        store.save_vote(&vote).await.expect("vote");
+        store.save_committed(Some(log_id(1, 1, 30))).await.expect("committed");
+        store.purge(log_id(1, 1, 10)).await.expect("purge");
+        // A durable write after the lazy ones, as the next vote or append would be.
+        store.save_vote(&vote).await.expect("vote");
+    });
+    let replica = Replica::open(dir.path(), tiny(), flusher()).expect("reopen");
+    TypeConfig::run(async {
+        let mut store = replica.log_store();
+        assert_eq!(openraft::storage::RaftLogReader::read_vote(&mut store).await.expect("vote"), Some(vote));
+        assert_eq!(store.read_committed().await.expect("committed"), Some(log_id(1, 1, 30)));
+        let state = store.get_log_state().await.expect("state");
+        assert_eq!(state.last_purged_log_id, Some(log_id(1, 1, 10)));
+        assert_eq!(state.last_log_id, Some(log_id(1, 1, 39)));
+    });
+    // Before any apply, reads are bounded by the offset after the commit index.
+    assert_eq!(replica.high_watermark(), common::base_offset(31));
+    // A Raft purge does not delete records: consumers still read from offset 0.
+    assert_eq!(replica.log_start_offset(), 0);
+    let batches = replica.read(0, usize::MAX).expect("read");
+    assert_eq!(batches.len(), 31);
+    assert_eq!(batches.last().expect("last").header.next_offset(), common::base_offset(31));
+    let err = replica.read(common::base_offset(31) + 1, 1024).expect_err("read past the high watermark");
+    assert!(matches!(err, StoreError::OffsetOutOfRange { log_start_offset: 0, .. }), "{err}");
+}
+
+#[test]
+fn offset_and_timestamp_lookups_land_on_the_right_batch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_entries(dir.path(), tiny(), 80);
+    let log = PartitionLog::open(&dir.path().join("log"), tiny(), flusher()).expect("open");
+    for i in 0..80u64 {
+        for inside in 0..u64::from(common::record_count(i)) {
+            let got = log.read(common::base_offset(i) + inside, 1, u64::MAX).expect("read");
+            assert_eq!(
+                got[0].header.index(),
+                i,
+                "offset {} inside batch {i}",
+                common::base_offset(i) + inside
+            );
+            assert_eq!(got[0].records(), common::payload(i, 300));
+        }
+        // Batch i has max timestamp 1005 + 10 i: asking for it, or anything
+        // after batch i-1's, finds batch i.
+        let ts = 1_000 + i as i64 * 10 + 5;
+        assert_eq!(log.offset_for_timestamp(ts).expect("ts"), Some((common::base_offset(i), ts)));
+        assert_eq!(log.offset_for_timestamp(ts - 9).expect("ts"), Some((common::base_offset(i), ts)));
+    }
+    assert_eq!(log.offset_for_timestamp(1_000_000).expect("ts"), None);
+}
+
+#[test]
+fn a_snapshot_carries_every_retained_record_to_an_empty_replica() {
+    let leader_dir = tempfile::tempdir().expect("tempdir");
+    let follower_dir = tempfile::tempdir().expect("tempdir");
+    write_entries(leader_dir.path(), tiny(), 50);
+    TypeConfig::run(async {
+        let leader = Replica::open(leader_dir.path(), tiny(), flusher()).expect("open");
+        let entries = openraft::storage::RaftLogReader::try_get_log_entries(&mut leader.log_store(), 0..50)
+            .await
+            .expect("entries");
+        let mut sm = leader.state_machine();
+        common::apply_all(&mut sm, entries).await;
+        let snap = sm.get_snapshot_builder().await.build_snapshot().await.expect("snapshot");
+        assert_eq!(snap.meta.last_log_id, Some(log_id(1, 1, 49)));
+
+        let follower = Replica::open(follower_dir.path(), tiny(), flusher()).expect("open follower");
+        let mut fsm = follower.state_machine();
+        fsm.install_snapshot(&snap.meta, snap.snapshot.clone()).await.expect("install");
+        // The leader may drop its snapshot now; the follower adopted a copy.
+        drop(sm);
+        assert_eq!(follower.high_watermark(), common::base_offset(50));
+        let got = follower.read(0, usize::MAX).expect("read follower");
+        let want = leader.read(0, usize::MAX).expect("read leader");
+        assert_eq!(got.len(), 50);
+        assert_eq!(got, want, "follower's records differ from the leader's");
+        // And it continues the log right after the snapshot.
+        let mut store = follower.log_store();
+        store.purge(log_id(1, 1, 49)).await.expect("purge");
+        common::append_durable(&mut store, vec![common::entry(1, 50, 300)])
+            .await
+            .expect("append after snapshot");
+        assert_eq!(follower.log_end_offset(), common::base_offset(51));
+    });
+    // And it all survives a restart of the follower.
+    let follower = Replica::open(follower_dir.path(), tiny(), flusher()).expect("reopen follower");
+    assert_eq!(follower.log_end_offset(), common::base_offset(51));
+    assert_eq!(follower.read(0, usize::MAX).expect("read").len(), 50);
+}
