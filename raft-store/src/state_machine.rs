@@ -124,3 +124,6 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
         }))
     }
 }
+
+/// An openraft node of a partition's group, running over this store.
+pub type PartitionRaft = openraft::Raft<TypeConfig, PartitionStateMachine>;

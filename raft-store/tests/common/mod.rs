@@ -56,3 +56,20 @@ pub async fn apply_all(sm: &mut ferrolog_raft_store::PartitionStateMachine, entr
     let stream = futures::stream::iter(entries.into_iter().map(|e| Ok((e, None))));
     sm.apply(stream).await.expect("apply");
 }
+
+/// A record batch identified by a number, for Raft-level tests.
+pub struct Batch(pub RecordBatch);
+
+impl Batch {
+    pub fn numbered(id: u64) -> Self {
+        Batch(RecordBatch {
+            record_count: 1 + (id % 3) as u32,
+            first_timestamp_ms: id as i64,
+            max_timestamp_ms: id as i64,
+            producer_id: -1,
+            producer_epoch: 0,
+            base_sequence: 0,
+            records: payload(id, 64 + (id % 5) as usize * 100),
+        })
+    }
+}
