@@ -169,9 +169,8 @@ impl PartitionLog {
         let mut buf = std::mem::take(&mut self.encode_buf);
         buf.clear();
         let mut headers = Vec::with_capacity(entries.len());
-        let mut next_index = self.next_index();
         let mut next_offset = self.log_end_offset();
-        for e in &entries {
+        for (next_index, e) in (self.next_index()..).zip(&entries) {
             if e.log_id.index != next_index {
                 self.encode_buf = buf;
                 return Err(StoreError::Invalid(format!(
@@ -186,7 +185,6 @@ impl PartitionLog {
                     return Err(StoreError::Invalid(format!("entry {}: {err}", e.log_id)));
                 }
             };
-            next_index += 1;
             next_offset = h.next_offset();
             headers.push(h);
         }
