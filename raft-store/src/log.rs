@@ -244,7 +244,7 @@ impl PartitionLog {
         while index < disk_end {
             let seg = self.segment_for_index(index);
             let pos = seg.position_of_index(index)?;
-            let frames = seg.read_frames(pos, usize::MAX, |h| h.index() < disk_end)?;
+            let (frames, _) = seg.read_frames(pos, usize::MAX, true, |h| h.index() < disk_end)?;
             if frames.is_empty() {
                 break;
             }
@@ -415,23 +415,25 @@ impl PartitionLog {
                 log_end_offset: up_to,
             });
         }
-        let mut out = Vec::new();
+        let mut out: Vec<StoredBatch> = Vec::new();
         let mut budget = max_bytes;
+        let mut from = from_offset;
         let first = self.segments.partition_point(|s| s.next_offset() <= from_offset);
         for seg in &self.segments[first..] {
-            if from_offset >= up_to || (!out.is_empty() && budget == 0) {
+            if from >= up_to {
                 break;
             }
-            let pos = seg.position_of_offset(from_offset)?;
-            let frames = seg.read_frames(pos, budget.max(1), |h| h.next_offset() <= up_to)?;
+            let pos = seg.position_of_offset(from)?;
+            // Go on to the next segment only if this one was read to its end.
+            let (frames, exhausted) = seg.read_frames(pos, budget, out.is_empty(), |h| h.next_offset() <= up_to)?;
             for (header, frame) in frames {
-                if header.record_count == 0 {
-                    continue;
-                }
                 budget = budget.saturating_sub(header.frame_bytes);
-                out.push(StoredBatch { header, frame });
+                from = header.next_offset();
+                if header.record_count > 0 {
+                    out.push(StoredBatch { header, frame });
+                }
             }
-            if out.last().is_some_and(|b| b.header.next_offset() >= up_to) {
+            if !exhausted || budget == 0 {
                 break;
             }
         }
@@ -447,7 +449,7 @@ impl PartitionLog {
     pub fn offset_for_timestamp(&self, timestamp_ms: i64) -> Result<Option<(u64, i64)>> {
         for seg in self.segments.iter().filter(|s| s.max_timestamp_ms() >= timestamp_ms) {
             let pos = seg.position_of_timestamp(timestamp_ms)?;
-            if let Some((h, _)) = seg.read_frames(pos, 1, |_| true)?.into_iter().next() {
+            if let Some((h, _)) = seg.read_frames(pos, 1, true, |_| true)?.0.into_iter().next() {
                 return Ok(Some((h.base_offset, h.max_timestamp_ms)));
             }
         }
@@ -516,7 +518,7 @@ impl PartitionLog {
         }
         let seg = self.segment_for_index(index);
         let pos = seg.position_of_index(index)?;
-        Ok(seg.read_frames(pos, 1, |_| true)?.first().map(|(h, _)| h.next_offset()))
+        Ok(seg.read_frames(pos, 1, true, |_| true)?.0.first().map(|(h, _)| h.next_offset()))
     }
 
     /// Number of segment files.

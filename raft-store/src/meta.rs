@@ -49,6 +49,19 @@ impl MetaStore {
     /// # Errors
     /// [`StoreError::Meta`] if redb cannot open it.
     pub fn open(path: &Path) -> Result<Self> {
+        if !path.exists() {
+            // redb's first write of a new file is not atomic: a crash during
+            // it leaves a file redb refuses to open. Create it aside, make
+            // it durable, then rename it into place.
+            let fresh = path.with_extension("redb-new");
+            crate::fsutil::remove_if_exists(&fresh)?;
+            drop(Database::create(&fresh).map_err(|e| meta_err(&fresh, e))?);
+            std::fs::File::open(&fresh)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| StoreError::io("fsync", &fresh, e))?;
+            std::fs::rename(&fresh, path).map_err(|e| StoreError::io("rename", path, e))?;
+            crate::fsutil::sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+        }
         let db = Database::create(path).map_err(|e| meta_err(path, e))?;
         let me = Self { db, path: path.to_owned() };
         // Create the table so reads never see it missing.

@@ -50,8 +50,10 @@ pub struct Replica {
     pub(crate) inner: Arc<Inner>,
 }
 
-const LOG_DIR: &str = "log";
-const SNAPSHOT_DIR: &str = "snapshots";
+/// Subdirectory of a replica directory that holds its log (segments, indexes, metadata).
+pub const LOG_DIR: &str = "log";
+/// Subdirectory of a replica directory that holds its snapshots.
+pub const SNAPSHOT_DIR: &str = "snapshots";
 
 impl Replica {
     /// Opens the replica stored under `dir` (created if missing), recovering

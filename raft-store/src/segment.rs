@@ -354,10 +354,12 @@ impl Segment {
     }
 
     /// Reads verified frames from `position` (a frame boundary) while `keep`
-    /// accepts them and the total stays within `max_bytes` (the first frame
-    /// is always returned whole, as Kafka does since KIP-74). Each frame
+    /// accepts them and the total stays within `max_bytes`. With
+    /// `first_whole`, the first frame is returned even if it alone exceeds
+    /// `max_bytes` (so a consumer always makes progress, KIP-74). Each frame
     /// comes back as its header and its exact bytes, sliced without copying
-    /// from the read buffer.
+    /// from the read buffer. The flag says whether the read stopped at the
+    /// end of the segment (rather than at the budget or at `keep`).
     ///
     /// # Errors
     /// [`StoreError::Corruption`] for a frame that does not verify.
@@ -365,23 +367,26 @@ impl Segment {
         &self,
         position: u64,
         max_bytes: usize,
+        first_whole: bool,
         mut keep: impl FnMut(&FrameHeader) -> bool,
-    ) -> Result<Vec<(FrameHeader, Bytes)>> {
+    ) -> Result<(Vec<(FrameHeader, Bytes)>, bool)> {
         let mut out = Vec::new();
         let mut total = 0usize;
         let mut cursor = FrameCursor::new(position, self.size_bytes);
         loop {
             let at = cursor.position;
             match cursor.next(&self.file, &self.path)? {
-                None => return Ok(out),
+                None => return Ok((out, true)),
                 Some(Ok((h, bytes))) => {
-                    if !keep(&h) || (!out.is_empty() && total + h.frame_bytes > max_bytes) {
-                        return Ok(out);
+                    let oversize = total + h.frame_bytes > max_bytes && !(first_whole && out.is_empty());
+                    if !keep(&h) || oversize {
+                        return Ok((out, false));
                     }
                     total += h.frame_bytes;
                     out.push((h, bytes));
                     if total >= max_bytes {
-                        return Ok(out);
+                        let at_end = cursor.position >= self.size_bytes;
+                        return Ok((out, at_end));
                     }
                 }
                 Some(Err(source)) => {

@@ -84,6 +84,22 @@ fn check(log: &PartitionLog, model: &[M], purged: Option<u64>) {
     }
     let all = log.read(0, usize::MAX, u64::MAX).expect("read all");
     assert_eq!(all.len(), batches.len());
+    // A consumer fetching with small budgets, continuing after the last
+    // batch it got, sees every batch once, in order, within budget.
+    for max_bytes in [1usize, 500, 1500, 5000] {
+        let mut seen = Vec::new();
+        let mut from = 0;
+        while from < offset {
+            let got = log.read(from, max_bytes, u64::MAX).expect("fetch");
+            assert!(!got.is_empty(), "no progress at offset {from}");
+            let bytes: usize = got.iter().map(|b| b.frame.len()).sum();
+            assert!(got.len() == 1 || bytes <= max_bytes, "fetch of {max_bytes} returned {bytes} bytes");
+            from = got.last().expect("batch").header.next_offset();
+            seen.extend(got.into_iter().map(|b| b.header.index()));
+        }
+        let want: Vec<u64> = batches.iter().map(|(i, _, _)| *i).collect();
+        assert_eq!(seen, want, "consumer with max_bytes {max_bytes}");
+    }
     for ts in [0i64, 1, 250, 500, 999, 1000] {
         let want = batches.iter().find(|(_, _, m)| m.ts >= ts).map(|(_, b, m)| (*b, m.ts));
         assert_eq!(log.offset_for_timestamp(ts).expect("ts"), want, "timestamp {ts}");
