@@ -347,6 +347,17 @@ impl PartitionLog {
     /// Replaces all segments with the verified segment files in `from`
     /// (moved in by hard link), which must continue each other.
     pub(crate) fn replace_segments(&mut self, files: &[PathBuf], expect_next: (u64, u64)) -> Result<()> {
+        let result = self.import_segments(files, expect_next);
+        if self.segments.is_empty() {
+            // Keep the invariant (never without an active segment) even when
+            // the import failed half way; Raft will resend the snapshot.
+            let seg = Segment::create(&self.dir, expect_next.0, expect_next.1, self.config.index_interval_bytes)?;
+            self.segments.push(seg);
+        }
+        result
+    }
+
+    fn import_segments(&mut self, files: &[PathBuf], expect_next: (u64, u64)) -> Result<()> {
         for seg in std::mem::take(&mut self.segments) {
             seg.delete()?;
         }

@@ -148,7 +148,7 @@ impl Segment {
             tracing::warn!(path = %self.index_path().display(), "index file does not verify; rescanning segment");
             return false;
         };
-        if summary.size_bytes != file_len || rows.first().is_some_and(|r| r.index != self.header.base_index) {
+        if summary.size_bytes != file_len || rows.first().is_none_or(|r| r.index != self.header.base_index) {
             tracing::warn!(path = %self.index_path().display(), "index file does not match segment; rescanning");
             return false;
         }
