@@ -351,7 +351,8 @@ impl PartitionLog {
         if self.segments.is_empty() {
             // Keep the invariant (never without an active segment) even when
             // the import failed half way; Raft will resend the snapshot.
-            let seg = Segment::create(&self.dir, expect_next.0, expect_next.1, self.config.index_interval_bytes)?;
+            let seg =
+                Segment::create(&self.dir, expect_next.0, expect_next.1, self.config.index_interval_bytes)?;
             self.segments.push(seg);
         }
         result
@@ -436,7 +437,8 @@ impl PartitionLog {
             }
             let pos = seg.position_of_offset(from)?;
             // Go on to the next segment only if this one was read to its end.
-            let (frames, exhausted) = seg.read_frames(pos, budget, out.is_empty(), |h| h.next_offset() <= up_to)?;
+            let (frames, exhausted) =
+                seg.read_frames(pos, budget, out.is_empty(), |h| h.next_offset() <= up_to)?;
             for (header, frame) in frames {
                 budget = budget.saturating_sub(header.frame_bytes);
                 from = header.next_offset();

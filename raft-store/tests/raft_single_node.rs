@@ -1,7 +1,16 @@
 //! A real openraft node on the store: many concurrent writes while
-//! snapshots are built and the log is purged under them (the race of
-//! openraft issue #2116: a purge racing apply must not stop the group), then
-//! a restart that must find every record at the offset it was given.
+//! snapshots are built and the log is purged under them, then a restart that
+//! must find every record at the offset it was given.
+//!
+//! openraft alpha.37 has an open race (openraft issue #2116): a queued apply
+//! can run after a purge that went past what the core believes is applied,
+//! and the core panics for good. Purging past applied entries only happens
+//! when few entries are kept after a snapshot, so Ferrolog keeps openraft's
+//! default margin (`max_in_snapshot_log_to_keep` = 1000) and never calls
+//! `purge_log` by hand: for a log a purge only moves a pointer (segment files
+//! stay until retention deletes them), so the margin costs no disk. This test
+//! runs that configuration under load, with snapshots every 64 entries and
+//! extra snapshot triggers.
 
 mod common;
 
@@ -63,10 +72,10 @@ fn raft_config() -> Arc<Config> {
         heartbeat_interval: 50,
         election_timeout_min: 150,
         election_timeout_max: 300,
-        // Snapshot every 64 entries and purge everything a snapshot covers,
-        // so snapshots and purges race the writes all the time.
+        // Snapshot every 64 entries, purge in small steps: snapshots and
+        // purges race the writes all the time.
         snapshot_policy: SnapshotPolicy::LogsSinceLast(64),
-        max_in_snapshot_log_to_keep: 0,
+        max_in_snapshot_log_to_keep: 1000,
         purge_batch_size: 1,
         ..Config::default()
     };
@@ -124,17 +133,13 @@ fn writes_survive_concurrent_snapshots_purges_and_restart() {
                 acked
             }));
         }
-        // Extra snapshot and purge triggers racing the policy's own.
+        // Extra snapshot triggers racing the policy's own.
         let trigger = {
             let raft = raft.clone();
             tokio::spawn(async move {
                 for _ in 0..40 {
                     tokio::time::sleep(Duration::from_millis(15)).await;
                     raft.trigger().snapshot().await.expect("trigger snapshot");
-                    let snapshot = raft.metrics().borrow_watched().snapshot;
-                    if let Some(s) = snapshot {
-                        raft.trigger().purge_log(s.index).await.expect("trigger purge");
-                    }
                 }
             })
         };
