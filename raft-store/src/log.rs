@@ -11,6 +11,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -56,8 +57,18 @@ pub struct PartitionLog {
     committed: Option<LogId>,
     vote: Option<Vote>,
     last_interval_flush: Instant,
+    last_committed_sync: Instant,
+    /// First fsync failure of a background (interval-policy) flush; every
+    /// later append fails with it, so an error is never silently dropped.
+    flush_error: Arc<Mutex<Option<String>>>,
     encode_buf: Vec<u8>,
 }
+
+/// How often the committed log id is made durable, ms. Between these it is
+/// saved atomically but lazily; after a crash the high watermark restarts
+/// from the last durable value and Raft re-applies the rest (Kafka
+/// checkpoints its high watermark every 5 s the same way).
+pub const COMMITTED_SYNC_INTERVAL_MS: u64 = 1000;
 
 /// Name of the metadata database inside a replica directory.
 pub const META_FILE: &str = "meta.redb";
@@ -67,10 +78,15 @@ impl PartitionLog {
     /// index files, scans the active segment verifying every frame, and cuts
     /// a torn tail left by a crash (never an entry before it).
     ///
+    /// Where a log with no segment file begins (a new replica, or a crash
+    /// while the log was being replaced) is read from the metadata, written
+    /// before any replacement starts.
+    ///
     /// # Errors
-    /// [`StoreError::Corruption`] with file and position if a sealed segment
-    /// or the join between segments does not verify; [`StoreError::Io`] or
-    /// [`StoreError::Meta`] for IO failures; an invalid `config`.
+    /// [`StoreError::Corruption`] with file and position if a sealed segment,
+    /// the join between segments, or any frame followed by valid frames does
+    /// not verify; [`StoreError::Io`] or [`StoreError::Meta`] for IO
+    /// failures; an invalid `config`.
     pub fn open(dir: &Path, config: StoreConfig, flusher: Flusher) -> Result<Self> {
         config.validate().map_err(|e| StoreError::Invalid(e.to_string()))?;
         fs::create_dir_all(dir).map_err(|e| StoreError::io("create directory", dir, e))?;
@@ -98,12 +114,16 @@ impl PartitionLog {
             meta,
             flusher,
             last_interval_flush: Instant::now(),
+            last_committed_sync: Instant::now(),
+            flush_error: Arc::new(Mutex::new(None)),
             encode_buf: Vec::new(),
         };
         if log.segments.is_empty() {
-            let first = log.purged.map_or(0, |p| p.index + 1);
-            log.segments.push(Segment::create(dir, first, 0, log.config.index_interval_bytes)?);
+            let start: Option<(u64, u64)> = log.meta.get(meta::KEY_EMPTY_START)?;
+            let (i, o) = start.unwrap_or((log.purged.map_or(0, |p| p.index + 1), 0));
+            log.segments.push(Segment::create(dir, i, o, log.config.index_interval_bytes)?);
         }
+        log.roll_if_linked()?;
         Ok(log)
     }
 
@@ -112,10 +132,27 @@ impl PartitionLog {
         &self.dir
     }
 
-    fn active(&mut self) -> &mut Segment {
-        // `segments` is never empty (see `open`).
-        let last = self.segments.len() - 1;
-        &mut self.segments[last]
+    fn active(&mut self) -> Result<&mut Segment> {
+        // Never empty after `open`; only a failed replacement whose fallback
+        // also failed leaves it so, and then every write reports it.
+        self.segments.last_mut().ok_or_else(|| StoreError::Invalid("the log has no active segment".into()))
+    }
+
+    /// The tail segment of a log that was being replaced may be a hard link
+    /// to a snapshot's file: it must never be written, so seal it and start
+    /// a new active segment.
+    fn roll_if_linked(&mut self) -> Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let interval = self.config.index_interval_bytes;
+        let active = self.active()?;
+        let linked =
+            fs::metadata(active.path()).map_err(|e| StoreError::io("stat", active.path(), e))?.nlink() > 1;
+        if linked && !active.is_empty() {
+            let (i, o) = (active.next_index(), active.next_offset());
+            active.seal()?;
+            self.segments.push(Segment::create(&self.dir, i, o, interval)?);
+        }
+        Ok(())
     }
 
     /// Raft index the next appended entry gets.
@@ -158,12 +195,14 @@ impl PartitionLog {
             done(Ok(()));
             return Ok(());
         }
+        if let Some(e) = self.flush_error.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Err(StoreError::io("background fsync", &self.dir, std::io::Error::other(e)));
+        }
         let first = entries[0].log_id.index;
-        if first != self.next_index() && self.last_stored_log_id().is_none() {
-            // An empty log may begin at any index (after a purge or a
-            // snapshot made elsewhere, Raft's first index is not 0).
-            let next_offset = self.log_end_offset();
-            self.restart_at(first, next_offset)?;
+        if first != self.next_index() && self.last_stored_log_id().is_none() && self.log_end_offset() == 0 {
+            // A log that never held a record may begin at any index (openraft
+            // starts at 1 in some paths). Offsets are still 0 there.
+            self.restart_at(first, 0)?;
         }
         self.maybe_roll()?;
         let mut buf = std::mem::take(&mut self.encode_buf);
@@ -188,20 +227,27 @@ impl PartitionLog {
             next_offset = h.next_offset();
             headers.push(h);
         }
-        let result = self.active().append(&buf, &headers);
+        let result = self.active().and_then(|a| a.append(&buf, &headers));
         self.encode_buf = buf;
         result?;
         for e in entries {
             self.cache.push(e);
         }
-        let file = self.active().file().clone();
+        let file = self.active()?.file().clone();
         match self.config.flush {
             FlushPolicy::Always => self.flusher.request(file, Some(done)),
             FlushPolicy::Interval { interval_ms } => {
                 done(Ok(()));
                 if self.last_interval_flush.elapsed() >= Duration::from_millis(interval_ms) {
                     self.last_interval_flush = Instant::now();
-                    self.flusher.request(file, None);
+                    let latch = self.flush_error.clone();
+                    let record: FlushCallback = Box::new(move |r| {
+                        if let Err(e) = r {
+                            tracing::error!(error = %e, "background fsync failed; the replica stops accepting appends");
+                            latch.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e.to_string());
+                        }
+                    });
+                    self.flusher.request(file, Some(record));
                 }
             }
         }
@@ -210,7 +256,7 @@ impl PartitionLog {
 
     fn maybe_roll(&mut self) -> Result<()> {
         let (bytes_max, age_max) = (self.config.segment_bytes, self.config.segment_age_max());
-        let active = self.active();
+        let active = self.active()?;
         let full = active.size_bytes() >= bytes_max;
         let old = active.age() >= age_max;
         if active.is_empty() || !(full || old) {
@@ -282,10 +328,10 @@ impl PartitionLog {
         if let Some(c) = self.committed.filter(|c| c.index >= keep_to) {
             return Err(StoreError::Invalid(format!("truncate to {keep_to} would remove committed {c}")));
         }
-        if keep_to < self.segments[0].base_index() {
+        let first_index = self.segments.first().map_or(0, Segment::base_index);
+        if keep_to < first_index {
             return Err(StoreError::Invalid(format!(
-                "truncate to {keep_to} is below the first stored index {}",
-                self.segments[0].base_index()
+                "truncate to {keep_to} is below the first stored index {first_index}"
             )));
         }
         while self.segments.len() > 1 && self.segments[self.segments.len() - 1].base_index() > keep_to {
@@ -293,7 +339,7 @@ impl PartitionLog {
                 seg.delete()?;
             }
         }
-        let seg = self.active();
+        let seg = self.active()?;
         if seg.is_sealed() && seg.next_index() == keep_to {
             // Nothing to cut in a sealed (possibly snapshot-linked) file:
             // start a fresh active segment instead of reopening it.
@@ -309,19 +355,29 @@ impl PartitionLog {
     }
 
     /// Moves the Raft purge pointer to `upto` (inclusive). Segment files
-    /// stay: they are deleted by retention, not by Raft. Purging past the
-    /// last entry (after a snapshot made elsewhere) restarts the log at
-    /// `upto + 1`.
+    /// stay: they are deleted by retention, not by Raft.
+    ///
+    /// Purging past the last stored entry needs to know the offset after
+    /// `upto`: the caller replaces the log from the snapshot first
+    /// ([`Replica`](crate::Replica) does). Here it is accepted only for a log
+    /// that never held a record, whose offsets are all 0.
     ///
     /// # Errors
-    /// [`StoreError::Meta`] if the pointer cannot be saved; [`StoreError::Io`].
+    /// [`StoreError::Invalid`] for a purge past the end of a log with
+    /// records; [`StoreError::Meta`] if the pointer cannot be saved;
+    /// [`StoreError::Io`].
     pub fn purge(&mut self, upto: LogId) -> Result<()> {
         if self.purged.is_some_and(|p| p.index >= upto.index) {
             return Ok(());
         }
         if upto.index >= self.next_index() {
-            let next_offset = self.log_end_offset();
-            self.restart_at(upto.index + 1, next_offset)?;
+            if self.log_end_offset() != 0 {
+                return Err(StoreError::Invalid(format!(
+                    "purge to {upto} past the last entry {} without a snapshot to restart from",
+                    self.next_index().saturating_sub(1)
+                )));
+            }
+            self.restart_at(upto.index + 1, 0)?;
         }
         self.purged = Some(upto);
         self.meta.put(meta::KEY_PURGED, Some(&upto), Sync::Lazy)?;
@@ -331,17 +387,24 @@ impl PartitionLog {
 
     /// Replaces all segments with one empty segment starting at
     /// (`base_index`, `base_offset`).
+    ///
+    /// Crash-safe: old segments are removed newest first (a crash leaves a
+    /// shorter but valid chain), then the new one is created; a crash with
+    /// no segment left is resumed by `open`'s `empty_start`.
     pub(crate) fn restart_at(&mut self, base_index: u64, base_offset: u64) -> Result<()> {
+        self.meta.put(meta::KEY_EMPTY_START, Some(&(base_index, base_offset)), Sync::Durable)?;
+        self.remove_all_segments()?;
         let new = Segment::create(&self.dir, base_index, base_offset, self.config.index_interval_bytes)?;
-        let old = std::mem::replace(&mut self.segments, vec![new]);
-        for seg in old {
-            if seg.base_index() != base_index {
-                seg.delete()?;
-            }
-        }
-        fsutil::sync_dir(&self.dir)?;
-        self.cache.clear();
+        self.segments.push(new);
         Ok(())
+    }
+
+    fn remove_all_segments(&mut self) -> Result<()> {
+        self.cache.clear();
+        while let Some(seg) = self.segments.pop() {
+            seg.delete()?;
+        }
+        fsutil::sync_dir(&self.dir)
     }
 
     /// Replaces all segments with the verified segment files in `from`
@@ -358,32 +421,47 @@ impl PartitionLog {
         result
     }
 
+    ///
+    /// Crash-safe: local segments are removed newest first, then each
+    /// imported file is linked (or copied and fsynced) under a temporary
+    /// name and renamed into place in log order, so a crash leaves a valid
+    /// prefix of the new chain, or nothing (then `open` starts from its
+    /// `empty_start`). The imported tail is a hard link to the snapshot's
+    /// file and is never appended to.
     fn import_segments(&mut self, files: &[PathBuf], expect_next: (u64, u64)) -> Result<()> {
-        for seg in std::mem::take(&mut self.segments) {
-            seg.delete()?;
-        }
-        self.cache.clear();
+        let mut bases = Vec::with_capacity(files.len());
         for f in files {
-            let name = f.file_name().map(|n| n.to_owned()).unwrap_or_default();
-            let dst = self.dir.join(name);
-            fs::hard_link(f, &dst)
-                .or_else(|_| fs::copy(f, &dst).map(|_| ()))
-                .map_err(|e| StoreError::io("link", &dst, e))?;
+            let name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            let base = parse_segment_file_name(name).ok_or_else(|| {
+                StoreError::Invalid(format!("snapshot file {} is not a segment", f.display()))
+            })?;
+            bases.push(base);
+        }
+        // If a crash leaves no segment, the log restarts right after the
+        // snapshot, which the caller recorded before calling this.
+        let start = expect_next;
+        self.meta.put(meta::KEY_EMPTY_START, Some(&start), Sync::Durable)?;
+        self.remove_all_segments()?;
+        for (f, base) in files.iter().zip(&bases) {
+            let dst = self.dir.join(crate::segment::segment_file_name(*base));
+            let tmp = dst.with_extension("seg.tmp");
+            fsutil::remove_if_exists(&tmp)?;
+            if fs::hard_link(f, &tmp).is_err() {
+                fs::copy(f, &tmp).map_err(|e| StoreError::io("copy", &tmp, e))?;
+                fs::File::open(&tmp)
+                    .and_then(|x| x.sync_all())
+                    .map_err(|e| StoreError::io("fsync", &tmp, e))?;
+            }
+            fs::rename(&tmp, &dst).map_err(|e| StoreError::io("rename", &dst, e))?;
         }
         fsutil::sync_dir(&self.dir)?;
-        let bases: Vec<u64> = files
-            .iter()
-            .filter_map(|f| f.file_name().and_then(|n| n.to_str()).and_then(parse_segment_file_name))
-            .collect();
         self.segments = open_segments(&self.dir, &bases, &self.config)?;
         let ends_right = self.segments.last().map(|s| (s.next_index(), s.next_offset())) == Some(expect_next);
         if !ends_right {
+            tracing::warn!(dir = %self.dir.display(), "snapshot segments do not end at the snapshot; starting empty after it");
             self.restart_at(expect_next.0, expect_next.1)?;
-        } else if !self.active().is_empty() {
-            // Imported segments are sealed copies; appends go to a new one.
-            let (i, o) = expect_next;
-            self.active().seal()?;
-            self.segments.push(Segment::create(&self.dir, i, o, self.config.index_interval_bytes)?);
+        } else {
+            self.roll_if_linked()?;
         }
         Ok(())
     }
@@ -420,11 +498,11 @@ impl PartitionLog {
     /// start offset or above `up_to_offset`; [`StoreError::Corruption`].
     pub fn read(&self, from_offset: u64, max_bytes: usize, up_to_offset: u64) -> Result<Vec<StoredBatch>> {
         let up_to = up_to_offset.min(self.log_end_offset());
-        if from_offset < self.log_start_offset() || from_offset > up_to {
+        if from_offset < self.log_start_offset() || from_offset > self.log_end_offset() {
             return Err(StoreError::OffsetOutOfRange {
                 offset: from_offset,
                 log_start_offset: self.log_start_offset(),
-                log_end_offset: up_to,
+                log_end_offset: self.log_end_offset(),
             });
         }
         let mut out: Vec<StoredBatch> = Vec::new();
@@ -484,8 +562,8 @@ impl PartitionLog {
         self.vote
     }
 
-    /// Persists the committed log id atomically; it becomes durable with
-    /// the next durable write, so after a crash it may read back older,
+    /// Persists the committed log id atomically, durably at most every
+    /// [`COMMITTED_SYNC_INTERVAL_MS`]; after a crash it may read back older,
     /// never newer or torn.
     ///
     /// # Errors
@@ -494,7 +572,14 @@ impl PartitionLog {
         if committed == self.committed {
             return Ok(());
         }
-        self.meta.put(meta::KEY_COMMITTED, committed.as_ref(), Sync::Lazy)?;
+        let sync = if self.last_committed_sync.elapsed() >= Duration::from_millis(COMMITTED_SYNC_INTERVAL_MS)
+        {
+            self.last_committed_sync = Instant::now();
+            Sync::Durable
+        } else {
+            Sync::Lazy
+        };
+        self.meta.put(meta::KEY_COMMITTED, committed.as_ref(), sync)?;
         self.committed = committed;
         Ok(())
     }
@@ -526,7 +611,7 @@ impl PartitionLog {
         if index + 1 == self.next_index() {
             return Ok(Some(self.log_end_offset()));
         }
-        if index + 1 > self.next_index() || index < self.segments[0].base_index() {
+        if index + 1 > self.next_index() || index < self.segments.first().map_or(0, Segment::base_index) {
             return Ok(None);
         }
         let seg = self.segment_for_index(index);
@@ -548,12 +633,16 @@ fn open_segments(dir: &Path, bases: &[u64], config: &StoreConfig) -> Result<Vec<
     while let Some((&last, _)) = bases.split_last() {
         let path = dir.join(crate::segment::segment_file_name(last));
         let len = fs::metadata(&path).map_err(|e| StoreError::io("stat", &path, e))?.len();
-        if len < format::SEGMENT_HEADER_BYTES as u64 && bases.len() > 1 {
-            // A crash during a roll left a new segment without its header.
-            tracing::warn!(path = %path.display(), "removing segment torn while being created");
-            fsutil::remove_if_exists(&path)?;
-            bases.pop();
-            continue;
+        if len <= format::SEGMENT_HEADER_BYTES as u64 {
+            let head = fs::read(&path).map_err(|e| StoreError::io("read", &path, e))?;
+            if format::SegmentHeader::decode(&head).is_err() {
+                // A crash while the segment was created left it without a
+                // whole header, and so without any entry.
+                tracing::warn!(path = %path.display(), "removing segment torn while being created");
+                fsutil::remove_if_exists(&path)?;
+                bases.pop();
+                continue;
+            }
         }
         break;
     }

@@ -83,6 +83,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
-        Ok(self.replica.log().purge(log_id)?)
+        Ok(self.replica.purge(log_id)?)
     }
 }

@@ -18,6 +18,9 @@ pub const KEY_VOTE: &str = "vote";
 pub const KEY_COMMITTED: &str = "committed";
 /// Key of the Raft purge pointer (last purged log id).
 pub const KEY_PURGED: &str = "purged";
+/// Key of `(index, offset)` where the log begins when no segment file
+/// exists, written durably before the log is replaced.
+pub const KEY_EMPTY_START: &str = "empty_start";
 /// Key of the current snapshot's metadata.
 pub const KEY_SNAPSHOT: &str = "snapshot";
 

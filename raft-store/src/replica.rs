@@ -42,6 +42,8 @@ pub(crate) struct Inner {
     pub applied: Mutex<Applied>,
     pub high_watermark: watch::Sender<u64>,
     pub snapshot_root: PathBuf,
+    /// Serializes snapshot builds and installs.
+    pub snapshot_lock: Mutex<()>,
 }
 
 /// Storage of one partition replica. Cheap to clone; clones share state.
@@ -68,10 +70,8 @@ impl Replica {
         let snapshot_root = dir.join(SNAPSHOT_DIR);
         std::fs::create_dir_all(&snapshot_root).map_err(|e| StoreError::io("create", &snapshot_root, e))?;
         let record: Option<SnapshotRecord> = log.meta().get(meta::KEY_SNAPSHOT)?;
-        snapshot::remove_others(
-            &snapshot_root,
-            record.as_ref().map(|r| snapshot_root.join(&r.dir_name)).as_deref(),
-        )?;
+        let keep = record.as_ref().map(|r| snapshot_root.join(&r.dir_name));
+        snapshot::remove_others(&snapshot_root, keep.as_deref(), true)?;
         let (last_applied, membership, next_offset) = match &record {
             Some(r) => (r.meta.last_log_id, r.meta.last_membership.clone(), r.next_offset),
             None => (None, StoredMembership::default(), 0),
@@ -88,6 +88,7 @@ impl Replica {
                 applied: Mutex::new(applied),
                 high_watermark,
                 snapshot_root,
+                snapshot_lock: Mutex::new(()),
             }),
         })
     }
@@ -167,18 +168,53 @@ impl Replica {
         });
     }
 
-    /// Records `files` as the current snapshot and removes older ones.
+    /// Records `files` as the current snapshot (durably) and removes older
+    /// ones, unless the current one is newer: then `files` is removed and
+    /// the current record returned. Callers hold `snapshot_lock`.
     pub(crate) fn set_current_snapshot(
         &self,
         files: &SnapshotFiles,
         meta: SnapshotMeta,
         next_offset: u64,
     ) -> Result<SnapshotRecord> {
+        let current = self.applied().snapshot.clone();
+        if let Some(cur) = current.filter(|c| c.meta.last_log_id > meta.last_log_id) {
+            let _ = std::fs::remove_dir_all(&files.dir);
+            return Ok(cur);
+        }
         let dir_name = files.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let record = SnapshotRecord { meta, next_offset, dir_name };
         self.log().meta().put(meta::KEY_SNAPSHOT, Some(&record), Sync::Durable)?;
-        snapshot::remove_others(&self.inner.snapshot_root, Some(&files.dir))?;
+        self.applied().snapshot = Some(record.clone());
+        snapshot::remove_others(&self.inner.snapshot_root, Some(&files.dir), false)?;
         Ok(record)
+    }
+
+    /// The files of a recorded snapshot.
+    pub(crate) fn snapshot_files(&self, record: &SnapshotRecord) -> SnapshotFiles {
+        SnapshotFiles { dir: self.inner.snapshot_root.join(&record.dir_name) }
+    }
+
+    pub(crate) fn snapshot_lock(&self) -> MutexGuard<'_, ()> {
+        self.inner.snapshot_lock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Purges the Raft log up to `upto`. If that is past the last stored
+    /// entry (the log lost its unsynced tail, or a snapshot came from the
+    /// leader), the log is first rebuilt from the current snapshot, which
+    /// knows the offsets and holds the retained records.
+    pub(crate) fn purge(&self, upto: LogId) -> Result<()> {
+        let snapshot = self.applied().snapshot.clone();
+        let mut log = self.log();
+        if upto.index >= log.next_index()
+            && let Some(r) = snapshot.filter(|r| r.meta.last_log_id.is_some_and(|l| l.index >= upto.index))
+            && let Some(last) = r.meta.last_log_id
+        {
+            tracing::info!(dir = %log.dir().display(), %upto, "purge past the log's end: rebuilding it from the snapshot");
+            let files = self.snapshot_files(&r);
+            log.replace_segments(&files.segment_paths()?, (last.index + 1, r.next_offset))?;
+        }
+        log.purge(upto)
     }
 
     pub(crate) fn snapshot_root(&self) -> &Path {

@@ -178,10 +178,51 @@ impl Segment {
                     if policy == OnBadFrame::Fail {
                         return Err(StoreError::Corruption { path: self.path.clone(), position, source });
                     }
+                    // A torn write is the end of what was written. A valid
+                    // frame that continues the log after the bad one means
+                    // the bad one was damaged after it was written: refuse
+                    // rather than cut acknowledged entries away.
+                    if let Some(later) = self.later_valid_frame(position + 1, file_len)? {
+                        tracing::error!(path = %self.path.display(), position, later, "damaged frame before valid ones");
+                        return Err(StoreError::Corruption { path: self.path.clone(), position, source });
+                    }
                     return Ok(Some(position));
                 }
             }
         }
+    }
+
+    /// Position of a verified frame at or after `from` whose index is past
+    /// the last good entry, searching byte by byte (recovery only).
+    fn later_valid_frame(&self, from: u64, end: u64) -> Result<Option<u64>> {
+        const WINDOW: usize = 4 << 20;
+        let min_index = self.next_index();
+        let mut start = from;
+        while start + (FRAME_HEADER_BYTES as u64) <= end {
+            let window =
+                fsutil::read_up_to(&self.file, &self.path, start, WINDOW.min((end - start) as usize))?;
+            let last_candidate = window.len().saturating_sub(FRAME_HEADER_BYTES);
+            for k in 0..=last_candidate {
+                let b = &window[k..];
+                // Cheap filters before reading a whole frame: a known kind,
+                // zero reserved bytes, a plausible length and index.
+                if !(1..=3).contains(&b[8]) || b[9] != 0 || b[10] != 0 || b[11] != 0 {
+                    continue;
+                }
+                let Ok(len) = format::frame_len(b) else { continue };
+                let index = u64::from_le_bytes(b[28..36].try_into().unwrap_or([0; 8]));
+                let at = start + k as u64;
+                if index < min_index || at + len as u64 > end {
+                    continue;
+                }
+                let frame = fsutil::read_up_to(&self.file, &self.path, at, len)?;
+                if format::decode_frame_header(&frame).is_ok() {
+                    return Ok(Some(at));
+                }
+            }
+            start += (last_candidate + 1) as u64;
+        }
+        Ok(None)
     }
 
     fn check_continues(&self, h: &FrameHeader, position: u64) -> Result<()> {

@@ -67,6 +67,11 @@ impl SnapshotFiles {
         if m.version != MANIFEST_VERSION {
             return Err(StoreError::Invalid(format!("snapshot manifest version {}", m.version)));
         }
+        // Names come from another broker: plain segment file names only, so
+        // none can reach outside the snapshot directory.
+        if let Some(bad) = m.segments.iter().find(|n| crate::segment::parse_segment_file_name(n).is_none()) {
+            return Err(StoreError::Invalid(format!("snapshot manifest names {bad:?}, not a segment file")));
+        }
         Ok(m)
     }
 
@@ -136,15 +141,18 @@ pub fn adopt(src: &SnapshotFiles, root: &Path) -> Result<SnapshotFiles> {
     Ok(SnapshotFiles { dir })
 }
 
-/// Removes every snapshot directory under `root` except `keep`.
+/// Removes every snapshot directory under `root` except `keep`; half-built
+/// ones (`*.building`) only with `building` (at open, when none is in
+/// progress).
 ///
 /// # Errors
 /// [`StoreError::Io`].
-pub fn remove_others(root: &Path, keep: Option<&Path>) -> Result<()> {
+pub fn remove_others(root: &Path, keep: Option<&Path>, building: bool) -> Result<()> {
     let Ok(rd) = fs::read_dir(root) else { return Ok(()) };
     for ent in rd.flatten() {
         let p = ent.path();
-        if Some(p.as_path()) != keep {
+        let is_building = p.extension().is_some_and(|e| e == "building");
+        if Some(p.as_path()) != keep && (building || !is_building) {
             fs::remove_dir_all(&p).map_err(|e| StoreError::io("remove snapshot", &p, e))?;
         }
     }

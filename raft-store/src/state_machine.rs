@@ -29,21 +29,20 @@ impl RaftSnapshotBuilder<TypeConfig> for PartitionStateMachine {
     type SnapshotData = SnapshotFiles;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
+        // Builds and installs run in different openraft tasks; one at a time.
+        let _serial = self.replica.snapshot_lock();
         let (meta, next_offset) = {
             let a = self.replica.applied();
-            (
-                SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() },
-                a.next_offset,
-            )
+            let meta = SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() };
+            (meta, a.next_offset)
         };
         let files = {
             let log = self.replica.log();
             snapshot::build(&log, self.replica.snapshot_root(), meta.clone(), next_offset)?
         };
-        let record = self.replica.set_current_snapshot(&files, meta.clone(), next_offset)?;
+        let current = self.replica.set_current_snapshot(&files, meta.clone(), next_offset)?;
         tracing::info!(dir = %self.replica.snapshot_root().display(), last = ?meta.last_log_id, "built snapshot");
-        self.replica.applied().snapshot = Some(record);
-        Ok(Snapshot { meta, snapshot: files })
+        Ok(Snapshot { meta: current.meta.clone(), snapshot: self.replica.snapshot_files(&current) })
     }
 }
 
@@ -89,27 +88,32 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
     }
 
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, data: SnapshotFiles) -> Result<(), io::Error> {
+        let _serial = self.replica.snapshot_lock();
         let files = snapshot::adopt(&data, self.replica.snapshot_root())?;
-        let manifest = files.manifest()?;
-        let next_offset = manifest.next_offset;
+        let next_offset = files.manifest()?.next_offset;
+        // Record the snapshot before touching the log: a crash while the log
+        // is replaced restarts from a snapshot that covers what is gone.
+        let record = self.replica.set_current_snapshot(&files, meta.clone(), next_offset)?;
+        if record.meta.last_log_id != meta.last_log_id {
+            tracing::info!(last = ?meta.last_log_id, "ignoring a snapshot older than the current one");
+            return Ok(());
+        }
         if let Some(last) = meta.last_log_id {
             let mut log = self.replica.log();
-            let local_matches =
-                log.entries(last.index, last.index + 1)?.first().map(|e| e.log_id) == Some(last);
-            if !local_matches {
-                // Raft Log Matching (§5.3): a local entry equal to the
-                // snapshot's last one means the prefixes are equal. Otherwise
-                // the snapshot's segments replace the local log.
+            let local = log.entries(last.index, last.index + 1)?;
+            // Raft Log Matching (§5.3): a local entry equal to the snapshot's
+            // last one means the prefixes are equal and the log stays.
+            // Otherwise the snapshot's segments replace the local log.
+            if local.first().map(|e| e.log_id) != Some(last) {
+                let files = self.replica.snapshot_files(&record);
                 log.replace_segments(&files.segment_paths()?, (last.index + 1, next_offset))?;
             }
         }
-        let record = self.replica.set_current_snapshot(&files, meta.clone(), next_offset)?;
         {
             let mut a = self.replica.applied();
             a.last_applied = meta.last_log_id;
             a.membership = meta.last_membership.clone();
             a.next_offset = next_offset;
-            a.snapshot = Some(record);
         }
         self.replica.publish_high_watermark(next_offset);
         tracing::info!(last = ?meta.last_log_id, next_offset, "installed snapshot");
@@ -118,10 +122,9 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
         let a = self.replica.applied();
-        Ok(a.snapshot.as_ref().map(|r| Snapshot {
-            meta: r.meta.clone(),
-            snapshot: SnapshotFiles { dir: self.replica.snapshot_root().join(&r.dir_name) },
-        }))
+        Ok(a.snapshot
+            .as_ref()
+            .map(|r| Snapshot { meta: r.meta.clone(), snapshot: self.replica.snapshot_files(r) }))
     }
 }
 

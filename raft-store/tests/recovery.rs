@@ -45,7 +45,7 @@ fn segments(dir: &Path) -> Vec<PathBuf> {
 }
 
 #[test]
-fn torn_tail_is_cut_at_every_byte_and_nothing_before_it_is_lost() {
+fn torn_tail_is_cut_at_every_7th_byte_and_nothing_before_it_is_lost() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_entries(dir.path(), StoreConfig::default(), 20);
     let seg = segments(dir.path()).pop().expect("segment");
@@ -156,8 +156,17 @@ fn vote_committed_purge_pointer_and_high_watermark_survive_restart() {
     let batches = replica.read(0, usize::MAX).expect("read");
     assert_eq!(batches.len(), 31);
     assert_eq!(batches.last().expect("last").header.next_offset(), common::base_offset(31));
-    let err = replica.read(common::base_offset(31) + 1, 1024).expect_err("read past the high watermark");
-    assert!(matches!(err, StoreError::OffsetOutOfRange { log_start_offset: 0, .. }), "{err}");
+    // Between the high watermark and the log end a fetch is empty, not an
+    // error (the records exist but are not known committed yet)...
+    assert!(
+        replica.read(common::base_offset(31) + 1, 1024).expect("fetch above the high watermark").is_empty()
+    );
+    // ...and past the log end it is out of range, with both bounds.
+    let err = replica.read(common::base_offset(40) + 1, 1024).expect_err("read past the log end");
+    assert!(
+        matches!(err, StoreError::OffsetOutOfRange { log_start_offset: 0, log_end_offset, .. } if log_end_offset == common::base_offset(40)),
+        "{err}"
+    );
 }
 
 #[test]
@@ -222,4 +231,94 @@ fn a_snapshot_carries_every_retained_record_to_an_empty_replica() {
     let follower = Replica::open(follower_dir.path(), tiny(), flusher()).expect("reopen follower");
     assert_eq!(follower.log_end_offset(), common::base_offset(51));
     assert_eq!(follower.read(0, usize::MAX).expect("read").len(), 50);
+}
+
+#[test]
+fn a_damaged_frame_in_the_active_segment_before_valid_ones_is_corruption_not_a_torn_tail() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_entries(dir.path(), StoreConfig::default(), 20);
+    let seg = segments(dir.path()).pop().expect("segment");
+    let len_before = fs::metadata(&seg).expect("stat").len();
+    // Flip a payload bit of entry 5; entries 6..19 after it are intact.
+    let f = OpenOptions::new().read(true).write(true).open(&seg).expect("open");
+    let position = 40 + 5 * (80 + 300) + 80 + 10;
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, position).expect("read");
+    f.write_all_at(&[b[0] ^ 0x01], position).expect("flip");
+    drop(f);
+    let err = PartitionLog::open(&dir.path().join("log"), StoreConfig::default(), flusher())
+        .expect_err("acknowledged entries after a damaged frame were cut away");
+    assert!(matches!(err, StoreError::Corruption { .. }), "{err}");
+    assert!(err.to_string().contains(&seg.display().to_string()), "{err}");
+    assert_eq!(fs::metadata(&seg).expect("stat").len(), len_before, "the log was truncated");
+}
+
+#[test]
+fn an_only_segment_torn_at_creation_is_recreated() {
+    for content in [&b""[..], &[0u8; 40][..], &b"FLOGSEG"[..]] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::create_dir_all(dir.path().join("log")).expect("mkdir");
+        let seg = dir.path().join("log").join(format!("{:020}.seg", 0));
+        fs::write(&seg, content).expect("write");
+        let log = PartitionLog::open(&dir.path().join("log"), StoreConfig::default(), flusher())
+            .unwrap_or_else(|e| panic!("{} bytes of torn header: {e}", content.len()));
+        assert_eq!(log.log_state().last_log_id, None);
+    }
+}
+
+#[test]
+fn purge_past_a_lost_tail_rebuilds_the_log_from_the_snapshot_with_the_same_offsets() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    TypeConfig::run(async {
+        let replica = Replica::open(dir.path(), tiny(), flusher()).expect("open");
+        let mut store = replica.log_store();
+        let entries: Vec<_> = (0..20).map(|i| common::entry(1, i, 300)).collect();
+        common::append_durable(&mut store, entries.clone()).await.expect("append");
+        let mut sm = replica.state_machine();
+        common::apply_all(&mut sm, entries).await;
+        sm.get_snapshot_builder().await.build_snapshot().await.expect("snapshot");
+        // The unsynced tail is lost (interval flush and a power cut).
+        store.truncate_after(Some(log_id(1, 1, 9))).await.expect("truncate");
+    });
+    let replica = Replica::open(dir.path(), tiny(), flusher()).expect("reopen");
+    TypeConfig::run(async {
+        let mut store = replica.log_store();
+        let (applied, _) = replica.state_machine().applied_state().await.expect("applied");
+        assert_eq!(applied, Some(log_id(1, 1, 19)));
+        // What openraft does at start when the log ends before last applied.
+        store.purge(log_id(1, 1, 19)).await.expect("purge past the end");
+        common::append_durable(&mut store, vec![common::entry(1, 20, 300)]).await.expect("append");
+        common::apply_all(&mut replica.state_machine(), vec![common::entry(1, 20, 300)]).await;
+    });
+    assert_eq!(replica.log_start_offset(), 0, "retained records were dropped");
+    let batches = replica.read(0, usize::MAX).expect("read");
+    assert_eq!(batches.len(), 21);
+    for (i, b) in batches.iter().enumerate() {
+        assert_eq!(b.header.base_offset, common::base_offset(i as u64), "batch {i}");
+        assert_eq!(b.records(), common::payload(i as u64, 300));
+    }
+}
+
+#[test]
+fn a_snapshot_manifest_naming_a_path_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let evil = tempfile::tempdir().expect("tempdir");
+    write_entries(dir.path(), tiny(), 10);
+    TypeConfig::run(async {
+        let leader = Replica::open(dir.path(), tiny(), flusher()).expect("open");
+        let entries = openraft::storage::RaftLogReader::try_get_log_entries(&mut leader.log_store(), 0..10)
+            .await
+            .expect("entries");
+        let mut sm = leader.state_machine();
+        common::apply_all(&mut sm, entries).await;
+        let snap = sm.get_snapshot_builder().await.build_snapshot().await.expect("snapshot");
+        // Rewrite the manifest to reach outside the snapshot directory.
+        let manifest = snap.snapshot.dir.join("manifest.json");
+        let text = fs::read_to_string(&manifest).expect("manifest");
+        let text = text.replacen("\"00000000000000000000.seg\"", "\"../../log/00000000000000000000.seg\"", 1);
+        fs::write(&manifest, text).expect("write manifest");
+        let follower = Replica::open(evil.path(), tiny(), flusher()).expect("open follower");
+        let err = follower.state_machine().install_snapshot(&snap.meta, snap.snapshot.clone()).await;
+        assert!(err.is_err(), "a manifest naming a path was installed");
+    });
 }
