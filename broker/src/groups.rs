@@ -1,0 +1,50 @@
+//! The Raft groups a broker hosts: one entry per partition replica (and the
+//! metadata group), looked up by group id for every incoming Raft RPC.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use ferrolog_raft_store::Replica;
+use ferrolog_raft_store::state_machine::PartitionRaft;
+use ferrolog_raft_store::types::NodeId;
+
+/// Identifies a Raft group across the cluster (a partition, or the metadata group).
+pub type GroupId = u64;
+
+/// One replica hosted here.
+#[derive(Clone, Debug)]
+pub struct HostedGroup {
+    /// This replica's Raft node id within its group.
+    pub node_id: NodeId,
+    /// The running openraft node.
+    pub raft: PartitionRaft,
+    /// The replica's storage.
+    pub replica: Replica,
+    /// Where incoming snapshots are staged before install (same file system
+    /// as the replica, so installing links instead of copying).
+    pub staging_dir: PathBuf,
+}
+
+/// The groups this broker hosts. Cheap to clone; clones share the map.
+#[derive(Clone, Debug, Default)]
+pub struct GroupRegistry {
+    groups: Arc<RwLock<HashMap<GroupId, HostedGroup>>>,
+}
+
+impl GroupRegistry {
+    /// Adds (or replaces) the replica of `group`.
+    pub fn insert(&self, group: GroupId, hosted: HostedGroup) {
+        self.groups.write().unwrap_or_else(|p| p.into_inner()).insert(group, hosted);
+    }
+
+    /// Removes the replica of `group`, returning it.
+    pub fn remove(&self, group: GroupId) -> Option<HostedGroup> {
+        self.groups.write().unwrap_or_else(|p| p.into_inner()).remove(&group)
+    }
+
+    /// The replica of `group`, if hosted here.
+    pub fn get(&self, group: GroupId) -> Option<HostedGroup> {
+        self.groups.read().unwrap_or_else(|p| p.into_inner()).get(&group).cloned()
+    }
+}

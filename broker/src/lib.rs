@@ -1,0 +1,17 @@
+//! The Ferrolog broker.
+//!
+//! A broker hosts replicas of many partitions; each partition replica is a
+//! member of that partition's Raft group, stored by `ferrolog-raft-store`.
+//!
+//! ```text
+//!  peer broker ──gRPC RaftPeer──> network::server ──> groups::GroupRegistry ──> openraft node
+//!  openraft node ──RaftNetworkV2──> network::client ──gRPC (one channel per peer)──> peer broker
+//! ```
+//!
+//! Modules:
+//! - [`groups`]: the Raft groups this broker hosts, by group id.
+//! - [`network`]: the broker-to-broker Raft transport (client, server, wire codec,
+//!   snapshot streaming), many groups multiplexed on one connection per peer.
+
+pub mod groups;
+pub mod network;

@@ -1,0 +1,131 @@
+//! The receiving side: the `RaftPeer` gRPC service, dispatching each RPC to
+//! the hosted group it names.
+
+use bytes::Bytes;
+use ferrolog_proto::raft::raft_peer_server::RaftPeer;
+use ferrolog_proto::raft::{PeerError, PeerErrorCode, RaftRequest, RaftResponse, SnapshotChunk};
+use ferrolog_raft_store::state_machine::Snapshot;
+use ferrolog_raft_store::types::TypeConfig;
+use openraft::raft::VoteRequest;
+use serde::Serialize;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{codec, snapshot};
+use crate::groups::{GroupRegistry, HostedGroup};
+
+/// The `RaftPeer` service of a broker.
+#[derive(Clone, Debug)]
+pub struct RaftPeerServer {
+    groups: GroupRegistry,
+}
+
+impl RaftPeerServer {
+    /// A service answering for the groups in `groups`.
+    pub fn new(groups: GroupRegistry) -> Self {
+        Self { groups }
+    }
+
+    /// The tonic service, ready to add to a server.
+    pub fn into_service(self) -> ferrolog_proto::raft::raft_peer_server::RaftPeerServer<Self> {
+        ferrolog_proto::raft::raft_peer_server::RaftPeerServer::new(self)
+            .max_decoding_message_size(usize::MAX)
+    }
+
+    fn hosted(&self, group: u64, target: u64) -> Result<HostedGroup, RaftResponse> {
+        let Some(h) = self.groups.get(group) else {
+            return Err(refuse(PeerErrorCode::UnknownGroup, format!("group {group} is not hosted here")));
+        };
+        if h.node_id != target {
+            return Err(refuse(
+                PeerErrorCode::WrongNode,
+                format!("group {group} is hosted here as node {}, not {target}", h.node_id),
+            ));
+        }
+        Ok(h)
+    }
+}
+
+fn refuse(code: PeerErrorCode, message: String) -> RaftResponse {
+    RaftResponse { body_json: Vec::new(), error: Some(PeerError { code: code as i32, message }) }
+}
+
+fn reply<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> RaftResponse {
+    match r {
+        Ok(v) => match serde_json::to_vec(&v) {
+            Ok(body) => RaftResponse { body_json: body, error: None },
+            Err(e) => refuse(PeerErrorCode::InvalidRequest, e.to_string()),
+        },
+        Err(e) => refuse(PeerErrorCode::GroupStopped, e.to_string()),
+    }
+}
+
+fn decode_vote(req: &RaftRequest) -> Result<VoteRequest<TypeConfig>, RaftResponse> {
+    serde_json::from_slice(&req.header_json).map_err(|e| refuse(PeerErrorCode::InvalidRequest, e.to_string()))
+}
+
+#[tonic::async_trait]
+impl RaftPeer for RaftPeerServer {
+    async fn append_entries(&self, request: Request<RaftRequest>) -> Result<Response<RaftResponse>, Status> {
+        let req = request.into_inner();
+        let h = match self.hosted(req.group_id, req.target_node) {
+            Ok(h) => h,
+            Err(r) => return Ok(Response::new(r)),
+        };
+        let rpc = match codec::decode_append(&req.header_json, Bytes::from(req.entries)) {
+            Ok(r) => r,
+            Err(e) => return Ok(Response::new(refuse(PeerErrorCode::InvalidRequest, e.to_string()))),
+        };
+        Ok(Response::new(reply(h.raft.append_entries(rpc).await)))
+    }
+
+    async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftResponse>, Status> {
+        let req = request.into_inner();
+        let h = match self.hosted(req.group_id, req.target_node) {
+            Ok(h) => h,
+            Err(r) => return Ok(Response::new(r)),
+        };
+        match decode_vote(&req) {
+            Ok(v) => Ok(Response::new(reply(h.raft.vote(v).await))),
+            Err(r) => Ok(Response::new(r)),
+        }
+    }
+
+    async fn pre_vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftResponse>, Status> {
+        let req = request.into_inner();
+        let h = match self.hosted(req.group_id, req.target_node) {
+            Ok(h) => h,
+            Err(r) => return Ok(Response::new(r)),
+        };
+        match decode_vote(&req) {
+            Ok(v) => Ok(Response::new(reply(h.raft.pre_vote(v).await))),
+            Err(r) => Ok(Response::new(r)),
+        }
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: Request<Streaming<SnapshotChunk>>,
+    ) -> Result<Response<RaftResponse>, Status> {
+        let groups = self.groups.clone();
+        let received =
+            snapshot::receive(request.into_inner(), |g| groups.get(g).map(|h| h.staging_dir)).await;
+        let received = match received {
+            Ok(r) => r,
+            Err(e) => return Ok(Response::new(refuse(PeerErrorCode::InvalidRequest, e.to_string()))),
+        };
+        let h = match self.hosted(received.group, received.target) {
+            Ok(h) => h,
+            Err(r) => {
+                let _ = std::fs::remove_dir_all(&received.files.dir);
+                return Ok(Response::new(r));
+            }
+        };
+        let staged = received.files.dir.clone();
+        let snapshot = Snapshot { meta: received.meta, snapshot: received.files };
+        let result = h.raft.install_full_snapshot(received.vote, snapshot).await;
+        // The state machine adopted its own copy (hard links); the staging
+        // directory is no longer needed either way.
+        let _ = std::fs::remove_dir_all(&staged);
+        Ok(Response::new(reply(result)))
+    }
+}

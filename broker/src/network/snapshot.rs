@@ -1,0 +1,205 @@
+//! Streaming a snapshot directory (manifest and segment files) between
+//! brokers in chunks, and staging it on the receiver before install.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use ferrolog_proto::raft::SnapshotChunk;
+use ferrolog_raft_store::snapshot::SnapshotFiles;
+use ferrolog_raft_store::state_machine::Snapshot;
+use ferrolog_raft_store::types::{NodeId, SnapshotMeta, Vote};
+use futures::{Stream, StreamExt};
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::groups::GroupId;
+
+/// Bytes of file data per chunk.
+pub const CHUNK_BYTES: usize = 1 << 20;
+/// Chunks read ahead of the network, per transfer.
+const CHUNKS_AHEAD: usize = 4;
+
+/// Why a snapshot could not be sent or received.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotTransferError {
+    /// Reading or writing a file failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The chunk stream broke the protocol.
+    #[error("invalid snapshot stream: {0}")]
+    Invalid(String),
+}
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SnapshotTransferError + use<> {
+    let path = path.to_owned();
+    move |source| SnapshotTransferError::Io { op, path, source }
+}
+
+/// The chunks of `snapshot`'s directory, read lazily as the stream is polled.
+///
+/// # Errors
+/// [`SnapshotTransferError`] if the directory cannot be listed or the
+/// metadata not encoded.
+pub fn chunks(
+    group: GroupId,
+    target: NodeId,
+    vote: &Vote,
+    snapshot: &Snapshot,
+) -> Result<impl Stream<Item = SnapshotChunk> + Send + 'static + use<>, SnapshotTransferError> {
+    let dir = snapshot.snapshot.dir.clone();
+    let mut files = Vec::new();
+    for ent in fs::read_dir(&dir).map_err(io_err("list", &dir))? {
+        let ent = ent.map_err(io_err("list", &dir))?;
+        files.push(ent.file_name().to_string_lossy().into_owned());
+    }
+    let vote_json = serde_json::to_vec(vote).map_err(|e| SnapshotTransferError::Invalid(e.to_string()))?;
+    let meta_json =
+        serde_json::to_vec(&snapshot.meta).map_err(|e| SnapshotTransferError::Invalid(e.to_string()))?;
+    let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_AHEAD);
+    tokio::task::spawn_blocking(move || {
+        let base = SnapshotChunk { group_id: group, target_node: target, ..SnapshotChunk::default() };
+        let first = SnapshotChunk { vote_json, meta_json, ..base.clone() };
+        if tx.blocking_send(first).is_err() {
+            return;
+        }
+        for name in files {
+            let path = dir.join(&name);
+            let Ok(mut f) = File::open(&path) else {
+                tracing::warn!(path = %path.display(), "snapshot file vanished while sending");
+                return;
+            };
+            let mut offset = 0u64;
+            loop {
+                let mut buf = vec![0u8; CHUNK_BYTES];
+                let n = match f.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "reading snapshot file");
+                        return;
+                    }
+                };
+                buf.truncate(n);
+                let chunk =
+                    SnapshotChunk { file_name: name.clone(), file_offset: offset, data: buf, ..base.clone() };
+                offset += n as u64;
+                if tx.blocking_send(chunk).is_err() {
+                    return;
+                }
+            }
+        }
+        let _ = tx.blocking_send(SnapshotChunk { done: true, ..base });
+    });
+    Ok(ReceiverStream::new(rx))
+}
+
+/// A snapshot received and staged on disk, ready to install.
+#[derive(Debug)]
+pub struct Received {
+    /// The group it belongs to.
+    pub group: GroupId,
+    /// The replica it was addressed to.
+    pub target: NodeId,
+    /// The sending leader's vote.
+    pub vote: Vote,
+    /// The snapshot's metadata.
+    pub meta: SnapshotMeta,
+    /// The staged files.
+    pub files: SnapshotFiles,
+}
+
+fn valid_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// Receives a chunk stream into a new directory under `staging_root(group)`,
+/// fsyncing every file and the directory once the last chunk arrives.
+///
+/// # Errors
+/// [`SnapshotTransferError::Invalid`] for a stream that breaks the protocol
+/// (missing metadata, a file name with a path in it, mixed groups, no final
+/// chunk); `Io` for disk failures. The staging directory is removed on error.
+pub async fn receive<S, E>(
+    mut stream: S,
+    staging_root: impl Fn(GroupId) -> Option<PathBuf>,
+) -> Result<Received, SnapshotTransferError>
+where
+    S: Stream<Item = Result<SnapshotChunk, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    let invalid = |m: String| SnapshotTransferError::Invalid(m);
+    let first = match stream.next().await {
+        Some(Ok(c)) => c,
+        Some(Err(e)) => return Err(invalid(format!("stream failed: {e}"))),
+        None => return Err(invalid("empty stream".into())),
+    };
+    let vote: Vote = serde_json::from_slice(&first.vote_json).map_err(|e| invalid(format!("vote: {e}")))?;
+    let meta: SnapshotMeta =
+        serde_json::from_slice(&first.meta_json).map_err(|e| invalid(format!("meta: {e}")))?;
+    let (group, target) = (first.group_id, first.target_node);
+    let root = staging_root(group).ok_or_else(|| invalid(format!("unknown group {group}")))?;
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let dir = root.join(format!("incoming-{nanos}"));
+    fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
+    let result = receive_files(&mut stream, &dir, group).await;
+    if let Err(e) = result {
+        let _ = fs::remove_dir_all(&dir);
+        return Err(e);
+    }
+    Ok(Received { group, target, vote, meta, files: SnapshotFiles { dir } })
+}
+
+async fn receive_files<S, E>(stream: &mut S, dir: &Path, group: GroupId) -> Result<(), SnapshotTransferError>
+where
+    S: Stream<Item = Result<SnapshotChunk, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    let mut open: HashMap<String, File> = HashMap::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| SnapshotTransferError::Invalid(format!("stream failed: {e}")))?;
+        if chunk.group_id != group {
+            return Err(SnapshotTransferError::Invalid(format!(
+                "chunk for group {} in group {group}",
+                chunk.group_id
+            )));
+        }
+        if chunk.done {
+            for (name, f) in &open {
+                f.sync_all().map_err(io_err("fsync", &dir.join(name)))?;
+            }
+            File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("fsync", dir))?;
+            return Ok(());
+        }
+        if !valid_file_name(&chunk.file_name) {
+            return Err(SnapshotTransferError::Invalid(format!("file name {:?}", chunk.file_name)));
+        }
+        let path = dir.join(&chunk.file_name);
+        let f = match open.entry(chunk.file_name.clone()) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(
+                OpenOptions::new()
+                    .create(true)
+                    .write(true)
+                    .truncate(true)
+                    .open(&path)
+                    .map_err(io_err("create", &path))?,
+            ),
+        };
+        f.write_all_at(&chunk.data, chunk.file_offset).map_err(io_err("write", &path))?;
+    }
+    Err(SnapshotTransferError::Invalid("stream ended before the final chunk".into()))
+}

@@ -1,0 +1,198 @@
+//! A partition group of three replicas replicating over the real gRPC
+//! transport on loopback (127.0.0.1–3): records written on the leader are
+//! identical on every replica, and a replica that was down while the leader
+//! purged its log catches up through a snapshot that carries the segments.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrolog_broker::groups::{GroupRegistry, HostedGroup};
+use ferrolog_broker::network::{PeerAddresses, PeerNetworkFactory, RaftPeerServer};
+use ferrolog_raft_store::state_machine::PartitionRaft;
+use ferrolog_raft_store::types::{Node, NodeId};
+use ferrolog_raft_store::{Flusher, RecordBatch, Replica, StoreConfig};
+use openraft::async_runtime::watch::WatchReceiver;
+use openraft::{Config, Raft, SnapshotPolicy};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+const GROUP: u64 = 7;
+
+struct Broker {
+    raft: PartitionRaft,
+    replica: Replica,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+fn raft_config() -> Arc<Config> {
+    let c = Config {
+        heartbeat_interval: 100,
+        election_timeout_min: 400,
+        election_timeout_max: 800,
+        snapshot_policy: SnapshotPolicy::Never,
+        ..Config::default()
+    };
+    Arc::new(c.validate().expect("config"))
+}
+
+fn batch(i: u64) -> RecordBatch {
+    RecordBatch {
+        record_count: 1 + (i % 4) as u32,
+        first_timestamp_ms: i as i64,
+        max_timestamp_ms: i as i64,
+        producer_id: -1,
+        records: bytes::Bytes::from(format!("record batch {i} ").repeat(1 + (i % 9) as usize)),
+        ..RecordBatch::default()
+    }
+}
+
+async fn start(id: NodeId, dir: &std::path::Path, listener: TcpListener, peers: &PeerAddresses) -> Broker {
+    let flusher = Flusher::spawn(&format!("node{id}")).expect("flusher");
+    let config = StoreConfig { segment_bytes: 16 * 1024, ..StoreConfig::default() };
+    let replica = Replica::open(&dir.join("replica"), config, flusher).expect("replica");
+    let network = PeerNetworkFactory::new(GROUP, peers.clone());
+    let raft = Raft::new(id, raft_config(), network, replica.log_store(), replica.state_machine())
+        .await
+        .expect("raft");
+    let groups = GroupRegistry::default();
+    let staging_dir = dir.join("staging");
+    std::fs::create_dir_all(&staging_dir).expect("staging");
+    groups.insert(
+        GROUP,
+        HostedGroup { node_id: id, raft: raft.clone(), replica: replica.clone(), staging_dir },
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(RaftPeerServer::new(groups).into_service())
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("serve");
+    });
+    Broker { raft, replica, stop, server }
+}
+
+/// Writes `b` on the current leader, retrying while leadership settles,
+/// as a client following NOT_LEADER redirects would.
+async fn write(brokers: &BTreeMap<NodeId, Broker>, b: RecordBatch) -> ferrolog_raft_store::AppendResult {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let leader = leader_of(brokers).await;
+        match brokers.get(&leader).map(|l| l.raft.clone()) {
+            Some(raft) => match raft.client_write(b.clone()).await {
+                Ok(r) => return r.data,
+                Err(e) if tokio::time::Instant::now() < deadline => eprintln!("write retried: {e}"),
+                Err(e) => panic!("write failed: {e}"),
+            },
+            None => assert!(tokio::time::Instant::now() < deadline, "leader {leader} is not running"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn leader_of(brokers: &BTreeMap<NodeId, Broker>) -> NodeId {
+    let any = brokers.values().next().expect("a broker");
+    let m =
+        any.raft.wait(Some(Duration::from_secs(20))).metrics(|m| m.current_leader.is_some(), "leader").await;
+    m.expect("a leader").current_leader.expect("leader id")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_agree_and_a_lagging_one_catches_up_by_snapshot() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let peers = PeerAddresses::default();
+    let mut listeners = BTreeMap::new();
+    let mut members = BTreeMap::new();
+    for id in 1..=3u64 {
+        let l = TcpListener::bind(format!("127.0.0.{id}:0")).await.expect("bind");
+        members.insert(id, Node { addr: l.local_addr().expect("addr").to_string() });
+        listeners.insert(id, l);
+    }
+    let mut brokers = BTreeMap::new();
+    for (id, l) in listeners {
+        brokers.insert(id, start(id, &root.path().join(format!("n{id}")), l, &peers).await);
+    }
+    brokers[&1].raft.initialize(members.clone()).await.expect("initialize");
+
+    let mut next_offset = 0;
+    for i in 0..300 {
+        let r = write(&brokers, batch(i)).await;
+        assert_eq!(r.base_offset, next_offset);
+        next_offset += u64::from(r.record_count);
+    }
+    let leader = leader_of(&brokers).await;
+    for b in brokers.values() {
+        b.raft
+            .wait(Some(Duration::from_secs(20)))
+            .metrics(
+                |m| {
+                    m.last_applied.map(|l| l.index)
+                        >= brokers[&leader].raft.metrics().borrow_watched().last_applied.map(|l| l.index)
+                },
+                "applied",
+            )
+            .await
+            .expect("follower applied");
+    }
+    let want = brokers[&leader].replica.read(0, usize::MAX).expect("read leader");
+    assert_eq!(want.len(), 300);
+    for (id, b) in &brokers {
+        assert_eq!(b.replica.read(0, usize::MAX).expect("read"), want, "replica {id} differs");
+    }
+
+    // Take a follower down; write more; snapshot and purge on the leader so
+    // the follower can only catch up from a snapshot.
+    let lagging = *brokers.keys().find(|id| **id != leader).expect("a follower");
+    let down = brokers.remove(&lagging).expect("follower");
+    down.raft.shutdown().await.expect("shutdown");
+    let _ = down.stop.send(());
+    down.server.await.expect("server");
+    drop((down.raft, down.replica));
+    for i in 300..600 {
+        let r = write(&brokers, batch(i)).await;
+        assert_eq!(r.base_offset, next_offset);
+        next_offset += u64::from(r.record_count);
+    }
+    let l = &brokers[&leader].raft;
+    l.trigger().snapshot().await.expect("snapshot");
+    let snap = l
+        .wait(Some(Duration::from_secs(20)))
+        .metrics(|m| m.snapshot.is_some(), "snapshot")
+        .await
+        .expect("snapshot built");
+    let upto = snap.snapshot.expect("snapshot").index;
+    l.trigger().purge_log(upto).await.expect("purge");
+    l.wait(Some(Duration::from_secs(20)))
+        .metrics(|m| m.purged.map(|p| p.index) == Some(upto), "purged")
+        .await
+        .expect("purged");
+
+    // Bring it back on its old files and address.
+    let addr = members[&lagging].addr.clone();
+    let listener = loop {
+        match TcpListener::bind(&addr).await {
+            Ok(l) => break l,
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let back = start(lagging, &root.path().join(format!("n{lagging}")), listener, &peers).await;
+    let target = brokers[&leader].raft.metrics().borrow_watched().last_applied;
+    back.raft
+        .wait(Some(Duration::from_secs(30)))
+        .metrics(|m| m.last_applied >= target, "caught up")
+        .await
+        .expect("lagging replica caught up");
+    assert!(back.raft.metrics().borrow_watched().snapshot.is_some(), "caught up without a snapshot");
+    let want = brokers[&leader].replica.read(0, usize::MAX).expect("read leader");
+    assert_eq!(want.len(), 600);
+    assert_eq!(back.replica.read(0, usize::MAX).expect("read caught-up replica"), want);
+    assert_eq!(back.replica.high_watermark(), next_offset);
+    for b in brokers.into_values().chain([back]) {
+        b.raft.shutdown().await.expect("shutdown");
+        let _ = b.stop.send(());
+    }
+}

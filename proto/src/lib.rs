@@ -1,0 +1,9 @@
+//! Ferrolog's protobuf schema and the gRPC code generated from it.
+//!
+//! - [`raft`]: the broker-to-broker Raft transport (`ferrolog/raft/v1/raft.proto`).
+
+/// Broker-to-broker Raft transport, package `ferrolog.raft.v1`.
+#[allow(missing_docs, clippy::all, rust_2018_idioms)]
+pub mod raft {
+    tonic::include_proto!("ferrolog.raft.v1");
+}
