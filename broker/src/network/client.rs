@@ -119,6 +119,22 @@ impl PeerNetwork {
     }
 }
 
+impl PeerNetwork {
+    /// RequestVote, or PreVote (which changes no state on the receiver).
+    async fn send_vote(
+        &self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+        pre_vote: bool,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let body = serde_json::to_vec(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let req = self.request(body, Vec::new(), &option);
+        let mut client = self.client()?;
+        let reply = if pre_vote { client.pre_vote(req).await } else { client.vote(req).await };
+        decode_reply(reply.map_err(unreachable)?.into_inner())
+    }
+}
+
 impl RaftNetworkV2<TypeConfig> for PeerNetwork {
     type SnapshotData = SnapshotFiles;
 
@@ -139,10 +155,7 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let body = serde_json::to_vec(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let reply =
-            self.client()?.vote(self.request(body, Vec::new(), &option)).await.map_err(unreachable)?;
-        decode_reply(reply.into_inner())
+        self.send_vote(rpc, option, false).await
     }
 
     async fn pre_vote(
@@ -150,10 +163,7 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let body = serde_json::to_vec(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let reply =
-            self.client()?.pre_vote(self.request(body, Vec::new(), &option)).await.map_err(unreachable)?;
-        decode_reply(reply.into_inner())
+        self.send_vote(rpc, option, true).await
     }
 
     async fn full_snapshot(

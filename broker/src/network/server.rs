@@ -45,6 +45,21 @@ impl RaftPeerServer {
     }
 }
 
+impl RaftPeerServer {
+    /// RequestVote or PreVote for the named group.
+    async fn handle_vote(&self, req: RaftRequest, pre_vote: bool) -> RaftResponse {
+        let h = match self.hosted(req.group_id, req.target_node) {
+            Ok(h) => h,
+            Err(r) => return r,
+        };
+        match decode_vote(&req) {
+            Ok(v) if pre_vote => reply(h.raft.pre_vote(v).await),
+            Ok(v) => reply(h.raft.vote(v).await),
+            Err(r) => r,
+        }
+    }
+}
+
 fn refuse(code: PeerErrorCode, message: String) -> RaftResponse {
     RaftResponse { body_json: Vec::new(), error: Some(PeerError { code: code as i32, message }) }
 }
@@ -79,27 +94,11 @@ impl RaftPeer for RaftPeerServer {
     }
 
     async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftResponse>, Status> {
-        let req = request.into_inner();
-        let h = match self.hosted(req.group_id, req.target_node) {
-            Ok(h) => h,
-            Err(r) => return Ok(Response::new(r)),
-        };
-        match decode_vote(&req) {
-            Ok(v) => Ok(Response::new(reply(h.raft.vote(v).await))),
-            Err(r) => Ok(Response::new(r)),
-        }
+        Ok(Response::new(self.handle_vote(request.into_inner(), false).await))
     }
 
     async fn pre_vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftResponse>, Status> {
-        let req = request.into_inner();
-        let h = match self.hosted(req.group_id, req.target_node) {
-            Ok(h) => h,
-            Err(r) => return Ok(Response::new(r)),
-        };
-        match decode_vote(&req) {
-            Ok(v) => Ok(Response::new(reply(h.raft.pre_vote(v).await))),
-            Err(r) => Ok(Response::new(r)),
-        }
+        Ok(Response::new(self.handle_vote(request.into_inner(), true).await))
     }
 
     async fn install_snapshot(
