@@ -94,6 +94,15 @@ async fn write(brokers: &BTreeMap<NodeId, Broker>, b: RecordBatch) -> ferrolog_r
     }
 }
 
+/// Waits until `replica` has applied every record below `offset`.
+async fn caught_up(replica: &Replica, offset: u64) {
+    let mut hw = replica.watch_high_watermark();
+    tokio::time::timeout(Duration::from_secs(30), hw.wait_for(|hw| *hw >= offset))
+        .await
+        .expect("replica caught up in time")
+        .expect("replica open");
+}
+
 async fn leader_of(brokers: &BTreeMap<NodeId, Broker>) -> NodeId {
     let any = brokers.values().next().expect("a broker");
     let m =
@@ -126,17 +135,7 @@ async fn three_replicas_agree_and_a_lagging_one_catches_up_by_snapshot() {
     }
     let leader = leader_of(&brokers).await;
     for b in brokers.values() {
-        b.raft
-            .wait(Some(Duration::from_secs(20)))
-            .metrics(
-                |m| {
-                    m.last_applied.map(|l| l.index)
-                        >= brokers[&leader].raft.metrics().borrow_watched().last_applied.map(|l| l.index)
-                },
-                "applied",
-            )
-            .await
-            .expect("follower applied");
+        caught_up(&b.replica, next_offset).await;
     }
     let want = brokers[&leader].replica.read(0, usize::MAX).expect("read leader");
     assert_eq!(want.len(), 300);
@@ -180,13 +179,12 @@ async fn three_replicas_agree_and_a_lagging_one_catches_up_by_snapshot() {
         }
     };
     let back = start(lagging, &root.path().join(format!("n{lagging}")), listener, &peers).await;
-    let target = brokers[&leader].raft.metrics().borrow_watched().last_applied;
+    caught_up(&back.replica, next_offset).await;
     back.raft
-        .wait(Some(Duration::from_secs(30)))
-        .metrics(|m| m.last_applied >= target, "caught up")
+        .wait(Some(Duration::from_secs(10)))
+        .metrics(|m| m.snapshot.is_some_and(|s| s.index >= upto), "installed the leader's snapshot")
         .await
-        .expect("lagging replica caught up");
-    assert!(back.raft.metrics().borrow_watched().snapshot.is_some(), "caught up without a snapshot");
+        .expect("caught up by snapshot");
     let want = brokers[&leader].replica.read(0, usize::MAX).expect("read leader");
     assert_eq!(want.len(), 600);
     assert_eq!(back.replica.read(0, usize::MAX).expect("read caught-up replica"), want);
