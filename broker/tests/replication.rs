@@ -12,7 +12,6 @@ use ferrolog_broker::network::{PeerAddresses, PeerNetworkFactory, RaftPeerServer
 use ferrolog_raft_store::state_machine::PartitionRaft;
 use ferrolog_raft_store::types::{Node, NodeId};
 use ferrolog_raft_store::{Flusher, RecordBatch, Replica, StoreConfig};
-use openraft::async_runtime::watch::WatchReceiver;
 use openraft::{Config, Raft, SnapshotPolicy};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;

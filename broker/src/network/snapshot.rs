@@ -20,6 +20,11 @@ use crate::groups::GroupId;
 pub const CHUNK_BYTES: usize = 1 << 20;
 /// Chunks read ahead of the network, per transfer.
 const CHUNKS_AHEAD: usize = 4;
+/// Most files a received snapshot may hold (segments and manifest).
+pub const RECEIVE_FILES_MAX: usize = 100_000;
+/// Largest file a received snapshot may hold, bytes (a segment is 1 GiB by
+/// default; this leaves room for much larger configured segments).
+pub const RECEIVE_FILE_BYTES_MAX: u64 = 64 << 30;
 
 /// Why a snapshot could not be sent or received.
 #[derive(Debug, thiserror::Error)]
@@ -187,6 +192,18 @@ where
         if !valid_file_name(&chunk.file_name) {
             return Err(SnapshotTransferError::Invalid(format!("file name {:?}", chunk.file_name)));
         }
+        let end = chunk.file_offset.checked_add(chunk.data.len() as u64);
+        if end.is_none_or(|e| e > RECEIVE_FILE_BYTES_MAX) {
+            return Err(SnapshotTransferError::Invalid(format!(
+                "chunk of {} at {} in {} is past the {RECEIVE_FILE_BYTES_MAX}-byte file limit",
+                chunk.data.len(),
+                chunk.file_offset,
+                chunk.file_name
+            )));
+        }
+        if !open.contains_key(&chunk.file_name) && open.len() >= RECEIVE_FILES_MAX {
+            return Err(SnapshotTransferError::Invalid(format!("more than {RECEIVE_FILES_MAX} files")));
+        }
         let path = dir.join(&chunk.file_name);
         let f = match open.entry(chunk.file_name.clone()) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
@@ -202,4 +219,67 @@ where
         f.write_all_at(&chunk.data, chunk.file_offset).map_err(io_err("write", &path))?;
     }
     Err(SnapshotTransferError::Invalid("stream ended before the final chunk".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrolog_raft_store::types::{Vote, log_id};
+
+    fn first(group: GroupId) -> SnapshotChunk {
+        let meta = SnapshotMeta { last_log_id: Some(log_id(1, 1, 5)), last_membership: Default::default() };
+        SnapshotChunk {
+            group_id: group,
+            target_node: 2,
+            vote_json: serde_json::to_vec(&Vote::new(1, 1)).unwrap(),
+            meta_json: serde_json::to_vec(&meta).unwrap(),
+            ..SnapshotChunk::default()
+        }
+    }
+
+    async fn run(chunks: Vec<SnapshotChunk>, root: &Path) -> Result<Received, SnapshotTransferError> {
+        let stream = futures::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>));
+        let root = root.to_owned();
+        receive(stream, move |g| (g == 9).then(|| root.clone())).await
+    }
+
+    fn data(name: &str, offset: u64, bytes: &[u8]) -> SnapshotChunk {
+        SnapshotChunk {
+            group_id: 9,
+            file_name: name.into(),
+            file_offset: offset,
+            data: bytes.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn receives_files_and_refuses_a_peer_speaking_garbage() {
+        let root = tempfile::tempdir().unwrap();
+        let done = SnapshotChunk { group_id: 9, done: true, ..Default::default() };
+        let ok = run(
+            vec![first(9), data("a.seg", 0, b"hello "), data("a.seg", 6, b"world"), done.clone()],
+            root.path(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(std::fs::read(ok.files.dir.join("a.seg")).unwrap(), b"hello world");
+        assert_eq!(ok.meta.last_log_id, Some(log_id(1, 1, 5)));
+
+        let bad = [
+            vec![first(9), data("../escape", 0, b"x"), done.clone()],
+            vec![first(9), data("a/b", 0, b"x"), done.clone()],
+            vec![first(9), data("a.seg", u64::MAX - 1, b"xyz"), done.clone()],
+            vec![first(9), data("a.seg", RECEIVE_FILE_BYTES_MAX, b"x"), done.clone()],
+            vec![first(9), data("a.seg", 0, b"x")],
+            vec![first(8), done.clone()],
+            vec![SnapshotChunk { meta_json: b"{garbage".to_vec(), ..first(9) }, done.clone()],
+            vec![],
+        ];
+        for (i, chunks) in bad.into_iter().enumerate() {
+            assert!(run(chunks, root.path()).await.is_err(), "bad stream {i} accepted");
+        }
+        // Nothing but the accepted snapshot is left behind.
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
+    }
 }
