@@ -44,6 +44,18 @@ fn segments(dir: &Path) -> Vec<PathBuf> {
     v
 }
 
+/// Opens the replica in `dir` holding entries `0..n`, applies them and
+/// builds a snapshot of them, as a leader would before sending one.
+async fn snapshot_of_written(dir: &Path, n: u64) -> (Replica, ferrolog_raft_store::state_machine::Snapshot) {
+    let leader = Replica::open(dir, tiny(), flusher()).expect("open");
+    let entries = openraft::storage::RaftLogReader::try_get_log_entries(&mut leader.log_store(), 0..n)
+        .await
+        .expect("entries");
+    common::apply_all(&mut leader.state_machine(), entries).await;
+    let snap = leader.state_machine().get_snapshot_builder().await.build_snapshot().await.expect("snapshot");
+    (leader, snap)
+}
+
 #[test]
 fn torn_tail_is_cut_at_every_7th_byte_and_nothing_before_it_is_lost() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -200,20 +212,14 @@ fn a_snapshot_carries_every_retained_record_to_an_empty_replica() {
     let follower_dir = tempfile::tempdir().expect("tempdir");
     write_entries(leader_dir.path(), tiny(), 50);
     TypeConfig::run(async {
-        let leader = Replica::open(leader_dir.path(), tiny(), flusher()).expect("open");
-        let entries = openraft::storage::RaftLogReader::try_get_log_entries(&mut leader.log_store(), 0..50)
-            .await
-            .expect("entries");
-        let mut sm = leader.state_machine();
-        common::apply_all(&mut sm, entries).await;
-        let snap = sm.get_snapshot_builder().await.build_snapshot().await.expect("snapshot");
+        let (leader, snap) = snapshot_of_written(leader_dir.path(), 50).await;
         assert_eq!(snap.meta.last_log_id, Some(log_id(1, 1, 49)));
 
         let follower = Replica::open(follower_dir.path(), tiny(), flusher()).expect("open follower");
         let mut fsm = follower.state_machine();
         fsm.install_snapshot(&snap.meta, snap.snapshot.clone()).await.expect("install");
-        // The leader may drop its snapshot now; the follower adopted a copy.
-        drop(sm);
+        // The leader may remove its snapshot now; the follower adopted a copy.
+        fs::remove_dir_all(&snap.snapshot.dir).expect("remove the leader's snapshot");
         assert_eq!(follower.high_watermark(), common::base_offset(50));
         let got = follower.read(0, usize::MAX).expect("read follower");
         let want = leader.read(0, usize::MAX).expect("read leader");
@@ -305,13 +311,7 @@ fn a_snapshot_manifest_naming_a_path_is_refused() {
     let evil = tempfile::tempdir().expect("tempdir");
     write_entries(dir.path(), tiny(), 10);
     TypeConfig::run(async {
-        let leader = Replica::open(dir.path(), tiny(), flusher()).expect("open");
-        let entries = openraft::storage::RaftLogReader::try_get_log_entries(&mut leader.log_store(), 0..10)
-            .await
-            .expect("entries");
-        let mut sm = leader.state_machine();
-        common::apply_all(&mut sm, entries).await;
-        let snap = sm.get_snapshot_builder().await.build_snapshot().await.expect("snapshot");
+        let (_leader, snap) = snapshot_of_written(dir.path(), 10).await;
         // Rewrite the manifest to reach outside the snapshot directory.
         let manifest = snap.snapshot.dir.join("manifest.json");
         let text = fs::read_to_string(&manifest).expect("manifest");
