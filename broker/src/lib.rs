@@ -9,9 +9,14 @@
 //! ```
 //!
 //! Modules:
+//! - [`config`], [`cli`]: configuration (TOML, environment, flags) and the command line.
+//! - [`server`]: wiring of one broker process.
 //! - [`groups`]: the Raft groups this broker hosts, by group id.
 //! - [`network`]: the broker-to-broker Raft transport (client, server, wire codec,
 //!   snapshot streaming), many groups multiplexed on one connection per peer.
 
+pub mod cli;
+pub mod config;
 pub mod groups;
 pub mod network;
+pub mod server;

@@ -1,0 +1,115 @@
+//! The `ferrolog-broker` command line, shared by the `ferrolog-broker`
+//! binary and `ferrolog dev` (which starts brokers as child processes of
+//! its own executable).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{self, BrokerConfig, BrokerId};
+
+/// Flags and environment variables that override the config file.
+#[derive(Args, Debug, Clone, Default)]
+pub struct BrokerArgs {
+    /// TOML config file (template: deploy/broker.toml).
+    #[arg(long, env = "FERROLOG_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// This broker's id (≥ 1).
+    #[arg(long, env = "FERROLOG_NODE_ID")]
+    pub node_id: Option<BrokerId>,
+    /// Client API listen address, host:port.
+    #[arg(long, env = "FERROLOG_CLIENT_ADDR")]
+    pub client_addr: Option<SocketAddr>,
+    /// Broker-to-broker listen address, host:port.
+    #[arg(long, env = "FERROLOG_PEER_ADDR")]
+    pub peer_addr: Option<SocketAddr>,
+    /// Data directory.
+    #[arg(long, env = "FERROLOG_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Founding controller members: `1=host:port,2=host:port,3=host:port`
+    /// (peer addresses). Used only when the data directory is new.
+    #[arg(long, env = "FERROLOG_INITIAL_CLUSTER")]
+    pub initial_cluster: Option<String>,
+}
+
+impl BrokerArgs {
+    /// The config file (or defaults) with the flags and environment applied,
+    /// validated.
+    ///
+    /// # Errors
+    /// An unreadable or malformed file, a bad flag, or a config that fails
+    /// [`BrokerConfig::validate`].
+    pub fn resolve(&self) -> anyhow::Result<BrokerConfig> {
+        let mut c = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading config file {}", path.display()))?;
+                BrokerConfig::from_toml(&text).with_context(|| format!("in {}", path.display()))?
+            }
+            None => BrokerConfig::default(),
+        };
+        if let Some(v) = self.node_id {
+            c.node_id = v;
+        }
+        if let Some(v) = self.client_addr {
+            c.client_addr = v;
+        }
+        if let Some(v) = self.peer_addr {
+            c.peer_addr = v;
+        }
+        if let Some(v) = &self.data_dir {
+            c.data_dir = v.clone();
+        }
+        if let Some(v) = &self.initial_cluster {
+            c.initial_cluster = config::parse_initial_cluster(v)?;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+/// `ferrolog-broker`'s command line.
+#[derive(Parser, Debug)]
+#[command(name = "ferrolog-broker", version, about = "A Ferrolog broker")]
+pub struct Cli {
+    /// What to do; the default is to run the broker.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Broker settings.
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+}
+
+/// Subcommands besides running the broker.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print the effective configuration as TOML and exit.
+    PrintConfig,
+}
+
+/// Runs a broker until SIGINT or SIGTERM.
+///
+/// # Errors
+/// A bad configuration, a port already in use, an unreadable data directory.
+pub async fn run(args: BrokerArgs) -> anyhow::Result<()> {
+    let config = args.resolve()?;
+    let broker = crate::server::Broker::start(config).await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+    broker.shutdown().await;
+    Ok(())
+}
+
+/// Installs the tracing subscriber used by broker processes: `RUST_LOG`
+/// filters, default `info`.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).try_init();
+}

@@ -1,0 +1,264 @@
+//! Broker configuration: one TOML file, overridden by environment variables
+//! (`FERROLOG_*`) and command-line flags, checked by [`BrokerConfig::validate`].
+//!
+//! The commented template is `deploy/broker.toml`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use ferrolog_raft_store::StoreConfig;
+use serde::{Deserialize, Serialize};
+
+/// A broker's id, unique in the cluster; also its Raft node id in the
+/// metadata (controller) group. 1-based; 0 means "none" on the wire.
+pub type BrokerId = u32;
+
+/// Everything a broker needs to start. Units are in the field names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BrokerConfig {
+    /// This broker's id (≥ 1).
+    pub node_id: BrokerId,
+    /// Address the client API listens on, `host:port`.
+    pub client_addr: SocketAddr,
+    /// Address the broker-to-broker Raft transport listens on, `host:port`.
+    /// Stored in Raft memberships: keep it stable across restarts.
+    pub peer_addr: SocketAddr,
+    /// Where partitions and the metadata log live.
+    pub data_dir: PathBuf,
+    /// The controller's founding voters, broker id → peer address; used
+    /// only when the data directory is new (like etcd's `initial-cluster`).
+    pub initial_cluster: BTreeMap<BrokerId, SocketAddr>,
+    /// Raft timings shared by every group on this broker.
+    pub raft: RaftTimings,
+    /// Storage of every partition replica on this broker.
+    pub storage: StoreConfig,
+    /// Size and connection limits.
+    pub limits: Limits,
+}
+
+/// Raft timing settings (Raft paper §5.2, §9.3), milliseconds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RaftTimings {
+    /// A leader's heartbeat period, ms.
+    pub heartbeat_interval_ms: u64,
+    /// Lower bound of the randomized election timeout, ms.
+    pub election_timeout_min_ms: u64,
+    /// Upper bound of the randomized election timeout, ms.
+    pub election_timeout_max_ms: u64,
+    /// Build a partition snapshot after this many applied entries.
+    pub snapshot_after_entries: u64,
+}
+
+impl Default for RaftTimings {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval_ms: 100,
+            election_timeout_min_ms: 500,
+            election_timeout_max_ms: 1000,
+            snapshot_after_entries: 100_000,
+        }
+    }
+}
+
+/// Limits on what clients may send and receive.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Largest record (key + value + headers), bytes. Kafka's `max.message.bytes`.
+    pub max_record_bytes: usize,
+    /// Largest produce batch, bytes of records.
+    pub max_batch_bytes: usize,
+    /// Largest fetch response, bytes; a request asking for more gets this.
+    pub max_fetch_bytes: usize,
+    /// Longest a fetch may wait for new records, ms.
+    pub max_fetch_wait_ms: u64,
+    /// Most concurrent client connections.
+    pub max_connections: usize,
+    /// Most partitions of one topic.
+    pub max_partitions_per_topic: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_record_bytes: 1 << 20,
+            max_batch_bytes: 1 << 20,
+            max_fetch_bytes: 16 << 20,
+            max_fetch_wait_ms: 30_000,
+            max_connections: 1024,
+            max_partitions_per_topic: 10_000,
+        }
+    }
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        Self {
+            node_id: 1,
+            client_addr: SocketAddr::from(([127, 0, 0, 1], 9401)),
+            peer_addr: SocketAddr::from(([127, 0, 0, 1], 9501)),
+            data_dir: PathBuf::from("./ferrolog-data/broker-1"),
+            initial_cluster: BTreeMap::new(),
+            raft: RaftTimings::default(),
+            storage: StoreConfig::default(),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// A configuration that cannot work, naming the field and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid broker config: {0}")]
+pub struct ConfigError(pub String);
+
+impl BrokerConfig {
+    /// Parses a TOML document.
+    ///
+    /// # Errors
+    /// [`ConfigError`] with the parser's message (line and column).
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError(e.to_string()))
+    }
+
+    /// Renders the configuration as TOML.
+    ///
+    /// # Errors
+    /// [`ConfigError`] if a value cannot be represented.
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        toml::to_string(self).map_err(|e| ConfigError(e.to_string()))
+    }
+
+    /// Checks that the configuration can work.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first bad field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError(m));
+        if self.node_id == 0 {
+            return bad("node_id must be ≥ 1".into());
+        }
+        if self.client_addr == self.peer_addr {
+            return bad(format!("client_addr and peer_addr are both {}", self.client_addr));
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return bad("data_dir is empty".into());
+        }
+        if self.initial_cluster.contains_key(&0) {
+            return bad("initial_cluster: broker id 0 is reserved".into());
+        }
+        if !self.initial_cluster.is_empty() {
+            match self.initial_cluster.get(&self.node_id) {
+                None => {
+                    return bad(format!("initial_cluster does not list this broker (node_id {})", self.node_id));
+                }
+                Some(a) if *a != self.peer_addr => {
+                    return bad(format!(
+                        "initial_cluster gives broker {} the peer address {a}, but peer_addr is {}",
+                        self.node_id, self.peer_addr
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        let r = &self.raft;
+        if r.heartbeat_interval_ms == 0 {
+            return bad("raft.heartbeat_interval_ms must be > 0".into());
+        }
+        if r.election_timeout_min_ms <= r.heartbeat_interval_ms {
+            return bad(format!(
+                "raft.election_timeout_min_ms ({}) must exceed raft.heartbeat_interval_ms ({})",
+                r.election_timeout_min_ms, r.heartbeat_interval_ms
+            ));
+        }
+        if r.election_timeout_max_ms <= r.election_timeout_min_ms {
+            return bad("raft.election_timeout_max_ms must exceed raft.election_timeout_min_ms".into());
+        }
+        if r.snapshot_after_entries == 0 {
+            return bad("raft.snapshot_after_entries must be > 0".into());
+        }
+        self.storage.validate().map_err(|e| ConfigError(e.to_string()))?;
+        let l = &self.limits;
+        if l.max_record_bytes == 0 || l.max_batch_bytes < l.max_record_bytes {
+            return bad("limits: need 0 < max_record_bytes ≤ max_batch_bytes".into());
+        }
+        if l.max_batch_bytes > 64 << 20 {
+            return bad("limits.max_batch_bytes is above 64 MiB".into());
+        }
+        if l.max_fetch_bytes == 0 || l.max_connections == 0 || l.max_partitions_per_topic == 0 {
+            return bad("limits: max_fetch_bytes, max_connections and max_partitions_per_topic must be > 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// Parses `1=host:port,2=host:port` (the `--initial-cluster` flag).
+///
+/// # Errors
+/// [`ConfigError`] for a malformed item, a bad id or address, or a repeated id.
+pub fn parse_initial_cluster(text: &str) -> Result<BTreeMap<BrokerId, SocketAddr>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (id, addr) = item
+            .split_once('=')
+            .ok_or_else(|| ConfigError(format!("initial cluster item {item:?} is not id=host:port")))?;
+        let id: BrokerId =
+            id.trim().parse().map_err(|_| ConfigError(format!("initial cluster: bad broker id {id:?}")))?;
+        let addr: SocketAddr =
+            addr.trim().parse().map_err(|e| ConfigError(format!("initial cluster: bad address {addr:?}: {e}")))?;
+        if out.insert(id, addr).is_some() {
+            return Err(ConfigError(format!("initial cluster: broker {id} listed twice")));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_parses_and_validates() {
+        let text = include_str!("../../deploy/broker.toml");
+        let c = BrokerConfig::from_toml(text).expect("template parses");
+        c.validate().expect("template is valid");
+    }
+
+    #[test]
+    fn round_trips_through_toml() {
+        let mut c = BrokerConfig::default();
+        c.initial_cluster = parse_initial_cluster("1=127.0.0.1:9501, 2=127.0.0.1:9502").expect("parse");
+        let back = BrokerConfig::from_toml(&c.to_toml().expect("render")).expect("parse");
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        let ok = BrokerConfig::default();
+        let cases: Vec<(&str, BrokerConfig)> = vec![
+            ("node_id", BrokerConfig { node_id: 0, ..ok.clone() }),
+            ("both", BrokerConfig { peer_addr: ok.client_addr, ..ok.clone() }),
+            (
+                "does not list",
+                BrokerConfig { initial_cluster: parse_initial_cluster("2=127.0.0.1:1").expect("p"), ..ok.clone() },
+            ),
+            (
+                "election_timeout_min_ms",
+                BrokerConfig {
+                    raft: RaftTimings { election_timeout_min_ms: 10, ..RaftTimings::default() },
+                    ..ok.clone()
+                },
+            ),
+        ];
+        for (needle, c) in cases {
+            let e = c.validate().expect_err(needle);
+            assert!(e.to_string().contains(needle), "{e} should mention {needle}");
+        }
+        assert!(parse_initial_cluster("1=127.0.0.1:1,1=127.0.0.1:2").is_err());
+        assert!(parse_initial_cluster("x=127.0.0.1:1").is_err());
+        assert!(parse_initial_cluster("1=nowhere").is_err());
+        assert!(BrokerConfig::from_toml("node_id = 1\nbogus = 3\n").is_err());
+    }
+}
