@@ -21,6 +21,7 @@
 //! - [`flusher`]: group commit across partitions of a data directory.
 //! - [`meta`]: crash-safe small metadata in redb.
 //! - [`tail_cache`]: bounded cache of the newest entries.
+//! - [`producer`]: idempotent producer state (KIP-98), derived by apply.
 //! - [`snapshot`]: snapshots that carry the retained segment files.
 //! - [`log_store`], [`state_machine`]: the openraft trait implementations.
 //! - [`replica`]: opens a replica and hands out both halves.
@@ -35,6 +36,7 @@ mod fsutil;
 pub mod log;
 pub mod log_store;
 pub mod meta;
+pub mod producer;
 pub mod replica;
 pub mod segment;
 pub mod snapshot;
@@ -48,5 +50,6 @@ pub use error::StoreError;
 pub use flusher::Flusher;
 pub use log::{PartitionLog, StoredBatch};
 pub use log_store::LogStore;
+pub use producer::{ProducerStates, SequenceCheck};
 pub use replica::Replica;
 pub use state_machine::PartitionStateMachine;

@@ -15,6 +15,7 @@ use crate::log::{PartitionLog, StoredBatch};
 use crate::log_store::LogStore;
 use crate::meta::{self, Sync};
 use crate::snapshot::{self, SnapshotFiles};
+use crate::producer::{ProducerStates, SequenceCheck};
 use crate::state_machine::PartitionStateMachine;
 use crate::types::{LogId, SnapshotMeta, StoredMembership};
 
@@ -34,6 +35,8 @@ pub(crate) struct Applied {
     /// Offset one past the last applied record: the high watermark.
     pub next_offset: u64,
     pub snapshot: Option<SnapshotRecord>,
+    /// Idempotent producer state after `last_applied` (KIP-98).
+    pub producers: ProducerStates,
 }
 
 #[derive(Debug)]
@@ -81,7 +84,11 @@ impl Replica {
             None => 0,
         };
         let (high_watermark, _) = watch::channel(next_offset.max(committed_hw));
-        let applied = Applied { last_applied, membership, next_offset, snapshot: record };
+        let producers = match &keep {
+            Some(dir) => SnapshotFiles { dir: dir.clone() }.manifest()?.producers,
+            None => ProducerStates::default(),
+        };
+        let applied = Applied { last_applied, membership, next_offset, snapshot: record, producers };
         Ok(Self {
             inner: Arc::new(Inner {
                 log: Mutex::new(log),
@@ -156,6 +163,19 @@ impl Replica {
     pub fn offset_for_timestamp(&self, timestamp_ms: i64) -> Result<Option<(u64, i64)>> {
         let hw = self.high_watermark();
         Ok(self.log().offset_for_timestamp(timestamp_ms)?.filter(|(o, _)| *o < hw))
+    }
+
+    /// Judges a batch about to be proposed against the idempotent producer
+    /// state of everything applied so far (KIP-98). The caller (the
+    /// partition's leader) must account for its own proposals that are not
+    /// applied yet.
+    pub fn check_sequence(&self, producer_id: i64, epoch: i16, first_sequence: i32, record_count: u32) -> SequenceCheck {
+        self.applied().producers.check(producer_id, epoch, first_sequence, record_count)
+    }
+
+    /// Raft index of the last applied entry, if any.
+    pub fn last_applied_index(&self) -> Option<u64> {
+        self.applied().last_applied.map(|l| l.index)
     }
 
     pub(crate) fn publish_high_watermark(&self, next_offset: u64) {

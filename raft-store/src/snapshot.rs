@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Result, StoreError};
 use crate::fsutil;
 use crate::log::PartitionLog;
+use crate::producer::ProducerStates;
 use crate::types::SnapshotMeta;
 
 /// Snapshot data handed to openraft: a directory holding a manifest and
@@ -51,6 +52,9 @@ pub struct SnapshotManifest {
     /// Reserved for compacted topics: the key map file, when present.
     #[serde(default)]
     pub compaction: Option<String>,
+    /// Idempotent producer state at `meta.last_log_id` (KIP-98).
+    #[serde(default)]
+    pub producers: ProducerStates,
 }
 
 impl SnapshotFiles {
@@ -91,7 +95,13 @@ impl SnapshotFiles {
 /// # Errors
 /// [`StoreError::Io`] on IO failure, [`StoreError::Corruption`] if a segment
 /// being copied does not verify.
-pub fn build(log: &PartitionLog, root: &Path, meta: SnapshotMeta, next_offset: u64) -> Result<SnapshotFiles> {
+pub fn build(
+    log: &PartitionLog,
+    root: &Path,
+    meta: SnapshotMeta,
+    next_offset: u64,
+    producers: ProducerStates,
+) -> Result<SnapshotFiles> {
     let upto = meta.last_log_id.map(|l| l.index);
     let name = format!("{:020}-{}", upto.unwrap_or(0), unique_suffix());
     let building = root.join(format!("{name}.building"));
@@ -109,7 +119,7 @@ pub fn build(log: &PartitionLog, root: &Path, meta: SnapshotMeta, next_offset: u
         }
     }
     let manifest =
-        SnapshotManifest { version: MANIFEST_VERSION, meta, next_offset, segments, compaction: None };
+        SnapshotManifest { version: MANIFEST_VERSION, meta, next_offset, segments, compaction: None, producers };
     let bytes = serde_json::to_vec_pretty(&manifest).map_err(|e| StoreError::Invalid(e.to_string()))?;
     fsutil::write_durable(&building.join(MANIFEST_FILE), &bytes)?;
     let dir = root.join(&name);

@@ -31,14 +31,14 @@ impl RaftSnapshotBuilder<TypeConfig> for PartitionStateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         // Builds and installs run in different openraft tasks; one at a time.
         let _serial = self.replica.snapshot_lock();
-        let (meta, next_offset) = {
+        let (meta, next_offset, producers) = {
             let a = self.replica.applied();
             let meta = SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() };
-            (meta, a.next_offset)
+            (meta, a.next_offset, a.producers.clone())
         };
         let files = {
             let log = self.replica.log();
-            snapshot::build(&log, self.replica.snapshot_root(), meta.clone(), next_offset)?
+            snapshot::build(&log, self.replica.snapshot_root(), meta.clone(), next_offset, producers)?
         };
         let current = self.replica.set_current_snapshot(&files, meta.clone(), next_offset)?;
         tracing::info!(dir = %self.replica.snapshot_root().display(), last = ?meta.last_log_id, "built snapshot");
@@ -64,7 +64,13 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
                 let mut a = self.replica.applied();
                 let base_offset = a.next_offset;
                 let record_count = match &entry.payload {
-                    EntryPayload::Normal(b) => b.record_count,
+                    EntryPayload::Normal(b) => {
+                        let result = AppendResult { base_offset, record_count: b.record_count };
+                        if !a.producers.record(b, result) {
+                            tracing::warn!(log_id = %entry.log_id, batch = %b, "applied a batch out of producer sequence");
+                        }
+                        b.record_count
+                    }
                     EntryPayload::Membership(m) => {
                         a.membership = StoredMembership::new(Some(entry.log_id), m.clone());
                         0
@@ -90,7 +96,8 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, data: SnapshotFiles) -> Result<(), io::Error> {
         let _serial = self.replica.snapshot_lock();
         let files = snapshot::adopt(&data, self.replica.snapshot_root())?;
-        let next_offset = files.manifest()?.next_offset;
+        let manifest = files.manifest()?;
+        let next_offset = manifest.next_offset;
         // Record the snapshot before touching the log: a crash while the log
         // is replaced restarts from a snapshot that covers what is gone.
         let record = self.replica.set_current_snapshot(&files, meta.clone(), next_offset)?;
@@ -114,6 +121,7 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
             a.last_applied = meta.last_log_id;
             a.membership = meta.last_membership.clone();
             a.next_offset = next_offset;
+            a.producers = manifest.producers;
         }
         self.replica.publish_high_watermark(next_offset);
         tracing::info!(last = ?meta.last_log_id, next_offset, "installed snapshot");
