@@ -113,3 +113,22 @@ pub fn init_tracing() {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).try_init();
 }
+
+/// The whole `ferrolog-broker` program: parses the command line, then runs
+/// the broker (or prints its configuration).
+///
+/// # Errors
+/// As [`run`] and [`BrokerArgs::resolve`].
+pub async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::PrintConfig) => {
+            print!("{}", cli.broker.resolve()?.to_toml()?);
+            Ok(())
+        }
+        None => {
+            init_tracing();
+            run(cli.broker).await
+        }
+    }
+}

@@ -152,7 +152,10 @@ impl BrokerConfig {
         if !self.initial_cluster.is_empty() {
             match self.initial_cluster.get(&self.node_id) {
                 None => {
-                    return bad(format!("initial_cluster does not list this broker (node_id {})", self.node_id));
+                    return bad(format!(
+                        "initial_cluster does not list this broker (node_id {})",
+                        self.node_id
+                    ));
                 }
                 Some(a) if *a != self.peer_addr => {
                     return bad(format!(
@@ -188,7 +191,9 @@ impl BrokerConfig {
             return bad("limits.max_batch_bytes is above 64 MiB".into());
         }
         if l.max_fetch_bytes == 0 || l.max_connections == 0 || l.max_partitions_per_topic == 0 {
-            return bad("limits: max_fetch_bytes, max_connections and max_partitions_per_topic must be > 0".into());
+            return bad(
+                "limits: max_fetch_bytes, max_connections and max_partitions_per_topic must be > 0".into()
+            );
         }
         Ok(())
     }
@@ -206,8 +211,10 @@ pub fn parse_initial_cluster(text: &str) -> Result<BTreeMap<BrokerId, SocketAddr
             .ok_or_else(|| ConfigError(format!("initial cluster item {item:?} is not id=host:port")))?;
         let id: BrokerId =
             id.trim().parse().map_err(|_| ConfigError(format!("initial cluster: bad broker id {id:?}")))?;
-        let addr: SocketAddr =
-            addr.trim().parse().map_err(|e| ConfigError(format!("initial cluster: bad address {addr:?}: {e}")))?;
+        let addr: SocketAddr = addr
+            .trim()
+            .parse()
+            .map_err(|e| ConfigError(format!("initial cluster: bad address {addr:?}: {e}")))?;
         if out.insert(id, addr).is_some() {
             return Err(ConfigError(format!("initial cluster: broker {id} listed twice")));
         }
@@ -242,7 +249,10 @@ mod tests {
             ("both", BrokerConfig { peer_addr: ok.client_addr, ..ok.clone() }),
             (
                 "does not list",
-                BrokerConfig { initial_cluster: parse_initial_cluster("2=127.0.0.1:1").expect("p"), ..ok.clone() },
+                BrokerConfig {
+                    initial_cluster: parse_initial_cluster("2=127.0.0.1:1").expect("p"),
+                    ..ok.clone()
+                },
             ),
             (
                 "election_timeout_min_ms",

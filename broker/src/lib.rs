@@ -17,6 +17,12 @@
 
 pub mod cli;
 pub mod config;
+pub mod error;
 pub mod groups;
+pub mod grpc;
+pub mod liveness;
+pub mod metadata;
 pub mod network;
+pub mod partition;
+pub mod partitions;
 pub mod server;

@@ -1,21 +1,190 @@
-//! Broker wiring: opens the data directory, starts the metadata group and
-//! the partition reconciler, and serves the client and peer gRPC APIs.
+//! Broker wiring: opens the data directory, starts the metadata group, the
+//! image follower, the partition reconciler and liveness pings, and serves
+//! the peer and client gRPC APIs until shut down.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use ferrolog_raft_store::types::{Node, NodeId};
+use ferrolog_raft_store::{Flusher, Replica};
+use openraft::{Raft, SnapshotPolicy};
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::config::BrokerConfig;
+use crate::groups::{GroupRegistry, HostedGroup};
+use crate::grpc::ClientService;
+use crate::liveness::Liveness;
+use crate::metadata::METADATA_GROUP;
+use crate::metadata::command::ControllerRequest;
+use crate::metadata::controller::{self, Controller};
+use crate::metadata::image::MetadataImage;
+use crate::network::{PeerAddresses, PeerNetworkFactory, RaftPeerServer};
+use crate::partitions::{PartitionTable, Reconciler};
+
+/// Raft entries kept after a snapshot, so a briefly lagging follower
+/// catches up from the log instead of a snapshot (and a workaround for
+/// openraft issue #2116: no manual purges under load).
+const LOG_KEPT_AFTER_SNAPSHOT: u64 = 1000;
 
 /// A running broker.
 #[derive(Debug)]
 pub struct Broker {
     config: BrokerConfig,
+    stop: Vec<oneshot::Sender<()>>,
+    servers: Vec<JoinHandle<()>>,
+    tasks: Vec<JoinHandle<()>>,
+    metadata:
+        openraft::Raft<ferrolog_raft_store::types::TypeConfig, ferrolog_raft_store::PartitionStateMachine>,
+    reconciler: Reconciler,
+}
+
+/// The openraft configuration of every group on a broker.
+///
+/// # Errors
+/// openraft's validation error for inconsistent timings.
+pub fn raft_config(c: &BrokerConfig) -> anyhow::Result<Arc<openraft::Config>> {
+    let r = &c.raft;
+    let config = openraft::Config {
+        cluster_name: "ferrolog".into(),
+        heartbeat_interval: r.heartbeat_interval_ms,
+        election_timeout_min: r.election_timeout_min_ms,
+        election_timeout_max: r.election_timeout_max_ms,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(r.snapshot_after_entries),
+        max_in_snapshot_log_to_keep: LOG_KEPT_AFTER_SNAPSHOT,
+        install_snapshot_timeout: 60_000,
+        ..openraft::Config::default()
+    };
+    Ok(Arc::new(config.validate().context("raft timings")?))
+}
+
+async fn bind(addr: std::net::SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr} ({what})"))
 }
 
 impl Broker {
-    /// Starts a broker.
+    /// Starts a broker from a validated config.
     ///
     /// # Errors
-    /// Bind failures and storage errors.
+    /// A port in use, an unusable data directory, a failure to open storage.
     pub async fn start(config: BrokerConfig) -> anyhow::Result<Self> {
-        Ok(Self { config })
+        let me = config.node_id;
+        let span = tracing::info_span!("broker", node = me);
+        let _enter = span.enter();
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;
+        let raft_config = raft_config(&config)?;
+        let flusher = Flusher::spawn(&format!("broker-{me}")).context("starting the flusher")?;
+        let groups = GroupRegistry::default();
+        let peers = PeerAddresses::default();
+
+        // Peer API first: the metadata group needs to reach the others.
+        let peer_listener = bind(config.peer_addr, "peer_addr").await?;
+        let client_listener = bind(config.client_addr, "client_addr").await?;
+        let peer_server = RaftPeerServer::new(me, groups.clone());
+        let controller_slot = peer_server.controller_slot();
+        let mut stop = Vec::new();
+        let mut servers = Vec::new();
+        let (tx, rx) = oneshot::channel::<()>();
+        stop.push(tx);
+        servers.push(tokio::spawn(async move {
+            let r = tonic::transport::Server::builder()
+                .add_service(peer_server.into_service())
+                .serve_with_incoming_shutdown(TcpListenerStream::new(peer_listener), async {
+                    let _ = rx.await;
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::error!("peer server: {e}");
+            }
+        }));
+
+        // The metadata group: node id = broker id.
+        let meta_dir = config.data_dir.join("metadata");
+        let staging_dir = meta_dir.join("staging");
+        std::fs::create_dir_all(&staging_dir)?;
+        let meta_replica = Replica::open(&meta_dir.join("replica"), config.storage.clone(), flusher.clone())
+            .context("opening the metadata log")?;
+        let metadata = Raft::new(
+            NodeId::from(me),
+            raft_config.clone(),
+            PeerNetworkFactory::new(METADATA_GROUP, peers.clone()),
+            meta_replica.log_store(),
+            meta_replica.state_machine(),
+        )
+        .await
+        .context("starting the metadata group")?;
+        groups.insert(
+            METADATA_GROUP,
+            HostedGroup {
+                node_id: NodeId::from(me),
+                raft: metadata.clone(),
+                replica: meta_replica.clone(),
+                staging_dir,
+            },
+        );
+        if !metadata.is_initialized().await? {
+            if config.initial_cluster.is_empty() {
+                tracing::warn!(
+                    "new data directory and no initial cluster: waiting to be added by a controller"
+                );
+            } else {
+                let members: BTreeMap<NodeId, Node> = config
+                    .initial_cluster
+                    .iter()
+                    .map(|(id, addr)| (NodeId::from(*id), Node { addr: addr.to_string() }))
+                    .collect();
+                if let Err(e) = metadata.initialize(members).await {
+                    tracing::debug!("metadata initialize: {e}");
+                }
+                tracing::info!(members = ?config.initial_cluster, "formed the metadata group");
+            }
+        }
+
+        let (image_tx, image_rx) = watch::channel(Arc::new(MetadataImage::new()));
+        let mut tasks = vec![tokio::spawn(controller::follow(meta_replica, image_tx))];
+        let controller =
+            Controller::new(metadata.clone(), image_rx.clone(), peers.clone(), config.limits.clone());
+        let _ = controller_slot.set(controller.clone());
+
+        let table = PartitionTable::default();
+        let reconciler = Reconciler {
+            broker: me,
+            root: config.data_dir.join("partitions"),
+            storage: config.storage.clone(),
+            flusher,
+            raft_config,
+            peers: peers.clone(),
+            groups,
+            table: table.clone(),
+        };
+        tasks.push(tokio::spawn(reconciler.clone().run(image_rx.clone())));
+        let liveness = Liveness::default();
+        tasks.push(tokio::spawn(liveness.clone().run(me, image_rx.clone(), peers)));
+        tasks.push(tokio::spawn(register(controller.clone(), image_rx, config.clone())));
+
+        let service =
+            ClientService { broker: me, limits: config.limits.clone(), controller, table, liveness };
+        let (tx, rx) = oneshot::channel::<()>();
+        stop.push(tx);
+        servers.push(tokio::spawn(async move {
+            let r = tonic::transport::Server::builder()
+                .add_service(service.into_service())
+                .serve_with_incoming_shutdown(TcpListenerStream::new(client_listener), async {
+                    let _ = rx.await;
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::error!("client server: {e}");
+            }
+        }));
+        tracing::info!(client = %config.client_addr, peer = %config.peer_addr, data = %config.data_dir.display(), "broker started");
+        drop(_enter);
+        Ok(Self { config, stop, servers, tasks, metadata, reconciler })
     }
 
     /// The configuration it runs with.
@@ -23,6 +192,50 @@ impl Broker {
         &self.config
     }
 
-    /// Stops serving and closes every group.
-    pub async fn shutdown(self) {}
+    /// Stops serving, stops every Raft group, and waits for the servers.
+    pub async fn shutdown(self) {
+        for s in self.stop {
+            let _ = s.send(());
+        }
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.reconciler.stop_all().await;
+        let _ = self.metadata.shutdown().await;
+        for s in self.servers {
+            let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
+        }
+    }
+}
+
+/// Registers this broker's addresses with the controller, and again
+/// whenever the image disagrees with them (a new controller, a changed
+/// address), retrying until it succeeds.
+async fn register(controller: Controller, mut image: watch::Receiver<Arc<MetadataImage>>, c: BrokerConfig) {
+    let (client_addr, peer_addr) = (c.client_addr.to_string(), c.peer_addr.to_string());
+    loop {
+        let registered = image
+            .borrow()
+            .brokers
+            .get(&c.node_id)
+            .is_some_and(|b| b.client_addr == client_addr && b.peer_addr == peer_addr);
+        if !registered {
+            let req = ControllerRequest::RegisterBroker {
+                id: c.node_id,
+                client_addr: client_addr.clone(),
+                peer_addr: peer_addr.clone(),
+            };
+            match controller.handle(req).await {
+                Ok(_) => tracing::info!("registered with the controller"),
+                Err(e) => {
+                    tracing::debug!("registration: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            }
+        }
+        if image.changed().await.is_err() {
+            return;
+        }
+    }
 }

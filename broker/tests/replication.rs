@@ -65,7 +65,7 @@ async fn start(id: NodeId, dir: &std::path::Path, listener: TcpListener, peers: 
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
         tonic::transport::Server::builder()
-            .add_service(RaftPeerServer::new(groups).into_service())
+            .add_service(RaftPeerServer::new(id as u32, groups).into_service())
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
                 let _ = stopped.await;
             })

@@ -11,18 +11,31 @@ use serde::Serialize;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{codec, snapshot};
+use crate::error::ApiError;
 use crate::groups::{GroupRegistry, HostedGroup};
+use crate::metadata::command::ControllerRequest;
+use crate::metadata::controller::Controller;
+use ferrolog_proto::raft::{ControllerAnswer, ControllerCall, PingRequest, PingResponse};
+use std::sync::{Arc, OnceLock};
 
 /// The `RaftPeer` service of a broker.
 #[derive(Clone, Debug)]
 pub struct RaftPeerServer {
+    broker_id: u32,
     groups: GroupRegistry,
+    controller: Arc<OnceLock<Controller>>,
 }
 
 impl RaftPeerServer {
-    /// A service answering for the groups in `groups`.
-    pub fn new(groups: GroupRegistry) -> Self {
-        Self { groups }
+    /// A service of broker `broker_id` answering for the groups in `groups`.
+    pub fn new(broker_id: u32, groups: GroupRegistry) -> Self {
+        Self { broker_id, groups, controller: Arc::default() }
+    }
+
+    /// A handle to install the controller once it exists (it needs the
+    /// metadata group, which needs this server to be reachable).
+    pub fn controller_slot(&self) -> Arc<OnceLock<Controller>> {
+        self.controller.clone()
     }
 
     /// The tonic service, ready to add to a server.
@@ -126,5 +139,25 @@ impl RaftPeer for RaftPeerServer {
         // directory is no longer needed either way.
         let _ = std::fs::remove_dir_all(&staged);
         Ok(Response::new(reply(result)))
+    }
+
+    async fn controller(
+        &self,
+        request: Request<ControllerCall>,
+    ) -> Result<Response<ControllerAnswer>, Status> {
+        let result: Result<_, ApiError> =
+            match serde_json::from_slice::<ControllerRequest>(&request.into_inner().request_json) {
+                Err(e) => Err(ApiError::Invalid(format!("controller request does not decode: {e}"))),
+                Ok(req) => match self.controller.get() {
+                    None => Err(ApiError::Unavailable("this broker is still starting".into())),
+                    Some(c) => c.execute(req).await,
+                },
+            };
+        let result_json = serde_json::to_vec(&result).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(ControllerAnswer { result_json }))
+    }
+
+    async fn ping(&self, _request: Request<PingRequest>) -> Result<Response<PingResponse>, Status> {
+        Ok(Response::new(PingResponse { broker_id: self.broker_id }))
     }
 }

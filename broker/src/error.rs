@@ -1,0 +1,65 @@
+//! The broker's API error: one variant per stable wire code. Mapped to the
+//! wire in exactly one place (`grpc::errors`).
+
+use crate::config::BrokerId;
+
+/// An error answered to a client.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
+pub enum ApiError {
+    /// This broker does not lead the partition or the controller.
+    #[error("not the leader{}", leader.map(|l| format!("; broker {l} is")).unwrap_or_default())]
+    NotLeader {
+        /// The leader's broker id, if known.
+        leader: Option<BrokerId>,
+    },
+    /// No such topic or partition.
+    #[error("unknown topic or partition: {0}")]
+    UnknownTopic(String),
+    /// Fetch offset outside the partition's bounds.
+    #[error("offset {offset} is outside [{log_start_offset}, {log_end_offset}]")]
+    OffsetOutOfRange {
+        /// The requested offset.
+        offset: u64,
+        /// First stored offset.
+        log_start_offset: u64,
+        /// The high watermark.
+        log_end_offset: u64,
+    },
+    /// A record or batch over a size limit.
+    #[error("record too large: {0}")]
+    RecordTooLarge(String),
+    /// Malformed request.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// Temporarily unable to serve; retry.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// The topic exists already.
+    #[error("topic {0:?} already exists")]
+    TopicExists(String),
+    /// A producer batch out of sequence (KIP-98).
+    #[error("out of order sequence: expected {expected}, got {got}")]
+    OutOfOrderSequence {
+        /// The expected first sequence number.
+        expected: i32,
+        /// The batch's first sequence number.
+        got: i32,
+    },
+    /// An older producer epoch (KIP-98).
+    #[error("producer fenced: epoch {got} is older than {current}")]
+    ProducerFenced {
+        /// The epoch in force.
+        current: i16,
+        /// The batch's epoch.
+        got: i16,
+    },
+    /// The broker could not store or read data.
+    #[error("storage error: {0}")]
+    Storage(String),
+    /// An earlier send of this batch is still replicating.
+    #[error("an earlier send of this batch is still being replicated")]
+    DuplicateInFlight,
+    /// Not enough brokers for the replication factor.
+    #[error("invalid replication factor: {0}")]
+    InvalidReplicationFactor(String),
+}

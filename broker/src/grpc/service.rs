@@ -1,0 +1,334 @@
+//! Handlers of the client API.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrolog_proto::client::ferrolog_server::{Ferrolog, FerrologServer};
+use ferrolog_proto::client::{
+    AdminResponse, BrokerInfo, CreateTopicRequest, DeleteTopicRequest, Error, FetchRequest, FetchResponse,
+    FollowerStatus, InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse,
+    MetadataRequest, MetadataResponse, OffsetSpec, PartitionInfo, PartitionStatusRequest,
+    PartitionStatusResponse, ProduceRequest, ProduceResponse, RecordBatch as WireBatch, SubscribeRequest,
+    TopicInfo,
+};
+use futures::Stream;
+use tonic::{Request, Response, Status};
+
+use super::errors::to_wire;
+use crate::config::{BrokerId, Limits};
+use crate::error::ApiError;
+use crate::liveness::Liveness;
+use crate::metadata::command::{ControllerReply, ControllerRequest};
+use crate::metadata::controller::{Controller, now_ms};
+use crate::partition::records::{self, BatchError, ProducerFields};
+use crate::partition::{FetchOutcome, Partition};
+use crate::partitions::PartitionTable;
+
+/// Bytes of gRPC framing allowed beyond `max_batch_bytes` in a request.
+const REQUEST_OVERHEAD_BYTES: usize = 64 << 10;
+/// How long a Subscribe stream waits on the high watermark per round, ms.
+const SUBSCRIBE_WAIT: Duration = Duration::from_millis(500);
+
+/// The client API of one broker.
+#[derive(Clone, Debug)]
+pub struct ClientService {
+    /// This broker.
+    pub broker: BrokerId,
+    /// Limits from the config.
+    pub limits: Limits,
+    /// Metadata and administrative requests.
+    pub controller: Controller,
+    /// Hosted partitions.
+    pub table: PartitionTable,
+    /// Peer liveness.
+    pub liveness: Liveness,
+}
+
+impl ClientService {
+    /// The tonic service, with message limits from the config.
+    pub fn into_service(self) -> FerrologServer<Self> {
+        let max = self.limits.max_batch_bytes.saturating_mul(2) + REQUEST_OVERHEAD_BYTES;
+        let out = self.limits.max_fetch_bytes.max(self.limits.max_batch_bytes) + REQUEST_OVERHEAD_BYTES;
+        FerrologServer::new(self).max_decoding_message_size(max).max_encoding_message_size(out)
+    }
+
+    fn wire(&self, e: &ApiError) -> Option<Error> {
+        Some(to_wire(e, &self.controller.image()))
+    }
+
+    /// The hosted partition, or the reason it cannot be served here.
+    fn partition(&self, topic: &str, partition: u32) -> Result<Arc<Partition>, ApiError> {
+        if let Some(p) = self.table.get(topic, partition) {
+            return Ok(p);
+        }
+        let image = self.controller.image();
+        let Some(t) = image.topics.get(topic) else {
+            return Err(ApiError::UnknownTopic(topic.to_owned()));
+        };
+        let Some(a) = t.partitions.get(partition as usize) else {
+            return Err(ApiError::UnknownTopic(format!("{topic} has no partition {partition}")));
+        };
+        // Not hosted here (or not started yet): point at a replica.
+        let other = a.replicas.iter().map(|r| r.broker).find(|b| *b != self.broker);
+        Err(ApiError::NotLeader { leader: other })
+    }
+
+    fn batches(out: &FetchOutcome) -> Vec<WireBatch> {
+        out.batches
+            .iter()
+            .map(|b| WireBatch {
+                base_offset: b.header.base_offset,
+                record_count: b.header.record_count,
+                records: b.records().to_vec(),
+            })
+            .collect()
+    }
+
+    fn fetch_response(&self, r: Result<FetchOutcome, ApiError>) -> FetchResponse {
+        match r {
+            Ok(out) => FetchResponse {
+                error: None,
+                batches: Self::batches(&out),
+                high_watermark: out.high_watermark,
+                log_start_offset: out.log_start_offset,
+            },
+            Err(e) => FetchResponse { error: self.wire(&e), ..FetchResponse::default() },
+        }
+    }
+
+    fn max_bytes(&self, asked: u32) -> usize {
+        let asked = if asked == 0 { usize::MAX } else { asked as usize };
+        asked.min(self.limits.max_fetch_bytes)
+    }
+
+    async fn admin(&self, req: ControllerRequest) -> Result<ControllerReply, ApiError> {
+        self.controller.handle(req).await
+    }
+}
+
+type SubscribeStream = Pin<Box<dyn Stream<Item = Result<FetchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Ferrolog for ClientService {
+    async fn produce(&self, request: Request<ProduceRequest>) -> Result<Response<ProduceResponse>, Status> {
+        let req = request.into_inner();
+        let result = async {
+            let partition = self.partition(&req.topic, req.partition)?;
+            let epoch = i16::try_from(req.producer_epoch).map_err(|_| {
+                ApiError::Invalid(format!("producer epoch {} out of range", req.producer_epoch))
+            })?;
+            let producer = ProducerFields {
+                producer_id: req.producer_id,
+                producer_epoch: epoch,
+                base_sequence: req.base_sequence,
+            };
+            let batch = records::build_batch(
+                req.records,
+                producer,
+                now_ms(),
+                self.limits.max_record_bytes,
+                self.limits.max_batch_bytes,
+            )
+            .map_err(|e| match e {
+                BatchError::TooLarge(m) => ApiError::RecordTooLarge(m),
+                BatchError::Invalid(m) => ApiError::Invalid(m),
+            })?;
+            partition.produce(batch).await
+        }
+        .await;
+        Ok(Response::new(match result {
+            Ok((base_offset, duplicate)) => ProduceResponse { error: None, base_offset, duplicate },
+            Err(e) => ProduceResponse { error: self.wire(&e), ..ProduceResponse::default() },
+        }))
+    }
+
+    async fn fetch(&self, request: Request<FetchRequest>) -> Result<Response<FetchResponse>, Status> {
+        let req = request.into_inner();
+        let wait = Duration::from_millis(u64::from(req.max_wait_ms).min(self.limits.max_fetch_wait_ms));
+        let result = match self.partition(&req.topic, req.partition) {
+            Ok(p) => p.fetch(req.offset, self.max_bytes(req.max_bytes), wait).await,
+            Err(e) => Err(e),
+        };
+        Ok(Response::new(self.fetch_response(result)))
+    }
+
+    type SubscribeStream = SubscribeStream;
+
+    async fn subscribe(
+        &self,
+        request: Request<SubscribeRequest>,
+    ) -> Result<Response<SubscribeStream>, Status> {
+        let req = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<FetchResponse, Status>>(4);
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut offset = req.offset;
+            let max_bytes = this.max_bytes(req.max_bytes);
+            loop {
+                let result = match this.partition(&req.topic, req.partition) {
+                    Ok(p) => p.fetch(offset, max_bytes, SUBSCRIBE_WAIT).await,
+                    Err(e) => Err(e),
+                };
+                let failed = result.is_err();
+                if let Ok(out) = &result
+                    && let Some(last) = out.batches.last()
+                {
+                    offset = last.header.base_offset + u64::from(last.header.record_count);
+                } else if let Ok(out) = &result
+                    && out.batches.is_empty()
+                {
+                    if tx.is_closed() {
+                        return;
+                    }
+                    continue;
+                }
+                if tx.send(Ok(this.fetch_response(result))).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    async fn list_offsets(
+        &self,
+        request: Request<ListOffsetsRequest>,
+    ) -> Result<Response<ListOffsetsResponse>, Status> {
+        let req = request.into_inner();
+        let result = async {
+            let p = self.partition(&req.topic, req.partition)?;
+            let (start, hw) = p.offsets().await?;
+            match OffsetSpec::try_from(req.spec) {
+                Ok(OffsetSpec::Earliest) => Ok((start, true)),
+                Ok(OffsetSpec::Latest) => Ok((hw, true)),
+                Ok(OffsetSpec::Timestamp) => {
+                    Ok(p.offset_for_timestamp(req.timestamp_ms).await?.map_or((hw, false), |o| (o, true)))
+                }
+                Err(_) => Err(ApiError::Invalid(format!("unknown offset spec {}", req.spec))),
+            }
+        }
+        .await;
+        Ok(Response::new(match result {
+            Ok((offset, found)) => ListOffsetsResponse { error: None, offset, found },
+            Err(e) => ListOffsetsResponse { error: self.wire(&e), ..ListOffsetsResponse::default() },
+        }))
+    }
+
+    async fn metadata(
+        &self,
+        request: Request<MetadataRequest>,
+    ) -> Result<Response<MetadataResponse>, Status> {
+        let req = request.into_inner();
+        let image = self.controller.image();
+        let brokers = image
+            .brokers
+            .iter()
+            .map(|(id, b)| BrokerInfo {
+                id: *id,
+                address: b.client_addr.clone(),
+                peer_address: b.peer_addr.clone(),
+                alive: *id == self.broker || self.liveness.is_alive(*id),
+            })
+            .collect();
+        let mut error = None;
+        let mut topics = Vec::new();
+        for (name, t) in &image.topics {
+            if !req.topics.is_empty() && !req.topics.contains(name) {
+                continue;
+            }
+            let partitions = t
+                .partitions
+                .iter()
+                .enumerate()
+                .map(|(i, a)| PartitionInfo {
+                    partition: i as u32,
+                    group_id: a.group,
+                    leader: self.table.get(name, i as u32).and_then(|p| p.leader_broker()).unwrap_or(0),
+                    replicas: a.replicas.iter().map(|r| r.broker).collect(),
+                })
+                .collect();
+            topics.push(TopicInfo {
+                name: name.clone(),
+                partitions,
+                replication_factor: t.replication_factor,
+            });
+        }
+        if let Some(missing) = req.topics.iter().find(|t| !image.topics.contains_key(*t)) {
+            error = self.wire(&ApiError::UnknownTopic(missing.clone()));
+        }
+        let controller = self.controller.leader().unwrap_or(0);
+        Ok(Response::new(MetadataResponse { error, brokers, topics, controller }))
+    }
+
+    async fn create_topic(
+        &self,
+        request: Request<CreateTopicRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
+        let r = request.into_inner();
+        let req = ControllerRequest::CreateTopic {
+            name: r.name,
+            partitions: r.partitions,
+            replication_factor: r.replication_factor,
+        };
+        let error = self.admin(req).await.err().and_then(|e| self.wire(&e));
+        Ok(Response::new(AdminResponse { error }))
+    }
+
+    async fn delete_topic(
+        &self,
+        request: Request<DeleteTopicRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
+        let req = ControllerRequest::DeleteTopic { name: request.into_inner().name };
+        let error = self.admin(req).await.err().and_then(|e| self.wire(&e));
+        Ok(Response::new(AdminResponse { error }))
+    }
+
+    async fn init_producer_id(
+        &self,
+        _request: Request<InitProducerIdRequest>,
+    ) -> Result<Response<InitProducerIdResponse>, Status> {
+        Ok(Response::new(match self.admin(ControllerRequest::AllocateProducerId).await {
+            Ok(ControllerReply::ProducerId { producer_id }) => {
+                InitProducerIdResponse { error: None, producer_id, producer_epoch: 0 }
+            }
+            Ok(other) => InitProducerIdResponse {
+                error: self.wire(&ApiError::Unavailable(format!("unexpected controller reply {other:?}"))),
+                ..InitProducerIdResponse::default()
+            },
+            Err(e) => InitProducerIdResponse { error: self.wire(&e), ..InitProducerIdResponse::default() },
+        }))
+    }
+
+    async fn partition_status(
+        &self,
+        request: Request<PartitionStatusRequest>,
+    ) -> Result<Response<PartitionStatusResponse>, Status> {
+        let req = request.into_inner();
+        Ok(Response::new(match self.partition(&req.topic, req.partition) {
+            Ok(p) => {
+                let s = p.status();
+                PartitionStatusResponse {
+                    error: None,
+                    leader: s.leader.unwrap_or(0),
+                    term: s.term,
+                    commit_index: s.commit_index,
+                    last_log_index: s.last_log_index,
+                    high_watermark: s.high_watermark,
+                    log_start_offset: s.log_start_offset,
+                    followers: s
+                        .followers
+                        .into_iter()
+                        .map(|(broker_id, node_id, matched)| FollowerStatus {
+                            broker_id,
+                            node_id,
+                            matched_index: matched,
+                            lag: s.last_log_index.saturating_sub(matched.unwrap_or(0)),
+                        })
+                        .collect(),
+                }
+            }
+            Err(e) => PartitionStatusResponse { error: self.wire(&e), ..PartitionStatusResponse::default() },
+        }))
+    }
+}

@@ -1,0 +1,107 @@
+//! The commands of the metadata log, and the requests brokers forward to
+//! the controller.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::BrokerId;
+use ferrolog_raft_store::types::NodeId;
+
+/// One replica of a partition: the broker that hosts it and its Raft node
+/// id in the partition's group (unique within the group, never reused).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ReplicaAssignment {
+    /// Hosting broker.
+    pub broker: BrokerId,
+    /// Raft node id in the partition's group.
+    pub node: NodeId,
+}
+
+/// Placement of one partition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionAssignment {
+    /// The partition's Raft group id.
+    pub group: u64,
+    /// Current replicas; the first is the preferred leader.
+    pub replicas: Vec<ReplicaAssignment>,
+    /// Node ids of the founding replicas: only these may initialize the
+    /// group (a replica added later joins through the leader).
+    pub initial: Vec<NodeId>,
+}
+
+/// A change to the cluster metadata; the value of one metadata log record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum MetadataCommand {
+    /// A broker announced (or changed) its addresses.
+    BrokerRegistered {
+        /// Broker id.
+        id: BrokerId,
+        /// Client API address.
+        client_addr: String,
+        /// Peer (Raft) address.
+        peer_addr: String,
+    },
+    /// A topic was created with these partitions (index = partition number).
+    TopicCreated {
+        /// Topic name.
+        name: String,
+        /// Replicas per partition.
+        replication_factor: u32,
+        /// Placement of each partition.
+        partitions: Vec<PartitionAssignment>,
+    },
+    /// A topic was deleted; its partitions' data is removed from every broker.
+    TopicDeleted {
+        /// Topic name.
+        name: String,
+    },
+    /// Producer ids up to `next_producer_id - 1` are handed out.
+    ProducerIdsAllocated {
+        /// The next unused producer id.
+        next_producer_id: i64,
+    },
+}
+
+/// A request a broker forwards to the controller (over the peer API).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ControllerRequest {
+    /// Record this broker's addresses.
+    RegisterBroker {
+        /// Broker id.
+        id: BrokerId,
+        /// Client API address.
+        client_addr: String,
+        /// Peer address.
+        peer_addr: String,
+    },
+    /// Create a topic.
+    CreateTopic {
+        /// Topic name.
+        name: String,
+        /// Number of partitions.
+        partitions: u32,
+        /// Replicas per partition.
+        replication_factor: u32,
+    },
+    /// Delete a topic.
+    DeleteTopic {
+        /// Topic name.
+        name: String,
+    },
+    /// Hand out a new producer id (KIP-98).
+    AllocateProducerId,
+}
+
+/// The controller's answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ControllerReply {
+    /// Done.
+    Ok,
+    /// A producer id.
+    ProducerId {
+        /// The id.
+        producer_id: i64,
+    },
+}

@@ -1,0 +1,322 @@
+//! The controller: the leader of the metadata group validates administrative
+//! requests, chooses placements and ids, and proposes metadata commands;
+//! other brokers forward requests to it. Every broker also runs
+//! [`follow`], which folds committed metadata records into its image.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use ferrolog_proto::client::{Record, RecordSet};
+use ferrolog_proto::raft::ControllerCall;
+use ferrolog_proto::raft::raft_peer_client::RaftPeerClient;
+use ferrolog_raft_store::state_machine::PartitionRaft;
+use ferrolog_raft_store::{NO_PRODUCER_ID, RecordBatch, Replica};
+use openraft::async_runtime::watch::WatchReceiver;
+use prost::Message;
+use tokio::sync::{Mutex, watch};
+
+use super::command::{
+    ControllerReply, ControllerRequest, MetadataCommand, PartitionAssignment, ReplicaAssignment,
+};
+use super::image::MetadataImage;
+use super::placement;
+use crate::config::{BrokerId, Limits};
+use crate::error::ApiError;
+use crate::network::PeerAddresses;
+use crate::partition::records;
+
+/// Longest a controller request waits for its command to commit and apply.
+const APPLY_WAIT: Duration = Duration::from_secs(10);
+/// Bytes read from the metadata log per step.
+const READ_BYTES: usize = 1 << 20;
+
+/// Kafka's topic name rule: 1 to 249 characters of `[a-zA-Z0-9._-]`, and
+/// not `.` or `..`.
+///
+/// # Errors
+/// [`ApiError::Invalid`] saying what is wrong.
+pub fn validate_topic_name(name: &str) -> Result<(), ApiError> {
+    if name.is_empty() || name.len() > 249 {
+        return Err(ApiError::Invalid(format!("topic name must be 1 to 249 characters, got {}", name.len())));
+    }
+    if name == "." || name == ".." {
+        return Err(ApiError::Invalid("topic name cannot be \".\" or \"..\"".into()));
+    }
+    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+        return Err(ApiError::Invalid(format!(
+            "topic name {name:?} contains {c:?}; allowed are ASCII letters, digits, '.', '_' and '-'"
+        )));
+    }
+    Ok(())
+}
+
+/// The controller side of a broker: proposes when it leads the metadata
+/// group, forwards otherwise. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Controller {
+    raft: PartitionRaft,
+    image: watch::Receiver<Arc<MetadataImage>>,
+    peers: PeerAddresses,
+    limits: Limits,
+    serial: Arc<Mutex<()>>,
+}
+
+impl Controller {
+    /// A controller over the metadata group's Raft node and this broker's image.
+    pub fn new(
+        raft: PartitionRaft,
+        image: watch::Receiver<Arc<MetadataImage>>,
+        peers: PeerAddresses,
+        limits: Limits,
+    ) -> Self {
+        Self { raft, image, peers, limits, serial: Arc::new(Mutex::new(())) }
+    }
+
+    /// The current image.
+    pub fn image(&self) -> Arc<MetadataImage> {
+        self.image.borrow().clone()
+    }
+
+    /// The controller's broker id (the metadata group's leader), if known.
+    pub fn leader(&self) -> Option<BrokerId> {
+        self.raft.metrics().borrow_watched().current_leader.and_then(|n| BrokerId::try_from(n).ok())
+    }
+
+    /// Serves `req`: here if this broker is the controller, else forwarded
+    /// to it over the peer API.
+    ///
+    /// # Errors
+    /// The request's own errors, or [`ApiError::Unavailable`] when there is
+    /// no controller or it cannot be reached.
+    pub async fn handle(&self, req: ControllerRequest) -> Result<ControllerReply, ApiError> {
+        match self.raft.as_leader() {
+            Ok(_) => self.execute(req).await,
+            Err(fwd) => {
+                let addr = fwd
+                    .leader_node
+                    .map(|n| n.addr)
+                    .ok_or_else(|| ApiError::Unavailable("no controller elected yet".into()))?;
+                self.forward(&addr, &req).await
+            }
+        }
+    }
+
+    async fn forward(&self, addr: &str, req: &ControllerRequest) -> Result<ControllerReply, ApiError> {
+        let channel = self.peers.channel(addr).map_err(|e| ApiError::Unavailable(e.to_string()))?;
+        let body = serde_json::to_vec(req).map_err(|e| ApiError::Invalid(e.to_string()))?;
+        let mut call = tonic::Request::new(ControllerCall { request_json: body });
+        call.set_timeout(APPLY_WAIT + Duration::from_secs(5));
+        let answer = RaftPeerClient::new(channel)
+            .controller(call)
+            .await
+            .map_err(|e| ApiError::Unavailable(format!("controller at {addr}: {}", e.message())))?;
+        serde_json::from_slice::<Result<ControllerReply, ApiError>>(&answer.into_inner().result_json)
+            .map_err(|e| ApiError::Unavailable(format!("controller at {addr} answered garbage: {e}")))?
+    }
+
+    /// Serves a request on the controller itself, one at a time.
+    ///
+    /// # Errors
+    /// As [`Controller::handle`]; [`ApiError::NotLeader`] if leadership moved.
+    pub async fn execute(&self, req: ControllerRequest) -> Result<ControllerReply, ApiError> {
+        let _serial = self.serial.lock().await;
+        self.raft.as_leader().map_err(|_| ApiError::NotLeader { leader: self.leader() })?;
+        // Apply everything committed before deciding anything.
+        let barrier = self.raft.write_blank().await.map_err(unavailable)?.data;
+        let image = self.wait_applied(barrier.base_offset).await?;
+        match req {
+            ControllerRequest::RegisterBroker { id, client_addr, peer_addr } => {
+                let same = image
+                    .brokers
+                    .get(&id)
+                    .is_some_and(|b| b.client_addr == client_addr && b.peer_addr == peer_addr);
+                if !same {
+                    self.propose(MetadataCommand::BrokerRegistered { id, client_addr, peer_addr }).await?;
+                }
+                Ok(ControllerReply::Ok)
+            }
+            ControllerRequest::CreateTopic { name, partitions, replication_factor } => {
+                validate_topic_name(&name)?;
+                if partitions == 0 || partitions > self.limits.max_partitions_per_topic {
+                    return Err(ApiError::Invalid(format!(
+                        "partitions must be 1..={}, got {partitions}",
+                        self.limits.max_partitions_per_topic
+                    )));
+                }
+                if image.topics.contains_key(&name) {
+                    return Err(ApiError::TopicExists(name));
+                }
+                let brokers: Vec<BrokerId> = image.brokers.keys().copied().collect();
+                let placed = placement::place(
+                    &brokers,
+                    &image.replica_counts(),
+                    &image.leader_counts(),
+                    partitions,
+                    replication_factor,
+                )
+                .ok_or_else(|| {
+                    ApiError::InvalidReplicationFactor(format!(
+                        "replication factor {replication_factor} needs that many brokers; {} are registered",
+                        brokers.len()
+                    ))
+                })?;
+                let (mut group, mut node) = (image.next_group_id, image.next_node_id);
+                let mut assignments = Vec::with_capacity(placed.len());
+                for brokers in placed {
+                    let replicas: Vec<ReplicaAssignment> = brokers
+                        .into_iter()
+                        .map(|broker| {
+                            node += 1;
+                            ReplicaAssignment { broker, node: node - 1 }
+                        })
+                        .collect();
+                    let initial = replicas.iter().map(|r| r.node).collect();
+                    assignments.push(PartitionAssignment { group, replicas, initial });
+                    group += 1;
+                }
+                let offset = self
+                    .propose(MetadataCommand::TopicCreated {
+                        name: name.clone(),
+                        replication_factor,
+                        partitions: assignments,
+                    })
+                    .await?;
+                let image = self.wait_applied(offset + 1).await?;
+                match image.topics.get(&name) {
+                    Some(t) if t.created_at_offset == offset => Ok(ControllerReply::Ok),
+                    _ => Err(ApiError::TopicExists(name)),
+                }
+            }
+            ControllerRequest::DeleteTopic { name } => {
+                if !image.topics.contains_key(&name) {
+                    return Err(ApiError::UnknownTopic(name));
+                }
+                self.propose(MetadataCommand::TopicDeleted { name }).await?;
+                Ok(ControllerReply::Ok)
+            }
+            ControllerRequest::AllocateProducerId => {
+                let producer_id = image.next_producer_id;
+                self.propose(MetadataCommand::ProducerIdsAllocated { next_producer_id: producer_id + 1 })
+                    .await?;
+                Ok(ControllerReply::ProducerId { producer_id })
+            }
+        }
+    }
+
+    /// Proposes `command`, waits until this broker's image has applied it,
+    /// and returns its metadata log offset.
+    async fn propose(&self, command: MetadataCommand) -> Result<u64, ApiError> {
+        let value = serde_json::to_vec(&command).map_err(|e| ApiError::Invalid(e.to_string()))?;
+        let now = now_ms();
+        let set =
+            RecordSet { records: vec![Record { key: None, value, headers: vec![], timestamp_ms: now }] };
+        let batch = RecordBatch {
+            record_count: 1,
+            first_timestamp_ms: now,
+            max_timestamp_ms: now,
+            producer_id: NO_PRODUCER_ID,
+            records: Bytes::from(set.encode_to_vec()),
+            ..RecordBatch::default()
+        };
+        let resp = self.raft.client_write(batch).await.map_err(unavailable)?;
+        let offset = resp.data.base_offset;
+        self.wait_applied(offset + 1).await?;
+        tracing::info!(offset, ?command, "controller committed");
+        Ok(offset)
+    }
+
+    async fn wait_applied(&self, offset: u64) -> Result<Arc<MetadataImage>, ApiError> {
+        let mut rx = self.image.clone();
+        let wait = rx.wait_for(|i| i.applied_offset >= offset);
+        match tokio::time::timeout(APPLY_WAIT, wait).await {
+            Ok(Ok(image)) => Ok(image.clone()),
+            _ => Err(ApiError::Unavailable(format!("metadata offset {offset} not applied in time"))),
+        }
+    }
+}
+
+fn unavailable<E: std::fmt::Display>(e: E) -> ApiError {
+    ApiError::Unavailable(format!("controller: {e}"))
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Folds committed metadata records into the image, forever: reads from the
+/// metadata replica up to its high watermark, applies each command, and
+/// publishes the new image. Ends when the image's receivers are gone.
+pub async fn follow(replica: Replica, image: watch::Sender<Arc<MetadataImage>>) {
+    let mut hw = replica.watch_high_watermark();
+    let mut current = MetadataImage::new();
+    loop {
+        let mut changed = false;
+        while current.applied_offset < replica.high_watermark() {
+            let batches = match replica.read(current.applied_offset, READ_BYTES) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::error!(offset = current.applied_offset, "cannot read the metadata log: {e}");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    break;
+                }
+            };
+            if batches.is_empty() {
+                break;
+            }
+            for b in batches {
+                let decoded = records::decode(&b.records());
+                let recs = match decoded {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::error!(
+                            offset = b.header.base_offset,
+                            "undecodable metadata batch skipped: {e}"
+                        );
+                        Vec::new()
+                    }
+                };
+                for (i, r) in recs.iter().enumerate() {
+                    let offset = b.header.base_offset + i as u64;
+                    if offset < current.applied_offset {
+                        continue;
+                    }
+                    match serde_json::from_slice::<MetadataCommand>(&r.value) {
+                        Ok(cmd) => current.apply(offset, &cmd),
+                        Err(e) => {
+                            tracing::error!(offset, "unknown metadata command skipped: {e}");
+                            current.applied_offset = offset + 1;
+                        }
+                    }
+                }
+                current.applied_offset =
+                    current.applied_offset.max(b.header.base_offset + u64::from(b.header.record_count));
+                changed = true;
+            }
+        }
+        if changed && image.send(Arc::new(current.clone())).is_err() {
+            return;
+        }
+        if hw.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_names_follow_kafka_rules() {
+        for ok in ["a", "flights", "a.b_c-D9", &"x".repeat(249)] {
+            assert!(validate_topic_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", ".", "..", "a b", "ä", "a/b", &"x".repeat(250)] {
+            assert!(validate_topic_name(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! The metadata image: the state folded from the metadata log, identical on
+//! every broker once it has applied the same offset.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::command::{MetadataCommand, PartitionAssignment};
+use crate::config::BrokerId;
+
+/// A registered broker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerEntry {
+    /// Client API address, `host:port`.
+    pub client_addr: String,
+    /// Peer (Raft) address, `host:port`.
+    pub peer_addr: String,
+}
+
+/// A topic and its partitions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicEntry {
+    /// Replicas per partition.
+    pub replication_factor: u32,
+    /// Placement of each partition, by partition number.
+    pub partitions: Vec<PartitionAssignment>,
+    /// Metadata log offset of the command that created it.
+    pub created_at_offset: u64,
+}
+
+/// The cluster metadata as of `applied_offset`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetadataImage {
+    /// Metadata log offset one past the last applied command.
+    pub applied_offset: u64,
+    /// Registered brokers.
+    pub brokers: BTreeMap<BrokerId, BrokerEntry>,
+    /// Topics by name.
+    pub topics: BTreeMap<String, TopicEntry>,
+    /// The next unused partition group id (group ids are never reused).
+    pub next_group_id: u64,
+    /// The next unused Raft node id for partition replicas (never reused).
+    pub next_node_id: u64,
+    /// The next unused producer id.
+    pub next_producer_id: i64,
+}
+
+/// Partition group ids start here; 0 is the metadata group.
+pub const FIRST_GROUP_ID: u64 = 1;
+/// Partition replica node ids start here, far from broker ids (which are
+/// the metadata group's node ids) to make logs easier to read.
+pub const FIRST_NODE_ID: u64 = 1000;
+
+impl MetadataImage {
+    /// An image with nothing applied.
+    pub fn new() -> Self {
+        Self { next_group_id: FIRST_GROUP_ID, next_node_id: FIRST_NODE_ID, ..Self::default() }
+    }
+
+    /// Applies the command stored at `offset`. Commands that no longer make
+    /// sense (a topic created twice by racing requests, deleting a missing
+    /// topic) change nothing: the first one in the log wins.
+    pub fn apply(&mut self, offset: u64, command: &MetadataCommand) {
+        match command {
+            MetadataCommand::BrokerRegistered { id, client_addr, peer_addr } => {
+                self.brokers.insert(
+                    *id,
+                    BrokerEntry { client_addr: client_addr.clone(), peer_addr: peer_addr.clone() },
+                );
+            }
+            MetadataCommand::TopicCreated { name, replication_factor, partitions } => {
+                let ids_fresh = partitions.iter().all(|p| {
+                    p.group >= self.next_group_id && p.replicas.iter().all(|r| r.node >= self.next_node_id)
+                });
+                if !self.topics.contains_key(name) && ids_fresh {
+                    for p in partitions {
+                        self.next_group_id = self.next_group_id.max(p.group + 1);
+                        for r in &p.replicas {
+                            self.next_node_id = self.next_node_id.max(r.node + 1);
+                        }
+                    }
+                    self.topics.insert(
+                        name.clone(),
+                        TopicEntry {
+                            replication_factor: *replication_factor,
+                            partitions: partitions.clone(),
+                            created_at_offset: offset,
+                        },
+                    );
+                }
+            }
+            MetadataCommand::TopicDeleted { name } => {
+                self.topics.remove(name);
+            }
+            MetadataCommand::ProducerIdsAllocated { next_producer_id } => {
+                self.next_producer_id = self.next_producer_id.max(*next_producer_id);
+            }
+        }
+        self.applied_offset = offset + 1;
+    }
+
+    /// Every partition replica placed on `broker`: (topic, partition, assignment).
+    pub fn replicas_on(&self, broker: BrokerId) -> Vec<(String, u32, PartitionAssignment)> {
+        let mut out = Vec::new();
+        for (name, t) in &self.topics {
+            for (i, p) in t.partitions.iter().enumerate() {
+                if p.replicas.iter().any(|r| r.broker == broker) {
+                    out.push((name.clone(), i as u32, p.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Replica count per registered broker (brokers with none included).
+    pub fn replica_counts(&self) -> BTreeMap<BrokerId, usize> {
+        let mut counts: BTreeMap<BrokerId, usize> = self.brokers.keys().map(|b| (*b, 0)).collect();
+        for t in self.topics.values() {
+            for p in &t.partitions {
+                for r in &p.replicas {
+                    *counts.entry(r.broker).or_default() += 1;
+                }
+            }
+        }
+        counts
+    }
+
+    /// Preferred-leader (first replica) count per registered broker.
+    pub fn leader_counts(&self) -> BTreeMap<BrokerId, usize> {
+        let mut counts: BTreeMap<BrokerId, usize> = self.brokers.keys().map(|b| (*b, 0)).collect();
+        for t in self.topics.values() {
+            for p in &t.partitions {
+                if let Some(r) = p.replicas.first() {
+                    *counts.entry(r.broker).or_default() += 1;
+                }
+            }
+        }
+        counts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metadata::command::ReplicaAssignment;
+
+    fn topic(name: &str, group: u64, node: u64) -> MetadataCommand {
+        MetadataCommand::TopicCreated {
+            name: name.into(),
+            replication_factor: 1,
+            partitions: vec![PartitionAssignment {
+                group,
+                replicas: vec![ReplicaAssignment { broker: 1, node }],
+                initial: vec![node],
+            }],
+        }
+    }
+
+    #[test]
+    fn first_creation_wins_and_ids_are_never_reused() {
+        let mut m = MetadataImage::new();
+        m.apply(0, &topic("a", 1, 1000));
+        m.apply(1, &topic("a", 2, 1001));
+        assert_eq!(m.topics["a"].partitions[0].group, 1);
+        m.apply(2, &MetadataCommand::TopicDeleted { name: "a".into() });
+        assert!(m.topics.is_empty());
+        m.apply(3, &topic("b", 1, 1000));
+        assert!(m.topics.is_empty(), "a reused group id is refused");
+        m.apply(4, &topic("b", 2, 1001));
+        assert_eq!(m.next_group_id, 3);
+        assert_eq!(m.next_node_id, 1002);
+        assert_eq!(m.applied_offset, 5);
+    }
+}

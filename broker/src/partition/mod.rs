@@ -1,0 +1,334 @@
+//! One partition replica hosted on this broker: its Raft node and storage,
+//! and the leader-side handling of produce, fetch and offset requests.
+//!
+//! - [`records`]: request records ⇄ stored batch, size limits.
+//! - [`sequencer`]: idempotent producer checks before proposing (KIP-98).
+//!
+//! A request for a partition is served only by its leader, and only once the
+//! leader has applied an entry of its own term: then everything committed
+//! by earlier leaders is applied, so its high watermark and producer state
+//! are complete (Raft paper §5.4.2, §8).
+
+pub mod records;
+pub mod sequencer;
+
+use std::sync::RwLock;
+use std::time::Duration;
+
+use ferrolog_raft_store::SequenceCheck;
+use ferrolog_raft_store::state_machine::PartitionRaft;
+use ferrolog_raft_store::types::NodeId;
+use ferrolog_raft_store::{RecordBatch, Replica, StoreError, StoredBatch};
+use openraft::async_runtime::watch::WatchReceiver;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::impls::ProgressResponder;
+use tokio::sync::{Mutex, Notify};
+
+use crate::config::BrokerId;
+use crate::error::ApiError;
+use crate::metadata::command::ReplicaAssignment;
+use sequencer::{Sequencer, Verdict};
+
+/// How long a produce waits for a new leader to apply its first entry, or
+/// for an earlier batch of the same producer to arrive, before answering a
+/// retriable error.
+const LEADER_READY_WAIT: Duration = Duration::from_secs(3);
+const SEQUENCE_GAP_WAIT: Duration = Duration::from_millis(500);
+
+/// One hosted partition replica.
+#[derive(Debug)]
+pub struct Partition {
+    /// Topic name.
+    pub topic: String,
+    /// Partition number within the topic.
+    pub partition: u32,
+    /// The partition's Raft group id.
+    pub group: u64,
+    /// This replica's Raft node id.
+    pub node_id: NodeId,
+    /// The Raft node.
+    pub raft: PartitionRaft,
+    /// The storage.
+    pub replica: Replica,
+    replicas: RwLock<Vec<ReplicaAssignment>>,
+    sequencer: Mutex<Sequencer>,
+    sequence_advanced: Notify,
+}
+
+/// Committed records read by a fetch.
+#[derive(Debug)]
+pub struct FetchOutcome {
+    /// Whole batches in offset order (the first may start before the
+    /// requested offset).
+    pub batches: Vec<StoredBatch>,
+    /// The high watermark when read.
+    pub high_watermark: u64,
+    /// The log start offset.
+    pub log_start_offset: u64,
+}
+
+/// Raft state of the partition, for `cluster status`.
+#[derive(Debug, Clone)]
+pub struct PartitionStatus {
+    /// Leader broker, if known.
+    pub leader: Option<BrokerId>,
+    /// Current term.
+    pub term: u64,
+    /// Commit index.
+    pub commit_index: u64,
+    /// Last log index.
+    pub last_log_index: u64,
+    /// High watermark (offsets).
+    pub high_watermark: u64,
+    /// Log start offset.
+    pub log_start_offset: u64,
+    /// (broker, node, matched index) of each other replica; leader only.
+    pub followers: Vec<(BrokerId, NodeId, Option<u64>)>,
+}
+
+/// Maps a storage error to the wire.
+pub fn storage_error(e: StoreError) -> ApiError {
+    match e {
+        StoreError::OffsetOutOfRange { offset, log_start_offset, log_end_offset } => {
+            ApiError::OffsetOutOfRange { offset, log_start_offset, log_end_offset }
+        }
+        other => ApiError::Storage(other.to_string()),
+    }
+}
+
+impl Partition {
+    /// Wraps a started Raft node and its storage.
+    pub fn new(
+        topic: String,
+        partition: u32,
+        group: u64,
+        node_id: NodeId,
+        raft: PartitionRaft,
+        replica: Replica,
+        replicas: Vec<ReplicaAssignment>,
+    ) -> Self {
+        Self {
+            topic,
+            partition,
+            group,
+            node_id,
+            raft,
+            replica,
+            replicas: RwLock::new(replicas),
+            sequencer: Mutex::new(Sequencer::default()),
+            sequence_advanced: Notify::new(),
+        }
+    }
+
+    /// The broker hosting Raft node `node` of this group.
+    pub fn broker_of(&self, node: NodeId) -> Option<BrokerId> {
+        self.replicas
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|r| r.node == node)
+            .map(|r| r.broker)
+    }
+
+    /// Replaces the replica list (after a reassignment).
+    pub fn set_replicas(&self, replicas: Vec<ReplicaAssignment>) {
+        *self.replicas.write().unwrap_or_else(|p| p.into_inner()) = replicas;
+    }
+
+    /// The leader's broker id as this replica knows it.
+    pub fn leader_broker(&self) -> Option<BrokerId> {
+        let leader = self.raft.metrics().borrow_watched().current_leader;
+        leader.and_then(|n| self.broker_of(n))
+    }
+
+    fn not_leader(&self) -> ApiError {
+        ApiError::NotLeader { leader: self.leader_broker().filter(|_| !self.raft.is_leader()) }
+    }
+
+    /// Checks this replica leads and has applied an entry of its own term,
+    /// waiting up to [`LEADER_READY_WAIT`] for the latter. Returns the term.
+    ///
+    /// # Errors
+    /// [`ApiError::NotLeader`], or [`ApiError::Unavailable`] while the new
+    /// leader catches up.
+    pub async fn ready_leader(&self) -> Result<u64, ApiError> {
+        let leader = self.raft.as_leader().map_err(|_| self.not_leader())?;
+        let term = leader.to_committed_leader_id().term;
+        let ready = |m: &openraft::RaftMetrics<ferrolog_raft_store::types::TypeConfig>| {
+            m.current_term != term || m.last_applied.is_some_and(|l| l.leader_id.term == term)
+        };
+        if !ready(&self.raft.metrics().borrow_watched()) {
+            let r = self.raft.wait(Some(LEADER_READY_WAIT)).metrics(ready, "leader applied its term").await;
+            if r.is_err() {
+                return Err(ApiError::Unavailable("the new leader is still applying earlier entries".into()));
+            }
+        }
+        let m = self.raft.metrics().borrow_watched().clone();
+        if m.current_term != term || !m.state.is_leader() {
+            return Err(self.not_leader());
+        }
+        Ok(term)
+    }
+
+    /// Appends `batch` and waits until a majority has committed it. For an
+    /// idempotent batch already appended, answers its original offset with
+    /// `true` (a duplicate) instead of appending again.
+    ///
+    /// # Errors
+    /// Not leader, unavailable, sequence errors (KIP-98), storage errors.
+    pub async fn produce(&self, batch: RecordBatch) -> Result<(u64, bool), ApiError> {
+        let term = self.ready_leader().await?;
+        let (pid, epoch, first, count) =
+            (batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.record_count);
+        let gap_deadline = tokio::time::Instant::now() + SEQUENCE_GAP_WAIT;
+        let rx = loop {
+            let mut seq = self.sequencer.lock().await;
+            if !seq.is_valid_for(term) {
+                self.await_apply_caught_up().await?;
+                seq.reset(term);
+            }
+            match seq.check(&self.replica, pid, epoch, first, count) {
+                Verdict::Append => {}
+                Verdict::InFlight => return Err(ApiError::DuplicateInFlight),
+                Verdict::Applied(SequenceCheck::Duplicate(r)) => return Ok((r.base_offset, true)),
+                Verdict::Applied(SequenceCheck::Fenced { current }) => {
+                    return Err(ApiError::ProducerFenced { current, got: epoch });
+                }
+                Verdict::Applied(SequenceCheck::OutOfOrder { expected }) => {
+                    // A batch sent after one that has not arrived yet (many in
+                    // flight per partition): wait a little for the gap to fill.
+                    let notified = self.sequence_advanced.notified();
+                    drop(seq);
+                    if first > expected && tokio::time::Instant::now() < gap_deadline {
+                        let _ = tokio::time::timeout_at(gap_deadline, notified).await;
+                        continue;
+                    }
+                    return Err(ApiError::OutOfOrderSequence { expected, got: first });
+                }
+                Verdict::Applied(SequenceCheck::Append) => {}
+            }
+            let leader_id = self.raft.as_leader().map_err(|_| self.not_leader())?.to_committed_leader_id();
+            let (responder, rx) = ProgressResponder::complete_only();
+            seq.reserve(pid, epoch, first, count);
+            if let Err(e) = self.raft.write(batch.clone()).with_leader(leader_id).responder(responder).await {
+                seq.complete(pid, first);
+                seq.invalidate();
+                return Err(ApiError::Unavailable(format!("raft stopped: {e}")));
+            }
+            self.sequence_advanced.notify_waiters();
+            break rx;
+        };
+        let result = rx.await;
+        let mut seq = self.sequencer.lock().await;
+        seq.complete(pid, first);
+        match result {
+            Ok(Ok(resp)) => Ok((resp.data.base_offset, false)),
+            Ok(Err(e)) => {
+                seq.invalidate();
+                Err(match e {
+                    ClientWriteError::ForwardToLeader(_) => self.not_leader(),
+                    other => ApiError::Unavailable(other.to_string()),
+                })
+            }
+            Err(_) => {
+                seq.invalidate();
+                Err(ApiError::Unavailable("the write was dropped (leader stepped down)".into()))
+            }
+        }
+    }
+
+    /// Waits until every entry in the local log is applied, so the applied
+    /// producer state covers every proposal that may still commit.
+    async fn await_apply_caught_up(&self) -> Result<(), ApiError> {
+        let last = self.raft.metrics().borrow_watched().last_log_index;
+        if let Some(last) = last {
+            self.raft
+                .wait(Some(LEADER_READY_WAIT))
+                .applied_index_at_least(Some(last), "apply caught up")
+                .await
+                .map_err(|_| ApiError::Unavailable("waiting for earlier entries to apply".into()))?;
+        }
+        Ok(())
+    }
+
+    /// Reads committed records from `offset`, waiting up to `max_wait` when
+    /// `offset` is the high watermark.
+    ///
+    /// # Errors
+    /// Not leader / unavailable; [`ApiError::OffsetOutOfRange`] outside
+    /// [log start, high watermark]; storage errors.
+    pub async fn fetch(
+        &self,
+        offset: u64,
+        max_bytes: usize,
+        max_wait: Duration,
+    ) -> Result<FetchOutcome, ApiError> {
+        self.ready_leader().await?;
+        let mut hw_rx = self.replica.watch_high_watermark();
+        if offset == *hw_rx.borrow() && !max_wait.is_zero() {
+            let _ = tokio::time::timeout(max_wait, hw_rx.wait_for(|hw| *hw > offset)).await;
+        }
+        self.read_committed(offset, max_bytes)
+    }
+
+    /// Reads committed records without waiting (also used by Subscribe).
+    ///
+    /// # Errors
+    /// As [`Partition::fetch`], without the leader check.
+    pub fn read_committed(&self, offset: u64, max_bytes: usize) -> Result<FetchOutcome, ApiError> {
+        let high_watermark = self.replica.high_watermark();
+        let batches = self.replica.read(offset, max_bytes).map_err(storage_error)?;
+        Ok(FetchOutcome { batches, high_watermark, log_start_offset: self.replica.log_start_offset() })
+    }
+
+    /// Log start offset and high watermark, as the leader sees them.
+    ///
+    /// # Errors
+    /// Not leader / unavailable.
+    pub async fn offsets(&self) -> Result<(u64, u64), ApiError> {
+        self.ready_leader().await?;
+        Ok((self.replica.log_start_offset(), self.replica.high_watermark()))
+    }
+
+    /// First committed offset whose batch has a record at or after
+    /// `timestamp_ms`, if any.
+    ///
+    /// # Errors
+    /// Not leader / unavailable; storage errors.
+    pub async fn offset_for_timestamp(&self, timestamp_ms: i64) -> Result<Option<u64>, ApiError> {
+        self.ready_leader().await?;
+        Ok(self.replica.offset_for_timestamp(timestamp_ms).map_err(storage_error)?.map(|(o, _)| o))
+    }
+
+    /// The Raft state of this replica.
+    pub fn status(&self) -> PartitionStatus {
+        let m = self.raft.metrics().borrow_watched().clone();
+        let followers = m
+            .replication
+            .as_ref()
+            .map(|r| {
+                r.iter()
+                    .filter(|(n, _)| **n != self.node_id)
+                    .map(|(n, matched)| (self.broker_of(*n).unwrap_or(0), *n, matched.map(|l| l.index)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        PartitionStatus {
+            leader: m.current_leader.and_then(|n| self.broker_of(n)),
+            term: m.current_term,
+            commit_index: m.local_committed.map_or(0, |l| l.index),
+            last_log_index: m.last_log_index.unwrap_or(0),
+            high_watermark: self.replica.high_watermark(),
+            log_start_offset: self.replica.log_start_offset(),
+            followers,
+        }
+    }
+}
+
+/// Whether a Raft error means "ask another node".
+pub fn is_forward<E>(e: &RaftError<ferrolog_raft_store::types::TypeConfig, E>) -> bool
+where
+    E: std::error::Error,
+{
+    matches!(e, RaftError::APIError(_))
+}

@@ -1,0 +1,225 @@
+//! Harness for integration tests with real broker processes on loopback.
+//!
+//! [`Cluster`] starts N `ferrolog-broker` processes, each on its own
+//! loopback address (127.0.0.x) with its own data directory, and can
+//! SIGKILL, restart or wipe any of them. Processes are killed when the
+//! cluster is dropped.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use ferrolog_proto::client::MetadataRequest;
+use ferrolog_proto::client::ferrolog_client::FerrologClient;
+
+/// One broker process slot.
+#[derive(Debug)]
+pub struct BrokerProc {
+    /// Broker id (1-based).
+    pub id: u32,
+    /// Client API address.
+    pub client_addr: SocketAddr,
+    /// Peer address.
+    pub peer_addr: SocketAddr,
+    /// Data directory.
+    pub data_dir: PathBuf,
+    /// Its log file.
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+/// A cluster of real broker processes.
+#[derive(Debug)]
+pub struct Cluster {
+    /// The brokers, index = id - 1.
+    pub brokers: Vec<BrokerProc>,
+    initial_cluster: String,
+    binary: PathBuf,
+    extra_env: Vec<(String, String)>,
+    _root: tempfile::TempDir,
+}
+
+/// A port derived from the test's name and the broker id, so concurrently
+/// running test binaries do not collide (each also uses its own 127.0.0.x).
+fn port_base(name: &str) -> u16 {
+    let h = name.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+    20_000 + (h % 20_000) as u16
+}
+
+impl Cluster {
+    /// Starts `n` brokers of the test `name`, using `binary` (the test's
+    /// `env!("CARGO_BIN_EXE_ferrolog-broker")`). `env` is passed to every
+    /// broker (e.g. `FERROLOG_...` overrides).
+    ///
+    /// # Errors
+    /// If a broker cannot be started or the cluster does not form in 30 s.
+    pub async fn start(name: &str, binary: &str, n: u32, env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let root = tempfile::Builder::new().prefix(&format!("ferrolog-{name}-")).tempdir()?;
+        let base = port_base(name);
+        let brokers: Vec<BrokerProc> = (1..=n)
+            .map(|id| {
+                let ip = format!("127.0.0.{}", id + 1);
+                BrokerProc {
+                    id,
+                    client_addr: format!("{ip}:{base}").parse().expect("addr"),
+                    peer_addr: format!("{ip}:{}", base + 1).parse().expect("addr"),
+                    data_dir: root.path().join(format!("broker-{id}")),
+                    log: root.path().join(format!("broker-{id}.log")),
+                    child: None,
+                }
+            })
+            .collect();
+        let initial_cluster =
+            brokers.iter().map(|b| format!("{}={}", b.id, b.peer_addr)).collect::<Vec<_>>().join(",");
+        let mut c = Self {
+            brokers,
+            initial_cluster,
+            binary: PathBuf::from(binary),
+            extra_env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            _root: root,
+        };
+        for id in 1..=n {
+            c.spawn(id)?;
+        }
+        c.wait_ready(n as usize, Duration::from_secs(30)).await?;
+        Ok(c)
+    }
+
+    /// Comma-separated client addresses, for a client's bootstrap list.
+    pub fn bootstrap(&self) -> String {
+        self.brokers.iter().map(|b| b.client_addr.to_string()).collect::<Vec<_>>().join(",")
+    }
+
+    /// The broker with id `id`.
+    pub fn broker(&self, id: u32) -> &BrokerProc {
+        &self.brokers[(id - 1) as usize]
+    }
+
+    /// Starts (or restarts) broker `id` on its data directory.
+    ///
+    /// # Errors
+    /// If the process cannot be spawned.
+    pub fn spawn(&mut self, id: u32) -> anyhow::Result<()> {
+        let initial_cluster = self.initial_cluster.clone();
+        let (binary, env) = (self.binary.clone(), self.extra_env.clone());
+        let b = &mut self.brokers[(id - 1) as usize];
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&b.log)?;
+        let child = Command::new(&binary)
+            .arg("--node-id")
+            .arg(id.to_string())
+            .arg("--client-addr")
+            .arg(b.client_addr.to_string())
+            .arg("--peer-addr")
+            .arg(b.peer_addr.to_string())
+            .arg("--data-dir")
+            .arg(&b.data_dir)
+            .arg("--initial-cluster")
+            .arg(&initial_cluster)
+            .envs(env)
+            .env(
+                "RUST_LOG",
+                std::env::var("FERROLOG_TEST_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("spawning {}", binary.display()))?;
+        b.child = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILLs broker `id` and reaps it.
+    pub fn kill(&mut self, id: u32) {
+        if let Some(mut c) = self.brokers[(id - 1) as usize].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Whether broker `id` is running.
+    pub fn is_running(&self, id: u32) -> bool {
+        self.brokers[(id - 1) as usize].child.is_some()
+    }
+
+    /// Kills broker `id` and deletes its data directory.
+    pub fn wipe(&mut self, id: u32) {
+        self.kill(id);
+        let _ = std::fs::remove_dir_all(&self.brokers[(id - 1) as usize].data_dir);
+    }
+
+    /// Waits until some broker answers Metadata with `brokers` registered
+    /// brokers and a controller.
+    ///
+    /// # Errors
+    /// On timeout, with the last answer or error.
+    pub async fn wait_ready(&self, brokers: usize, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            for b in self.brokers.iter().filter(|b| b.child.is_some()) {
+                match metadata(b.client_addr).await {
+                    Ok(m) if m.brokers.len() >= brokers && m.controller != 0 => return Ok(()),
+                    Ok(m) => last = format!("{} brokers, controller {}", m.brokers.len(), m.controller),
+                    Err(e) => last = format!("{e:#}"),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        bail!("cluster not ready after {timeout:?}: {last}\n{}", self.logs_tail(20))
+    }
+
+    /// The last `n` lines of every broker log, for failure messages.
+    pub fn logs_tail(&self, n: usize) -> String {
+        let mut out = String::new();
+        for b in &self.brokers {
+            let text = std::fs::read_to_string(&b.log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out.push_str(&format!("--- broker {} ({})\n", b.id, b.log.display()));
+            for l in &lines[lines.len().saturating_sub(n)..] {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// Data directory of broker `id`.
+    pub fn data_dir(&self, id: u32) -> &Path {
+        &self.brokers[(id - 1) as usize].data_dir
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for b in &mut self.brokers {
+            if let Some(mut c) = b.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+/// A raw client to `addr`.
+///
+/// # Errors
+/// If the connection fails.
+pub async fn connect(addr: SocketAddr) -> anyhow::Result<FerrologClient<tonic::transport::Channel>> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(30))
+        .connect()
+        .await?;
+    Ok(FerrologClient::new(ch).max_decoding_message_size(64 << 20))
+}
+
+/// One Metadata call to `addr`.
+///
+/// # Errors
+/// Transport errors.
+pub async fn metadata(addr: SocketAddr) -> anyhow::Result<ferrolog_proto::client::MetadataResponse> {
+    Ok(connect(addr).await?.metadata(MetadataRequest { topics: vec![] }).await?.into_inner())
+}

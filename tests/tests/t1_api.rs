@@ -1,0 +1,192 @@
+//! The client API against a real 3-broker cluster: topics, produce, fetch,
+//! offsets, and each kind of bad input getting its own error code while the
+//! cluster keeps serving.
+
+use std::time::Duration;
+
+use ferrolog_proto::client::{
+    CreateTopicRequest, ErrorCode, FetchRequest, ListOffsetsRequest, OffsetSpec, ProduceRequest, Record,
+};
+use ferrolog_tests::{Cluster, connect};
+use tokio::io::AsyncWriteExt;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-broker");
+
+fn rec(v: &str) -> Record {
+    Record { key: Some(b"k".to_vec()), value: v.as_bytes().to_vec(), headers: vec![], timestamp_ms: 0 }
+}
+
+fn code(e: &Option<ferrolog_proto::client::Error>) -> ErrorCode {
+    e.as_ref().map_or(ErrorCode::None, |e| e.code())
+}
+
+/// Produces to the leader of `topic`/`partition`, following NOT_LEADER hints.
+async fn produce(c: &Cluster, topic: &str, partition: u32, values: &[&str]) -> anyhow::Result<u64> {
+    let mut addr = c.broker(1).client_addr;
+    for _ in 0..100 {
+        let mut client = connect(addr).await?;
+        let r = client
+            .produce(ProduceRequest {
+                topic: topic.into(),
+                partition,
+                records: values.iter().map(|v| rec(v)).collect(),
+                producer_id: -1,
+                ..ProduceRequest::default()
+            })
+            .await?
+            .into_inner();
+        match code(&r.error) {
+            ErrorCode::None => return Ok(r.base_offset),
+            ErrorCode::NotLeader | ErrorCode::Unavailable => {
+                if let Some(h) = r.error.and_then(|e| e.leader) {
+                    addr = h.address.parse()?;
+                } else {
+                    let next =
+                        (addr.ip().to_string().rsplit('.').next().unwrap_or("2").parse::<u32>()? - 1) % 3 + 1;
+                    addr = c.broker(next).client_addr;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => anyhow::bail!("produce failed: {other:?} {:?}", r.error),
+        }
+    }
+    anyhow::bail!("no leader accepted the produce")
+}
+
+async fn leader_addr(c: &Cluster, topic: &str, partition: u32) -> anyhow::Result<std::net::SocketAddr> {
+    for _ in 0..100 {
+        for b in &c.brokers {
+            let m = ferrolog_tests::metadata(b.client_addr).await?;
+            if let Some(t) = m.topics.iter().find(|t| t.name == topic)
+                && let Some(p) = t.partitions.get(partition as usize)
+                && p.leader != 0
+            {
+                return Ok(c.broker(p.leader).client_addr);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("no leader for {topic}/{partition}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produce_fetch_and_bad_input() -> anyhow::Result<()> {
+    let c = Cluster::start("api", BIN, 3, &[]).await?;
+    let mut admin = connect(c.broker(2).client_addr).await?;
+    let r = admin
+        .create_topic(CreateTopicRequest { name: "events".into(), partitions: 2, replication_factor: 3 })
+        .await?
+        .into_inner();
+    assert_eq!(code(&r.error), ErrorCode::None, "{:?}", r.error);
+
+    // Bad topic names and duplicate creation.
+    for bad in ["", "a b", "sl/ash", &"x".repeat(250)] {
+        let r = admin
+            .create_topic(CreateTopicRequest { name: bad.into(), partitions: 1, replication_factor: 1 })
+            .await?
+            .into_inner();
+        assert_eq!(code(&r.error), ErrorCode::InvalidRequest, "name {bad:?}");
+    }
+    let r = admin
+        .create_topic(CreateTopicRequest { name: "events".into(), partitions: 1, replication_factor: 1 })
+        .await?
+        .into_inner();
+    assert_eq!(code(&r.error), ErrorCode::TopicAlreadyExists);
+    let r = admin
+        .create_topic(CreateTopicRequest { name: "wide".into(), partitions: 1, replication_factor: 4 })
+        .await?
+        .into_inner();
+    assert_eq!(code(&r.error), ErrorCode::InvalidReplicationFactor);
+
+    let first = produce(&c, "events", 0, &["a", "b", "c"]).await?;
+    assert_eq!(first, 0);
+    let second = produce(&c, "events", 0, &["d"]).await?;
+    assert_eq!(second, 3);
+
+    let leader = leader_addr(&c, "events", 0).await?;
+    let mut client = connect(leader).await?;
+    let f = client
+        .fetch(FetchRequest {
+            topic: "events".into(),
+            partition: 0,
+            offset: 1,
+            max_bytes: 1 << 20,
+            max_wait_ms: 0,
+        })
+        .await?
+        .into_inner();
+    assert_eq!(code(&f.error), ErrorCode::None, "{:?}", f.error);
+    assert_eq!(f.high_watermark, 4);
+    let offsets: Vec<(u64, u32)> = f.batches.iter().map(|b| (b.base_offset, b.record_count)).collect();
+    assert_eq!(offsets, vec![(0, 3), (3, 1)]);
+
+    // Unknown topic, fetch past the end, oversized record.
+    let r = client
+        .produce(ProduceRequest {
+            topic: "nope".into(),
+            records: vec![rec("x")],
+            producer_id: -1,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert_eq!(code(&r.error), ErrorCode::UnknownTopic);
+    let f = client
+        .fetch(FetchRequest {
+            topic: "events".into(),
+            partition: 0,
+            offset: 99,
+            max_bytes: 1024,
+            max_wait_ms: 0,
+        })
+        .await?
+        .into_inner();
+    assert_eq!(code(&f.error), ErrorCode::OffsetOutOfRange);
+    let e = f.error.expect("error");
+    assert_eq!((e.log_start_offset, e.log_end_offset), (0, 4));
+    let big = "x".repeat((1 << 20) + 1);
+    let r = client
+        .produce(ProduceRequest {
+            topic: "events".into(),
+            partition: 0,
+            records: vec![rec(&big)],
+            producer_id: -1,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert_eq!(code(&r.error), ErrorCode::RecordTooLarge, "{:?}", r.error);
+    let r = client
+        .produce(ProduceRequest {
+            topic: "events".into(),
+            partition: 0,
+            records: vec![],
+            producer_id: -1,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert_eq!(code(&r.error), ErrorCode::InvalidRequest);
+
+    // Garbage on the peer port and the client port.
+    for addr in [c.broker(1).peer_addr, c.broker(1).client_addr] {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(b"GET / HTTP/1.0\r\n\r\n\x00\x01\x02garbage garbage garbage").await?;
+        let _ = s.shutdown().await;
+    }
+
+    // Still serving.
+    assert_eq!(produce(&c, "events", 0, &["e"]).await?, 4);
+    let l = connect(leader_addr(&c, "events", 0).await?)
+        .await?
+        .list_offsets(ListOffsetsRequest {
+            topic: "events".into(),
+            partition: 0,
+            spec: OffsetSpec::Latest as i32,
+            timestamp_ms: 0,
+        })
+        .await?
+        .into_inner();
+    assert_eq!(l.offset, 5);
+    Ok(())
+}
