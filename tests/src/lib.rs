@@ -5,6 +5,8 @@
 //! SIGKILL, restart or wipe any of them. Processes are killed when the
 //! cluster is dropped.
 
+pub mod raw;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,135 @@
+//! Small helpers over the raw gRPC client, for tests that must see exact
+//! wire behaviour (error codes, leader hints) rather than the client
+//! library's retries.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use ferrolog_proto::client::{
+    CreateTopicRequest, ErrorCode, PartitionStatusRequest, PartitionStatusResponse, ProduceRequest,
+    ProduceResponse, Record,
+};
+
+use crate::{Cluster, connect, metadata};
+
+/// A record with key `k` and value `v`, timestamped by the broker.
+pub fn record(k: &str, v: &str) -> Record {
+    Record {
+        key: Some(k.as_bytes().to_vec()),
+        value: v.as_bytes().to_vec(),
+        headers: vec![],
+        timestamp_ms: 0,
+    }
+}
+
+/// The wire error code of an optional error.
+pub fn code(e: &Option<ferrolog_proto::client::Error>) -> ErrorCode {
+    e.as_ref().map_or(ErrorCode::None, |e| e.code())
+}
+
+/// Creates a topic through broker 1.
+///
+/// # Errors
+/// Transport errors, or the error the controller answered.
+pub async fn create_topic(c: &Cluster, name: &str, partitions: u32, rf: u32) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = connect(c.broker(1).client_addr)
+            .await?
+            .create_topic(CreateTopicRequest { name: name.into(), partitions, replication_factor: rf })
+            .await?
+            .into_inner();
+        match code(&r.error) {
+            ErrorCode::None => return Ok(()),
+            ErrorCode::Unavailable | ErrorCode::NotLeader if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            _ => bail!("create topic {name}: {:?}", r.error),
+        }
+    }
+}
+
+/// The leader broker of `topic`/`partition` as reported by any running
+/// broker, waiting up to `timeout` for one.
+///
+/// # Errors
+/// If none is reported in time.
+pub async fn leader(c: &Cluster, topic: &str, partition: u32, timeout: Duration) -> anyhow::Result<u32> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        for b in c.brokers.iter().filter(|b| c.is_running(b.id)) {
+            let Ok(m) = metadata(b.client_addr).await else { continue };
+            if let Some(t) = m.topics.iter().find(|t| t.name == topic)
+                && let Some(p) = t.partitions.get(partition as usize)
+                && p.leader != 0
+                && c.is_running(p.leader)
+            {
+                return Ok(p.leader);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bail!("no leader for {topic}/{partition} within {timeout:?}")
+}
+
+/// Sends one produce request to `addr`.
+///
+/// # Errors
+/// Transport errors.
+pub async fn produce_once(addr: SocketAddr, req: ProduceRequest) -> anyhow::Result<ProduceResponse> {
+    Ok(connect(addr).await?.produce(req).await?.into_inner())
+}
+
+/// Produces `req` to whichever broker leads, following hints, until it is
+/// acknowledged or `timeout` passes. Returns the response and the broker
+/// that acknowledged.
+///
+/// # Errors
+/// A non-retriable error code, or the timeout.
+pub async fn produce(
+    c: &Cluster,
+    req: ProduceRequest,
+    timeout: Duration,
+) -> anyhow::Result<(ProduceResponse, u32)> {
+    let deadline = Instant::now() + timeout;
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        let id = match leader(c, &req.topic, req.partition, Duration::from_millis(500)).await {
+            Ok(id) => id,
+            Err(e) => {
+                last = e.to_string();
+                continue;
+            }
+        };
+        match produce_once(c.broker(id).client_addr, req.clone()).await {
+            Ok(r) if r.error.is_none() => return Ok((r, id)),
+            Ok(r) => match code(&r.error) {
+                ErrorCode::NotLeader | ErrorCode::Unavailable | ErrorCode::DuplicateInFlight => {
+                    last = format!("{:?}", r.error);
+                }
+                _ => bail!("produce: {:?}", r.error),
+            },
+            Err(e) => last = format!("{e:#}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bail!("produce not acknowledged within {timeout:?}: {last}")
+}
+
+/// Raft status of a partition as broker `id` sees it.
+///
+/// # Errors
+/// Transport errors.
+pub async fn status(
+    c: &Cluster,
+    id: u32,
+    topic: &str,
+    partition: u32,
+) -> anyhow::Result<PartitionStatusResponse> {
+    Ok(connect(c.broker(id).client_addr)
+        .await?
+        .partition_status(PartitionStatusRequest { topic: topic.into(), partition })
+        .await?
+        .into_inner())
+}
