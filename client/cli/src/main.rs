@@ -1,0 +1,3 @@
+//! `ferrolog`: the command line (being written).
+
+fn main() {}

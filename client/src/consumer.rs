@@ -1,0 +1,507 @@
+//! The consumer: reads assigned partitions from positions chosen by seeks.
+//!
+//! Each assigned partition has at most one request outstanding, kept across
+//! [`Consumer::poll`] calls: a `ListOffsets` to turn a [`Seek`] into an
+//! offset, then long-poll `Fetch`es (`fetch_max_wait_ms`) from the
+//! partition's leader. A `Fetch` answers whole stored batches, each an
+//! encoded `RecordSet`; the first may start before the requested offset,
+//! and the records below it are skipped.
+//!
+//! `NOT_LEADER`, `UNAVAILABLE`, unknown topics and transport failures are
+//! retried with backoff after a metadata refresh, forever (as Kafka's
+//! consumer does); `poll` returns what other partitions have meanwhile.
+//! `OFFSET_OUT_OF_RANGE` and malformed answers are returned by `poll` and
+//! pause the partition until the next [`Consumer::seek`].
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferrolog_proto::client as pb;
+use prost::Message;
+use tokio::task::{AbortHandle, JoinSet};
+
+use crate::error::{Error, Op, Result, Retry};
+use crate::metadata::MetadataCache;
+use crate::record::ConsumerRecord;
+
+/// Where to start reading a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seek {
+    /// The first retained record (the log start offset).
+    Earliest,
+    /// After the last committed record (the high watermark): only new records.
+    Latest,
+    /// This offset.
+    Offset(u64),
+    /// The first record whose batch's max timestamp is at or after this
+    /// time, ms since the Unix epoch; the high watermark when none is.
+    Timestamp(i64),
+}
+
+/// Consumer settings.
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// How long a broker holds a fetch when there is nothing new, ms
+    /// (Kafka's `fetch.max.wait.ms`, 500).
+    pub fetch_max_wait_ms: u32,
+    /// Most bytes asked per partition per fetch (Kafka's
+    /// `max.partition.fetch.bytes`, 1 MiB); at least one batch is always
+    /// returned (KIP-74).
+    pub fetch_max_bytes: u32,
+    /// How long `list_offsets` retries transient errors.
+    pub list_offsets_timeout_ms: u64,
+}
+
+impl Default for ConsumerConfig {
+    fn default() -> Self {
+        ConsumerConfig { fetch_max_wait_ms: 500, fetch_max_bytes: 1 << 20, list_offsets_timeout_ms: 30_000 }
+    }
+}
+
+/// A partition's position: an offset, or a seek still to resolve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Position {
+    Offset(u64),
+    Pending(Seek),
+}
+
+#[derive(Debug)]
+struct Assigned {
+    position: Position,
+    /// Incremented by each seek, so answers to older requests are dropped.
+    epoch: u64,
+    in_flight: Option<AbortHandle>,
+    retry_at: Option<Instant>,
+    failures: u32,
+    /// A permanent error stopped the partition until the next seek.
+    paused: bool,
+    high_watermark: Option<u64>,
+    log_start_offset: Option<u64>,
+}
+
+type Key = (String, u32);
+
+/// What a partition's request task found.
+enum Outcome {
+    Resolved(u64),
+    Fetched { records: Vec<ConsumerRecord>, next_offset: u64, high_watermark: u64, log_start_offset: u64 },
+}
+
+struct Done {
+    key: Key,
+    epoch: u64,
+    result: Result<Outcome>,
+}
+
+/// Reads records from assigned partitions. Not shared between tasks: one
+/// consumer per reading task.
+pub struct Consumer {
+    meta: Arc<MetadataCache>,
+    config: ConsumerConfig,
+    assigned: BTreeMap<Key, Assigned>,
+    tasks: JoinSet<Done>,
+    task_keys: HashMap<tokio::task::Id, Key>,
+    ready: VecDeque<ConsumerRecord>,
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer").field("assigned", &self.assigned.keys()).finish_non_exhaustive()
+    }
+}
+
+impl Consumer {
+    /// A consumer with nothing assigned.
+    pub fn new(meta: Arc<MetadataCache>, config: ConsumerConfig) -> Self {
+        Consumer {
+            meta,
+            config,
+            assigned: BTreeMap::new(),
+            tasks: JoinSet::new(),
+            task_keys: HashMap::new(),
+            ready: VecDeque::new(),
+        }
+    }
+
+    /// Assigns partitions of `topic`, each starting at `from`. Reassigning a
+    /// partition seeks it.
+    pub fn assign(&mut self, topic: &str, partitions: impl IntoIterator<Item = u32>, from: Seek) {
+        for p in partitions {
+            self.seek(topic, p, from);
+        }
+    }
+
+    /// Assigns every partition of `topic`, waiting up to `wait` for the
+    /// topic to appear in the metadata; returns the partition numbers.
+    ///
+    /// # Errors
+    /// [`Error::UnknownTopic`] when it does not appear in time.
+    pub async fn assign_topic(&mut self, topic: &str, from: Seek, wait: Duration) -> Result<Vec<u32>> {
+        let t = self.meta.topic(topic, wait).await?;
+        let partitions: Vec<u32> = t.partitions.iter().map(|p| p.partition).collect();
+        self.assign(topic, partitions.iter().copied(), from);
+        Ok(partitions)
+    }
+
+    /// Moves a partition's position (assigning it if needed); records
+    /// already fetched for it from the old position are dropped.
+    pub fn seek(&mut self, topic: &str, partition: u32, to: Seek) {
+        let key = (topic.to_owned(), partition);
+        let position = match to {
+            Seek::Offset(o) => Position::Offset(o),
+            other => Position::Pending(other),
+        };
+        let a = self.assigned.entry(key).or_insert(Assigned {
+            position,
+            epoch: 0,
+            in_flight: None,
+            retry_at: None,
+            failures: 0,
+            paused: false,
+            high_watermark: None,
+            log_start_offset: None,
+        });
+        a.position = position;
+        a.epoch += 1;
+        a.paused = false;
+        a.retry_at = None;
+        a.failures = 0;
+        if let Some(task) = a.in_flight.take() {
+            task.abort();
+        }
+        self.ready.retain(|r| !(r.topic == topic && r.partition == partition));
+    }
+
+    /// The assigned partitions.
+    pub fn assignment(&self) -> Vec<(String, u32)> {
+        self.assigned.keys().cloned().collect()
+    }
+
+    /// The offset of the next record `poll` returns for the partition;
+    /// `None` when unassigned or while a seek is unresolved.
+    pub fn position(&self, topic: &str, partition: u32) -> Option<u64> {
+        let a = self.assigned.get(&(topic.to_owned(), partition))?;
+        let buffered = self.ready.iter().find(|r| r.topic == topic && r.partition == partition);
+        match (buffered, a.position) {
+            (Some(r), _) => Some(r.offset),
+            (None, Position::Offset(o)) => Some(o),
+            (None, Position::Pending(_)) => None,
+        }
+    }
+
+    /// The high watermark the last fetch of the partition reported.
+    pub fn high_watermark(&self, topic: &str, partition: u32) -> Option<u64> {
+        self.assigned.get(&(topic.to_owned(), partition))?.high_watermark
+    }
+
+    /// The log start offset the last fetch of the partition reported.
+    pub fn log_start_offset(&self, topic: &str, partition: u32) -> Option<u64> {
+        self.assigned.get(&(topic.to_owned(), partition))?.log_start_offset
+    }
+
+    /// Asks the partition's leader for an offset: `Earliest` → log start,
+    /// `Latest` → high watermark, `Timestamp` → first offset at or after
+    /// it, `Offset` → itself. Retries transient errors.
+    ///
+    /// # Errors
+    /// Permanent errors, or [`Error::Deadline`] after `list_offsets_timeout_ms`.
+    pub async fn list_offset(&self, topic: &str, partition: u32, seek: Seek) -> Result<u64> {
+        list_offset(&self.meta, &self.config, topic, partition, seek).await
+    }
+
+    /// Returns records fetched since the last call, waiting up to `timeout`
+    /// for some to arrive. Records of one partition come in offset order.
+    ///
+    /// # Errors
+    /// [`Error::OffsetOutOfRange`] (with the partition's bounds) or
+    /// [`Error::Protocol`] for one partition, which is paused until
+    /// [`Consumer::seek`]; records of other partitions stay buffered for the
+    /// next call.
+    pub async fn poll(&mut self, timeout: Duration) -> Result<Vec<ConsumerRecord>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if !self.ready.is_empty() {
+                return Ok(self.ready.drain(..).collect());
+            }
+            let now = Instant::now();
+            self.start_requests(now);
+            if now >= deadline {
+                return Ok(Vec::new());
+            }
+            let retry = self
+                .assigned
+                .values()
+                .filter(|a| a.in_flight.is_none() && !a.paused)
+                .filter_map(|a| a.retry_at);
+            let wake = retry.min().map_or(deadline, |t| t.min(deadline));
+            if self.tasks.is_empty() {
+                tokio::time::sleep_until(wake.into()).await;
+                continue;
+            }
+            tokio::select! {
+                joined = self.tasks.join_next_with_id() => {
+                    if let Some(joined) = joined {
+                        self.finished(joined)?;
+                    }
+                    while let Some(joined) = self.tasks.try_join_next_with_id() {
+                        self.finished(joined)?;
+                    }
+                }
+                () = tokio::time::sleep_until(wake.into()) => {}
+            }
+        }
+    }
+
+    /// Starts a request for every partition that needs one now.
+    fn start_requests(&mut self, now: Instant) {
+        for (key, a) in &mut self.assigned {
+            if a.in_flight.is_some() || a.paused || a.retry_at.is_some_and(|t| now < t) {
+                continue;
+            }
+            let (meta, config, key2, epoch, position) =
+                (self.meta.clone(), self.config.clone(), key.clone(), a.epoch, a.position);
+            let handle = self.tasks.spawn(async move {
+                let (topic, partition) = (&key2.0, key2.1);
+                let result = match position {
+                    Position::Pending(seek) => {
+                        list_offset(&meta, &config, topic, partition, seek).await.map(Outcome::Resolved)
+                    }
+                    Position::Offset(offset) => fetch(&meta, &config, topic, partition, offset).await,
+                };
+                Done { key: key2, epoch, result }
+            });
+            self.task_keys.insert(handle.id(), key.clone());
+            a.in_flight = Some(handle);
+        }
+    }
+
+    /// Applies one finished request.
+    fn finished(
+        &mut self,
+        joined: std::result::Result<(tokio::task::Id, Done), tokio::task::JoinError>,
+    ) -> Result<()> {
+        let done = match joined {
+            Ok((id, done)) => {
+                self.task_keys.remove(&id);
+                done
+            }
+            Err(e) => {
+                // Aborted by a seek (its partition already moved on), or panicked.
+                if let Some(key) = self.task_keys.remove(&e.id())
+                    && let Some(a) = self.assigned.get_mut(&key)
+                    && a.in_flight.as_ref().is_some_and(|h| h.id() == e.id())
+                {
+                    a.in_flight = None;
+                }
+                if e.is_panic() {
+                    return Err(Error::Protocol(format!("consumer request task panicked: {e}")));
+                }
+                return Ok(());
+            }
+        };
+        let Some(a) = self.assigned.get_mut(&done.key) else { return Ok(()) };
+        if done.epoch != a.epoch {
+            return Ok(());
+        }
+        a.in_flight = None;
+        let (topic, partition) = (&done.key.0, done.key.1);
+        match done.result {
+            Ok(Outcome::Resolved(offset)) => {
+                a.position = Position::Offset(offset);
+                a.failures = 0;
+            }
+            Ok(Outcome::Fetched { records, next_offset, high_watermark, log_start_offset }) => {
+                a.failures = 0;
+                a.high_watermark = Some(high_watermark);
+                a.log_start_offset = Some(log_start_offset);
+                a.position = Position::Offset(next_offset);
+                self.ready.extend(records);
+            }
+            Err(e) if e.retry() == Retry::Yes => {
+                self.meta.note_failure(topic, partition, &e);
+                let delay = self.meta.config().backoff.delay(a.failures);
+                a.failures = a.failures.saturating_add(1);
+                a.retry_at = Some(Instant::now() + delay);
+                if a.failures == 10 {
+                    tracing::warn!(%topic, partition, error = %e, "still failing to read; retrying");
+                } else {
+                    tracing::debug!(%topic, partition, error = %e, "read failed; retrying");
+                }
+            }
+            Err(e) => {
+                a.paused = true;
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn list_offset(
+    meta: &MetadataCache,
+    config: &ConsumerConfig,
+    topic: &str,
+    partition: u32,
+    seek: Seek,
+) -> Result<u64> {
+    let (spec, timestamp_ms) = match seek {
+        Seek::Offset(o) => return Ok(o),
+        Seek::Earliest => (pb::OffsetSpec::Earliest, 0),
+        Seek::Latest => (pb::OffsetSpec::Latest, 0),
+        Seek::Timestamp(t) => (pb::OffsetSpec::Timestamp, t),
+    };
+    let op = Op::partition("list offsets of", topic, partition);
+    let timeout = Duration::from_millis(config.list_offsets_timeout_ms);
+    meta.retrying("list offsets", timeout, || async {
+        let address = meta.leader_address(topic, partition).await?;
+        let request =
+            pb::ListOffsetsRequest { topic: topic.to_owned(), partition, spec: spec as i32, timestamp_ms };
+        let r = meta.call(&op, &address, 0, |mut c| async move { c.list_offsets(request).await }).await;
+        let r = r.and_then(|r| Error::from_wire(&op, r.error).map(|()| r.offset));
+        if let Err(e) = &r {
+            meta.note_failure(topic, partition, e);
+        }
+        r
+    })
+    .await
+}
+
+async fn fetch(
+    meta: &MetadataCache,
+    config: &ConsumerConfig,
+    topic: &str,
+    partition: u32,
+    offset: u64,
+) -> Result<Outcome> {
+    let address = meta.leader_address(topic, partition).await?;
+    let op = Op { offset, ..Op::partition("fetch from", topic, partition) };
+    let request = pb::FetchRequest {
+        topic: topic.to_owned(),
+        partition,
+        offset,
+        max_bytes: config.fetch_max_bytes,
+        max_wait_ms: config.fetch_max_wait_ms,
+    };
+    let wait = u64::from(config.fetch_max_wait_ms);
+    let r = meta.call(&op, &address, wait, |mut c| async move { c.fetch(request).await }).await?;
+    Error::from_wire(&op, r.error)?;
+    let (records, next_offset) = decode_batches(topic, partition, offset, r.batches)?;
+    Ok(Outcome::Fetched {
+        records,
+        next_offset,
+        high_watermark: r.high_watermark,
+        log_start_offset: r.log_start_offset,
+    })
+}
+
+/// Decodes fetched batches into records at or after `offset`; returns them
+/// and the offset after the last one (`offset` itself when there is none).
+///
+/// # Errors
+/// [`Error::Protocol`] when a batch does not decode, holds a different
+/// number of records than it says, or batches go backwards.
+pub(crate) fn decode_batches(
+    topic: &str,
+    partition: u32,
+    offset: u64,
+    batches: Vec<pb::RecordBatch>,
+) -> Result<(Vec<ConsumerRecord>, u64)> {
+    let mut records = Vec::new();
+    let mut next = offset;
+    for b in batches {
+        let set = pb::RecordSet::decode(b.records.as_slice()).map_err(|e| {
+            Error::Protocol(format!(
+                "{topic}/{partition}: batch at offset {} does not decode: {e}",
+                b.base_offset
+            ))
+        })?;
+        if set.records.len() != b.record_count as usize {
+            return Err(Error::Protocol(format!(
+                "{topic}/{partition}: batch at offset {} says {} records but holds {}",
+                b.base_offset,
+                b.record_count,
+                set.records.len()
+            )));
+        }
+        if b.base_offset + u64::from(b.record_count) <= next && next > offset {
+            return Err(Error::Protocol(format!(
+                "{topic}/{partition}: batch at offset {} goes back before offset {next}",
+                b.base_offset
+            )));
+        }
+        for (i, r) in set.records.into_iter().enumerate() {
+            let o = b.base_offset + i as u64;
+            if o < next {
+                continue;
+            }
+            records.push(ConsumerRecord::from_wire(topic, partition, o, r));
+            next = o + 1;
+        }
+    }
+    Ok((records, next))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(base: u64, values: &[&str]) -> pb::RecordBatch {
+        let set = pb::RecordSet {
+            records: values
+                .iter()
+                .map(|v| pb::Record { value: v.as_bytes().to_vec(), ..Default::default() })
+                .collect(),
+        };
+        pb::RecordBatch { base_offset: base, record_count: values.len() as u32, records: set.encode_to_vec() }
+    }
+
+    #[test]
+    fn skips_records_below_the_requested_offset() {
+        let (records, next) =
+            decode_batches("t", 0, 12, vec![batch(10, &["a", "b", "c"]), batch(13, &["d"])]).expect("decode");
+        let got: Vec<_> = records.iter().map(|r| (r.offset, r.value.clone())).collect();
+        assert_eq!(got, vec![(12, "c".into()), (13, "d".into())]);
+        assert_eq!(next, 14);
+    }
+
+    #[test]
+    fn nothing_new_keeps_the_position() {
+        assert_eq!(decode_batches("t", 0, 5, vec![]).expect("decode").1, 5);
+        // A batch wholly below the offset (the broker's first batch) is skipped.
+        assert_eq!(decode_batches("t", 0, 5, vec![batch(2, &["x", "y"])]).expect("decode").1, 5);
+    }
+
+    #[test]
+    fn rejects_malformed_batches() {
+        let mut wrong_count = batch(0, &["a"]);
+        wrong_count.record_count = 2;
+        assert!(matches!(decode_batches("t", 0, 0, vec![wrong_count]), Err(Error::Protocol(_))));
+        let garbage = pb::RecordBatch { base_offset: 0, record_count: 1, records: vec![0xff, 0xff, 0xff] };
+        assert!(matches!(decode_batches("t", 0, 0, vec![garbage]), Err(Error::Protocol(_))));
+        let backwards = vec![batch(0, &["a", "b"]), batch(0, &["a", "b"])];
+        assert!(matches!(decode_batches("t", 0, 0, backwards), Err(Error::Protocol(_))));
+    }
+
+    #[tokio::test]
+    async fn seek_positions_and_drops_buffered_records() {
+        let meta = MetadataCache::new(crate::metadata::ClientConfig::from_list("127.0.0.1:1")).expect("meta");
+        let mut c = Consumer::new(meta, ConsumerConfig::default());
+        c.assign("t", [0, 1], Seek::Offset(4));
+        assert_eq!(c.position("t", 0), Some(4));
+        c.ready.push_back(ConsumerRecord {
+            topic: "t".into(),
+            partition: 1,
+            offset: 9,
+            key: None,
+            value: "v".into(),
+            timestamp_ms: 0,
+            headers: vec![],
+        });
+        assert_eq!(c.position("t", 1), Some(9), "the next record poll returns");
+        c.seek("t", 1, Seek::Latest);
+        assert_eq!(c.position("t", 1), None, "unresolved");
+        assert!(c.ready.is_empty());
+        assert_eq!(c.assignment().len(), 2);
+    }
+}

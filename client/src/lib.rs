@@ -1,0 +1,40 @@
+//! The Ferrolog client library: a metadata cache, an admin client, an
+//! idempotent batching producer and a consumer, over the gRPC client API
+//! (`proto/ferrolog/client/v1/client.proto`).
+//!
+//! ```text
+//!  Producer::send ──> producer worker (one task) ──> per-partition queues ──> Produce RPC ──> partition leader
+//!                       │ batches by size and linger, sequence numbers (KIP-98), ≤ 5 in flight per partition
+//!                       └─ NOT_LEADER / UNAVAILABLE / transport ──> MetadataCache::refresh, backoff, resend in order
+//!  Consumer::poll ──> one long-poll Fetch per assigned partition ──> decode RecordSet, skip below position
+//!  Admin ──> CreateTopic / DeleteTopic / Metadata to any broker; PartitionStatus to each partition's leader
+//!  MetadataCache ──Metadata RPC──> any known or bootstrap broker; one lazily connected channel per address
+//! ```
+//!
+//! Modules:
+//! - [`error`]: the library's error type, carrying the wire's stable error codes, and
+//!   which errors are worth a retry.
+//! - [`partitioner`]: Kafka's default partitioner (murmur2 of the key; sticky for
+//!   records without a key, KIP-480).
+//! - [`metadata`]: brokers, topics and partition leaders, cached and refreshed.
+//! - [`admin`]: topics and cluster status.
+//! - [`producer`]: the idempotent batching producer.
+//! - [`consumer`]: assignment, seeks and polling.
+//! - [`record`]: records as the application sees them.
+//! - [`retry`]: exponential backoff shared by the producer, consumer and admin.
+
+pub mod admin;
+pub mod consumer;
+pub mod error;
+pub mod metadata;
+pub mod partitioner;
+pub mod producer;
+pub mod record;
+pub mod retry;
+
+pub use admin::Admin;
+pub use consumer::{Consumer, ConsumerConfig, Seek};
+pub use error::{Error, Result};
+pub use metadata::{ClientConfig, MetadataCache};
+pub use producer::{Delivery, Producer, ProducerConfig};
+pub use record::{ConsumerRecord, Header, Record, RecordMetadata};

@@ -1,0 +1,540 @@
+//! One partition's send queue: the open batch, the closed batches not yet
+//! acknowledged, and idempotence bookkeeping (KIP-98). Pure: no IO, no
+//! clock of its own; the worker calls it with `now` and performs the sends.
+//!
+//! Rules:
+//! - Batches are closed and sent in order; a batch gets its `base_sequence`
+//!   when first sent, continuing the partition's sequence by record count,
+//!   and keeps it on every resend, so the broker can drop duplicates.
+//! - At most `max_in_flight` requests per partition; a batch is sent only
+//!   when every batch before it is in flight or acknowledged, so requests
+//!   leave in sequence order (a resend included).
+//! - A retriable failure puts the batch back, unsent, and blocks the
+//!   partition for a backoff; after it, every unacknowledged batch is sent
+//!   again in order with its original sequence.
+//! - A permanent failure or an expired batch leaves a gap in the sequence
+//!   that the broker would never fill: the partition then waits for its
+//!   in-flight requests to finish, takes a new producer id and renumbers the
+//!   remaining batches from 0 ([`PartitionQueue::reset_if_drained`]).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use ferrolog_proto::client as pb;
+use tokio::sync::oneshot;
+
+use crate::error::{Error, Result, Retry};
+use crate::record::RecordMetadata;
+use crate::retry::Backoff;
+
+/// Where a record's delivery result goes.
+pub(crate) type Waiter = oneshot::Sender<Result<RecordMetadata>>;
+
+/// An idempotent producer identity (KIP-98).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProducerId {
+    /// Id from `InitProducerId`, or -1 without idempotence.
+    pub id: i64,
+    /// Its epoch.
+    pub epoch: i32,
+}
+
+impl ProducerId {
+    /// The identity of a producer without idempotence.
+    pub(crate) const NONE: ProducerId = ProducerId { id: -1, epoch: -1 };
+}
+
+/// Records that travel together in one `Produce` request.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    /// Unique within the producer.
+    pub id: u64,
+    /// The records, in send order.
+    pub records: Vec<pb::Record>,
+    /// One per record, same order.
+    pub waiters: Vec<Waiter>,
+    /// Producer-wide record ids (for `flush`), same order.
+    pub record_ids: Vec<u64>,
+    /// Encoded size of the records, bytes.
+    pub bytes: usize,
+    /// When its first record was handed to `send`: the delivery timeout
+    /// counts from here.
+    pub created: Instant,
+    /// Identity and first sequence number, fixed at the first send.
+    pub sequence: Option<(ProducerId, i32)>,
+    /// A request for it is outstanding.
+    pub in_flight: bool,
+    /// Whether, when last sent, an earlier batch of the partition was
+    /// unacknowledged: then `OUT_OF_ORDER_SEQUENCE` means "wait for it".
+    pub sent_behind: bool,
+    /// Requests made so far.
+    pub attempts: u32,
+    /// The last failure, reported if the batch times out.
+    pub last_error: Option<Error>,
+}
+
+impl Batch {
+    pub(crate) fn new(id: u64, created: Instant) -> Self {
+        Batch {
+            id,
+            records: Vec::new(),
+            waiters: Vec::new(),
+            record_ids: Vec::new(),
+            bytes: 0,
+            created,
+            sequence: None,
+            in_flight: false,
+            sent_behind: false,
+            attempts: 0,
+            last_error: None,
+        }
+    }
+
+    pub(crate) fn record_count(&self) -> u32 {
+        self.records.len() as u32
+    }
+
+    /// Resolves every record's delivery: offsets `base_offset..` on success.
+    pub(crate) fn complete(self, partition: u32, result: Result<u64>) {
+        for (i, waiter) in self.waiters.into_iter().enumerate() {
+            let r = match &result {
+                Ok(base) => Ok(RecordMetadata { partition, offset: base + i as u64 }),
+                Err(e) => Err(e.clone()),
+            };
+            // The caller may have dropped its delivery future: not an error.
+            let _ = waiter.send(r);
+        }
+    }
+}
+
+/// Advances a sequence number by `count` records, wrapping from `i32::MAX`
+/// to 0 as Kafka's `DefaultRecordBatch.incrementSequence` does.
+pub(crate) fn increment_sequence(sequence: i32, count: u32) -> i32 {
+    let count = count as i64;
+    let next = sequence as i64 + count;
+    if next > i32::MAX as i64 { (next - i32::MAX as i64 - 1) as i32 } else { next as i32 }
+}
+
+/// What the worker must do with a batch whose request failed.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Put back; the partition retries after its backoff.
+    Retrying,
+    /// Permanent: deliver the error to the batch's records.
+    Failed(Batch, Error),
+    /// No such batch (already completed or expired).
+    Unknown,
+}
+
+/// A request the worker should send now.
+#[derive(Debug, Clone)]
+pub(crate) struct SendSpec {
+    pub batch_id: u64,
+    pub records: Vec<pb::Record>,
+    pub bytes: usize,
+    pub producer: ProducerId,
+    pub base_sequence: i32,
+}
+
+/// One partition's queue. See the module documentation for the rules.
+#[derive(Debug)]
+pub(crate) struct PartitionQueue {
+    /// Batch still accepting records.
+    pub open: Option<Batch>,
+    /// Closed, unacknowledged batches in sequence order.
+    pub batches: VecDeque<Batch>,
+    /// Identity used for batches that get their sequence next; `None`
+    /// while waiting for `InitProducerId`.
+    pub producer: Option<ProducerId>,
+    /// Whether this partition waits for an id of its own (after a reset)
+    /// rather than the producer-wide one.
+    pub wants_own_producer_id: bool,
+    /// Next sequence number to hand out.
+    pub next_sequence: i32,
+    /// Requests outstanding.
+    pub in_flight: usize,
+    /// No sends before this instant (backoff after a failure).
+    pub retry_at: Option<Instant>,
+    /// Consecutive failed requests, the backoff exponent.
+    pub failures: u32,
+    /// A sequence gap exists: drain, then renumber under a new id.
+    pub needs_reset: bool,
+    idempotent: bool,
+}
+
+impl PartitionQueue {
+    pub(crate) fn new(producer: Option<ProducerId>, idempotent: bool) -> Self {
+        PartitionQueue {
+            open: None,
+            batches: VecDeque::new(),
+            producer: if idempotent { producer } else { Some(ProducerId::NONE) },
+            wants_own_producer_id: false,
+            next_sequence: 0,
+            in_flight: 0,
+            retry_at: None,
+            failures: 0,
+            needs_reset: false,
+            idempotent,
+        }
+    }
+
+    /// Whether nothing is queued or in flight.
+    #[cfg(test)]
+    pub(crate) fn is_idle(&self) -> bool {
+        self.open.is_none() && self.batches.is_empty()
+    }
+
+    /// Adds a record to the open batch, first closing it if the record
+    /// would take it past `batch_bytes_max` (a record larger than that
+    /// travels alone). Returns whether a batch was closed.
+    pub(crate) fn add(
+        &mut self,
+        record: pb::Record,
+        bytes: usize,
+        record_id: u64,
+        waiter: Waiter,
+        new_batch: impl FnOnce() -> Batch,
+        batch_bytes_max: usize,
+    ) -> bool {
+        let mut closed = false;
+        if let Some(open) = &self.open
+            && !open.records.is_empty()
+            && open.bytes + bytes > batch_bytes_max
+        {
+            self.close_open();
+            closed = true;
+        }
+        let open = self.open.get_or_insert_with(new_batch);
+        open.records.push(record);
+        open.waiters.push(waiter);
+        open.record_ids.push(record_id);
+        open.bytes += bytes;
+        if open.bytes >= batch_bytes_max {
+            self.close_open();
+            closed = true;
+        }
+        closed
+    }
+
+    /// Closes the open batch, if any; returns whether there was one.
+    pub(crate) fn close_open(&mut self) -> bool {
+        match self.open.take() {
+            Some(b) => {
+                self.batches.push_back(b);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether the open batch has lingered long enough to close.
+    pub(crate) fn linger_expired(&self, now: Instant, linger: Duration) -> bool {
+        self.open.as_ref().is_some_and(|b| now >= b.created + linger)
+    }
+
+    /// The next request to send, if the rules allow one now. Marks the
+    /// batch in flight and fixes its sequence on its first send.
+    pub(crate) fn next_send(&mut self, now: Instant, max_in_flight: usize) -> Option<SendSpec> {
+        if self.needs_reset || self.in_flight >= max_in_flight || self.retry_at.is_some_and(|t| now < t) {
+            return None;
+        }
+        let producer = self.producer?;
+        let index = self.batches.iter().position(|b| !b.in_flight)?;
+        let next_sequence = self.next_sequence;
+        let batch = &mut self.batches[index];
+        let (producer, base_sequence) = match batch.sequence {
+            Some(s) => s,
+            None => {
+                let s = if self.idempotent { (producer, next_sequence) } else { (ProducerId::NONE, 0) };
+                batch.sequence = Some(s);
+                self.next_sequence = increment_sequence(next_sequence, batch.record_count());
+                s
+            }
+        };
+        batch.in_flight = true;
+        batch.sent_behind = index > 0;
+        batch.attempts += 1;
+        self.in_flight += 1;
+        Some(SendSpec {
+            batch_id: batch.id,
+            records: batch.records.clone(),
+            bytes: batch.bytes,
+            producer,
+            base_sequence,
+        })
+    }
+
+    fn take_in_flight(&mut self, batch_id: u64) -> Option<usize> {
+        let index = self.batches.iter().position(|b| b.id == batch_id && b.in_flight)?;
+        self.batches[index].in_flight = false;
+        self.in_flight -= 1;
+        Some(index)
+    }
+
+    /// The broker acknowledged a batch: it is removed and returned for
+    /// completion.
+    pub(crate) fn on_success(&mut self, batch_id: u64) -> Option<Batch> {
+        let index = self.take_in_flight(batch_id)?;
+        self.failures = 0;
+        self.batches.remove(index)
+    }
+
+    /// A request failed with `error`. Retriable errors put the batch back
+    /// and set the partition's backoff; others remove it, and (with
+    /// idempotence) mark the sequence gap for a reset.
+    pub(crate) fn on_error(
+        &mut self,
+        batch_id: u64,
+        error: Error,
+        now: Instant,
+        backoff: &Backoff,
+    ) -> Failure {
+        let Some(index) = self.take_in_flight(batch_id) else { return Failure::Unknown };
+        let retriable = match error.retry() {
+            Retry::Yes => true,
+            Retry::AfterEarlierFailure => self.batches[index].sent_behind,
+            Retry::No => false,
+        };
+        if retriable {
+            self.batches[index].last_error = Some(error);
+            self.retry_at = Some(now + backoff.delay(self.failures));
+            self.failures = self.failures.saturating_add(1);
+            return Failure::Retrying;
+        }
+        let Some(batch) = self.batches.remove(index) else { return Failure::Unknown };
+        if self.idempotent {
+            self.needs_reset = true;
+        }
+        Failure::Failed(batch, error)
+    }
+
+    /// Removes the batches that are not in flight and older than
+    /// `timeout`; they are to fail with a delivery timeout. Expiring a batch
+    /// that has a sequence (it may or may not have been stored) forces a
+    /// reset.
+    pub(crate) fn expire(&mut self, now: Instant, timeout: Duration) -> Vec<Batch> {
+        let mut expired = Vec::new();
+        let mut kept = VecDeque::with_capacity(self.batches.len());
+        for b in self.batches.drain(..) {
+            if !b.in_flight && now >= b.created + timeout {
+                if b.sequence.is_some() && self.idempotent {
+                    self.needs_reset = true;
+                }
+                expired.push(b);
+            } else {
+                kept.push_back(b);
+            }
+        }
+        self.batches = kept;
+        expired
+    }
+
+    /// The earliest instant at which [`PartitionQueue::expire`] can remove
+    /// something.
+    pub(crate) fn next_expiry(&self, timeout: Duration) -> Option<Instant> {
+        self.batches.iter().filter(|b| !b.in_flight).map(|b| b.created + timeout).min()
+    }
+
+    /// Once a reset is needed and nothing is in flight: forgets the
+    /// identity and every unacknowledged batch's sequence so they are
+    /// renumbered from 0 under a new producer id. Returns whether it reset
+    /// (the worker then asks for the new id).
+    pub(crate) fn reset_if_drained(&mut self) -> bool {
+        if !self.needs_reset || self.in_flight > 0 {
+            return false;
+        }
+        for b in &mut self.batches {
+            b.sequence = None;
+        }
+        self.needs_reset = false;
+        self.next_sequence = 0;
+        self.producer = None;
+        self.wants_own_producer_id = true;
+        self.failures = 0;
+        self.retry_at = None;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorCode;
+
+    const PID: ProducerId = ProducerId { id: 7, epoch: 0 };
+    const NO_BACKOFF: Backoff = Backoff { initial_ms: 0, max_ms: 0 };
+
+    fn record(n: usize) -> pb::Record {
+        pb::Record { value: vec![0; n], ..Default::default() }
+    }
+
+    /// A queue holding closed batches of the given record counts; returns
+    /// the receivers of every record's result.
+    fn queue_with(counts: &[usize]) -> (PartitionQueue, Vec<oneshot::Receiver<Result<RecordMetadata>>>) {
+        let mut q = PartitionQueue::new(Some(PID), true);
+        let mut receivers = Vec::new();
+        let now = Instant::now();
+        let mut id = 0;
+        for (b, &n) in counts.iter().enumerate() {
+            for _ in 0..n {
+                let (tx, rx) = oneshot::channel();
+                receivers.push(rx);
+                q.add(record(10), 10, id, tx, || Batch::new(b as u64, now), usize::MAX);
+                id += 1;
+            }
+            q.close_open();
+        }
+        (q, receivers)
+    }
+
+    fn broker_error(code: ErrorCode) -> Error {
+        Error::Broker { operation: "produce".into(), code: code as i32, message: String::new(), leader: None }
+    }
+
+    #[test]
+    fn sequences_follow_record_counts_and_in_flight_is_bounded() {
+        let (mut q, _rx) = queue_with(&[3, 2, 4, 1, 1, 1]);
+        let now = Instant::now();
+        let sent: Vec<_> = std::iter::from_fn(|| q.next_send(now, 5)).collect();
+        assert_eq!(sent.iter().map(|s| s.base_sequence).collect::<Vec<_>>(), vec![0, 3, 5, 9, 10]);
+        assert!(sent.iter().all(|s| s.producer == PID));
+        assert_eq!(q.in_flight, 5);
+        assert!(q.next_send(now, 5).is_none(), "at most 5 in flight");
+        assert!(q.on_success(0).is_some());
+        assert_eq!(q.next_send(now, 5).map(|s| s.base_sequence), Some(11));
+        assert_eq!(q.next_sequence, 12);
+    }
+
+    #[test]
+    fn retriable_failure_resends_in_order_with_original_sequences() {
+        let (mut q, _rx) = queue_with(&[2, 2, 2]);
+        let now = Instant::now();
+        let first: Vec<_> = std::iter::from_fn(|| q.next_send(now, 5)).collect();
+        assert_eq!(first.len(), 3);
+        // Batch 0 hits a leader change; 1 and 2 then see a gap.
+        assert!(matches!(
+            q.on_error(0, broker_error(ErrorCode::NotLeader), now, &NO_BACKOFF),
+            Failure::Retrying
+        ));
+        assert!(matches!(
+            q.on_error(1, broker_error(ErrorCode::OutOfOrderSequence), now, &NO_BACKOFF),
+            Failure::Retrying
+        ));
+        // Only batch 2 is still in flight; the resend starts at batch 0.
+        let again: Vec<_> = std::iter::from_fn(|| q.next_send(now, 5)).collect();
+        assert_eq!(
+            again.iter().map(|s| (s.batch_id, s.base_sequence)).collect::<Vec<_>>(),
+            vec![(0, 0), (1, 2)]
+        );
+        assert!(matches!(
+            q.on_error(2, broker_error(ErrorCode::OutOfOrderSequence), now, &NO_BACKOFF),
+            Failure::Retrying
+        ));
+        assert_eq!(q.next_send(now, 5).map(|s| (s.batch_id, s.base_sequence)), Some((2, 4)));
+        assert!(q.on_success(0).is_some() && q.on_success(1).is_some() && q.on_success(2).is_some());
+        assert!(q.is_idle());
+        assert_eq!(q.next_sequence, 6);
+    }
+
+    #[test]
+    fn backoff_blocks_the_partition() {
+        let (mut q, _rx) = queue_with(&[1]);
+        let now = Instant::now();
+        q.next_send(now, 5).expect("send");
+        let backoff = Backoff { initial_ms: 100, max_ms: 100 };
+        q.on_error(0, broker_error(ErrorCode::Unavailable), now, &backoff);
+        assert!(q.next_send(now, 5).is_none());
+        assert!(q.next_send(now + Duration::from_millis(130), 5).is_some());
+    }
+
+    #[test]
+    fn out_of_order_at_the_head_is_fatal_and_forces_a_reset() {
+        let (mut q, mut rx) = queue_with(&[2, 3]);
+        let now = Instant::now();
+        q.next_send(now, 5).expect("send 0");
+        q.next_send(now, 5).expect("send 1");
+        match q.on_error(0, broker_error(ErrorCode::OutOfOrderSequence), now, &NO_BACKOFF) {
+            Failure::Failed(b, e) => {
+                assert_eq!(b.id, 0);
+                b.complete(0, Err(e));
+            }
+            other => panic!("expected a failure, got {other:?}"),
+        }
+        assert!(rx[0].try_recv().expect("resolved").is_err());
+        assert!(q.needs_reset);
+        assert!(q.next_send(now, 5).is_none(), "no sends while a reset is pending");
+        assert!(!q.reset_if_drained(), "batch 1 is still in flight");
+        assert!(matches!(
+            q.on_error(1, broker_error(ErrorCode::OutOfOrderSequence), now, &NO_BACKOFF),
+            Failure::Retrying
+        ));
+        assert!(q.reset_if_drained());
+        assert!(q.next_send(now, 5).is_none(), "waits for a new producer id");
+        let new_pid = ProducerId { id: 8, epoch: 0 };
+        q.producer = Some(new_pid);
+        let s = q.next_send(now, 5).expect("renumbered");
+        assert_eq!((s.batch_id, s.producer, s.base_sequence), (1, new_pid, 0));
+    }
+
+    #[test]
+    fn record_too_large_fails_only_its_batch() {
+        let (mut q, _rx) = queue_with(&[1]);
+        let now = Instant::now();
+        q.next_send(now, 5).expect("send");
+        let e = Error::RecordTooLarge { topic: "t".into(), partition: 0, bytes: 10, message: "limit".into() };
+        assert!(matches!(q.on_error(0, e, now, &NO_BACKOFF), Failure::Failed(..)));
+        assert!(q.is_idle());
+    }
+
+    #[test]
+    fn expiry_skips_in_flight_batches() {
+        let (mut q, _rx) = queue_with(&[1, 1]);
+        let now = q.batches[1].created;
+        q.next_send(now, 1).expect("send 0");
+        let later = now + Duration::from_secs(10);
+        assert_eq!(q.next_expiry(Duration::from_secs(5)), Some(now + Duration::from_secs(5)));
+        let expired = q.expire(later, Duration::from_secs(5));
+        assert_eq!(expired.iter().map(|b| b.id).collect::<Vec<_>>(), vec![1]);
+        assert!(!q.needs_reset, "batch 1 never got a sequence");
+        assert_eq!(q.batches.len(), 1);
+    }
+
+    #[test]
+    fn batches_close_at_the_size_limit_and_big_records_travel_alone() {
+        let mut q = PartitionQueue::new(Some(PID), true);
+        let now = Instant::now();
+        let mut ids = 0..;
+        let mut add = |q: &mut PartitionQueue, n: usize| {
+            let (tx, _rx) = oneshot::channel();
+            let id = ids.next().expect("id");
+            q.add(record(n), n, id, tx, || Batch::new(id, now), 100)
+        };
+        assert!(!add(&mut q, 40));
+        assert!(!add(&mut q, 40));
+        assert!(add(&mut q, 40), "the third would exceed 100 bytes: the first two are closed");
+        assert!(add(&mut q, 500), "an oversized record closes the open batch and its own");
+        assert_eq!(q.batches.iter().map(|b| b.record_count()).collect::<Vec<_>>(), vec![2, 1, 1]);
+        assert!(q.open.is_none());
+    }
+
+    #[test]
+    fn sequence_wraps_like_kafka() {
+        assert_eq!(increment_sequence(0, 5), 5);
+        assert_eq!(increment_sequence(i32::MAX - 1, 1), i32::MAX);
+        assert_eq!(increment_sequence(i32::MAX, 1), 0);
+        assert_eq!(increment_sequence(i32::MAX - 2, 5), 2);
+    }
+
+    #[test]
+    fn without_idempotence_no_ids_and_no_resets() {
+        let mut q = PartitionQueue::new(None, false);
+        let now = Instant::now();
+        let (tx, _rx) = oneshot::channel();
+        q.add(record(1), 1, 0, tx, || Batch::new(0, now), 100);
+        q.close_open();
+        let s = q.next_send(now, 5).expect("send");
+        assert_eq!((s.producer, s.base_sequence), (ProducerId::NONE, 0));
+        q.on_error(0, broker_error(ErrorCode::InvalidRequest), now, &NO_BACKOFF);
+        assert!(!q.needs_reset);
+    }
+}

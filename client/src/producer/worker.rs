@@ -1,0 +1,505 @@
+//! The producer's worker: one task that owns every partition queue. It
+//! reacts to commands from the handles and to events from the request
+//! tasks it spawns, then `drive`s: closes lingering batches, expires old
+//! ones, resets partitions with a sequence gap, and sends what the queue
+//! rules allow. All decisions about a batch happen here, on one task.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferrolog_proto::client as pb;
+use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
+
+use super::queue::{Batch, Failure, PartitionQueue, ProducerId, SendSpec, Waiter};
+use super::{BufferGauge, Command, ProducerConfig, record_size};
+use crate::error::{Error, Op, Result};
+use crate::metadata::{ClusterMeta, MetadataCache, TopicMeta};
+use crate::partitioner::{StickyPartitioner, partition_for_key};
+use crate::record::{Record, RecordMetadata};
+
+/// Commands handled per wake-up before driving the queues, so a burst of
+/// sends is batched without starving events.
+const COMMANDS_PER_WAKE_MAX: usize = 4096;
+
+/// Shortest pause between two metadata refreshes asked by the worker.
+const REFRESH_INTERVAL_MIN: Duration = Duration::from_millis(50);
+
+/// Pause before asking again for a producer id after a failure.
+const PRODUCER_ID_RETRY: Duration = Duration::from_secs(1);
+
+/// Results that request tasks send back to the worker.
+enum Event {
+    Produced { topic: String, partition: u32, batch_id: u64, result: Result<u64> },
+    ProducerId { target: Option<(String, u32)>, result: Result<ProducerId> },
+    Metadata(Result<Arc<ClusterMeta>>),
+    Topic { topic: String, result: Result<TopicMeta> },
+}
+
+/// A record whose topic's partition count is not known yet.
+struct Waiting {
+    record: Record,
+    waiter: Waiter,
+    record_id: u64,
+}
+
+#[derive(Default)]
+struct TopicState {
+    /// Partition count; 0 while unknown.
+    partitions: u32,
+    waiting: Vec<Waiting>,
+    lookup_in_flight: bool,
+    queues: BTreeMap<u32, PartitionQueue>,
+}
+
+/// Records not yet resolved, the memory they hold, and flush waiters.
+struct Ledger {
+    outstanding: BTreeSet<u64>,
+    buffer: Arc<BufferGauge>,
+    flushes: Vec<(u64, oneshot::Sender<()>)>,
+}
+
+impl Ledger {
+    fn resolve_batch(&mut self, partition: u32, batch: Batch, result: Result<u64>) {
+        for id in &batch.record_ids {
+            self.outstanding.remove(id);
+        }
+        self.buffer.release(batch.bytes);
+        batch.complete(partition, result);
+        self.wake_flushes();
+    }
+
+    fn resolve_one(&mut self, record_id: u64, bytes: usize, waiter: Waiter, result: Result<RecordMetadata>) {
+        self.outstanding.remove(&record_id);
+        self.buffer.release(bytes);
+        let _ = waiter.send(result);
+        self.wake_flushes();
+    }
+
+    fn wake_flushes(&mut self) {
+        let oldest = self.outstanding.first().copied().unwrap_or(u64::MAX);
+        let (done, pending): (Vec<_>, Vec<_>) = self.flushes.drain(..).partition(|(upto, _)| oldest >= *upto);
+        self.flushes = pending;
+        for (_, tx) in done {
+            let _ = tx.send(());
+        }
+    }
+}
+
+struct Worker {
+    meta: Arc<MetadataCache>,
+    config: ProducerConfig,
+    commands: mpsc::UnboundedReceiver<Command>,
+    commands_open: bool,
+    events_tx: mpsc::UnboundedSender<Event>,
+    events: mpsc::UnboundedReceiver<Event>,
+    topics: HashMap<String, TopicState>,
+    sticky: StickyPartitioner,
+    ledger: Ledger,
+    next_record_id: u64,
+    next_batch_id: u64,
+    /// Close every open batch at the next drive (a flush was asked).
+    close_all: bool,
+    /// The producer-wide id from the first `InitProducerId`.
+    shared_producer: Option<ProducerId>,
+    /// `InitProducerId` requests outstanding: `None` is the shared one.
+    producer_id_requests: HashSet<Option<(String, u32)>>,
+    producer_id_retry_at: Option<Instant>,
+    last_producer_id_error: Option<Error>,
+    refresh_wanted: bool,
+    refresh_in_flight: bool,
+    refresh_failures: u32,
+    refresh_not_before: Option<Instant>,
+}
+
+/// Starts the worker task.
+pub(super) fn spawn(
+    meta: Arc<MetadataCache>,
+    config: ProducerConfig,
+    commands: mpsc::UnboundedReceiver<Command>,
+    buffer: Arc<BufferGauge>,
+) {
+    let (events_tx, events) = mpsc::unbounded_channel();
+    let worker = Worker {
+        meta,
+        config,
+        commands,
+        commands_open: true,
+        events_tx,
+        events,
+        topics: HashMap::new(),
+        sticky: StickyPartitioner::default(),
+        ledger: Ledger { outstanding: BTreeSet::new(), buffer, flushes: Vec::new() },
+        next_record_id: 0,
+        next_batch_id: 0,
+        close_all: false,
+        shared_producer: None,
+        producer_id_requests: HashSet::new(),
+        producer_id_retry_at: None,
+        last_producer_id_error: None,
+        refresh_wanted: false,
+        refresh_in_flight: false,
+        refresh_failures: 0,
+        refresh_not_before: None,
+    };
+    tokio::spawn(worker.run().instrument(tracing::info_span!("producer")));
+}
+
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+impl Worker {
+    async fn run(mut self) {
+        if self.config.idempotent {
+            self.request_producer_id(None);
+        }
+        loop {
+            let wake = self.drive(Instant::now());
+            if !self.commands_open && self.ledger.outstanding.is_empty() {
+                tracing::debug!("every handle dropped and every record resolved: stopping");
+                return;
+            }
+            let sleep = async {
+                match wake {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                command = self.commands.recv(), if self.commands_open => match command {
+                    Some(c) => {
+                        self.command(c);
+                        for _ in 1..COMMANDS_PER_WAKE_MAX {
+                            match self.commands.try_recv() {
+                                Ok(c) => self.command(c),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                    None => self.commands_open = false,
+                },
+                Some(event) = self.events.recv() => self.event(event),
+                () = sleep => {}
+            }
+        }
+    }
+
+    fn command(&mut self, command: Command) {
+        match command {
+            Command::Send { topic, record, waiter } => {
+                let record_id = self.next_record_id;
+                self.next_record_id += 1;
+                self.ledger.outstanding.insert(record_id);
+                let state = self.topics.entry(topic.clone()).or_default();
+                if state.partitions == 0 {
+                    state.waiting.push(Waiting { record, waiter, record_id });
+                    if !state.lookup_in_flight {
+                        state.lookup_in_flight = true;
+                        self.lookup_topic(topic);
+                    }
+                } else {
+                    self.place(&topic, record, waiter, record_id, Instant::now());
+                }
+            }
+            Command::Flush(done) => {
+                let upto = self.next_record_id;
+                self.ledger.flushes.push((upto, done));
+                self.ledger.wake_flushes();
+                self.close_all = true;
+            }
+        }
+    }
+
+    /// Puts a record into its partition's queue (the topic's partition
+    /// count is known).
+    fn place(&mut self, topic: &str, record: Record, waiter: Waiter, record_id: u64, now: Instant) {
+        let Some(state) = self.topics.get_mut(topic) else { return };
+        let partitions = state.partitions;
+        let bytes = record_size(&record);
+        let partition = match (record.partition, &record.key) {
+            (Some(p), _) if p >= partitions => {
+                let e = Error::UnknownPartition { topic: topic.to_owned(), partition: p, partitions };
+                self.ledger.resolve_one(record_id, bytes, waiter, Err(e));
+                return;
+            }
+            (Some(p), _) => p,
+            (None, Some(key)) => partition_for_key(key, partitions),
+            (None, None) => self.sticky.partition(topic, partitions),
+        };
+        let queue = state
+            .queues
+            .entry(partition)
+            .or_insert_with(|| PartitionQueue::new(self.shared_producer, self.config.idempotent));
+        let next_batch_id = &mut self.next_batch_id;
+        let closed = queue.add(
+            record.to_wire(),
+            bytes,
+            record_id,
+            waiter,
+            || {
+                *next_batch_id += 1;
+                Batch::new(*next_batch_id, now)
+            },
+            self.config.batch_bytes_max,
+        );
+        if closed {
+            self.sticky.batch_closed(topic, partition, partitions);
+        }
+    }
+
+    fn event(&mut self, event: Event) {
+        let now = Instant::now();
+        match event {
+            Event::Produced { topic, partition, batch_id, result } => {
+                let Some(queue) = self.topics.get_mut(&topic).and_then(|t| t.queues.get_mut(&partition))
+                else {
+                    return;
+                };
+                match result {
+                    Ok(base_offset) => {
+                        if let Some(batch) = queue.on_success(batch_id) {
+                            self.ledger.resolve_batch(partition, batch, Ok(base_offset));
+                        }
+                    }
+                    Err(e) => {
+                        self.meta.note_failure(&topic, partition, &e);
+                        if e.needs_metadata_refresh() && e.leader_hint().is_none() {
+                            self.refresh_wanted = true;
+                        }
+                        tracing::debug!(%topic, partition, batch_id, error = %e, "produce failed");
+                        let backoff = self.meta.config().backoff;
+                        if let Failure::Failed(batch, e) = queue.on_error(batch_id, e, now, &backoff) {
+                            self.ledger.resolve_batch(partition, batch, Err(e));
+                        }
+                    }
+                }
+            }
+            Event::ProducerId { target, result } => {
+                self.producer_id_requests.remove(&target);
+                match result {
+                    Ok(id) => match target {
+                        None => self.shared_producer = Some(id),
+                        Some((topic, partition)) => {
+                            if let Some(q) =
+                                self.topics.get_mut(&topic).and_then(|t| t.queues.get_mut(&partition))
+                            {
+                                q.producer = Some(id);
+                            }
+                        }
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not get a producer id; retrying");
+                        self.producer_id_retry_at = Some(now + PRODUCER_ID_RETRY);
+                        self.last_producer_id_error = Some(e);
+                    }
+                }
+            }
+            Event::Metadata(result) => {
+                self.refresh_in_flight = false;
+                match result {
+                    Ok(cluster) => {
+                        self.refresh_failures = 0;
+                        self.refresh_not_before = Some(now + REFRESH_INTERVAL_MIN);
+                        for (name, state) in &mut self.topics {
+                            if let Some(t) = cluster.topics.get(name)
+                                && state.partitions != 0
+                                && t.partition_count() > 0
+                            {
+                                state.partitions = t.partition_count();
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "metadata refresh failed");
+                        self.refresh_not_before =
+                            Some(now + self.config_backoff().delay(self.refresh_failures));
+                        self.refresh_failures = self.refresh_failures.saturating_add(1);
+                        self.refresh_wanted = true;
+                    }
+                }
+            }
+            Event::Topic { topic, result } => {
+                let Some(state) = self.topics.get_mut(&topic) else { return };
+                state.lookup_in_flight = false;
+                let waiting = std::mem::take(&mut state.waiting);
+                match result {
+                    Ok(t) if t.partition_count() > 0 => {
+                        state.partitions = t.partition_count();
+                        for w in waiting {
+                            self.place(&topic, w.record, w.waiter, w.record_id, now);
+                        }
+                    }
+                    other => {
+                        let e = match other {
+                            Err(e) => e,
+                            Ok(_) => Error::UnknownTopic { topic: topic.clone() },
+                        };
+                        for w in waiting {
+                            let bytes = record_size(&w.record);
+                            self.ledger.resolve_one(w.record_id, bytes, w.waiter, Err(e.clone()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn config_backoff(&self) -> crate::retry::Backoff {
+        self.meta.config().backoff
+    }
+
+    /// Applies the queue rules to every partition at `now`; returns when
+    /// to drive again if nothing else happens first.
+    fn drive(&mut self, now: Instant) -> Option<Instant> {
+        let cluster = self.meta.snapshot();
+        let linger = Duration::from_millis(self.config.linger_ms);
+        let timeout = Duration::from_millis(self.config.delivery_timeout_ms);
+        let close_all = self.close_all || !self.commands_open;
+        self.close_all = false;
+        let mut wake = None;
+        let mut sends: Vec<(String, u32, String, SendSpec)> = Vec::new();
+        let mut expired: Vec<(u32, Batch, Error)> = Vec::new();
+        let mut want_ids: Vec<(String, u32)> = Vec::new();
+        for (topic, state) in &mut self.topics {
+            for (&partition, q) in &mut state.queues {
+                if q.open.is_some() && (close_all || q.linger_expired(now, linger)) {
+                    q.close_open();
+                    self.sticky.batch_closed(topic, partition, state.partitions);
+                }
+                wake = earliest(wake, q.open.as_ref().map(|b| b.created + linger));
+                for b in q.expire(now, timeout) {
+                    let e = Error::DeliveryTimeout {
+                        topic: topic.clone(),
+                        partition,
+                        timeout_ms: self.config.delivery_timeout_ms,
+                        last: b.last_error.clone().map(Box::new),
+                    };
+                    expired.push((partition, b, e));
+                }
+                if q.reset_if_drained() {
+                    tracing::info!(%topic, partition, "sequence gap after a failed batch: new producer id");
+                }
+                if q.producer.is_none() {
+                    if q.wants_own_producer_id {
+                        want_ids.push((topic.clone(), partition));
+                    } else {
+                        q.producer = self.shared_producer;
+                    }
+                    if let Some(e) = &self.last_producer_id_error {
+                        for b in q.batches.iter_mut().filter(|b| b.last_error.is_none()) {
+                            b.last_error = Some(e.clone());
+                        }
+                    }
+                }
+                let has_unsent = q.batches.iter().any(|b| !b.in_flight);
+                if has_unsent && q.producer.is_some() {
+                    match cluster.leader(topic, partition) {
+                        Some((_, address)) => {
+                            while let Some(spec) = q.next_send(now, self.config.max_in_flight_per_partition) {
+                                sends.push((topic.clone(), partition, address.clone(), spec));
+                            }
+                        }
+                        None => self.refresh_wanted = true,
+                    }
+                }
+                wake = earliest(wake, q.retry_at.filter(|t| *t > now));
+                wake = earliest(wake, q.next_expiry(timeout));
+            }
+        }
+        for (partition, batch, e) in expired {
+            self.ledger.resolve_batch(partition, batch, Err(e));
+        }
+        for (topic, partition, address, spec) in sends {
+            self.send(topic, partition, address, spec);
+        }
+        let ids_allowed = self.producer_id_retry_at.is_none_or(|t| now >= t);
+        if ids_allowed {
+            for target in want_ids {
+                self.request_producer_id(Some(target));
+            }
+            if self.config.idempotent && self.shared_producer.is_none() {
+                self.request_producer_id(None);
+            }
+        } else {
+            wake = earliest(wake, self.producer_id_retry_at);
+        }
+        if self.refresh_wanted && !self.refresh_in_flight {
+            match self.refresh_not_before {
+                Some(t) if t > now => wake = earliest(wake, Some(t)),
+                _ => {
+                    self.refresh_wanted = false;
+                    self.refresh_in_flight = true;
+                    let (meta, events) = (self.meta.clone(), self.events_tx.clone());
+                    tokio::spawn(async move {
+                        let _ = events.send(Event::Metadata(meta.refresh().await));
+                    });
+                }
+            }
+        }
+        wake
+    }
+
+    fn send(&self, topic: String, partition: u32, address: String, spec: SendSpec) {
+        let (meta, events) = (self.meta.clone(), self.events_tx.clone());
+        let task = async move {
+            let op = Op { bytes: spec.bytes, ..Op::partition("produce to", &topic, partition) };
+            let request = pb::ProduceRequest {
+                topic: topic.clone(),
+                partition,
+                records: spec.records,
+                producer_id: spec.producer.id,
+                producer_epoch: spec.producer.epoch,
+                base_sequence: spec.base_sequence,
+            };
+            let result = meta
+                .call(&op, &address, 0, |mut c| async move { c.produce(request).await })
+                .await
+                .and_then(|r| Error::from_wire(&op, r.error).map(|()| r.base_offset));
+            let _ = events.send(Event::Produced { topic, partition, batch_id: spec.batch_id, result });
+        };
+        tokio::spawn(task.in_current_span());
+    }
+
+    fn lookup_topic(&self, topic: String) {
+        let (meta, events) = (self.meta.clone(), self.events_tx.clone());
+        let wait = Duration::from_millis(self.config.topic_wait_ms);
+        tokio::spawn(async move {
+            let result = meta.topic(&topic, wait).await;
+            let _ = events.send(Event::Topic { topic, result });
+        });
+    }
+
+    /// Asks for a producer id: the shared one (`None`) or one for a
+    /// partition after a reset. One request per target at a time.
+    fn request_producer_id(&mut self, target: Option<(String, u32)>) {
+        if !self.producer_id_requests.insert(target.clone()) {
+            return;
+        }
+        let (meta, events) = (self.meta.clone(), self.events_tx.clone());
+        let timeout = Duration::from_millis(self.config.delivery_timeout_ms);
+        let task = async move {
+            let op = Op::new("init producer id", "");
+            let result = meta
+                .retrying("init producer id", timeout, || async {
+                    let address = meta.current().await?.answered_by.clone();
+                    let request = pb::InitProducerIdRequest {};
+                    let r = meta
+                        .call(&op, &address, 0, |mut c| async move { c.init_producer_id(request).await })
+                        .await?;
+                    Error::from_wire(&op, r.error)?;
+                    if r.producer_id < 0 {
+                        return Err(Error::Protocol(format!("InitProducerId answered id {}", r.producer_id)));
+                    }
+                    Ok(ProducerId { id: r.producer_id, epoch: r.producer_epoch })
+                })
+                .await;
+            let _ = events.send(Event::ProducerId { target, result });
+        };
+        tokio::spawn(task.in_current_span());
+    }
+}

@@ -1,0 +1,124 @@
+//! Records as the application sees them, and their wire form.
+
+use bytes::Bytes;
+use ferrolog_proto::client as pb;
+
+/// A record header: a name and an opaque value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// Header name.
+    pub key: String,
+    /// Header value.
+    pub value: Bytes,
+}
+
+/// A record to produce.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Record {
+    /// Partitioning key; `None` is Kafka's null key (sticky partitioning, KIP-480).
+    pub key: Option<Bytes>,
+    /// The payload.
+    pub value: Bytes,
+    /// Headers, in order.
+    pub headers: Vec<Header>,
+    /// Milliseconds since the Unix epoch; 0 lets the broker stamp its own time.
+    pub timestamp_ms: i64,
+    /// Explicit partition; `None` lets the partitioner choose.
+    pub partition: Option<u32>,
+}
+
+impl Record {
+    /// A record with a value only.
+    pub fn new(value: impl Into<Bytes>) -> Self {
+        Record { value: value.into(), ..Default::default() }
+    }
+
+    /// Sets the key.
+    #[must_use]
+    pub fn with_key(mut self, key: impl Into<Bytes>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Sets the timestamp, ms since the Unix epoch.
+    #[must_use]
+    pub fn with_timestamp_ms(mut self, timestamp_ms: i64) -> Self {
+        self.timestamp_ms = timestamp_ms;
+        self
+    }
+
+    /// Appends a header.
+    #[must_use]
+    pub fn with_header(mut self, key: impl Into<String>, value: impl Into<Bytes>) -> Self {
+        self.headers.push(Header { key: key.into(), value: value.into() });
+        self
+    }
+
+    /// Sends the record to this partition instead of asking the partitioner.
+    #[must_use]
+    pub fn with_partition(mut self, partition: u32) -> Self {
+        self.partition = Some(partition);
+        self
+    }
+
+    /// The wire form (copies the bytes: the generated code uses `Vec<u8>`).
+    pub(crate) fn to_wire(&self) -> pb::Record {
+        pb::Record {
+            key: self.key.as_ref().map(|k| k.to_vec()),
+            value: self.value.to_vec(),
+            headers: self
+                .headers
+                .iter()
+                .map(|h| pb::Header { key: h.key.clone(), value: h.value.to_vec() })
+                .collect(),
+            timestamp_ms: self.timestamp_ms,
+        }
+    }
+}
+
+/// Where a produced record landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordMetadata {
+    /// Partition number.
+    pub partition: u32,
+    /// The record's offset in the partition.
+    pub offset: u64,
+}
+
+/// A record read by a consumer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerRecord {
+    /// Topic name.
+    pub topic: String,
+    /// Partition number.
+    pub partition: u32,
+    /// Offset in the partition.
+    pub offset: u64,
+    /// Key, `None` when the record has none.
+    pub key: Option<Bytes>,
+    /// Payload.
+    pub value: Bytes,
+    /// Milliseconds since the Unix epoch (the producer's, or the broker's
+    /// when the producer sent 0).
+    pub timestamp_ms: i64,
+    /// Headers, in order.
+    pub headers: Vec<Header>,
+}
+
+impl ConsumerRecord {
+    pub(crate) fn from_wire(topic: &str, partition: u32, offset: u64, r: pb::Record) -> Self {
+        ConsumerRecord {
+            topic: topic.to_owned(),
+            partition,
+            offset,
+            key: r.key.map(Bytes::from),
+            value: Bytes::from(r.value),
+            timestamp_ms: r.timestamp_ms,
+            headers: r
+                .headers
+                .into_iter()
+                .map(|h| Header { key: h.key, value: Bytes::from(h.value) })
+                .collect(),
+        }
+    }
+}
