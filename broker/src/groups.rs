@@ -43,6 +43,17 @@ impl GroupRegistry {
         self.groups.write().unwrap_or_else(|p| p.into_inner()).remove(&group)
     }
 
+    /// Ids of the hosted groups whose replica here is the Raft leader.
+    pub fn leading(&self) -> Vec<GroupId> {
+        use openraft::async_runtime::watch::WatchReceiver;
+        let groups = self.groups.read().unwrap_or_else(|p| p.into_inner());
+        groups
+            .iter()
+            .filter(|(_, h)| h.raft.metrics().borrow_watched().state.is_leader())
+            .map(|(g, _)| *g)
+            .collect()
+    }
+
     /// The replica of `group`, if hosted here.
     pub fn get(&self, group: GroupId) -> Option<HostedGroup> {
         self.groups.read().unwrap_or_else(|p| p.into_inner()).get(&group).cloned()

@@ -25,4 +25,5 @@ pub mod metadata;
 pub mod network;
 pub mod partition;
 pub mod partitions;
+pub mod quiesce;
 pub mod server;

@@ -1,7 +1,9 @@
-//! Which brokers answer: every second each broker pings every registered
-//! peer; a broker is alive while its last answer is recent.
+//! Which brokers answer: each broker pings every registered peer once per
+//! Raft heartbeat interval; a broker is alive while its last answer is more
+//! recent than the minimum election timeout. One ping per broker pair
+//! replaces per-group heartbeats for failure detection (`crate::quiesce`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,32 +15,52 @@ use crate::config::BrokerId;
 use crate::metadata::image::MetadataImage;
 use crate::network::PeerAddresses;
 
-/// Period of the pings.
-pub const PING_INTERVAL: Duration = Duration::from_secs(1);
-/// A broker not heard from for this long is reported dead.
-pub const DEAD_AFTER: Duration = Duration::from_secs(3);
-
 /// Last successful ping per broker. Cheap to clone.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Liveness {
-    seen: Arc<Mutex<HashMap<BrokerId, Instant>>>,
+    seen: Arc<Mutex<HashMap<BrokerId, (Instant, HashSet<u64>)>>>,
+    dead_after: Arc<Mutex<Duration>>,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Self { seen: Arc::default(), dead_after: Arc::new(Mutex::new(Duration::from_secs(1))) }
+    }
 }
 
 impl Liveness {
-    /// Whether `broker` answered within [`DEAD_AFTER`].
+    /// Whether `broker` answered recently enough.
     pub fn is_alive(&self, broker: BrokerId) -> bool {
+        let dead_after = *self.dead_after.lock().unwrap_or_else(|p| p.into_inner());
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        seen.get(&broker).is_some_and(|t| t.elapsed() < DEAD_AFTER)
+        seen.get(&broker).is_some_and(|(t, _)| t.elapsed() < dead_after)
     }
 
-    fn mark(&self, broker: BrokerId) {
-        self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(broker, Instant::now());
+    /// Whether `broker` answered recently and said it leads `group`.
+    pub fn leads(&self, broker: BrokerId, group: u64) -> bool {
+        let dead_after = *self.dead_after.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.get(&broker).is_some_and(|(t, led)| t.elapsed() < dead_after && led.contains(&group))
+    }
+
+    fn mark(&self, broker: BrokerId, leading: Vec<u64>) {
+        let led = leading.into_iter().collect();
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(broker, (Instant::now(), led));
     }
 
     /// Pings every registered broker (itself included, through its own
-    /// listener) until the image's sender is dropped.
-    pub async fn run(self, me: BrokerId, image: watch::Receiver<Arc<MetadataImage>>, peers: PeerAddresses) {
-        let mut tick = tokio::time::interval(PING_INTERVAL);
+    /// listener) every `every`, reporting one silent for `dead_after` as
+    /// dead, until the image's sender is dropped.
+    pub async fn run(
+        self,
+        me: BrokerId,
+        image: watch::Receiver<Arc<MetadataImage>>,
+        peers: PeerAddresses,
+        every: Duration,
+        dead_after: Duration,
+    ) {
+        *self.dead_after.lock().unwrap_or_else(|p| p.into_inner()) = dead_after;
+        let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
@@ -52,11 +74,12 @@ impl Liveness {
                 let this = self.clone();
                 tokio::spawn(async move {
                     let mut req = tonic::Request::new(PingRequest { from_broker: me });
-                    req.set_timeout(PING_INTERVAL);
-                    if let Ok(r) = RaftPeerClient::new(channel).ping(req).await
-                        && r.into_inner().broker_id == id
-                    {
-                        this.mark(id);
+                    req.set_timeout(dead_after);
+                    if let Ok(r) = RaftPeerClient::new(channel).ping(req).await {
+                        let r = r.into_inner();
+                        if r.broker_id == id {
+                            this.mark(id, r.leading_groups);
+                        }
                     }
                 });
             }

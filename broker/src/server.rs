@@ -164,7 +164,10 @@ impl Broker {
         };
         tasks.push(tokio::spawn(reconciler.clone().run(image_rx.clone())));
         let liveness = Liveness::default();
-        tasks.push(tokio::spawn(liveness.clone().run(me, image_rx.clone(), peers)));
+        let ping_every = Duration::from_millis(config.raft.heartbeat_interval_ms);
+        let dead_after = Duration::from_millis(config.raft.election_timeout_min_ms);
+        tasks.push(tokio::spawn(liveness.clone().run(me, image_rx.clone(), peers, ping_every, dead_after)));
+        tasks.push(tokio::spawn(crate::quiesce::run(me, table.clone(), liveness.clone(), ping_every)));
         tasks.push(tokio::spawn(register(controller.clone(), image_rx, config.clone())));
 
         let service =

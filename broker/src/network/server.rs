@@ -158,6 +158,6 @@ impl RaftPeer for RaftPeerServer {
     }
 
     async fn ping(&self, _request: Request<PingRequest>) -> Result<Response<PingResponse>, Status> {
-        Ok(Response::new(PingResponse { broker_id: self.broker_id }))
+        Ok(Response::new(PingResponse { broker_id: self.broker_id, leading_groups: self.groups.leading() }))
     }
 }

@@ -13,7 +13,8 @@ pub mod records;
 pub mod sequencer;
 
 use std::sync::RwLock;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use ferrolog_raft_store::SequenceCheck;
 use ferrolog_raft_store::state_machine::PartitionRaft;
@@ -53,6 +54,10 @@ pub struct Partition {
     replicas: RwLock<Vec<ReplicaAssignment>>,
     sequencer: Mutex<Sequencer>,
     sequence_advanced: Notify,
+    /// When the last produce was proposed, ms since `created`.
+    last_write_ms: AtomicU64,
+    created: Instant,
+    ticking: AtomicBool,
 }
 
 /// Committed records read by a fetch.
@@ -117,6 +122,32 @@ impl Partition {
             replicas: RwLock::new(replicas),
             sequencer: Mutex::new(Sequencer::default()),
             sequence_advanced: Notify::new(),
+            last_write_ms: AtomicU64::new(0),
+            created: Instant::now(),
+            ticking: AtomicBool::new(true),
+        }
+    }
+
+    /// The current replica list.
+    pub fn replicas(&self) -> Vec<ReplicaAssignment> {
+        self.replicas.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whether a produce was proposed within `d`.
+    pub fn written_within(&self, d: Duration) -> bool {
+        let last = self.last_write_ms.load(Ordering::Relaxed);
+        last != 0 && (self.created.elapsed().as_millis() as u64).saturating_sub(last) < d.as_millis() as u64
+    }
+
+    /// Whether the group's Raft ticker runs (see `crate::quiesce`).
+    pub fn is_ticking(&self) -> bool {
+        self.ticking.load(Ordering::Relaxed)
+    }
+
+    /// Runs or parks the group's Raft ticker (heartbeats, election timeout).
+    pub fn set_ticking(&self, on: bool) {
+        if self.ticking.swap(on, Ordering::Relaxed) != on {
+            self.raft.runtime_config().tick(on);
         }
     }
 
@@ -178,6 +209,8 @@ impl Partition {
     /// Not leader, unavailable, sequence errors (KIP-98), storage errors.
     pub async fn produce(&self, batch: RecordBatch) -> Result<(u64, bool), ApiError> {
         let term = self.ready_leader().await?;
+        self.last_write_ms.store((self.created.elapsed().as_millis() as u64).max(1), Ordering::Relaxed);
+        self.set_ticking(true);
         let (pid, epoch, first, count) =
             (batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.record_count);
         let gap_deadline = tokio::time::Instant::now() + SEQUENCE_GAP_WAIT;
