@@ -39,6 +39,7 @@ pub struct Cluster {
     pub brokers: Vec<BrokerProc>,
     initial_cluster: String,
     binary: PathBuf,
+    binary_args: Vec<String>,
     extra_env: Vec<(String, String)>,
     _root: tempfile::TempDir,
 }
@@ -58,6 +59,21 @@ impl Cluster {
     /// # Errors
     /// If a broker cannot be started or the cluster does not form in 30 s.
     pub async fn start(name: &str, binary: &str, n: u32, env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        Self::start_with(name, binary, &[], n, env).await
+    }
+
+    /// As [`Cluster::start`], running `binary binary_args... <broker flags>`
+    /// (e.g. a tool that runs a broker with `ferrolog broker`).
+    ///
+    /// # Errors
+    /// As [`Cluster::start`].
+    pub async fn start_with(
+        name: &str,
+        binary: &str,
+        binary_args: &[&str],
+        n: u32,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let root = tempfile::Builder::new().prefix(&format!("ferrolog-{name}-")).tempdir()?;
         let base = port_base(name);
         let brokers: Vec<BrokerProc> = (1..=n)
@@ -79,6 +95,7 @@ impl Cluster {
             brokers,
             initial_cluster,
             binary: PathBuf::from(binary),
+            binary_args: binary_args.iter().map(|a| a.to_string()).collect(),
             extra_env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             _root: root,
         };
@@ -105,10 +122,11 @@ impl Cluster {
     /// If the process cannot be spawned.
     pub fn spawn(&mut self, id: u32) -> anyhow::Result<()> {
         let initial_cluster = self.initial_cluster.clone();
-        let (binary, env) = (self.binary.clone(), self.extra_env.clone());
+        let (binary, env, args) = (self.binary.clone(), self.extra_env.clone(), self.binary_args.clone());
         let b = &mut self.brokers[(id - 1) as usize];
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&b.log)?;
         let child = Command::new(&binary)
+            .args(args)
             .arg("--node-id")
             .arg(id.to_string())
             .arg("--client-addr")
@@ -186,6 +204,11 @@ impl Cluster {
             }
         }
         out
+    }
+
+    /// Process id of broker `id`, if running.
+    pub fn pid(&self, id: u32) -> Option<u32> {
+        self.brokers[(id - 1) as usize].child.as_ref().map(Child::id)
     }
 
     /// Data directory of broker `id`.

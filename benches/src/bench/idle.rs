@@ -1,0 +1,61 @@
+//! CPU of an idle cluster: create a topic with many partitions (replication
+//! factor 3), wait until every partition has a leader and the cluster is
+//! quiet, then measure the brokers' CPU time over a window.
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use ferrolog_client::{Admin, ClientConfig, MetadataCache};
+
+use crate::cluster::{self, cpu_seconds};
+
+/// Flags of `idle`.
+#[derive(Args, Debug)]
+pub struct IdleArgs {
+    /// Partitions of the idle topic.
+    #[arg(long, default_value_t = 1000)]
+    partitions: u32,
+    /// Measurement window, seconds.
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// Time to let the cluster settle after the leaders are elected, seconds.
+    #[arg(long, default_value_t = 10)]
+    settle_seconds: u64,
+}
+
+/// Runs the idle benchmark.
+///
+/// # Errors
+/// Cluster start-up or topic creation failures.
+pub async fn run(a: IdleArgs) -> anyhow::Result<()> {
+    let c = cluster::start("idle").await?;
+    let meta = MetadataCache::new(ClientConfig::from_list(&c.bootstrap()))?;
+    let admin = Admin::new(meta).with_timeout(Duration::from_secs(120));
+    let t0 = Instant::now();
+    admin.create_topic("idle", a.partitions, 3).await?;
+    admin.wait_for_leaders("idle", Duration::from_secs(300)).await?;
+    println!(
+        "{} partitions x 3 replicas: all leaders elected in {:.1} s",
+        a.partitions,
+        t0.elapsed().as_secs_f64()
+    );
+    tokio::time::sleep(Duration::from_secs(a.settle_seconds)).await;
+    let pids: Vec<u32> = (1..=3).filter_map(|id| c.pid(id)).collect();
+    let before: Vec<f64> = pids.iter().map(|p| cpu_seconds(*p).unwrap_or(0.0)).collect();
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_secs(a.seconds)).await;
+    let wall = start.elapsed().as_secs_f64();
+    let mut total = 0.0;
+    for (i, p) in pids.iter().enumerate() {
+        let used = cpu_seconds(*p).unwrap_or(0.0) - before[i];
+        println!("broker {} (pid {p}): {:.1}% of one core", i + 1, 100.0 * used / wall);
+        total += used;
+    }
+    println!(
+        "idle cluster, {} partitions, replication factor 3: {:.1}% of one core in total over {:.0} s (target <= 25%)",
+        a.partitions,
+        100.0 * total / wall,
+        wall
+    );
+    Ok(())
+}

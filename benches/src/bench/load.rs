@@ -1,0 +1,228 @@
+//! Produce and consume load: the client library's idempotent producer with
+//! flush = always brokers, ack latency in an HDR histogram.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bytes::Bytes;
+use clap::Args;
+use ferrolog_client::{
+    Admin, ClientConfig, Consumer, ConsumerConfig, MetadataCache, Producer, ProducerConfig, Record, Seek,
+};
+use hdrhistogram::Histogram;
+use tokio::sync::Semaphore;
+
+use crate::cluster;
+
+/// Flags of `produce` and `consume`.
+#[derive(Args, Debug, Clone)]
+pub struct ProduceArgs {
+    /// Record value size, bytes.
+    #[arg(long, default_value_t = 100)]
+    record_bytes: usize,
+    /// How long to produce, seconds.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Partitions of the topic (replication factor 3).
+    #[arg(long, default_value_t = 6)]
+    partitions: u32,
+    /// Records awaiting acknowledgement at once; 1 measures one-in-flight latency.
+    #[arg(long, default_value_t = 20_000)]
+    in_flight: usize,
+    /// Producer linger, ms.
+    #[arg(long, default_value_t = 2)]
+    linger_ms: u64,
+    /// Producer batch size, bytes.
+    #[arg(long, default_value_t = 256 * 1024)]
+    batch_bytes: usize,
+}
+
+/// Flags of `e2e`.
+#[derive(Args, Debug, Clone)]
+pub struct E2eArgs {
+    /// Seconds per produce run.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+}
+
+/// What a produce run measured.
+#[derive(Debug, Clone)]
+pub struct ProduceResult {
+    /// Records acknowledged.
+    pub records: u64,
+    /// Wall time, seconds.
+    pub seconds: f64,
+    /// Value bytes per record.
+    pub record_bytes: usize,
+    /// Ack latency, microseconds.
+    pub latency_us: Histogram<u64>,
+}
+
+impl ProduceResult {
+    fn print(&self, label: &str) {
+        let rate = self.records as f64 / self.seconds;
+        println!(
+            "{label}: {} records in {:.1} s = {:.0} records/s, {:.1} MB/s; ack latency p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms",
+            self.records,
+            self.seconds,
+            rate,
+            rate * self.record_bytes as f64 / 1e6,
+            self.latency_us.value_at_quantile(0.5) as f64 / 1000.0,
+            self.latency_us.value_at_quantile(0.99) as f64 / 1000.0,
+            self.latency_us.value_at_quantile(0.999) as f64 / 1000.0,
+        );
+    }
+}
+
+async fn topic(meta: &Arc<MetadataCache>, name: &str, partitions: u32) -> anyhow::Result<()> {
+    let admin = Admin::new(meta.clone()).with_timeout(Duration::from_secs(60));
+    admin.create_topic(name, partitions, 3).await.context("creating the topic")?;
+    admin.wait_for_leaders(name, Duration::from_secs(60)).await?;
+    Ok(())
+}
+
+/// Produces `a.record_bytes` records to `name` for `a.seconds`.
+///
+/// # Errors
+/// A record the producer gave up on.
+pub async fn produce(
+    meta: &Arc<MetadataCache>,
+    name: &str,
+    a: &ProduceArgs,
+) -> anyhow::Result<ProduceResult> {
+    let config = ProducerConfig {
+        linger_ms: if a.in_flight == 1 { 0 } else { a.linger_ms },
+        batch_bytes_max: a.batch_bytes,
+        ..ProducerConfig::default()
+    };
+    let producer = Producer::new(meta.clone(), config)?;
+    let value = Bytes::from(vec![b'x'; a.record_bytes]);
+    let permits = Arc::new(Semaphore::new(a.in_flight));
+    let latency = Arc::new(std::sync::Mutex::new(Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?));
+    let failures = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let start = Instant::now();
+    let end = start + Duration::from_secs(a.seconds);
+    let mut sent = 0u64;
+    let mut i = 0u64;
+    while Instant::now() < end {
+        let permit = permits.clone().acquire_owned().await?;
+        let key = Bytes::from(format!("key-{}", i % 1024));
+        i += 1;
+        let delivery = producer.send(name, Record::new(value.clone()).with_key(key));
+        let (latency, failures) = (latency.clone(), failures.clone());
+        let t = Instant::now();
+        sent += 1;
+        tokio::spawn(async move {
+            match delivery.await {
+                Ok(_) => {
+                    let us = t.elapsed().as_micros() as u64;
+                    let _ = latency.lock().unwrap_or_else(|p| p.into_inner()).record(us.max(1));
+                }
+                Err(_) => {
+                    failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            drop(permit);
+        });
+    }
+    producer.flush().await;
+    let _ = permits.acquire_many(a.in_flight as u32).await?;
+    let seconds = start.elapsed().as_secs_f64();
+    let failed = failures.load(std::sync::atomic::Ordering::Relaxed);
+    anyhow::ensure!(failed == 0, "{failed} of {sent} records failed");
+    let latency_us = latency.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    Ok(ProduceResult { records: sent, seconds, record_bytes: a.record_bytes, latency_us })
+}
+
+/// Reads `name` from the start until `records` records were read; returns
+/// records/s and MB/s (of values).
+///
+/// # Errors
+/// Consumer errors.
+pub async fn consume(
+    meta: &Arc<MetadataCache>,
+    name: &str,
+    records: u64,
+    record_bytes: usize,
+) -> anyhow::Result<(f64, f64)> {
+    let mut consumer =
+        Consumer::new(meta.clone(), ConsumerConfig { fetch_max_bytes: 8 << 20, ..ConsumerConfig::default() });
+    consumer.assign_topic(name, Seek::Earliest, Duration::from_secs(30)).await?;
+    let start = Instant::now();
+    let mut read = 0u64;
+    while read < records {
+        read += consumer.poll(Duration::from_millis(500)).await?.len() as u64;
+        anyhow::ensure!(
+            start.elapsed() < Duration::from_secs(600),
+            "consumer stalled at {read} of {records}"
+        );
+    }
+    let s = start.elapsed().as_secs_f64();
+    Ok((read as f64 / s, read as f64 * record_bytes as f64 / s / 1e6))
+}
+
+/// `produce`.
+///
+/// # Errors
+/// As [`produce`].
+pub async fn produce_only(a: ProduceArgs) -> anyhow::Result<()> {
+    let c = cluster::start("bench-produce").await?;
+    let meta = MetadataCache::new(ClientConfig::from_list(&c.bootstrap()))?;
+    topic(&meta, "bench", a.partitions).await?;
+    produce(&meta, "bench", &a)
+        .await?
+        .print(&format!("produce {} B, {} in flight", a.record_bytes, a.in_flight));
+    Ok(())
+}
+
+/// `consume`.
+///
+/// # Errors
+/// As [`produce`] and [`consume`].
+pub async fn produce_and_consume(a: ProduceArgs) -> anyhow::Result<()> {
+    let c = cluster::start("bench-consume").await?;
+    let meta = MetadataCache::new(ClientConfig::from_list(&c.bootstrap()))?;
+    topic(&meta, "bench", a.partitions).await?;
+    let p = produce(&meta, "bench", &a).await?;
+    p.print(&format!("produce {} B", a.record_bytes));
+    let (rps, mbps) = consume(&meta, "bench", p.records, a.record_bytes).await?;
+    println!("consume from the start: {rps:.0} records/s, {mbps:.1} MB/s");
+    Ok(())
+}
+
+/// `e2e`: 100 B and 1 KiB pipelined, then one in flight; consume each back.
+///
+/// # Errors
+/// As [`produce`] and [`consume`].
+pub async fn e2e(a: E2eArgs) -> anyhow::Result<()> {
+    let c = cluster::start("bench-e2e").await?;
+    let meta = MetadataCache::new(ClientConfig::from_list(&c.bootstrap()))?;
+    println!("| run | records/s | MB/s | p50 ms | p99 ms | p99.9 ms | consume records/s | consume MB/s |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let runs =
+        [("100 B pipelined", 100, 20_000), ("1 KiB pipelined", 1024, 4_000), ("100 B one in flight", 100, 1)];
+    for (i, (label, bytes, in_flight)) in runs.into_iter().enumerate() {
+        let name = format!("e2e-{i}");
+        topic(&meta, &name, 6).await?;
+        let args = ProduceArgs {
+            record_bytes: bytes,
+            seconds: a.seconds,
+            partitions: 6,
+            in_flight,
+            linger_ms: 2,
+            batch_bytes: 256 * 1024,
+        };
+        let p = produce(&meta, &name, &args).await?;
+        let (rps, mbps) = consume(&meta, &name, p.records, bytes).await?;
+        let rate = p.records as f64 / p.seconds;
+        println!(
+            "| {label} | {rate:.0} | {:.1} | {:.2} | {:.2} | {:.2} | {rps:.0} | {mbps:.1} |",
+            rate * bytes as f64 / 1e6,
+            p.latency_us.value_at_quantile(0.5) as f64 / 1000.0,
+            p.latency_us.value_at_quantile(0.99) as f64 / 1000.0,
+            p.latency_us.value_at_quantile(0.999) as f64 / 1000.0,
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,53 @@
+//! `ferrolog-bench`: end-to-end benchmarks against a local 3-broker cluster
+//! of real broker processes (this executable, run as `ferrolog-bench broker`).
+//!
+//! - `produce`: records/s, MB/s and ack latency percentiles of the client
+//!   library's producer (pipelined, or one batch in flight);
+//! - `consume`: how fast a consumer reads the topic back from the start;
+//! - `e2e`: both for 100 B and 1 KiB records, printing a table;
+//! - `idle`: CPU used by a cluster hosting many idle partitions.
+//!
+//! Every figure printed is measured in that run; nothing is extrapolated.
+
+mod cluster;
+mod idle;
+mod load;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "ferrolog-bench", about = "Ferrolog end-to-end benchmarks on a local 3-broker cluster")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run a broker (used by the benchmark's own cluster).
+    #[command(hide = true)]
+    Broker(ferrolog_broker::cli::BrokerArgs),
+    /// Produce for a while and report throughput and ack latency.
+    Produce(load::ProduceArgs),
+    /// Produce, then consume from the start and report read throughput.
+    Consume(load::ProduceArgs),
+    /// Produce and consume 100 B and 1 KiB records; print a table.
+    E2e(load::E2eArgs),
+    /// CPU of a cluster hosting idle partitions.
+    Idle(idle::IdleArgs),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Cmd::Broker(args) => {
+            ferrolog_broker::cli::init_tracing();
+            ferrolog_broker::cli::run(args).await
+        }
+        Cmd::Produce(a) => load::produce_only(a).await,
+        Cmd::Consume(a) => load::produce_and_consume(a).await,
+        Cmd::E2e(a) => load::e2e(a).await,
+        Cmd::Idle(a) => idle::run(a).await,
+    }
+}
