@@ -1,3 +1,115 @@
-//! `ferrolog`: the command line (being written).
+//! `ferrolog`: the command line for Ferrolog.
+//!
+//! A thin layer over `ferrolog-client`; each subcommand has its own module:
+//! - [`dev`]: `ferrolog dev`, a local 3-broker cluster as child processes, with a demo.
+//! - [`admin`]: `ferrolog topic ...` and `ferrolog cluster status`.
+//! - [`produce`]: `ferrolog produce`, records from lines or CSV (plain or zipped), read by [`input`].
+//! - [`consume`]: `ferrolog consume`, records as values or JSON lines ([`output`]).
+//! - [`timefmt`]: timestamps as RFC 3339, `YYYY-MM-DD HH:MM:SS` (UTC) or integer ms.
+//! - `ferrolog broker`: runs a broker in this process (what `ferrolog dev` starts).
 
-fn main() {}
+mod admin;
+mod consume;
+mod dev;
+mod input;
+mod output;
+mod produce;
+mod table;
+mod timefmt;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use ferrolog_client::{ClientConfig, MetadataCache};
+
+/// The `ferrolog dev` cluster's client addresses.
+pub const DEFAULT_BOOTSTRAP: &str = "127.0.0.1:9401,127.0.0.1:9402,127.0.0.1:9403";
+
+#[derive(Parser, Debug)]
+#[command(name = "ferrolog", version, about = "Ferrolog: a distributed commit log", propagate_version = true)]
+struct Cli {
+    /// Brokers to contact first, host:port[,host:port...]; any one is enough.
+    #[arg(long, global = true, env = "FERROLOG_BOOTSTRAP", default_value = DEFAULT_BOOTSTRAP)]
+    bootstrap: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Start a local 3-broker cluster (and a demo producer and consumer).
+    Dev(dev::DevArgs),
+    /// Create, list, describe and delete topics.
+    #[command(subcommand)]
+    Topic(admin::TopicCommand),
+    /// Cluster status: brokers, controller, each partition's Raft state.
+    #[command(subcommand)]
+    Cluster(admin::ClusterCommand),
+    /// Send records: one per line, or one per CSV row.
+    Produce(produce::ProduceArgs),
+    /// Read records and print them.
+    Consume(consume::ConsumeArgs),
+    /// Run a broker in this process (as the `ferrolog-broker` binary does).
+    #[command(hide = true)]
+    Broker(ferrolog_broker::cli::BrokerArgs),
+}
+
+/// A metadata cache for the `--bootstrap` brokers.
+pub fn connect(bootstrap: &str) -> anyhow::Result<Arc<MetadataCache>> {
+    Ok(MetadataCache::new(ClientConfig::from_list(bootstrap))?)
+}
+
+/// Client-side logs (retries, failovers) at `warn` unless `RUST_LOG` says
+/// otherwise, on stderr.
+fn init_client_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+// `ferrolog dev` spawns its brokers from this thread (the main thread, which
+// lives as long as the process) so that their parent-death signal fires only
+// when this process exits; see `dev::spawn_broker`.
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let bootstrap = cli.bootstrap.as_str();
+    let result = match cli.command {
+        Command::Broker(args) => {
+            ferrolog_broker::cli::init_tracing();
+            ferrolog_broker::cli::run(args).await
+        }
+        Command::Dev(args) => {
+            init_client_tracing();
+            dev::run(args).await
+        }
+        Command::Topic(c) => {
+            init_client_tracing();
+            admin::topic(bootstrap, c).await
+        }
+        Command::Cluster(c) => {
+            init_client_tracing();
+            admin::cluster(bootstrap, c).await
+        }
+        Command::Produce(args) => {
+            init_client_tracing();
+            produce::run(bootstrap, args).await
+        }
+        Command::Consume(args) => {
+            init_client_tracing();
+            consume::run(bootstrap, args).await
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! `ferrolog topic ...` and `ferrolog cluster status`.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Subcommand;
+use ferrolog_client::Admin;
+use ferrolog_client::admin::ClusterStatus;
+use ferrolog_client::error::ErrorCode;
+
+use crate::table;
+
+/// Topic commands.
+#[derive(Subcommand, Debug)]
+pub enum TopicCommand {
+    /// Create a topic and wait until every partition has a leader.
+    Create {
+        /// Topic name.
+        name: String,
+        /// Number of partitions.
+        #[arg(long, default_value_t = 3)]
+        partitions: u32,
+        /// Replicas per partition.
+        #[arg(long, default_value_t = 3)]
+        replication_factor: u32,
+    },
+    /// List topics.
+    List,
+    /// Show a topic's partitions with their leader and replicas.
+    Describe {
+        /// Topic name.
+        name: String,
+    },
+    /// Delete a topic and its data.
+    Delete {
+        /// Topic name.
+        name: String,
+    },
+}
+
+/// Cluster commands.
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// Brokers, controller, and each partition's leader, term, replicas,
+    /// commit index, high watermark and follower lag.
+    Status,
+}
+
+/// Runs a topic command.
+pub async fn topic(bootstrap: &str, command: TopicCommand) -> anyhow::Result<()> {
+    let admin = Admin::new(crate::connect(bootstrap)?);
+    match command {
+        TopicCommand::Create { name, partitions, replication_factor } => {
+            match admin.create_topic(&name, partitions, replication_factor).await {
+                Err(e) if e.code() == Some(ErrorCode::TopicAlreadyExists) => {
+                    anyhow::bail!("topic {name:?} already exists")
+                }
+                other => other.with_context(|| format!("creating topic {name:?}"))?,
+            }
+            admin.wait_for_leaders(&name, Duration::from_secs(30)).await.with_context(|| {
+                format!("topic {name:?} was created, but not every partition has a leader yet")
+            })?;
+            println!(
+                "created topic {name}: {partitions} partitions, replication factor {replication_factor}"
+            );
+        }
+        TopicCommand::List => {
+            let topics = admin.list_topics().await.context("listing topics")?;
+            let rows: Vec<Vec<String>> = topics
+                .iter()
+                .map(|t| {
+                    vec![t.name.clone(), t.partition_count().to_string(), t.replication_factor.to_string()]
+                })
+                .collect();
+            print!("{}", table::render(&["TOPIC", "PARTITIONS", "REPLICATION"], &rows));
+        }
+        TopicCommand::Describe { name } => {
+            let (t, cluster) =
+                admin.describe_topic(&name).await.with_context(|| format!("describing {name:?}"))?;
+            println!(
+                "topic {}: {} partitions, replication factor {}",
+                t.name,
+                t.partition_count(),
+                t.replication_factor
+            );
+            let rows: Vec<Vec<String>> = t
+                .partitions
+                .iter()
+                .map(|p| {
+                    let leader = match (p.leader, cluster.brokers.get(&p.leader)) {
+                        (0, _) => "none".to_owned(),
+                        (id, Some(b)) => format!("{id} ({})", b.address),
+                        (id, None) => id.to_string(),
+                    };
+                    vec![p.partition.to_string(), leader, join(&p.replicas), p.group_id.to_string()]
+                })
+                .collect();
+            print!("{}", table::render(&["PARTITION", "LEADER", "REPLICAS", "RAFT GROUP"], &rows));
+        }
+        TopicCommand::Delete { name } => {
+            admin.delete_topic(&name).await.with_context(|| format!("deleting topic {name:?}"))?;
+            println!("deleted topic {name}");
+        }
+    }
+    Ok(())
+}
+
+/// Runs a cluster command.
+pub async fn cluster(bootstrap: &str, command: ClusterCommand) -> anyhow::Result<()> {
+    let admin = Admin::new(crate::connect(bootstrap)?);
+    match command {
+        ClusterCommand::Status => {
+            let status = admin.cluster_status().await.context("asking the cluster for its status")?;
+            print!("{}", render_status(&status));
+            Ok(())
+        }
+    }
+}
+
+fn join(ids: &[u32]) -> String {
+    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// The status report, as printed.
+fn render_status(s: &ClusterStatus) -> String {
+    let mut out = String::new();
+    let controller =
+        if s.controller == 0 { "unknown".to_owned() } else { format!("broker {}", s.controller) };
+    out.push_str(&format!("controller: {controller} (metadata from {})\n\n", s.answered_by));
+    let brokers: Vec<Vec<String>> = s
+        .brokers
+        .iter()
+        .map(|b| {
+            let id = if b.id == s.controller { format!("{} *", b.id) } else { b.id.to_string() };
+            vec![id, b.address.clone(), b.peer_address.clone(), if b.alive { "yes" } else { "NO" }.to_owned()]
+        })
+        .collect();
+    out.push_str(&table::render(&["BROKER", "ADDRESS", "PEER ADDRESS", "ALIVE"], &brokers));
+    out.push_str("(* = controller)\n\n");
+    if s.partitions.is_empty() {
+        out.push_str("no topics\n");
+        return out;
+    }
+    let rows: Vec<Vec<String>> = s
+        .partitions
+        .iter()
+        .map(|p| {
+            let mut row = vec![p.topic.clone(), p.partition.to_string()];
+            match &p.status {
+                Ok(st) => {
+                    let lag = st
+                        .followers
+                        .iter()
+                        .map(|f| match f.matched_index {
+                            Some(_) => format!("{}:{}", f.broker_id, f.lag),
+                            None => format!("{}:?", f.broker_id),
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" ");
+                    row.extend([
+                        st.leader.to_string(),
+                        st.term.to_string(),
+                        join(&p.replicas),
+                        st.commit_index.to_string(),
+                        st.high_watermark.to_string(),
+                        lag,
+                    ]);
+                }
+                Err(e) => {
+                    let leader = if p.leader == 0 { "none".to_owned() } else { p.leader.to_string() };
+                    row.extend([
+                        leader,
+                        "-".into(),
+                        join(&p.replicas),
+                        "-".into(),
+                        "-".into(),
+                        format!("error: {e}"),
+                    ]);
+                }
+            }
+            row
+        })
+        .collect();
+    out.push_str(&table::render(
+        &[
+            "TOPIC",
+            "PARTITION",
+            "LEADER",
+            "TERM",
+            "REPLICAS",
+            "COMMIT",
+            "HIGH WATERMARK",
+            "FOLLOWER LAG (broker:entries)",
+        ],
+        &rows,
+    ));
+    out
+}

@@ -1,0 +1,221 @@
+//! `ferrolog consume`: prints records of a topic's partitions, from a
+//! position, until each partition reaches the end it had at start (or, with
+//! `--follow`, until Ctrl-C).
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use ferrolog_client::{Consumer, ConsumerConfig, Seek};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::output::record_json;
+use crate::timefmt::parse_timestamp_ms;
+
+/// How records are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// The value's bytes, then a newline.
+    Value,
+    /// A JSON object per line: partition, offset, key, value, timestamp, headers.
+    Json,
+}
+
+/// `ferrolog consume` flags.
+#[derive(Args, Debug)]
+pub struct ConsumeArgs {
+    /// Topic to read.
+    topic: String,
+    /// Partition to read (repeatable); default: every partition.
+    #[arg(long = "partition", short = 'p')]
+    partitions: Vec<u32>,
+    /// Where to start: earliest, latest, an offset (integer), or a time
+    /// (RFC 3339 or "YYYY-MM-DD HH:MM:SS" UTC) to start at the first record
+    /// at or after it.
+    #[arg(long, default_value = "earliest", value_parser = parse_from)]
+    from: Seek,
+    /// Keep waiting for new records (until Ctrl-C) instead of stopping at
+    /// the end each partition had at start.
+    #[arg(long)]
+    follow: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Value)]
+    output: OutputFormat,
+    /// Stop after this many records.
+    #[arg(long)]
+    max_records: Option<u64>,
+}
+
+/// Parses `--from`: `earliest`, `latest`, an offset, or a time.
+fn parse_from(text: &str) -> Result<Seek, String> {
+    let t = text.trim();
+    match t.to_ascii_lowercase().as_str() {
+        "earliest" | "beginning" => return Ok(Seek::Earliest),
+        "latest" | "end" => return Ok(Seek::Latest),
+        _ => {}
+    }
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        return t.parse().map(Seek::Offset).map_err(|e| format!("offset {t:?}: {e}"));
+    }
+    if t.contains('-') {
+        return parse_timestamp_ms(t).map(Seek::Timestamp);
+    }
+    Err(format!("{t:?} is not earliest, latest, an offset or a time"))
+}
+
+/// Runs `ferrolog consume`.
+pub async fn run(bootstrap: &str, args: ConsumeArgs) -> anyhow::Result<()> {
+    let meta = crate::connect(bootstrap)?;
+    let topic = meta.topic(&args.topic, Duration::from_secs(10)).await.map_err(|e| match e {
+        ferrolog_client::Error::UnknownTopic { .. } => {
+            anyhow::anyhow!("topic {:?} does not exist", args.topic)
+        }
+        other => anyhow::Error::new(other).context("asking the cluster for metadata"),
+    })?;
+    let partitions: Vec<u32> = if args.partitions.is_empty() {
+        topic.partitions.iter().map(|p| p.partition).collect()
+    } else {
+        for p in &args.partitions {
+            if *p >= topic.partition_count() {
+                bail!(
+                    "topic {:?} has {} partitions (0..{}); there is no partition {p}",
+                    args.topic,
+                    topic.partition_count(),
+                    topic.partition_count()
+                );
+            }
+        }
+        args.partitions.clone()
+    };
+    let mut consumer = Consumer::new(meta, ConsumerConfig::default());
+
+    // Without --follow: the end of each partition now is where reading stops.
+    let mut ends: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut starts: BTreeMap<u32, u64> = BTreeMap::new();
+    if !args.follow {
+        for &p in &partitions {
+            let end = consumer
+                .list_offset(&args.topic, p, Seek::Latest)
+                .await
+                .with_context(|| format!("finding the end of partition {p}"))?;
+            let start = consumer
+                .list_offset(&args.topic, p, args.from)
+                .await
+                .with_context(|| format!("finding where to start in partition {p}"))?;
+            ends.insert(p, end);
+            starts.insert(p, start.min(end));
+            consumer.seek(&args.topic, p, Seek::Offset(start));
+        }
+    } else {
+        consumer.assign(&args.topic, partitions.iter().copied(), args.from);
+    }
+
+    let stdout = std::io::stdout();
+    let bar = progress_bar(&args, &starts, &ends, stdout.is_terminal());
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut printed = 0u64;
+    let max = args.max_records.unwrap_or(u64::MAX);
+    let done = |c: &Consumer| {
+        !args.follow
+            && ends
+                .iter()
+                .all(|(&p, &end)| end == 0 || c.position(&args.topic, p).is_some_and(|pos| pos >= end))
+    };
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    while printed < max && !done(&consumer) {
+        let records = tokio::select! {
+            r = consumer.poll(Duration::from_millis(500)) => r.with_context(|| format!("reading {}", args.topic))?,
+            _ = &mut ctrl_c => break,
+        };
+        let mut newly = 0;
+        for r in records {
+            if !args.follow && ends.get(&r.partition).is_none_or(|end| r.offset >= *end) {
+                continue;
+            }
+            let written = match args.output {
+                OutputFormat::Value => out.write_all(&r.value).and_then(|()| out.write_all(b"\n")),
+                OutputFormat::Json => writeln!(out, "{}", record_json(&r)),
+            };
+            if let Err(e) = written {
+                if e.kind() == std::io::ErrorKind::BrokenPipe {
+                    return Ok(());
+                }
+                return Err(e).context("writing to stdout");
+            }
+            printed += 1;
+            newly += 1;
+            if printed >= max {
+                break;
+            }
+        }
+        if let Err(e) = out.flush() {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                return Ok(());
+            }
+            return Err(e).context("writing to stdout");
+        }
+        if let Some(bar) = &bar {
+            bar.inc(newly);
+        }
+    }
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    Ok(())
+}
+
+/// A progress bar on stderr when stderr is a terminal and the records go
+/// elsewhere (printing them to the terminal is progress enough): records
+/// read of those between the start positions and the ends.
+fn progress_bar(
+    args: &ConsumeArgs,
+    starts: &BTreeMap<u32, u64>,
+    ends: &BTreeMap<u32, u64>,
+    stdout_is_terminal: bool,
+) -> Option<ProgressBar> {
+    if stdout_is_terminal || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = if args.follow {
+        let bar = ProgressBar::new_spinner();
+        if let Ok(style) =
+            ProgressStyle::with_template("{spinner} {elapsed_precise} {pos} records ({per_sec})")
+        {
+            bar.set_style(style);
+        }
+        bar
+    } else {
+        let total: u64 =
+            ends.iter().map(|(p, end)| end - starts.get(p).copied().unwrap_or(0).min(*end)).sum();
+        let total = args.max_records.map_or(total, |m| m.min(total));
+        let bar = ProgressBar::new(total);
+        if let Ok(style) = ProgressStyle::with_template(
+            "{spinner} {elapsed_precise} [{bar:30}] {pos}/{len} records ({per_sec}, {eta} left)",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar
+    };
+    bar.enable_steady_tick(Duration::from_millis(200));
+    Some(bar)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_accepts_positions_offsets_and_times() {
+        assert_eq!(parse_from("earliest"), Ok(Seek::Earliest));
+        assert_eq!(parse_from("LATEST"), Ok(Seek::Latest));
+        assert_eq!(parse_from("42"), Ok(Seek::Offset(42)));
+        assert_eq!(parse_from("2013-01-01T10:00:00Z"), Ok(Seek::Timestamp(1_357_034_400_000)));
+        assert_eq!(parse_from("2013-01-01 10:00:00"), Ok(Seek::Timestamp(1_357_034_400_000)));
+        assert!(parse_from("soon").is_err());
+        assert!(parse_from("").is_err());
+        assert!(parse_from("2013-13-01").is_err());
+    }
+}
