@@ -78,14 +78,28 @@ struct Assigned {
     paused: bool,
     high_watermark: Option<u64>,
     log_start_offset: Option<u64>,
+    /// After a timestamp seek: skip records of the first fetched batch
+    /// before the first one at or after this time (the broker finds the
+    /// batch; Kafka's `ListOffsets` names the record).
+    first_batch_min_timestamp_ms: Option<i64>,
 }
 
 type Key = (String, u32);
 
 /// What a partition's request task found.
 enum Outcome {
-    Resolved(u64),
-    Fetched { records: Vec<ConsumerRecord>, next_offset: u64, high_watermark: u64, log_start_offset: u64 },
+    /// A seek resolved to an offset; for a timestamp seek that found a
+    /// batch, the timestamp to skip to within that first batch.
+    Resolved {
+        offset: u64,
+        first_batch_min_timestamp_ms: Option<i64>,
+    },
+    Fetched {
+        records: Vec<ConsumerRecord>,
+        next_offset: u64,
+        high_watermark: u64,
+        log_start_offset: u64,
+    },
 }
 
 struct Done {
@@ -161,11 +175,13 @@ impl Consumer {
             paused: false,
             high_watermark: None,
             log_start_offset: None,
+            first_batch_min_timestamp_ms: None,
         });
         a.position = position;
         a.epoch += 1;
         a.paused = false;
         a.retry_at = None;
+        a.first_batch_min_timestamp_ms = None;
         a.failures = 0;
         if let Some(task) = a.in_flight.take() {
             task.abort();
@@ -207,7 +223,7 @@ impl Consumer {
     /// # Errors
     /// Permanent errors, or [`Error::Deadline`] after `list_offsets_timeout_ms`.
     pub async fn list_offset(&self, topic: &str, partition: u32, seek: Seek) -> Result<u64> {
-        list_offset(&self.meta, &self.config, topic, partition, seek).await
+        list_offset(&self.meta, &self.config, topic, partition, seek).await.map(|(offset, _)| offset)
     }
 
     /// Returns records fetched since the last call, waiting up to `timeout`
@@ -259,15 +275,27 @@ impl Consumer {
             if a.in_flight.is_some() || a.paused || a.retry_at.is_some_and(|t| now < t) {
                 continue;
             }
-            let (meta, config, key2, epoch, position) =
-                (self.meta.clone(), self.config.clone(), key.clone(), a.epoch, a.position);
+            let (meta, config, key2, epoch, position, min_ts) = (
+                self.meta.clone(),
+                self.config.clone(),
+                key.clone(),
+                a.epoch,
+                a.position,
+                a.first_batch_min_timestamp_ms,
+            );
             let handle = self.tasks.spawn(async move {
                 let (topic, partition) = (&key2.0, key2.1);
                 let result = match position {
                     Position::Pending(seek) => {
-                        list_offset(&meta, &config, topic, partition, seek).await.map(Outcome::Resolved)
+                        list_offset(&meta, &config, topic, partition, seek).await.map(|(offset, found)| {
+                            let first_batch_min_timestamp_ms = match seek {
+                                Seek::Timestamp(t) if found => Some(t),
+                                _ => None,
+                            };
+                            Outcome::Resolved { offset, first_batch_min_timestamp_ms }
+                        })
                     }
-                    Position::Offset(offset) => fetch(&meta, &config, topic, partition, offset).await,
+                    Position::Offset(offset) => fetch(&meta, &config, topic, partition, offset, min_ts).await,
                 };
                 Done { key: key2, epoch, result }
             });
@@ -307,8 +335,9 @@ impl Consumer {
         a.in_flight = None;
         let (topic, partition) = (&done.key.0, done.key.1);
         match done.result {
-            Ok(Outcome::Resolved(offset)) => {
+            Ok(Outcome::Resolved { offset, first_batch_min_timestamp_ms }) => {
                 a.position = Position::Offset(offset);
+                a.first_batch_min_timestamp_ms = first_batch_min_timestamp_ms;
                 a.failures = 0;
             }
             Ok(Outcome::Fetched { records, next_offset, high_watermark, log_start_offset }) => {
@@ -316,6 +345,9 @@ impl Consumer {
                 a.high_watermark = Some(high_watermark);
                 a.log_start_offset = Some(log_start_offset);
                 a.position = Position::Offset(next_offset);
+                if !records.is_empty() {
+                    a.first_batch_min_timestamp_ms = None;
+                }
                 self.ready.extend(records);
             }
             Err(e) if e.retry() == Retry::Yes => {
@@ -344,9 +376,9 @@ async fn list_offset(
     topic: &str,
     partition: u32,
     seek: Seek,
-) -> Result<u64> {
+) -> Result<(u64, bool)> {
     let (spec, timestamp_ms) = match seek {
-        Seek::Offset(o) => return Ok(o),
+        Seek::Offset(o) => return Ok((o, true)),
         Seek::Earliest => (pb::OffsetSpec::Earliest, 0),
         Seek::Latest => (pb::OffsetSpec::Latest, 0),
         Seek::Timestamp(t) => (pb::OffsetSpec::Timestamp, t),
@@ -358,7 +390,7 @@ async fn list_offset(
         let request =
             pb::ListOffsetsRequest { topic: topic.to_owned(), partition, spec: spec as i32, timestamp_ms };
         let r = meta.call(&op, &address, 0, |mut c| async move { c.list_offsets(request).await }).await;
-        let r = r.and_then(|r| Error::from_wire(&op, r.error).map(|()| r.offset));
+        let r = r.and_then(|r| Error::from_wire(&op, r.error).map(|()| (r.offset, r.found)));
         if let Err(e) = &r {
             meta.note_failure(topic, partition, e);
         }
@@ -373,6 +405,7 @@ async fn fetch(
     topic: &str,
     partition: u32,
     offset: u64,
+    first_batch_min_timestamp_ms: Option<i64>,
 ) -> Result<Outcome> {
     let address = meta.leader_address(topic, partition).await?;
     let op = Op { offset, ..Op::partition("fetch from", topic, partition) };
@@ -386,7 +419,8 @@ async fn fetch(
     let wait = u64::from(config.fetch_max_wait_ms);
     let r = meta.call(&op, &address, wait, |mut c| async move { c.fetch(request).await }).await?;
     Error::from_wire(&op, r.error)?;
-    let (records, next_offset) = decode_batches(topic, partition, offset, r.batches)?;
+    let (records, next_offset) =
+        decode_batches(topic, partition, offset, r.batches, first_batch_min_timestamp_ms)?;
     Ok(Outcome::Fetched {
         records,
         next_offset,
@@ -397,6 +431,8 @@ async fn fetch(
 
 /// Decodes fetched batches into records at or after `offset`; returns them
 /// and the offset after the last one (`offset` itself when there is none).
+/// With `first_batch_min_timestamp_ms`, records of the first batch before
+/// the first one stamped at or after it are skipped too (when it has one).
 ///
 /// # Errors
 /// [`Error::Protocol`] when a batch does not decode, holds a different
@@ -406,9 +442,11 @@ pub(crate) fn decode_batches(
     partition: u32,
     offset: u64,
     batches: Vec<pb::RecordBatch>,
+    first_batch_min_timestamp_ms: Option<i64>,
 ) -> Result<(Vec<ConsumerRecord>, u64)> {
     let mut records = Vec::new();
     let mut next = offset;
+    let mut min_timestamp_ms = first_batch_min_timestamp_ms;
     for b in batches {
         let set = pb::RecordSet::decode(b.records.as_slice()).map_err(|e| {
             Error::Protocol(format!(
@@ -430,11 +468,20 @@ pub(crate) fn decode_batches(
                 b.base_offset
             )));
         }
-        for (i, r) in set.records.into_iter().enumerate() {
-            let o = b.base_offset + i as u64;
-            if o < next {
-                continue;
+        let first_wanted = next.saturating_sub(b.base_offset) as usize;
+        if first_wanted >= set.records.len() {
+            continue;
+        }
+        // The first batch with records to return: a timestamp seek starts at
+        // its first record stamped at or after the time, if it has one.
+        let mut skip = first_wanted;
+        if let Some(t) = min_timestamp_ms.take() {
+            if let Some(j) = set.records[first_wanted..].iter().position(|r| r.timestamp_ms >= t) {
+                skip += j;
             }
+        }
+        for (i, r) in set.records.into_iter().enumerate().skip(skip) {
+            let o = b.base_offset + i as u64;
             records.push(ConsumerRecord::from_wire(topic, partition, o, r));
             next = o + 1;
         }
@@ -459,7 +506,8 @@ mod tests {
     #[test]
     fn skips_records_below_the_requested_offset() {
         let (records, next) =
-            decode_batches("t", 0, 12, vec![batch(10, &["a", "b", "c"]), batch(13, &["d"])]).expect("decode");
+            decode_batches("t", 0, 12, vec![batch(10, &["a", "b", "c"]), batch(13, &["d"])], None)
+                .expect("decode");
         let got: Vec<_> = records.iter().map(|r| (r.offset, r.value.clone())).collect();
         assert_eq!(got, vec![(12, "c".into()), (13, "d".into())]);
         assert_eq!(next, 14);
@@ -467,20 +515,43 @@ mod tests {
 
     #[test]
     fn nothing_new_keeps_the_position() {
-        assert_eq!(decode_batches("t", 0, 5, vec![]).expect("decode").1, 5);
+        assert_eq!(decode_batches("t", 0, 5, vec![], None).expect("decode").1, 5);
         // A batch wholly below the offset (the broker's first batch) is skipped.
-        assert_eq!(decode_batches("t", 0, 5, vec![batch(2, &["x", "y"])]).expect("decode").1, 5);
+        assert_eq!(decode_batches("t", 0, 5, vec![batch(2, &["x", "y"])], None).expect("decode").1, 5);
+    }
+
+    fn stamped(base: u64, stamps: &[i64]) -> pb::RecordBatch {
+        let set = pb::RecordSet {
+            records: stamps.iter().map(|t| pb::Record { timestamp_ms: *t, ..Default::default() }).collect(),
+        };
+        pb::RecordBatch { base_offset: base, record_count: stamps.len() as u32, records: set.encode_to_vec() }
+    }
+
+    #[test]
+    fn timestamp_seeks_start_at_the_first_late_enough_record_of_the_first_batch() {
+        let batches = vec![stamped(10, &[5, 30, 7, 40]), stamped(14, &[1, 50])];
+        let (records, next) = decode_batches("t", 0, 10, batches.clone(), Some(30)).expect("decode");
+        let offsets: Vec<_> = records.iter().map(|r| r.offset).collect();
+        assert_eq!(offsets, vec![11, 12, 13, 14, 15], "later records are kept whatever their time");
+        assert_eq!(next, 16);
+        // No record of the first batch is late enough: keep them all.
+        let (records, _) = decode_batches("t", 0, 10, batches, Some(99)).expect("decode");
+        assert_eq!(records.len(), 6);
+        // Only records that would be skipped: the position still moves past them.
+        let (records, next) =
+            decode_batches("t", 0, 0, vec![stamped(0, &[1, 2, 9])], Some(9)).expect("decode");
+        assert_eq!((records.len(), next), (1, 3));
     }
 
     #[test]
     fn rejects_malformed_batches() {
         let mut wrong_count = batch(0, &["a"]);
         wrong_count.record_count = 2;
-        assert!(matches!(decode_batches("t", 0, 0, vec![wrong_count]), Err(Error::Protocol(_))));
+        assert!(matches!(decode_batches("t", 0, 0, vec![wrong_count], None), Err(Error::Protocol(_))));
         let garbage = pb::RecordBatch { base_offset: 0, record_count: 1, records: vec![0xff, 0xff, 0xff] };
-        assert!(matches!(decode_batches("t", 0, 0, vec![garbage]), Err(Error::Protocol(_))));
+        assert!(matches!(decode_batches("t", 0, 0, vec![garbage], None), Err(Error::Protocol(_))));
         let backwards = vec![batch(0, &["a", "b"]), batch(0, &["a", "b"])];
-        assert!(matches!(decode_batches("t", 0, 0, backwards), Err(Error::Protocol(_))));
+        assert!(matches!(decode_batches("t", 0, 0, backwards, None), Err(Error::Protocol(_))));
     }
 
     #[tokio::test]

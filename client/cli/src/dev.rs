@@ -438,20 +438,23 @@ async fn run_demo(meta: Arc<MetadataCache>) {
     while tasks.join_next().await.is_some() {}
 }
 
+/// The demo's sensors, used as record keys: two per partition of `demo`
+/// under Kafka's partitioner with 3 partitions.
+const SENSORS: [&str; 6] = ["garage", "cellar", "kitchen", "office", "porch", "lab"];
+
 async fn demo_produce(producer: Producer, stats: Arc<DemoStats>) {
     let mut tick = tokio::time::interval(Duration::from_millis(1000 / DEMO_RECORDS_PER_SECOND));
     let mut seq = 0u64;
     loop {
         tick.tick().await;
         seq += 1;
-        // A small deterministic "reading" per sensor: no randomness needed.
-        let sensor = seq % 8 + 1;
-        let reading = 20.0 + ((seq * 37 + sensor * 11) % 100) as f64 / 10.0;
-        let value = format!(
-            r#"{{"sensor":"sensor-{sensor}","reading":{reading:.1},"seq":{seq},"ts":{}}}"#,
-            unix_now_ms()
-        );
-        let record = Record::new(value).with_key(format!("sensor-{sensor}")).with_timestamp_ms(unix_now_ms());
+        // A made-up temperature that wanders deterministically per sensor.
+        let index = (seq % SENSORS.len() as u64) as usize;
+        let sensor = SENSORS[index];
+        let reading = 18.0 + ((seq * 37 + index as u64 * 11) % 80) as f64 / 10.0;
+        let now = unix_now_ms();
+        let value = format!(r#"{{"sensor":"{sensor}","reading":{reading:.1},"seq":{seq},"ts":{now}}}"#);
+        let record = Record::new(value).with_key(sensor).with_timestamp_ms(now);
         let delivery = producer.send(DEMO_TOPIC, record);
         stats.produced.fetch_add(1, Ordering::Relaxed);
         let stats = stats.clone();
@@ -546,6 +549,17 @@ mod tests {
             let back = BrokerConfig::from_toml(&c.to_toml().expect("toml")).expect("parse");
             assert_eq!(back, c);
         }
+    }
+
+    #[test]
+    fn demo_sensors_cover_every_partition() {
+        let mut per_partition = [0; DEMO_PARTITIONS as usize];
+        for s in SENSORS {
+            per_partition
+                [ferrolog_client::partitioner::partition_for_key(s.as_bytes(), DEMO_PARTITIONS) as usize] +=
+                1;
+        }
+        assert_eq!(per_partition, [2, 2, 2]);
     }
 
     #[test]

@@ -116,6 +116,9 @@ pub(crate) fn increment_sequence(sequence: i32, count: u32) -> i32 {
 }
 
 /// What the worker must do with a batch whose request failed.
+// Returned once per failed response and matched at once: boxing would only
+// add an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum Failure {
     /// Put back; the partition retries after its backoff.
