@@ -475,10 +475,10 @@ pub(crate) fn decode_batches(
         // The first batch with records to return: a timestamp seek starts at
         // its first record stamped at or after the time, if it has one.
         let mut skip = first_wanted;
-        if let Some(t) = min_timestamp_ms.take() {
-            if let Some(j) = set.records[first_wanted..].iter().position(|r| r.timestamp_ms >= t) {
-                skip += j;
-            }
+        if let Some(t) = min_timestamp_ms.take()
+            && let Some(j) = set.records[first_wanted..].iter().position(|r| r.timestamp_ms >= t)
+        {
+            skip += j;
         }
         for (i, r) in set.records.into_iter().enumerate().skip(skip) {
             let o = b.base_offset + i as u64;
