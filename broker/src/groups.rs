@@ -54,8 +54,42 @@ impl GroupRegistry {
             .collect()
     }
 
+    /// Every hosted group.
+    pub fn all(&self) -> Vec<(GroupId, HostedGroup)> {
+        let groups = self.groups.read().unwrap_or_else(|p| p.into_inner());
+        groups.iter().map(|(g, h)| (*g, h.clone())).collect()
+    }
+
     /// The replica of `group`, if hosted here.
     pub fn get(&self, group: GroupId) -> Option<HostedGroup> {
         self.groups.read().unwrap_or_else(|p| p.into_inner()).get(&group).cloned()
     }
+}
+
+/// Makes sure a leader's lease is fresh before it proposes: a leader whose
+/// ticker was parked (an idle, quiesced group) has not heard from a quorum
+/// lately, and openraft refuses writes and membership changes until it has
+/// (the leader lease, one maximum election timeout). Sends a heartbeat and
+/// waits up to `wait` for a quorum to acknowledge one sent after now.
+/// Returns whether the lease is fresh.
+pub async fn renew_lease(
+    raft: &PartitionRaft,
+    lease: std::time::Duration,
+    wait: std::time::Duration,
+) -> bool {
+    use openraft::async_runtime::watch::WatchReceiver;
+    use openraft::type_config::TypeConfigExt;
+    type C = ferrolog_raft_store::types::TypeConfig;
+    let now = C::now();
+    let acked = |m: &openraft::RaftMetrics<C>| m.last_quorum_acked.clone().map(|t| t.into_inner());
+    if acked(&raft.metrics().borrow_watched()).is_some_and(|t| now < t + lease / 2) {
+        return true;
+    }
+    if raft.trigger().heartbeat().await.is_err() {
+        return false;
+    }
+    raft.wait(Some(wait))
+        .metrics(|m| acked(m).is_some_and(|t| t >= now), "quorum acked a heartbeat")
+        .await
+        .is_ok()
 }

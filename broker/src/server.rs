@@ -18,6 +18,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use crate::config::BrokerConfig;
 use crate::groups::{GroupRegistry, HostedGroup};
 use crate::grpc::ClientService;
+use crate::identity;
 use crate::liveness::Liveness;
 use crate::metadata::METADATA_GROUP;
 use crate::metadata::command::ControllerRequest;
@@ -103,14 +104,26 @@ impl Broker {
             }
         }));
 
-        // The metadata group: node id = broker id.
+        // The metadata group. A new data directory founds it (with the
+        // initial cluster) unless the cluster already exists: then it joins
+        // under a node id the controller gives it.
+        let (mut identity, fresh) = identity::load_or_create(&config.data_dir, me)?;
+        if fresh && !config.initial_cluster.is_empty() {
+            if cluster_exists(&config, &peers).await {
+                identity.metadata_node = join(&config, identity.incarnation, &peers).await?;
+                tracing::info!(metadata_node = identity.metadata_node, "joined the existing cluster");
+            } else {
+                identity.founder = true;
+            }
+            identity::store(&config.data_dir, &identity)?;
+        }
         let meta_dir = config.data_dir.join("metadata");
         let staging_dir = meta_dir.join("staging");
         std::fs::create_dir_all(&staging_dir)?;
         let meta_replica = Replica::open(&meta_dir.join("replica"), config.storage.clone(), flusher.clone())
             .context("opening the metadata log")?;
         let metadata = Raft::new(
-            NodeId::from(me),
+            identity.metadata_node,
             raft_config.clone(),
             PeerNetworkFactory::new(METADATA_GROUP, peers.clone()),
             meta_replica.log_store(),
@@ -121,28 +134,22 @@ impl Broker {
         groups.insert(
             METADATA_GROUP,
             HostedGroup {
-                node_id: NodeId::from(me),
+                node_id: identity.metadata_node,
                 raft: metadata.clone(),
                 replica: meta_replica.clone(),
                 staging_dir,
             },
         );
-        if !metadata.is_initialized().await? {
-            if config.initial_cluster.is_empty() {
-                tracing::warn!(
-                    "new data directory and no initial cluster: waiting to be added by a controller"
-                );
-            } else {
-                let members: BTreeMap<NodeId, Node> = config
-                    .initial_cluster
-                    .iter()
-                    .map(|(id, addr)| (NodeId::from(*id), Node { addr: addr.to_string() }))
-                    .collect();
-                if let Err(e) = metadata.initialize(members).await {
-                    tracing::debug!("metadata initialize: {e}");
-                }
-                tracing::info!(members = ?config.initial_cluster, "formed the metadata group");
+        if identity.founder && !metadata.is_initialized().await? {
+            let members: BTreeMap<NodeId, Node> = config
+                .initial_cluster
+                .iter()
+                .map(|(id, addr)| (NodeId::from(*id), Node { addr: addr.to_string() }))
+                .collect();
+            if let Err(e) = metadata.initialize(members).await {
+                tracing::debug!("metadata initialize: {e}");
             }
+            tracing::info!(members = ?config.initial_cluster, "founded the metadata group");
         }
 
         let (image_tx, image_rx) = watch::channel(Arc::new(MetadataImage::new()));
@@ -168,7 +175,13 @@ impl Broker {
         let dead_after = Duration::from_millis(config.raft.election_timeout_min_ms);
         tasks.push(tokio::spawn(liveness.clone().run(me, image_rx.clone(), peers, ping_every, dead_after)));
         tasks.push(tokio::spawn(crate::quiesce::run(me, table.clone(), liveness.clone(), ping_every)));
-        tasks.push(tokio::spawn(register(controller.clone(), image_rx, config.clone())));
+        tasks.push(tokio::spawn(crate::membership::run(reconciler.groups.clone(), image_rx.clone())));
+        tasks.push(tokio::spawn(register(
+            controller.clone(),
+            image_rx,
+            config.clone(),
+            identity.incarnation,
+        )));
 
         let service =
             ClientService { broker: me, limits: config.limits.clone(), controller, table, liveness };
@@ -214,19 +227,23 @@ impl Broker {
 /// Registers this broker's addresses with the controller, and again
 /// whenever the image disagrees with them (a new controller, a changed
 /// address), retrying until it succeeds.
-async fn register(controller: Controller, mut image: watch::Receiver<Arc<MetadataImage>>, c: BrokerConfig) {
+async fn register(
+    controller: Controller,
+    mut image: watch::Receiver<Arc<MetadataImage>>,
+    c: BrokerConfig,
+    incarnation: u64,
+) {
     let (client_addr, peer_addr) = (c.client_addr.to_string(), c.peer_addr.to_string());
     loop {
-        let registered = image
-            .borrow()
-            .brokers
-            .get(&c.node_id)
-            .is_some_and(|b| b.client_addr == client_addr && b.peer_addr == peer_addr);
+        let registered = image.borrow().brokers.get(&c.node_id).is_some_and(|b| {
+            b.client_addr == client_addr && b.peer_addr == peer_addr && b.incarnation == incarnation
+        });
         if !registered {
             let req = ControllerRequest::RegisterBroker {
                 id: c.node_id,
                 client_addr: client_addr.clone(),
                 peer_addr: peer_addr.clone(),
+                incarnation,
             };
             match controller.handle(req).await {
                 Ok(_) => tracing::info!("registered with the controller"),
@@ -241,4 +258,63 @@ async fn register(controller: Controller, mut image: watch::Receiver<Arc<Metadat
             return;
         }
     }
+}
+
+/// Whether any founding member reports a formed metadata group (asked for
+/// up to two seconds).
+async fn cluster_exists(c: &BrokerConfig, peers: &PeerAddresses) -> bool {
+    use ferrolog_proto::raft::PingRequest;
+    use ferrolog_proto::raft::raft_peer_client::RaftPeerClient;
+    for _ in 0..10 {
+        for (id, addr) in c.initial_cluster.iter().filter(|(id, _)| **id != c.node_id) {
+            let Ok(ch) = peers.channel(&addr.to_string()) else { continue };
+            let mut req = tonic::Request::new(PingRequest { from_broker: c.node_id });
+            req.set_timeout(Duration::from_millis(200));
+            if let Ok(r) = RaftPeerClient::new(ch).ping(req).await
+                && r.get_ref().metadata_initialized
+            {
+                tracing::info!(peer = id, "the cluster exists already");
+                return true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}
+
+/// Registers a new data directory with an existing cluster through any
+/// founding member (which forwards to the controller) and returns the node
+/// id to use in the metadata group. Retries for up to a minute.
+async fn join(c: &BrokerConfig, incarnation: u64, peers: &PeerAddresses) -> anyhow::Result<NodeId> {
+    use crate::metadata::command::ControllerReply;
+    use ferrolog_proto::raft::ControllerCall;
+    use ferrolog_proto::raft::raft_peer_client::RaftPeerClient;
+    let req = ControllerRequest::RegisterBroker {
+        id: c.node_id,
+        client_addr: c.client_addr.to_string(),
+        peer_addr: c.peer_addr.to_string(),
+        incarnation,
+    };
+    let body = serde_json::to_vec(&req)?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut last = String::new();
+    while tokio::time::Instant::now() < deadline {
+        for addr in c.initial_cluster.iter().filter(|(id, _)| **id != c.node_id).map(|(_, a)| a.to_string()) {
+            let Ok(ch) = peers.channel(&addr) else { continue };
+            let mut call = tonic::Request::new(ControllerCall { request_json: body.clone() });
+            call.set_timeout(Duration::from_secs(15));
+            match RaftPeerClient::new(ch).controller(call).await {
+                Ok(a) => match serde_json::from_slice::<Result<ControllerReply, crate::error::ApiError>>(
+                    &a.into_inner().result_json,
+                ) {
+                    Ok(Ok(ControllerReply::Registered { metadata_node })) => return Ok(metadata_node),
+                    Ok(other) => last = format!("{other:?}"),
+                    Err(e) => last = e.to_string(),
+                },
+                Err(e) => last = e.message().to_owned(),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    anyhow::bail!("could not join the existing cluster: {last}")
 }

@@ -40,6 +40,26 @@ pub enum MetadataCommand {
         client_addr: String,
         /// Peer (Raft) address.
         peer_addr: String,
+        /// The data directory's incarnation (`crate::identity`).
+        #[serde(default)]
+        incarnation: u64,
+    },
+    /// A broker came back with a new data directory: it gets a new node id
+    /// in the metadata group and in every partition it hosts; leaders then
+    /// swap the old node ids out of their groups.
+    BrokerReplaced {
+        /// Broker id.
+        id: BrokerId,
+        /// The new incarnation.
+        incarnation: u64,
+        /// Client API address.
+        client_addr: String,
+        /// Peer address.
+        peer_addr: String,
+        /// New node id in the metadata group.
+        metadata_node: NodeId,
+        /// (group, old node, new node) for each partition replica it hosts.
+        replicas: Vec<(u64, NodeId, NodeId)>,
     },
     /// A topic was created with these partitions (index = partition number).
     TopicCreated {
@@ -74,6 +94,9 @@ pub enum ControllerRequest {
         client_addr: String,
         /// Peer address.
         peer_addr: String,
+        /// The data directory's incarnation.
+        #[serde(default)]
+        incarnation: u64,
     },
     /// Create a topic.
     CreateTopic {
@@ -99,6 +122,11 @@ pub enum ControllerRequest {
 pub enum ControllerReply {
     /// Done.
     Ok,
+    /// Registered: the broker's node id in the metadata group.
+    Registered {
+        /// Node id to run the metadata group's replica under.
+        metadata_node: NodeId,
+    },
     /// A producer id.
     ProducerId {
         /// The id.

@@ -126,15 +126,55 @@ impl Controller {
         let barrier = self.raft.write_blank().await.map_err(unavailable)?.data;
         let image = self.wait_applied(barrier.base_offset).await?;
         match req {
-            ControllerRequest::RegisterBroker { id, client_addr, peer_addr } => {
-                let same = image
-                    .brokers
-                    .get(&id)
-                    .is_some_and(|b| b.client_addr == client_addr && b.peer_addr == peer_addr);
-                if !same {
-                    self.propose(MetadataCommand::BrokerRegistered { id, client_addr, peer_addr }).await?;
+            ControllerRequest::RegisterBroker { id, client_addr, peer_addr, incarnation } => {
+                let known = image.brokers.get(&id);
+                if let Some(b) = known
+                    && b.incarnation != 0
+                    && incarnation != 0
+                    && b.incarnation != incarnation
+                {
+                    // A wiped data directory: new node ids everywhere.
+                    let mut next = image.next_node_id;
+                    let metadata_node = next;
+                    next += 1;
+                    let mut replicas = Vec::new();
+                    for (_, _, a) in image.replicas_on(id) {
+                        if let Some(r) = a.replicas.iter().find(|r| r.broker == id) {
+                            replicas.push((a.group, r.node, next));
+                            next += 1;
+                        }
+                    }
+                    tracing::warn!(
+                        broker = id,
+                        "broker came back with a new data directory: replacing its replicas"
+                    );
+                    let cmd = MetadataCommand::BrokerReplaced {
+                        id,
+                        incarnation,
+                        client_addr,
+                        peer_addr,
+                        metadata_node,
+                        replicas,
+                    };
+                    self.propose(cmd).await?;
+                    return Ok(ControllerReply::Registered { metadata_node });
                 }
-                Ok(ControllerReply::Ok)
+                let same = known.is_some_and(|b| {
+                    b.client_addr == client_addr
+                        && b.peer_addr == peer_addr
+                        && (b.incarnation != 0 || incarnation == 0)
+                });
+                if !same {
+                    self.propose(MetadataCommand::BrokerRegistered {
+                        id,
+                        client_addr,
+                        peer_addr,
+                        incarnation,
+                    })
+                    .await?;
+                }
+                let metadata_node = known.map_or(u64::from(id), |b| b.metadata_node);
+                Ok(ControllerReply::Registered { metadata_node })
             }
             ControllerRequest::CreateTopic { name, partitions, replication_factor } => {
                 validate_topic_name(&name)?;

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::command::{MetadataCommand, PartitionAssignment};
 use crate::config::BrokerId;
+use ferrolog_raft_store::types::NodeId;
 
 /// A registered broker.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -15,6 +16,11 @@ pub struct BrokerEntry {
     pub client_addr: String,
     /// Peer (Raft) address, `host:port`.
     pub peer_addr: String,
+    /// Incarnation of its data directory (0: not reported).
+    #[serde(default)]
+    pub incarnation: u64,
+    /// Its node id in the metadata group.
+    pub metadata_node: NodeId,
 }
 
 /// A topic and its partitions.
@@ -43,6 +49,10 @@ pub struct MetadataImage {
     pub next_node_id: u64,
     /// The next unused producer id.
     pub next_producer_id: i64,
+    /// Metadata-group node ids retired when their broker's data was wiped,
+    /// with the broker they belonged to.
+    #[serde(default)]
+    pub retired_metadata_nodes: BTreeMap<NodeId, BrokerId>,
 }
 
 /// Partition group ids start here; 0 is the metadata group.
@@ -62,11 +72,52 @@ impl MetadataImage {
     /// topic) change nothing: the first one in the log wins.
     pub fn apply(&mut self, offset: u64, command: &MetadataCommand) {
         match command {
-            MetadataCommand::BrokerRegistered { id, client_addr, peer_addr } => {
+            MetadataCommand::BrokerRegistered { id, client_addr, peer_addr, incarnation } => {
+                let metadata_node = self.brokers.get(id).map_or(NodeId::from(*id), |b| b.metadata_node);
+                let known = self.brokers.get(id).map_or(0, |b| b.incarnation);
                 self.brokers.insert(
                     *id,
-                    BrokerEntry { client_addr: client_addr.clone(), peer_addr: peer_addr.clone() },
+                    BrokerEntry {
+                        client_addr: client_addr.clone(),
+                        peer_addr: peer_addr.clone(),
+                        incarnation: if known == 0 { *incarnation } else { known },
+                        metadata_node,
+                    },
                 );
+            }
+            MetadataCommand::BrokerReplaced {
+                id,
+                incarnation,
+                client_addr,
+                peer_addr,
+                metadata_node,
+                replicas,
+            } => {
+                let fresh = *metadata_node >= self.next_node_id
+                    && replicas.iter().all(|(_, _, new)| *new >= self.next_node_id);
+                if fresh {
+                    let highest = replicas.iter().map(|r| r.2).chain([*metadata_node]).max().unwrap_or(0);
+                    self.next_node_id = highest + 1;
+                    let old = self.brokers.get(id).map_or(NodeId::from(*id), |b| b.metadata_node);
+                    self.retired_metadata_nodes.insert(old, *id);
+                    self.brokers.insert(
+                        *id,
+                        BrokerEntry {
+                            client_addr: client_addr.clone(),
+                            peer_addr: peer_addr.clone(),
+                            incarnation: *incarnation,
+                            metadata_node: *metadata_node,
+                        },
+                    );
+                    for p in self.topics.values_mut().flat_map(|t| t.partitions.iter_mut()) {
+                        for (group, old, new) in replicas.iter().filter(|r| r.0 == p.group) {
+                            let _ = group;
+                            for r in p.replicas.iter_mut().filter(|r| r.node == *old && r.broker == *id) {
+                                r.node = *new;
+                            }
+                        }
+                    }
+                }
             }
             MetadataCommand::TopicCreated { name, replication_factor, partitions } => {
                 let ids_fresh = partitions.iter().all(|p| {
@@ -97,6 +148,40 @@ impl MetadataImage {
             }
         }
         self.applied_offset = offset + 1;
+    }
+
+    /// The metadata group's voters as they should be, given the current
+    /// ones: a voter retired by a wiped broker is replaced by that broker's
+    /// new node id.
+    pub fn metadata_voters(
+        &self,
+        current: impl IntoIterator<Item = NodeId>,
+    ) -> std::collections::BTreeSet<NodeId> {
+        current
+            .into_iter()
+            .map(|v| match self.retired_metadata_nodes.get(&v).and_then(|b| self.brokers.get(b)) {
+                Some(b) => b.metadata_node,
+                None => v,
+            })
+            .collect()
+    }
+
+    /// The broker owning node `node` of group `group` (0: the metadata group).
+    pub fn broker_of_node(&self, group: u64, node: NodeId) -> Option<BrokerId> {
+        if group == 0 {
+            return self
+                .brokers
+                .iter()
+                .find(|(_, b)| b.metadata_node == node)
+                .map(|(id, _)| *id)
+                .or_else(|| BrokerId::try_from(node).ok().filter(|id| self.brokers.contains_key(id)));
+        }
+        self.topics
+            .values()
+            .flat_map(|t| t.partitions.iter())
+            .find(|p| p.group == group)
+            .and_then(|p| p.replicas.iter().find(|r| r.node == node))
+            .map(|r| r.broker)
     }
 
     /// Every partition replica placed on `broker`: (topic, partition, assignment).

@@ -150,7 +150,7 @@ impl RaftPeer for RaftPeerServer {
                 Err(e) => Err(ApiError::Invalid(format!("controller request does not decode: {e}"))),
                 Ok(req) => match self.controller.get() {
                     None => Err(ApiError::Unavailable("this broker is still starting".into())),
-                    Some(c) => c.execute(req).await,
+                    Some(c) => c.handle(req).await,
                 },
             };
         let result_json = serde_json::to_vec(&result).map_err(|e| Status::internal(e.to_string()))?;
@@ -158,6 +158,14 @@ impl RaftPeer for RaftPeerServer {
     }
 
     async fn ping(&self, _request: Request<PingRequest>) -> Result<Response<PingResponse>, Status> {
-        Ok(Response::new(PingResponse { broker_id: self.broker_id, leading_groups: self.groups.leading() }))
+        let metadata_initialized = self.groups.get(0).is_some_and(|h| {
+            use openraft::async_runtime::watch::WatchReceiver;
+            h.raft.metrics().borrow_watched().membership_config.membership().voter_ids().next().is_some()
+        });
+        Ok(Response::new(PingResponse {
+            broker_id: self.broker_id,
+            leading_groups: self.groups.leading(),
+            metadata_initialized,
+        }))
     }
 }

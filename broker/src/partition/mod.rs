@@ -211,6 +211,10 @@ impl Partition {
         let term = self.ready_leader().await?;
         self.last_write_ms.store((self.created.elapsed().as_millis() as u64).max(1), Ordering::Relaxed);
         self.set_ticking(true);
+        let lease = Duration::from_millis(self.raft.config().election_timeout_max);
+        if !crate::groups::renew_lease(&self.raft, lease, LEADER_READY_WAIT).await {
+            return Err(ApiError::Unavailable("the leader cannot reach a quorum".into()));
+        }
         let (pid, epoch, first, count) =
             (batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.record_count);
         let gap_deadline = tokio::time::Instant::now() + SEQUENCE_GAP_WAIT;

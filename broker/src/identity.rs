@@ -1,0 +1,109 @@
+//! A data directory's identity: `<data_dir>/broker.json` holds the broker id,
+//! a random incarnation created with the directory, and the broker's node
+//! id in the metadata group. A broker that comes back with a new
+//! incarnation lost its data (a wiped disk): the controller gives its
+//! replicas new Raft node ids, so a node id is never reused with an empty
+//! log (a replica that forgot its votes must not vote under its old id).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::BrokerId;
+
+/// File name of the identity inside the data directory.
+pub const IDENTITY_FILE: &str = "broker.json";
+
+/// What `broker.json` holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Identity {
+    /// The broker id the directory belongs to.
+    pub broker_id: BrokerId,
+    /// Random, non-zero, fixed for the directory's lifetime.
+    pub incarnation: u64,
+    /// This broker's Raft node id in the metadata group.
+    pub metadata_node: u64,
+    /// This directory founded the metadata group (it may initialize it);
+    /// false for a broker that joined a formed cluster.
+    #[serde(default)]
+    pub founder: bool,
+}
+
+/// A random non-zero incarnation from the clock and process id.
+fn new_incarnation() -> u64 {
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let mixed = (nanos ^ (u64::from(std::process::id()) << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    mixed.max(1)
+}
+
+/// Loads the identity, or creates one (returning `true`) when the directory
+/// has none.
+///
+/// # Errors
+/// An unreadable or malformed file, or one that names another broker id.
+pub fn load_or_create(data_dir: &Path, broker_id: BrokerId) -> anyhow::Result<(Identity, bool)> {
+    let path = data_dir.join(IDENTITY_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let id: Identity = serde_json::from_slice(&bytes)
+                .map_err(|e| anyhow::anyhow!("{} is damaged: {e}", path.display()))?;
+            anyhow::ensure!(
+                id.broker_id == broker_id,
+                "{} belongs to broker {}, but this is broker {broker_id}",
+                path.display(),
+                id.broker_id
+            );
+            Ok((id, false))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let id = Identity {
+                broker_id,
+                incarnation: new_incarnation(),
+                metadata_node: u64::from(broker_id),
+                founder: false,
+            };
+            store(data_dir, &id)?;
+            Ok((id, true))
+        }
+        Err(e) => Err(anyhow::anyhow!("reading {}: {e}", path.display())),
+    }
+}
+
+/// Writes the identity durably (temp file, fsync, rename, fsync directory).
+///
+/// # Errors
+/// IO errors.
+pub fn store(data_dir: &Path, id: &Identity) -> anyhow::Result<()> {
+    let path = data_dir.join(IDENTITY_FILE);
+    let tmp = data_dir.join(format!("{IDENTITY_FILE}.tmp"));
+    let bytes = serde_json::to_vec_pretty(id)?;
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, &path)?;
+    std::fs::File::open(data_dir)?.sync_all()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn created_once_then_loaded_and_checked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (a, fresh) = load_or_create(dir.path(), 3).expect("create");
+        assert!(fresh);
+        assert_ne!(a.incarnation, 0);
+        let (b, fresh) = load_or_create(dir.path(), 3).expect("load");
+        assert!(!fresh);
+        assert_eq!(a, b);
+        assert!(load_or_create(dir.path(), 4).is_err());
+        std::fs::write(dir.path().join(IDENTITY_FILE), b"{").expect("write");
+        assert!(load_or_create(dir.path(), 3).is_err());
+    }
+}

@@ -1,0 +1,89 @@
+//! Keeps each group's Raft membership equal to what the metadata says, on
+//! the groups this broker leads: a replica with a new node id (its broker's
+//! data was wiped) is added as a learner, and once it has caught up the
+//! voter set is changed to the wanted one by joint consensus (Raft paper
+//! §6), which also removes the retired node id.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrolog_raft_store::types::{Node, NodeId};
+use openraft::async_runtime::watch::WatchReceiver;
+use tokio::sync::watch;
+
+use crate::groups::{GroupId, GroupRegistry, HostedGroup};
+use crate::metadata::METADATA_GROUP;
+use crate::metadata::image::MetadataImage;
+
+/// How often memberships are compared with the metadata.
+pub const CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// A learner this close to the leader's last log index (entries) may become a voter.
+pub const CAUGHT_UP_ENTRIES: u64 = 100;
+
+/// The voter set `group` should have, or `None` if the metadata does not say.
+pub fn wanted_voters(
+    image: &MetadataImage,
+    group: GroupId,
+    current: &BTreeSet<NodeId>,
+) -> Option<BTreeSet<NodeId>> {
+    if group == METADATA_GROUP {
+        return Some(image.metadata_voters(current.iter().copied()));
+    }
+    let p = image.topics.values().flat_map(|t| t.partitions.iter()).find(|p| p.group == group)?;
+    Some(p.replicas.iter().map(|r| r.node).collect())
+}
+
+/// Compares and fixes memberships every [`CHECK_INTERVAL`], forever.
+pub async fn run(groups: GroupRegistry, image: watch::Receiver<Arc<MetadataImage>>) {
+    let mut tick = tokio::time::interval(CHECK_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let img = image.borrow().clone();
+        for (group, hosted) in groups.all() {
+            if hosted.raft.is_leader()
+                && let Err(e) = reconcile(&img, group, &hosted).await
+            {
+                tracing::warn!(group, "membership change: {e}");
+            }
+        }
+    }
+}
+
+async fn reconcile(image: &MetadataImage, group: GroupId, h: &HostedGroup) -> anyhow::Result<()> {
+    let m = h.raft.metrics().borrow_watched().clone();
+    let membership = m.membership_config.membership();
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    let learners: BTreeSet<NodeId> = membership.learner_ids().collect();
+    let Some(wanted) = wanted_voters(image, group, &voters) else { return Ok(()) };
+    if wanted == voters || wanted.is_empty() {
+        return Ok(());
+    }
+    let last = m.last_log_index.unwrap_or(0);
+    let lease = Duration::from_millis(h.raft.config().election_timeout_max);
+    if !crate::groups::renew_lease(&h.raft, lease, CHECK_INTERVAL).await {
+        return Ok(());
+    }
+    let mut ready = true;
+    for n in wanted.difference(&voters) {
+        if !learners.contains(n) {
+            let broker =
+                image.broker_of_node(group, *n).ok_or_else(|| anyhow::anyhow!("no broker for node {n}"))?;
+            let addr = image.brokers.get(&broker).map(|b| b.peer_addr.clone()).unwrap_or_default();
+            tracing::info!(group, node = n, broker, "adding a replacement replica as a learner");
+            h.raft.add_learner(*n, Node { addr }, false).await?;
+            ready = false;
+            continue;
+        }
+        let matched = m.replication.as_ref().and_then(|r| r.get(n).copied().flatten()).map(|l| l.index);
+        if matched.is_none_or(|i| i + CAUGHT_UP_ENTRIES < last) {
+            ready = false;
+        }
+    }
+    if ready {
+        tracing::info!(group, ?voters, ?wanted, "changing voters");
+        h.raft.change_membership(wanted, false).await?;
+    }
+    Ok(())
+}
