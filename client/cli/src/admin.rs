@@ -46,9 +46,13 @@ pub enum ClusterCommand {
     Status,
 }
 
+/// How long admin calls retry transient errors (a leader election takes
+/// about a second; an unreachable cluster should not keep the user waiting).
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Runs a topic command.
 pub async fn topic(bootstrap: &str, command: TopicCommand) -> anyhow::Result<()> {
-    let admin = Admin::new(crate::connect(bootstrap)?);
+    let admin = Admin::new(crate::connect(bootstrap)?).with_timeout(ADMIN_TIMEOUT);
     match command {
         TopicCommand::Create { name, partitions, replication_factor } => {
             match admin.create_topic(&name, partitions, replication_factor).await {
@@ -107,7 +111,7 @@ pub async fn topic(bootstrap: &str, command: TopicCommand) -> anyhow::Result<()>
 
 /// Runs a cluster command.
 pub async fn cluster(bootstrap: &str, command: ClusterCommand) -> anyhow::Result<()> {
-    let admin = Admin::new(crate::connect(bootstrap)?);
+    let admin = Admin::new(crate::connect(bootstrap)?).with_timeout(ADMIN_TIMEOUT);
     match command {
         ClusterCommand::Status => {
             let status = admin.cluster_status().await.context("asking the cluster for its status")?;

@@ -5,13 +5,15 @@
 //! - Line mode: each line (without `\n` / `\r\n`) is a record value.
 //! - CSV mode: the first row is the header; each later row is a record
 //!   whose value is the row's raw text, with its key and timestamp taken
-//!   from named fields. A quoted field may span lines (RFC 4180): a row
-//!   ends at a line end outside quotes, which is where the count of `"`
-//!   characters is even.
+//!   from named fields. One `csv::Reader` parses the whole input (a quoted
+//!   field may span lines, RFC 4180); the raw text of a row is cut from a
+//!   copy of the input between its start and the next row's start.
 
+use std::cell::RefCell;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -178,76 +180,145 @@ fn choose_zip_entry<R: Read + std::io::Seek>(archive: &mut zip::ZipArchive<R>) -
     }
 }
 
-/// Reads one logical record: a line, or in CSV mode as many lines as it
-/// takes to close every quote. Returns the first line's number, or `None`
-/// at the end of the input. `buf` receives the text without its final line
-/// terminator.
-fn next_record<R: BufRead>(
-    reader: &mut R,
+/// Reads every record of `reader`, handing each to `emit` until it returns
+/// false (the receiver is gone).
+fn read_records<R: BufRead>(
+    reader: R,
     csv: bool,
-    line: &mut u64,
-    buf: &mut Vec<u8>,
-) -> std::io::Result<Option<u64>> {
-    buf.clear();
-    let first = *line + 1;
-    let mut quotes = 0usize;
+    options: &Options,
+    emit: impl FnMut(Item) -> bool,
+) -> anyhow::Result<()> {
+    if csv { read_csv(reader, options, emit) } else { read_lines(reader, emit) }
+}
+
+/// Line mode: each line, without its terminator, is a record value.
+fn read_lines<R: BufRead>(mut reader: R, mut emit: impl FnMut(Item) -> bool) -> anyhow::Result<()> {
+    let mut line = 0u64;
+    let mut buf = Vec::new();
     loop {
-        let start = buf.len();
-        let n = reader.read_until(b'\n', buf)?;
-        if n == 0 {
-            return Ok(if buf.is_empty() { None } else { Some(first) });
+        buf.clear();
+        if reader.read_until(b'\n', &mut buf)? == 0 {
+            return Ok(());
         }
-        *line += 1;
-        quotes += buf[start..].iter().filter(|b| **b == b'"').count();
-        if !csv || quotes.is_multiple_of(2) {
-            if buf.last() == Some(&b'\n') {
-                buf.pop();
-                if buf.last() == Some(&b'\r') {
-                    buf.pop();
-                }
-            }
-            return Ok(Some(first));
+        line += 1;
+        let value = trim_line_end(&buf);
+        if !emit(Item::Record { line, key: None, value: Bytes::copy_from_slice(value), timestamp_ms: 0 }) {
+            return Ok(());
         }
     }
 }
 
-/// Reads every record of `reader`, handing each to `emit` until it returns
-/// false (the receiver is gone).
-fn read_records<R: BufRead>(
-    mut reader: R,
-    csv: bool,
-    options: &Options,
-    mut emit: impl FnMut(Item) -> bool,
-) -> anyhow::Result<()> {
-    let mut line = 0u64;
-    let mut buf = Vec::new();
-    let schema = if csv {
-        if next_record(&mut reader, true, &mut line, &mut buf)?.is_none() {
-            return Ok(());
+fn trim_line_end(mut bytes: &[u8]) -> &[u8] {
+    while let [rest @ .., b'\n' | b'\r'] = bytes {
+        bytes = rest;
+    }
+    bytes
+}
+
+/// Every byte read through it, kept from `base` on, so the raw text of a
+/// CSV row can be cut out once the CSV reader reports where the next row
+/// starts.
+#[derive(Default)]
+struct Captured {
+    bytes: Vec<u8>,
+    /// Input offset of `bytes[0]`.
+    base: u64,
+}
+
+impl Captured {
+    /// The text from input offset `start` to `end` (or to the end of what
+    /// was read) without leading blank lines (the CSV reader counts blank
+    /// lines before a row as part of it) or trailing line terminators, and
+    /// the number of blank lines dropped.
+    fn slice(&self, start: u64, end: Option<u64>) -> (u64, &[u8]) {
+        let from = (start.saturating_sub(self.base) as usize).min(self.bytes.len());
+        let to =
+            end.map_or(self.bytes.len(), |e| (e.saturating_sub(self.base) as usize).min(self.bytes.len()));
+        let mut text = &self.bytes[from..to.max(from)];
+        let mut blank_lines = 0;
+        while let [first @ (b'\n' | b'\r'), rest @ ..] = text {
+            blank_lines += u64::from(*first == b'\n');
+            text = rest;
         }
-        let header = buf.strip_prefix(b"\xef\xbb\xbf".as_slice()).unwrap_or(&buf);
-        Some(CsvSchema::new(header, options.key_field.as_deref(), options.timestamp_field.as_deref())?)
-    } else {
-        None
-    };
-    while let Some(first) = next_record(&mut reader, csv, &mut line, &mut buf)? {
-        let item = match &schema {
-            None => {
-                Item::Record { line: first, key: None, value: Bytes::copy_from_slice(&buf), timestamp_ms: 0 }
-            }
-            Some(_) if buf.is_empty() => continue,
-            Some(schema) => match schema.fields(&buf) {
-                Ok((key, timestamp_ms)) => {
-                    Item::Record { line: first, key, value: Bytes::copy_from_slice(&buf), timestamp_ms }
+        (blank_lines, trim_line_end(text))
+    }
+
+    /// Forgets the text before input offset `offset`.
+    fn discard_before(&mut self, offset: u64) {
+        let n = (offset.saturating_sub(self.base) as usize).min(self.bytes.len());
+        self.bytes.drain(..n);
+        self.base += n as u64;
+    }
+}
+
+struct Tee<R> {
+    inner: R,
+    captured: Rc<RefCell<Captured>>,
+}
+
+impl<R: Read> Read for Tee<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.captured.borrow_mut().bytes.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// CSV mode: one `csv::Reader` over the whole input (quoted fields may span
+/// lines); each data row's raw text is cut from the captured input between
+/// its start and the next row's start.
+fn read_csv<R: Read>(reader: R, options: &Options, mut emit: impl FnMut(Item) -> bool) -> anyhow::Result<()> {
+    let captured = Rc::new(RefCell::new(Captured::default()));
+    let tee = Tee { inner: reader, captured: captured.clone() };
+    let mut csv = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .buffer_capacity(64 << 10)
+        .from_reader(tee);
+    let mut row = csv::ByteRecord::new();
+    if !csv.read_byte_record(&mut row).context("reading the CSV header")? {
+        return Ok(());
+    }
+    let schema = CsvSchema::new(&row, options.key_field.as_deref(), options.timestamp_field.as_deref())?;
+    // The row read last: its start offset, first line, and key and time.
+    let mut pending: Option<(u64, u64, Result<(Option<Bytes>, i64), String>)> = None;
+    loop {
+        let more = match csv.read_byte_record(&mut row) {
+            Ok(more) => more,
+            Err(e) => match e.kind() {
+                csv::ErrorKind::Io(_) => return Err(e).context("reading the input"),
+                _ => {
+                    let line = e.position().map_or(0, csv::Position::line);
+                    if !emit(Item::Bad { line, message: format!("not valid CSV: {e}") }) {
+                        return Ok(());
+                    }
+                    continue;
                 }
-                Err(message) => Item::Bad { line: first, message },
             },
         };
-        if !emit(item) {
-            break;
+        let start = row.position().map(csv::Position::byte);
+        if let Some((prev_start, line, fields)) = pending.take() {
+            let end = if more { start } else { None };
+            let item = {
+                let captured = captured.borrow();
+                let (blank_lines, text) = captured.slice(prev_start, end);
+                let (line, value) = (line + blank_lines, Bytes::copy_from_slice(text));
+                match fields {
+                    Ok((key, timestamp_ms)) => Item::Record { line, key, value, timestamp_ms },
+                    Err(message) => Item::Bad { line, message },
+                }
+            };
+            if !emit(item) {
+                return Ok(());
+            }
         }
+        if !more {
+            return Ok(());
+        }
+        let (start, line) = row.position().map_or((0, 0), |p| (p.byte(), p.line()));
+        captured.borrow_mut().discard_before(start);
+        pending = Some((start, line, schema.fields(&row)));
     }
-    Ok(())
 }
 
 /// The CSV header: which columns hold the key and the timestamp.
@@ -258,29 +329,19 @@ pub struct CsvSchema {
     timestamp: Option<(usize, String)>,
 }
 
-fn parse_row(raw: &[u8]) -> Result<csv::ByteRecord, String> {
-    let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(raw);
-    let mut row = csv::ByteRecord::new();
-    match reader.read_byte_record(&mut row) {
-        Ok(true) => Ok(row),
-        Ok(false) => Ok(csv::ByteRecord::new()),
-        Err(e) => Err(format!("not valid CSV: {e}")),
-    }
-}
-
 impl CsvSchema {
     /// Reads the header row and finds the named fields.
     ///
     /// # Errors
     /// A named field that is not in the header (the message lists the
-    /// header's fields), or a header that is not CSV.
+    /// header's fields).
     pub fn new(
-        header: &[u8],
+        header: &csv::ByteRecord,
         key_field: Option<&str>,
         timestamp_field: Option<&str>,
     ) -> anyhow::Result<Self> {
-        let row = parse_row(header).map_err(|e| anyhow::anyhow!("CSV header: {e}"))?;
-        let names: Vec<String> = row.iter().map(|f| String::from_utf8_lossy(f).trim().to_owned()).collect();
+        let names: Vec<String> =
+            header.iter().map(|f| String::from_utf8_lossy(f).trim().to_owned()).collect();
         let find = |wanted: Option<&str>, what: &str| -> anyhow::Result<Option<(usize, String)>> {
             let Some(wanted) = wanted else { return Ok(None) };
             match names.iter().position(|n| n == wanted) {
@@ -301,13 +362,8 @@ impl CsvSchema {
     /// The key and timestamp of a data row.
     ///
     /// # Errors
-    /// A row that is not CSV, lacks a named field, or whose timestamp does
-    /// not parse.
-    pub fn fields(&self, raw: &[u8]) -> Result<(Option<Bytes>, i64), String> {
-        if self.key.is_none() && self.timestamp.is_none() {
-            return Ok((None, 0));
-        }
-        let row = parse_row(raw)?;
+    /// A row that lacks a named field, or whose timestamp does not parse.
+    pub fn fields(&self, row: &csv::ByteRecord) -> Result<(Option<Bytes>, i64), String> {
         let get = |(i, name): &(usize, String)| {
             row.get(*i).ok_or_else(|| {
                 format!("the row has {} fields, the header {}: no {name:?} field", row.len(), self.columns)
@@ -405,6 +461,13 @@ mod tests {
             items[4]
         );
         assert_eq!(items.len(), 5);
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_not_part_of_the_first_field_name() {
+        let options = Options { key_field: Some("k".into()), ..Options::default() };
+        let items = read("\u{feff}k,v\nx,1\n", true, &options).expect("read");
+        assert_eq!(items, vec![record(2, Some("x"), "x,1", 0)]);
     }
 
     #[test]

@@ -109,6 +109,22 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
+            let unreachable = e.chain().any(|c| {
+                matches!(
+                    c.downcast_ref::<ferrolog_client::Error>(),
+                    Some(ferrolog_client::Error::NoBrokerReachable { .. })
+                ) || matches!(
+                    c.downcast_ref::<ferrolog_client::Error>(),
+                    Some(ferrolog_client::Error::Deadline { last: Some(l), .. })
+                        if matches!(**l, ferrolog_client::Error::NoBrokerReachable { .. })
+                )
+            });
+            if unreachable {
+                eprintln!(
+                    "hint: no broker answered at {bootstrap}; is the cluster running? \
+                     (`ferrolog dev` starts one; --bootstrap or FERROLOG_BOOTSTRAP picks others)"
+                );
+            }
             ExitCode::FAILURE
         }
     }
