@@ -281,7 +281,7 @@ fn read_csv<R: Read>(reader: R, options: &Options, mut emit: impl FnMut(Item) ->
     }
     let schema = CsvSchema::new(&row, options.key_field.as_deref(), options.timestamp_field.as_deref())?;
     // The row read last: its start offset, first line, and key and time.
-    let mut pending: Option<(u64, u64, Result<(Option<Bytes>, i64), String>)> = None;
+    let mut pending: Option<(u64, u64, RowFields)> = None;
     loop {
         let more = match csv.read_byte_record(&mut row) {
             Ok(more) => more,
@@ -320,6 +320,9 @@ fn read_csv<R: Read>(reader: R, options: &Options, mut emit: impl FnMut(Item) ->
         pending = Some((start, line, schema.fields(&row)));
     }
 }
+
+/// A data row's key and timestamp, or why it has none.
+type RowFields = Result<(Option<Bytes>, i64), String>;
 
 /// The CSV header: which columns hold the key and the timestamp.
 #[derive(Debug)]
@@ -363,7 +366,7 @@ impl CsvSchema {
     ///
     /// # Errors
     /// A row that lacks a named field, or whose timestamp does not parse.
-    pub fn fields(&self, row: &csv::ByteRecord) -> Result<(Option<Bytes>, i64), String> {
+    pub fn fields(&self, row: &csv::ByteRecord) -> RowFields {
         let get = |(i, name): &(usize, String)| {
             row.get(*i).ok_or_else(|| {
                 format!("the row has {} fields, the header {}: no {name:?} field", row.len(), self.columns)
