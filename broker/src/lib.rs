@@ -29,3 +29,4 @@ pub mod partition;
 pub mod partitions;
 pub mod quiesce;
 pub mod server;
+pub mod listener;

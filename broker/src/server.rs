@@ -13,7 +13,6 @@ use openraft::{Raft, SnapshotPolicy};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::config::BrokerConfig;
 use crate::groups::{GroupRegistry, HostedGroup};
@@ -31,6 +30,9 @@ use crate::partitions::{PartitionTable, Reconciler};
 /// catches up from the log instead of a snapshot (and a workaround for
 /// openraft issue #2116: no manual purges under load).
 const LOG_KEPT_AFTER_SNAPSHOT: u64 = 1000;
+/// Connections the peer listener accepts at once (brokers use one each,
+/// plus short-lived ones while joining).
+const PEER_CONNECTIONS_MAX: usize = 4096;
 
 /// A running broker.
 #[derive(Debug)]
@@ -95,7 +97,7 @@ impl Broker {
         servers.push(tokio::spawn(async move {
             let r = tonic::transport::Server::builder()
                 .add_service(peer_server.into_service())
-                .serve_with_incoming_shutdown(TcpListenerStream::new(peer_listener), async {
+                .serve_with_incoming_shutdown(crate::listener::incoming(peer_listener, PEER_CONNECTIONS_MAX, "peer"), async {
                     let _ = rx.await;
                 })
                 .await;
@@ -183,6 +185,7 @@ impl Broker {
             identity.incarnation,
         )));
 
+        let max_connections = config.limits.max_connections;
         let service =
             ClientService { broker: me, limits: config.limits.clone(), controller, table, liveness };
         let (tx, rx) = oneshot::channel::<()>();
@@ -190,7 +193,7 @@ impl Broker {
         servers.push(tokio::spawn(async move {
             let r = tonic::transport::Server::builder()
                 .add_service(service.into_service())
-                .serve_with_incoming_shutdown(TcpListenerStream::new(client_listener), async {
+                .serve_with_incoming_shutdown(crate::listener::incoming(client_listener, max_connections, "client"), async {
                     let _ = rx.await;
                 })
                 .await;
