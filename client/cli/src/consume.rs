@@ -68,7 +68,7 @@ fn parse_from(text: &str) -> Result<Seek, String> {
 /// Runs `ferrolog consume`.
 pub async fn run(bootstrap: &str, args: ConsumeArgs) -> anyhow::Result<()> {
     let meta = crate::connect(bootstrap)?;
-    let topic = meta.topic(&args.topic, Duration::from_secs(10)).await.map_err(|e| match e {
+    let topic = meta.topic(&args.topic, crate::TOPIC_WAIT).await.map_err(|e| match e {
         ferrolog_client::Error::UnknownTopic { .. } => {
             anyhow::anyhow!("topic {:?} does not exist", args.topic)
         }
@@ -100,17 +100,17 @@ pub async fn run(bootstrap: &str, args: ConsumeArgs) -> anyhow::Result<()> {
                 .list_offset(&args.topic, p, Seek::Latest)
                 .await
                 .with_context(|| format!("finding the end of partition {p}"))?;
+            // Where reading starts, for the progress bar only: the consumer
+            // resolves the seek itself (a time seek also skips within a batch).
             let start = consumer
                 .list_offset(&args.topic, p, args.from)
                 .await
                 .with_context(|| format!("finding where to start in partition {p}"))?;
             ends.insert(p, end);
             starts.insert(p, start.min(end));
-            consumer.seek(&args.topic, p, Seek::Offset(start));
         }
-    } else {
-        consumer.assign(&args.topic, partitions.iter().copied(), args.from);
     }
+    consumer.assign(&args.topic, partitions.iter().copied(), args.from);
 
     let stdout = std::io::stdout();
     let bar = progress_bar(&args, &starts, &ends, stdout.is_terminal());

@@ -55,6 +55,10 @@ enum Command {
     Broker(ferrolog_broker::cli::BrokerArgs),
 }
 
+/// How long `produce` and `consume` wait for a topic to appear in the
+/// metadata (a topic just created reaches every broker within moments).
+pub const TOPIC_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// A metadata cache for the `--bootstrap` brokers.
 pub fn connect(bootstrap: &str) -> anyhow::Result<Arc<MetadataCache>> {
     Ok(MetadataCache::new(ClientConfig::from_list(bootstrap))?)

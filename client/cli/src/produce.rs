@@ -72,7 +72,7 @@ impl Counts {
 /// Runs `ferrolog produce`.
 pub async fn run(bootstrap: &str, args: ProduceArgs) -> anyhow::Result<()> {
     let meta = crate::connect(bootstrap)?;
-    let topic = meta.topic(&args.topic, Duration::from_secs(10)).await.map_err(|e| match e {
+    let topic = meta.topic(&args.topic, crate::TOPIC_WAIT).await.map_err(|e| match e {
         ferrolog_client::Error::UnknownTopic { .. } => {
             anyhow::anyhow!(
                 "topic {:?} does not exist; create it with `ferrolog topic create {}`",

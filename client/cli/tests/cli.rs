@@ -1,0 +1,236 @@
+//! The `ferrolog` command line against a real 3-broker cluster: brokers are
+//! `ferrolog broker` processes on free 127.0.0.1 ports; every step runs the
+//! binary as a user would and checks its exit code and output.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use ferrolog_client::partitioner::partition_for_key;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ferrolog");
+
+/// Three broker processes, killed when dropped.
+struct Brokers {
+    children: Vec<Child>,
+    bootstrap: String,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Brokers {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+impl Brokers {
+    fn start() -> Brokers {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let client: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let peer: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let initial =
+            (0..3).map(|i| format!("{}=127.0.0.1:{}", i + 1, peer[i])).collect::<Vec<_>>().join(",");
+        let mut children = Vec::new();
+        for i in 0..3 {
+            let log = std::fs::File::create(dir.path().join(format!("broker-{}.log", i + 1))).expect("log");
+            let child = Command::new(BIN)
+                .args(["broker", "--node-id", &(i + 1).to_string()])
+                .args(["--client-addr", &format!("127.0.0.1:{}", client[i])])
+                .args(["--peer-addr", &format!("127.0.0.1:{}", peer[i])])
+                .arg("--data-dir")
+                .arg(dir.path().join(format!("broker-{}", i + 1)))
+                .args(["--initial-cluster", &initial])
+                .env_remove("FERROLOG_CONFIG")
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().expect("log"))
+                .stderr(log)
+                .spawn()
+                .expect("start a broker");
+            children.push(child);
+        }
+        let bootstrap = client.iter().map(|p| format!("127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
+        let brokers = Brokers { children, bootstrap, dir };
+        brokers.wait_ready();
+        brokers
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = self.run(&["cluster", "status"], None);
+            let text = String::from_utf8_lossy(&out.stdout);
+            let alive =
+                text.lines().filter(|l| l.starts_with(char::is_numeric) && l.ends_with("yes")).count();
+            if out.status.success() && alive == 3 && !text.contains("controller: unknown") {
+                return;
+            }
+            assert!(Instant::now() < deadline, "cluster not ready:\n{text}\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    fn logs(&self) -> String {
+        (1..=3)
+            .map(|i| {
+                let p = self.dir.path().join(format!("broker-{i}.log"));
+                let text = std::fs::read_to_string(&p).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                format!("--- {}:\n{}", p.display(), tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Runs `ferrolog --bootstrap <cluster> args...`, feeding `stdin`.
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut child = Command::new(BIN)
+            .arg("--bootstrap")
+            .arg(&self.bootstrap)
+            .args(args)
+            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run ferrolog");
+        if let Some(text) = stdin {
+            use std::io::Write;
+            child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write stdin");
+        }
+        child.wait_with_output().expect("wait for ferrolog")
+    }
+
+    /// Runs a command that must succeed; returns its stdout.
+    fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let out = self.run(args, stdin);
+        assert!(
+            out.status.success(),
+            "ferrolog {args:?} failed: {}\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("utf-8 output")
+    }
+
+    /// Runs a command that must fail; returns its stderr.
+    fn fails(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let out = self.run(args, stdin);
+        assert!(
+            !out.status.success(),
+            "ferrolog {args:?} should fail: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8(out.stderr).expect("utf-8 output")
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write");
+    p
+}
+
+fn json_lines(text: &str) -> Vec<serde_json::Value> {
+    text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect()
+}
+
+#[test]
+fn topics_produce_and_consume_through_the_command_line() {
+    let c = Brokers::start();
+
+    // Topics.
+    let out = c.ok(&["topic", "create", "readings", "--partitions", "2", "--replication-factor", "3"], None);
+    assert!(out.contains("created topic readings: 2 partitions, replication factor 3"), "{out}");
+    let err =
+        c.fails(&["topic", "create", "readings", "--partitions", "2", "--replication-factor", "3"], None);
+    assert!(err.contains("already exists"), "{err}");
+    let err = c.fails(&["topic", "create", "wide", "--partitions", "1", "--replication-factor", "5"], None);
+    assert!(err.contains("INVALID_REPLICATION_FACTOR"), "{err}");
+    let out = c.ok(&["topic", "describe", "readings"], None);
+    assert!(out.contains("topic readings: 2 partitions, replication factor 3"), "{out}");
+    assert_eq!(out.lines().filter(|l| l.starts_with(char::is_numeric)).count(), 2, "{out}");
+
+    // CSV: keys and timestamps from fields, a quoted field over two lines,
+    // one row whose time does not parse (skipped: the command fails).
+    let csv = "id,note,ts\n\
+               s1,cold,2013-01-01T10:00:00Z\n\
+               s2,\"two\nlines, quoted\",2013-01-01 10:30:00\n\
+               s3,warm,1357038000000\n\
+               s1,bad time,yesterday\n\
+               s2,late,2013-01-01T12:00:00+01:00\n";
+    let file = write(c.dir.path(), "readings.csv", csv);
+    let file = file.to_str().expect("utf-8 path");
+    let err = c.fails(
+        &["produce", "readings", "--file", file, "--key-field", "id", "--timestamp-field", "ts"],
+        None,
+    );
+    assert!(err.contains("line 6: skipped") && err.contains("\"ts\""), "{err}");
+    assert!(err.contains("0 records failed and 1 input rows were skipped"), "{err}");
+
+    let records = json_lines(&c.ok(&["consume", "readings", "--output", "json"], None));
+    assert_eq!(records.len(), 4, "{records:?}");
+    for r in &records {
+        let key = r["key"].as_str().expect("key");
+        assert_eq!(r["partition"].as_u64(), Some(u64::from(partition_for_key(key.as_bytes(), 2))), "{r}");
+    }
+    let mut by_time: Vec<(i64, &str)> = records
+        .iter()
+        .map(|r| (r["timestamp"].as_i64().expect("ts"), r["value"].as_str().expect("value")))
+        .collect();
+    by_time.sort();
+    assert_eq!(
+        by_time,
+        vec![
+            (1_357_034_400_000, "s1,cold,2013-01-01T10:00:00Z"),
+            (1_357_036_200_000, "s2,\"two\nlines, quoted\",2013-01-01 10:30:00"),
+            (1_357_038_000_000, "s2,late,2013-01-01T12:00:00+01:00"),
+            (1_357_038_000_000, "s3,warm,1357038000000"),
+        ]
+    );
+
+    // Seeks: by time (RFC 3339), by offset, a partition at a time.
+    let late = json_lines(
+        &c.ok(&["consume", "readings", "--from", "2013-01-01T10:45:00Z", "--output", "json"], None),
+    );
+    assert_eq!(late.len(), 2, "{late:?}");
+    assert!(late.iter().all(|r| r["timestamp"].as_i64() == Some(1_357_038_000_000)), "{late:?}");
+    let p_s2 = partition_for_key(b"s2", 2);
+    let in_p_s2 = records.iter().filter(|r| r["partition"].as_u64() == Some(u64::from(p_s2))).count();
+    let from1 = json_lines(
+        &c.ok(&["consume", "readings", "-p", &p_s2.to_string(), "--from", "1", "--output", "json"], None),
+    );
+    assert_eq!(from1.len(), in_p_s2 - 1, "{from1:?}");
+    assert!(from1.iter().all(|r| r["offset"].as_u64() >= Some(1)), "{from1:?}");
+    let one = json_lines(&c.ok(&["consume", "readings", "--max-records", "1", "--output", "json"], None));
+    assert_eq!(one.len(), 1, "{one:?}");
+    assert_eq!(c.ok(&["consume", "readings", "--from", "latest"], None), "");
+
+    // Lines from stdin, keyless; values printed back as they were.
+    let out = c.ok(&["produce", "readings"], Some("alpha\nbeta\r\n\ngamma"));
+    assert!(out.starts_with("4 records sent to readings"), "{out}");
+    let values = c.ok(&["consume", "readings"], None);
+    for v in ["alpha", "beta", "gamma"] {
+        assert!(values.lines().any(|l| l == v), "{v} missing from {values}");
+    }
+    let all = json_lines(&c.ok(&["consume", "readings", "--output", "json"], None));
+    assert_eq!(all.len(), 8, "{all:?}");
+    assert_eq!(all.iter().filter(|r| r["key"].is_null()).count(), 4, "{all:?}");
+
+    // Status, then deletion.
+    let status = c.ok(&["cluster", "status"], None);
+    assert!(status.contains("controller: broker"), "{status}");
+    assert_eq!(status.lines().filter(|l| l.starts_with("readings")).count(), 2, "{status}");
+    c.ok(&["topic", "delete", "readings"], None);
+    let err = c.fails(&["consume", "readings"], None);
+    assert!(err.contains("does not exist"), "{err}");
+    let err = c.fails(&["produce", "nothing-here"], Some("x\n"));
+    assert!(err.contains("does not exist"), "{err}");
+    assert!(!c.ok(&["topic", "list"], None).contains("readings"));
+}
