@@ -10,8 +10,9 @@ use clap::Args;
 use ferrolog_client::{
     Admin, ClientConfig, Consumer, ConsumerConfig, MetadataCache, Producer, ProducerConfig, Record, Seek,
 };
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use hdrhistogram::Histogram;
-use tokio::sync::Semaphore;
 
 use crate::cluster;
 
@@ -98,40 +99,35 @@ pub async fn produce(
     };
     let producer = Producer::new(meta.clone(), config)?;
     let value = Bytes::from(vec![b'x'; a.record_bytes]);
-    let permits = Arc::new(Semaphore::new(a.in_flight));
-    let latency = Arc::new(std::sync::Mutex::new(Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?));
-    let failures = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let keys: Vec<Bytes> = (0..1024).map(|i| Bytes::from(format!("key-{i}"))).collect();
+    let mut latency_us = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    // One task drives the load: sends while fewer than `in_flight` records
+    // await their acknowledgement, else waits for the next one.
+    let mut pending = FuturesUnordered::new();
     let start = Instant::now();
     let end = start + Duration::from_secs(a.seconds);
-    let mut sent = 0u64;
-    let mut i = 0u64;
-    while Instant::now() < end {
-        let permit = permits.clone().acquire_owned().await?;
-        let key = Bytes::from(format!("key-{}", i % 1024));
-        i += 1;
-        let delivery = producer.send(name, Record::new(value.clone()).with_key(key));
-        let (latency, failures) = (latency.clone(), failures.clone());
-        let t = Instant::now();
-        sent += 1;
-        tokio::spawn(async move {
-            match delivery.await {
-                Ok(_) => {
-                    let us = t.elapsed().as_micros() as u64;
-                    let _ = latency.lock().unwrap_or_else(|p| p.into_inner()).record(us.max(1));
-                }
-                Err(_) => {
-                    failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-            }
-            drop(permit);
-        });
+    let (mut sent, mut failed) = (0u64, 0u64);
+    loop {
+        let sending = Instant::now() < end;
+        if sending && pending.len() < a.in_flight {
+            let record = Record::new(value.clone()).with_key(keys[(sent % 1024) as usize].clone());
+            let delivery = producer.send(name, record);
+            let t = Instant::now();
+            pending.push(async move { (delivery.await, t) });
+            sent += 1;
+            continue;
+        }
+        if !sending {
+            producer.flush().await;
+        }
+        match pending.next().await {
+            Some((Ok(_), t)) => latency_us.record((t.elapsed().as_micros() as u64).max(1))?,
+            Some((Err(_), _)) => failed += 1,
+            None => break,
+        }
     }
-    producer.flush().await;
-    let _ = permits.acquire_many(a.in_flight as u32).await?;
     let seconds = start.elapsed().as_secs_f64();
-    let failed = failures.load(std::sync::atomic::Ordering::Relaxed);
     anyhow::ensure!(failed == 0, "{failed} of {sent} records failed");
-    let latency_us = latency.lock().unwrap_or_else(|p| p.into_inner()).clone();
     Ok(ProduceResult { records: sent, seconds, record_bytes: a.record_bytes, latency_us })
 }
 
