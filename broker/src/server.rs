@@ -97,9 +97,12 @@ impl Broker {
         servers.push(tokio::spawn(async move {
             let r = tonic::transport::Server::builder()
                 .add_service(peer_server.into_service())
-                .serve_with_incoming_shutdown(crate::listener::incoming(peer_listener, PEER_CONNECTIONS_MAX, "peer"), async {
-                    let _ = rx.await;
-                })
+                .serve_with_incoming_shutdown(
+                    crate::listener::incoming(peer_listener, PEER_CONNECTIONS_MAX, "peer"),
+                    async {
+                        let _ = rx.await;
+                    },
+                )
                 .await;
             if let Err(e) = r {
                 tracing::error!("peer server: {e}");
@@ -193,9 +196,12 @@ impl Broker {
         servers.push(tokio::spawn(async move {
             let r = tonic::transport::Server::builder()
                 .add_service(service.into_service())
-                .serve_with_incoming_shutdown(crate::listener::incoming(client_listener, max_connections, "client"), async {
-                    let _ = rx.await;
-                })
+                .serve_with_incoming_shutdown(
+                    crate::listener::incoming(client_listener, max_connections, "client"),
+                    async {
+                        let _ = rx.await;
+                    },
+                )
                 .await;
             if let Err(e) = r {
                 tracing::error!("client server: {e}");

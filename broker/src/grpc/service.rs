@@ -14,6 +14,7 @@ use ferrolog_proto::client::{
 };
 use futures::Stream;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use super::errors::to_wire;
 use crate::config::{BrokerId, Limits};
@@ -113,6 +114,7 @@ type SubscribeStream = Pin<Box<dyn Stream<Item = Result<FetchResponse, Status>> 
 impl Ferrolog for ClientService {
     async fn produce(&self, request: Request<ProduceRequest>) -> Result<Response<ProduceResponse>, Status> {
         let req = request.into_inner();
+        let span = tracing::debug_span!("produce", node = self.broker, partition = %format!("{}-{}", req.topic, req.partition));
         let result = async {
             let partition = self.partition(&req.topic, req.partition)?;
             let epoch = i16::try_from(req.producer_epoch).map_err(|_| {
@@ -136,6 +138,7 @@ impl Ferrolog for ClientService {
             })?;
             partition.produce(batch).await
         }
+        .instrument(span)
         .await;
         Ok(Response::new(match result {
             Ok((base_offset, duplicate)) => ProduceResponse { error: None, base_offset, duplicate },
@@ -146,8 +149,9 @@ impl Ferrolog for ClientService {
     async fn fetch(&self, request: Request<FetchRequest>) -> Result<Response<FetchResponse>, Status> {
         let req = request.into_inner();
         let wait = Duration::from_millis(u64::from(req.max_wait_ms).min(self.limits.max_fetch_wait_ms));
+        let span = tracing::debug_span!("fetch", node = self.broker, partition = %format!("{}-{}", req.topic, req.partition));
         let result = match self.partition(&req.topic, req.partition) {
-            Ok(p) => p.fetch(req.offset, self.max_bytes(req.max_bytes), wait).await,
+            Ok(p) => p.fetch(req.offset, self.max_bytes(req.max_bytes), wait).instrument(span).await,
             Err(e) => Err(e),
         };
         Ok(Response::new(self.fetch_response(result)))
