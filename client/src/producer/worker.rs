@@ -146,6 +146,20 @@ pub(super) fn spawn(
     tokio::spawn(worker.run().instrument(tracing::info_span!("producer")));
 }
 
+/// A request too big for the broker's gRPC limit (about twice its
+/// `limits.max_batch_bytes`) is refused by its transport before the broker
+/// can answer `RECORD_TOO_LARGE`; report it as that.
+fn oversized_request(topic: &str, partition: u32, bytes: usize, e: Error) -> Error {
+    match e {
+        Error::Transport {
+            code: tonic::Code::OutOfRange | tonic::Code::ResourceExhausted, message, ..
+        } if message.contains("too large") => {
+            Error::RecordTooLarge { topic: topic.to_owned(), partition, bytes, message }
+        }
+        other => other,
+    }
+}
+
 fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
@@ -459,6 +473,7 @@ impl Worker {
             let result = meta
                 .call(&op, &address, 0, |mut c| async move { c.produce(request).await })
                 .await
+                .map_err(|e| oversized_request(&topic, partition, spec.bytes, e))
                 .and_then(|r| Error::from_wire(&op, r.error).map(|()| r.base_offset));
             let _ = events.send(Event::Produced { topic, partition, batch_id: spec.batch_id, result });
         };
@@ -501,5 +516,19 @@ impl Worker {
             let _ = events.send(Event::ProducerId { target, result });
         };
         tokio::spawn(task.in_current_span());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oversized_requests_are_record_too_large() {
+        let op = Op::partition("produce to", "t", 1);
+        let refused = Error::transport(&op, "a:1", tonic::Status::out_of_range("decoded message length too large"));
+        assert!(matches!(oversized_request("t", 1, 9, refused), Error::RecordTooLarge { bytes: 9, .. }));
+        let other = Error::transport(&op, "a:1", tonic::Status::unavailable("down"));
+        assert!(matches!(oversized_request("t", 1, 9, other), Error::Transport { .. }));
     }
 }
