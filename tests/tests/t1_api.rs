@@ -120,6 +120,19 @@ async fn produce_fetch_and_bad_input() -> anyhow::Result<()> {
     let offsets: Vec<(u64, u32)> = f.batches.iter().map(|b| (b.base_offset, b.record_count)).collect();
     assert_eq!(offsets, vec![(0, 3), (3, 1)]);
 
+    // Subscribe starts with the batch holding the requested offset.
+    let mut stream = client
+        .subscribe(ferrolog_proto::client::SubscribeRequest {
+            topic: "events".into(),
+            partition: 0,
+            offset: 2,
+            max_bytes: 1 << 20,
+        })
+        .await?
+        .into_inner();
+    let first = stream.message().await?.expect("a batch");
+    assert_eq!(first.batches.first().map(|b| b.base_offset), Some(0), "the batch holding offset 2");
+
     // Unknown topic, fetch past the end, oversized record.
     let r = client
         .produce(ProduceRequest {
