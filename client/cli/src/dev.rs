@@ -269,6 +269,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
                         if args.no_demo {
                             println!("try: {} topic create events --partitions 3 --replication-factor 3", exe.display());
                         } else {
+                            println!(
+                                "in another terminal try: {0} cluster status   or   {0} consume demo --follow --output json",
+                                exe.display()
+                            );
                             demo = Some(tokio::spawn(run_demo(meta.clone())));
                         }
                     }
