@@ -462,7 +462,13 @@ pub(crate) fn decode_batches(
                 set.records.len()
             )));
         }
-        if b.base_offset + u64::from(b.record_count) <= next && next > offset {
+        let Some(batch_end) = b.base_offset.checked_add(u64::from(b.record_count)) else {
+            return Err(Error::Protocol(format!(
+                "{topic}/{partition}: batch at offset {} overflows the offset space",
+                b.base_offset
+            )));
+        };
+        if batch_end <= next && next > offset {
             return Err(Error::Protocol(format!(
                 "{topic}/{partition}: batch at offset {} goes back before offset {next}",
                 b.base_offset
@@ -481,6 +487,7 @@ pub(crate) fn decode_batches(
             skip += j;
         }
         for (i, r) in set.records.into_iter().enumerate().skip(skip) {
+            // Below batch_end, which did not overflow.
             let o = b.base_offset + i as u64;
             records.push(ConsumerRecord::from_wire(topic, partition, o, r));
             next = o + 1;
@@ -549,6 +556,8 @@ mod tests {
         wrong_count.record_count = 2;
         assert!(matches!(decode_batches("t", 0, 0, vec![wrong_count], None), Err(Error::Protocol(_))));
         let garbage = pb::RecordBatch { base_offset: 0, record_count: 1, records: vec![0xff, 0xff, 0xff] };
+        let at_the_end = batch(u64::MAX, &["a"]);
+        assert!(matches!(decode_batches("t", 0, 0, vec![at_the_end], None), Err(Error::Protocol(_))));
         assert!(matches!(decode_batches("t", 0, 0, vec![garbage], None), Err(Error::Protocol(_))));
         let backwards = vec![batch(0, &["a", "b"]), batch(0, &["a", "b"])];
         assert!(matches!(decode_batches("t", 0, 0, backwards, None), Err(Error::Protocol(_))));

@@ -98,7 +98,8 @@ impl Batch {
     pub(crate) fn complete(self, partition: u32, result: Result<u64>) {
         for (i, waiter) in self.waiters.into_iter().enumerate() {
             let r = match &result {
-                Ok(base) => Ok(RecordMetadata { partition, offset: base + i as u64 }),
+                // Saturating: a broker's nonsense offset must not panic us.
+                Ok(base) => Ok(RecordMetadata { partition, offset: base.saturating_add(i as u64) }),
                 Err(e) => Err(e.clone()),
             };
             // The caller may have dropped its delivery future: not an error.
