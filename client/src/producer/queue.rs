@@ -13,9 +13,13 @@
 //!   partition for a backoff; after it, every unacknowledged batch is sent
 //!   again in order with its original sequence.
 //! - A permanent failure or an expired batch leaves a gap in the sequence
-//!   that the broker would never fill: the partition then waits for its
-//!   in-flight requests to finish, takes a new producer id and renumbers the
-//!   remaining batches from 0 ([`PartitionQueue::reset_if_drained`]).
+//!   that the broker would never fill. Batches before the gap keep their
+//!   identity and sequence until they are acknowledged (one of them may be
+//!   stored with its answer lost: only a resend with the same sequence can
+//!   find out without storing it twice). Batches after the gap wait; once
+//!   nothing before the gap is left and nothing is in flight, the partition
+//!   takes a new producer id and renumbers them from 0
+//!   ([`PartitionQueue::reset_if_drained`]).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -67,6 +71,8 @@ pub(crate) struct Batch {
     /// Whether, when last sent, an earlier batch of the partition was
     /// unacknowledged: then `OUT_OF_ORDER_SEQUENCE` means "wait for it".
     pub sent_behind: bool,
+    /// Behind a sequence gap: to be renumbered under a new producer id.
+    pub after_gap: bool,
     /// Requests made so far.
     pub attempts: u32,
     /// The last failure, reported if the batch times out.
@@ -85,6 +91,7 @@ impl Batch {
             sequence: None,
             in_flight: false,
             sent_behind: false,
+            after_gap: false,
             attempts: 0,
             last_error: None,
         }
@@ -161,8 +168,9 @@ pub(crate) struct PartitionQueue {
     pub retry_at: Option<Instant>,
     /// Consecutive failed requests, the backoff exponent.
     pub failures: u32,
-    /// A sequence gap exists: drain, then renumber under a new id.
-    pub needs_reset: bool,
+    /// A sequence gap exists: batches after it (and batches without a
+    /// sequence yet) wait to be renumbered under a new id.
+    pub gap: bool,
     idempotent: bool,
 }
 
@@ -177,7 +185,7 @@ impl PartitionQueue {
             in_flight: 0,
             retry_at: None,
             failures: 0,
-            needs_reset: false,
+            gap: false,
             idempotent,
         }
     }
@@ -239,11 +247,15 @@ impl PartitionQueue {
     /// The next request to send, if the rules allow one now. Marks the
     /// batch in flight and fixes its sequence on its first send.
     pub(crate) fn next_send(&mut self, now: Instant, max_in_flight: usize) -> Option<SendSpec> {
-        if self.needs_reset || self.in_flight >= max_in_flight || self.retry_at.is_some_and(|t| now < t) {
+        if self.in_flight >= max_in_flight || self.retry_at.is_some_and(|t| now < t) {
             return None;
         }
         let producer = self.producer?;
         let index = self.batches.iter().position(|b| !b.in_flight)?;
+        if self.gap && (self.batches[index].after_gap || self.batches[index].sequence.is_none()) {
+            // Behind the gap: waits for the reset.
+            return None;
+        }
         let next_sequence = self.next_sequence;
         let batch = &mut self.batches[index];
         let (producer, base_sequence) = match batch.sequence {
@@ -294,9 +306,11 @@ impl PartitionQueue {
         backoff: &Backoff,
     ) -> Failure {
         let Some(index) = self.take_in_flight(batch_id) else { return Failure::Unknown };
+        let batch = &self.batches[index];
         let retriable = match error.retry() {
             Retry::Yes => true,
-            Retry::AfterEarlierFailure => self.batches[index].sent_behind,
+            // Behind a gap, out of order is expected: it is renumbered later.
+            Retry::AfterEarlierFailure => batch.sent_behind || batch.after_gap,
             Retry::No => false,
         };
         if retriable {
@@ -306,30 +320,42 @@ impl PartitionQueue {
             return Failure::Retrying;
         }
         let Some(batch) = self.batches.remove(index) else { return Failure::Unknown };
-        if self.idempotent {
-            self.needs_reset = true;
+        if self.idempotent && batch.sequence.is_some() {
+            self.open_gap(index);
         }
         Failure::Failed(batch, error)
     }
 
+    /// The sequence breaks before the batch now at `index`: it and every
+    /// later batch are to be renumbered.
+    fn open_gap(&mut self, index: usize) {
+        self.gap = true;
+        for b in self.batches.iter_mut().skip(index) {
+            b.after_gap = true;
+        }
+    }
+
     /// Removes the batches that are not in flight and older than
     /// `timeout`; they are to fail with a delivery timeout. Expiring a batch
-    /// that has a sequence (it may or may not have been stored) forces a
-    /// reset.
+    /// that has a sequence opens a gap after it. (If that batch was in fact
+    /// stored with its answer lost, a later batch whose answer was lost too
+    /// is stored again when renumbered: the case Kafka's KIP-360 leaves
+    /// open as well.)
     pub(crate) fn expire(&mut self, now: Instant, timeout: Duration) -> Vec<Batch> {
         let mut expired = Vec::new();
         let mut kept = VecDeque::with_capacity(self.batches.len());
-        for b in self.batches.drain(..) {
+        let mut gap = false;
+        for mut b in self.batches.drain(..) {
             if !b.in_flight && now >= b.created + timeout {
-                if b.sequence.is_some() && self.idempotent {
-                    self.needs_reset = true;
-                }
+                gap |= b.sequence.is_some() && self.idempotent;
                 expired.push(b);
             } else {
+                b.after_gap |= gap;
                 kept.push_back(b);
             }
         }
         self.batches = kept;
+        self.gap |= gap;
         expired
     }
 
@@ -339,18 +365,21 @@ impl PartitionQueue {
         self.batches.iter().filter(|b| !b.in_flight).map(|b| b.created + timeout).min()
     }
 
-    /// Once a reset is needed and nothing is in flight: forgets the
-    /// identity and every unacknowledged batch's sequence so they are
-    /// renumbered from 0 under a new producer id. Returns whether it reset
-    /// (the worker then asks for the new id).
+    /// Once there is a gap, nothing is in flight and every batch before the
+    /// gap is acknowledged (or failed): forgets the identity and the
+    /// sequences of the batches left, so they are renumbered from 0 under a
+    /// new producer id. Returns whether it reset (the worker then asks for
+    /// the new id).
     pub(crate) fn reset_if_drained(&mut self) -> bool {
-        if !self.needs_reset || self.in_flight > 0 {
+        let before_gap_left = self.batches.front().is_some_and(|b| !b.after_gap && b.sequence.is_some());
+        if !self.gap || self.in_flight > 0 || before_gap_left {
             return false;
         }
         for b in &mut self.batches {
             b.sequence = None;
+            b.after_gap = false;
         }
-        self.needs_reset = false;
+        self.gap = false;
         self.next_sequence = 0;
         self.producer = None;
         self.wants_own_producer_id = true;
@@ -465,8 +494,8 @@ mod tests {
             other => panic!("expected a failure, got {other:?}"),
         }
         assert!(rx[0].try_recv().expect("resolved").is_err());
-        assert!(q.needs_reset);
-        assert!(q.next_send(now, 5).is_none(), "no sends while a reset is pending");
+        assert!(q.gap);
+        assert!(q.next_send(now, 5).is_none(), "nothing after the gap is sent before the reset");
         assert!(!q.reset_if_drained(), "batch 1 is still in flight");
         assert!(matches!(
             q.on_error(1, broker_error(ErrorCode::OutOfOrderSequence), now, &NO_BACKOFF),
@@ -478,6 +507,51 @@ mod tests {
         q.producer = Some(new_pid);
         let s = q.next_send(now, 5).expect("renumbered");
         assert_eq!((s.batch_id, s.producer, s.base_sequence), (1, new_pid, 0));
+    }
+
+    #[test]
+    fn batches_before_a_gap_keep_their_sequence_until_acknowledged() {
+        let (mut q, _rx) = queue_with(&[2, 2, 2, 2]);
+        let now = Instant::now();
+        let sent: Vec<_> = std::iter::from_fn(|| q.next_send(now, 5)).collect();
+        assert_eq!(sent.len(), 4);
+        // Batch 0 was stored but its answer was lost; batch 1 is refused
+        // for good; batches 2 and 3 then see the gap.
+        let lost = Error::Transport {
+            operation: "produce".into(),
+            address: "a:1".into(),
+            code: tonic::Code::Unavailable,
+            message: "reset".into(),
+        };
+        assert!(matches!(q.on_error(0, lost, now, &NO_BACKOFF), Failure::Retrying));
+        let too_large =
+            Error::RecordTooLarge { topic: "t".into(), partition: 0, bytes: 1, message: "m".into() };
+        assert!(matches!(q.on_error(1, too_large, now, &NO_BACKOFF), Failure::Failed(..)));
+        assert!(q.gap);
+        for id in [2, 3] {
+            let e = broker_error(ErrorCode::OutOfOrderSequence);
+            assert!(matches!(q.on_error(id, e, now, &NO_BACKOFF), Failure::Retrying), "batch {id} waits");
+        }
+        assert!(!q.reset_if_drained(), "batch 0 may be stored: resolve it first");
+        let again = q.next_send(now, 5).expect("batch 0 again");
+        assert_eq!((again.batch_id, again.producer, again.base_sequence), (0, PID, 0), "same identity");
+        assert!(q.next_send(now, 5).is_none(), "batches after the gap wait");
+        assert!(q.on_success(0).is_some(), "answered as a duplicate: acknowledged");
+        assert!(q.reset_if_drained());
+        q.producer = Some(ProducerId { id: 8, epoch: 0 });
+        let renumbered: Vec<_> =
+            std::iter::from_fn(|| q.next_send(now, 5)).map(|s| (s.batch_id, s.base_sequence)).collect();
+        assert_eq!(renumbered, vec![(2, 0), (3, 2)]);
+    }
+
+    #[test]
+    fn a_gap_with_nothing_behind_it_still_resets_for_later_batches() {
+        let (mut q, _rx) = queue_with(&[1]);
+        let now = Instant::now();
+        q.next_send(now, 5).expect("send");
+        q.on_error(0, broker_error(ErrorCode::InvalidRequest), now, &NO_BACKOFF);
+        assert!(q.reset_if_drained(), "the next batch must not continue after the gap");
+        assert_eq!((q.producer, q.next_sequence), (None, 0));
     }
 
     #[test]
@@ -499,7 +573,7 @@ mod tests {
         assert_eq!(q.next_expiry(Duration::from_secs(5)), Some(now + Duration::from_secs(5)));
         let expired = q.expire(later, Duration::from_secs(5));
         assert_eq!(expired.iter().map(|b| b.id).collect::<Vec<_>>(), vec![1]);
-        assert!(!q.needs_reset, "batch 1 never got a sequence");
+        assert!(!q.gap, "batch 1 never got a sequence");
         assert_eq!(q.batches.len(), 1);
     }
 
@@ -539,6 +613,6 @@ mod tests {
         let s = q.next_send(now, 5).expect("send");
         assert_eq!((s.producer, s.base_sequence), (ProducerId::NONE, 0));
         q.on_error(0, broker_error(ErrorCode::InvalidRequest), now, &NO_BACKOFF);
-        assert!(!q.needs_reset);
+        assert!(!q.gap);
     }
 }
