@@ -22,6 +22,32 @@
 //! - [`consumer`]: assignment, seeks and polling.
 //! - [`record`]: records as the application sees them.
 //! - [`retry`]: exponential backoff shared by the producer, consumer and admin.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ferrolog_client::{Admin, ClientConfig, Consumer, ConsumerConfig, MetadataCache, Producer, ProducerConfig, Record, Seek};
+//!
+//! # async fn example() -> Result<(), ferrolog_client::Error> {
+//! let meta = MetadataCache::new(ClientConfig::from_list("127.0.0.1:9401,127.0.0.1:9402"))?;
+//! let admin = Admin::new(meta.clone());
+//! admin.create_topic("events", 3, 3).await?;
+//! admin.wait_for_leaders("events", Duration::from_secs(30)).await?;
+//!
+//! let producer = Producer::new(meta.clone(), ProducerConfig::default())?;
+//! // `send` enqueues at once; the delivery resolves when a majority stored the record.
+//! let delivery = producer.send("events", Record::new("hello").with_key("user-1"));
+//! let stored = delivery.await?;
+//! println!("partition {} offset {}", stored.partition, stored.offset);
+//! producer.close().await;
+//!
+//! let mut consumer = Consumer::new(meta, ConsumerConfig::default());
+//! consumer.assign_topic("events", Seek::Earliest, Duration::from_secs(10)).await?;
+//! for r in consumer.poll(Duration::from_secs(1)).await? {
+//!     println!("{}/{} {:?}", r.partition, r.offset, r.value);
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod admin;
 pub mod consumer;
