@@ -87,6 +87,12 @@ pub struct Cli {
 pub enum Command {
     /// Print the effective configuration as TOML and exit.
     PrintConfig,
+    /// Print every record of a stopped broker's partition replicas as JSON lines.
+    DumpLog {
+        /// The stopped broker's data directory.
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
 }
 
 /// Runs a broker until SIGINT or SIGTERM.
@@ -126,6 +132,7 @@ pub async fn main() -> anyhow::Result<()> {
             print!("{}", cli.broker.resolve()?.to_toml()?);
             Ok(())
         }
+        Some(Command::DumpLog { data_dir }) => crate::dump::run(&data_dir),
         None => {
             init_tracing();
             run(cli.broker).await

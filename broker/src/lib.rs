@@ -17,6 +17,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod dump;
 pub mod error;
 pub mod groups;
 pub mod grpc;
