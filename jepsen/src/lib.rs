@@ -1,4 +1,32 @@
-//! Ferrolog's Jepsen-style harness: real broker processes, faults, a
-//! recorded history, and a checker.
+//! Ferrolog's Jepsen-style harness: real broker processes under faults, a
+//! recorded history of client operations, and a checker for it.
+//!
+//! ```text
+//!  net (namespaces, bridge, blackhole routes) ──> cluster (broker processes, dump-log)
+//!        ▲                                              ▲
+//!        └──────────── nemesis (kill, pause, partition, netem on a seeded schedule)
+//!  workload (producers, consumers, final read) ──ferrolog-client──> brokers
+//!        └──> history (ops with invoke/complete times, JSON lines)
+//!                 └──> checker (anomaly classes) ──> results.json; plot (SVG)
+//!  run: setup → faults → heal → wait → final read → per-broker copies → check
+//! ```
+//!
+//! Modules, one responsibility each:
+//! - [`history`]: operations and their JSON-lines form.
+//! - [`checker`]: the anomaly classes (lost writes, duplicates, inconsistent
+//!   offsets, ordering, skips, aborted reads, replica divergence).
+//! - [`workload`]: producer and consumer processes, and the final read.
+//! - [`net`]: network namespaces and partitions between brokers.
+//! - [`cluster`]: the broker processes.
+//! - [`nemesis`]: the fault schedule.
+//! - [`run`]: the phases of one run and its output directory.
+//! - [`plot`]: latency and throughput over time with faults shaded.
+
 pub mod checker;
+pub mod cluster;
 pub mod history;
+pub mod nemesis;
+pub mod net;
+pub mod plot;
+pub mod run;
+pub mod workload;

@@ -1,1 +1,292 @@
-fn main() {}
+//! `ferrolog-jepsen`: runs fault-injection tests against real brokers and
+//! checks their histories. See jepsen/README.md.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use ferrolog_jepsen::run::{self, Summary, TestOptions};
+use ferrolog_jepsen::workload::WorkloadConfig;
+use ferrolog_jepsen::{checker, history, net};
+
+#[derive(Parser, Debug)]
+#[command(name = "ferrolog-jepsen", about = "Fault injection and consistency checking for Ferrolog")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// One run: brokers, faults, final read, check. Exits 1 on any anomaly.
+    Test {
+        #[command(flatten)]
+        test: TestArgs,
+        /// The run directory (default: <out>/<time>-<faults>-s<seed>).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Runs every fault set of --fault-sets, --repeats times each, and writes
+    /// a table (matrix.md). Exits 1 if any run found an anomaly.
+    Matrix {
+        #[command(flatten)]
+        test: TestArgs,
+        /// Fault sets, separated by spaces or semicolons; each as --faults.
+        #[arg(long, default_value = "partition;kill;pause;netem;mixed")]
+        fault_sets: String,
+        /// Runs per fault set.
+        #[arg(long, default_value_t = 1)]
+        repeats: u32,
+    },
+    /// Re-checks a run directory's history.jsonl and replicas.json.
+    Check {
+        /// The run directory.
+        dir: PathBuf,
+    },
+    /// Removes namespaces and interfaces left by killed runs.
+    Cleanup,
+}
+
+#[derive(Args, Debug, Clone)]
+struct TestArgs {
+    /// Brokers.
+    #[arg(long, default_value_t = 3)]
+    nodes: u32,
+    /// Seconds of the fault phase.
+    #[arg(long, default_value_t = 60)]
+    time_limit: u64,
+    /// Faults: kill, pause, partition, netem, mixed, none (comma-separated).
+    #[arg(long, default_value = "kill,partition")]
+    faults: String,
+    /// Mean seconds of each quiet and each fault period.
+    #[arg(long, default_value_t = 5.0)]
+    interval: f64,
+    /// Seconds to wait after healing, before the final read.
+    #[arg(long, default_value_t = 5)]
+    recovery: u64,
+    /// Send operations per second, over all producers.
+    #[arg(long, default_value_t = 50.0)]
+    rate: f64,
+    /// Producer processes.
+    #[arg(long, default_value_t = 4)]
+    producers: u32,
+    /// Consumer processes.
+    #[arg(long, default_value_t = 3)]
+    consumers: u32,
+    /// Partitions of the test topic (all keys).
+    #[arg(long, default_value_t = 4)]
+    partitions: u32,
+    /// Keys written at any one time.
+    #[arg(long, default_value_t = 2)]
+    keys_active: u32,
+    /// Milliseconds between moves of the active key window.
+    #[arg(long, default_value_t = 10_000)]
+    key_rotate_ms: u64,
+    /// Most values per send operation.
+    #[arg(long, default_value_t = 4)]
+    msgs_per_send: u32,
+    /// Milliseconds after which a send is given up (outcome info).
+    #[arg(long, default_value_t = 10_000)]
+    send_timeout_ms: u64,
+    /// Seed of the schedule and the workload (default: from the clock).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// The ferrolog-broker executable (default: beside this one).
+    #[arg(long)]
+    broker_bin: Option<PathBuf>,
+    /// Where run directories go.
+    #[arg(long, default_value = "target/jepsen")]
+    out: PathBuf,
+    /// Keep brokers' data directories of passing runs.
+    #[arg(long)]
+    keep_data: bool,
+    /// Exit 0 with a message, instead of failing, where network namespaces
+    /// cannot be made (for CI on machines without them).
+    #[arg(long)]
+    skip_without_netns: bool,
+}
+
+impl TestArgs {
+    fn options(&self, faults: &str, seed: u64) -> anyhow::Result<TestOptions> {
+        let broker_bin = match &self.broker_bin {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()?.with_file_name("ferrolog-broker"),
+        };
+        anyhow::ensure!(
+            broker_bin.exists(),
+            "{} not found: build it (cargo build -p ferrolog-broker) or pass --broker-bin",
+            broker_bin.display()
+        );
+        Ok(TestOptions {
+            nodes: self.nodes,
+            time_limit: Duration::from_secs(self.time_limit),
+            faults: faults.to_owned(),
+            interval: Duration::from_secs_f64(self.interval),
+            recovery: Duration::from_secs(self.recovery),
+            workload: WorkloadConfig {
+                topic: "jepsen".into(),
+                partitions: self.partitions,
+                keys_active: self.keys_active,
+                key_rotate_ms: self.key_rotate_ms,
+                producers: self.producers,
+                consumers: self.consumers,
+                rate: self.rate,
+                msgs_per_send_max: self.msgs_per_send,
+                send_timeout_ms: self.send_timeout_ms,
+                seed,
+            },
+            broker_bin,
+            keep_data: self.keep_data,
+        })
+    }
+
+    fn seed(&self) -> u64 {
+        self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+        })
+    }
+}
+
+fn run_name(faults: &str, seed: u64) -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    format!("{secs}-{}-s{seed}", faults.replace(',', "+"))
+}
+
+/// Runs one test, stopping (and cleaning up) on SIGINT or SIGTERM.
+async fn one(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary> {
+    run::fresh_dir(dir)?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = run::run_test(opts, dir) => r,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted (SIGINT); brokers and namespaces removed"),
+        _ = term.recv() => anyhow::bail!("interrupted (SIGTERM); brokers and namespaces removed"),
+    }
+}
+
+fn skip_reason(args: &TestArgs, faults: &str) -> Option<String> {
+    if !(faults.contains("partition") || faults.contains("netem") || faults.contains("mixed")) {
+        return None;
+    }
+    net::probe().err().filter(|_| args.skip_without_netns).map(|e| format!("{e:#}"))
+}
+
+async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Cmd::Test { test, dir } => {
+            if let Some(why) = skip_reason(&test, &test.faults) {
+                eprintln!("ferrolog-jepsen: SKIPPED: network namespaces cannot be made here: {why}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            let seed = test.seed();
+            let opts = test.options(&test.faults, seed)?;
+            let dir = dir.unwrap_or_else(|| test.out.join(run_name(&test.faults, seed)));
+            let s = one(&opts, &dir).await?;
+            run::print_summary(&s);
+            Ok(if s.valid { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Cmd::Matrix { test, fault_sets, repeats } => {
+            let root = test.out.join(format!("matrix-{}", run_name("", test.seed())));
+            std::fs::create_dir_all(&root)?;
+            let mut rows: Vec<Summary> = Vec::new();
+            let mut table = String::from(
+                "| faults | seed | s | faults injected | ops | sends ok/info/fail | values acknowledged | values read | anomalies | run dir |\n|---|---|---|---|---|---|---|---|---|---|\n",
+            );
+            let base = test.seed();
+            let mut i = 0u64;
+            for faults in fault_sets.split([';', ' ']).filter(|s| !s.is_empty()) {
+                for _ in 0..repeats {
+                    let seed = base.wrapping_add(i);
+                    i += 1;
+                    if let Some(why) = skip_reason(&test, faults) {
+                        table.push_str(&format!("| {faults} | {seed} | skipped: {why} |\n"));
+                        continue;
+                    }
+                    if faults.contains("netem") && !faults.contains("mixed") && net::probe_netem().is_err() {
+                        table.push_str(&format!("| {faults} | {seed} | skipped: tc netem unavailable (no sch_netem in this kernel) |\n"));
+                        continue;
+                    }
+                    let opts = test.options(faults, seed)?;
+                    let dir = root.join(run_name(faults, seed));
+                    let s = match one(&opts, &dir).await {
+                        Ok(s) => s,
+                        Err(e) if e.to_string().starts_with("interrupted") => return Err(e),
+                        Err(e) => {
+                            table.push_str(&format!("| {faults} | {seed} | run failed: {e:#} |\n"));
+                            continue;
+                        }
+                    };
+                    run::print_summary(&s);
+                    let anomalies = if s.anomalies.is_empty() && s.problems.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        let mut v: Vec<String> =
+                            s.anomalies.iter().map(|(k, n)| format!("{k}: {n}")).collect();
+                        v.extend(s.problems.iter().cloned());
+                        v.join("; ")
+                    };
+                    table.push_str(&format!(
+                        "| {faults} | {seed} | {} | {} | {} | {}/{}/{} | {} | {} | {anomalies} | {} |\n",
+                        test.time_limit,
+                        s.fault_events,
+                        s.ops,
+                        s.sends_ok,
+                        s.sends_info,
+                        s.sends_fail,
+                        s.values_acknowledged,
+                        s.values_read,
+                        s.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+                    ));
+                    std::fs::write(root.join("matrix.md"), &table)?;
+                    rows.push(s);
+                }
+            }
+            std::fs::write(root.join("matrix.md"), &table)?;
+            std::fs::write(root.join("matrix.json"), serde_json::to_vec_pretty(&rows)?)?;
+            println!("{table}");
+            eprintln!("ferrolog-jepsen: matrix in {}", root.display());
+            Ok(if rows.iter().all(|r| r.valid) { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Cmd::Check { dir } => {
+            let ops = history::read_jsonl(&dir.join("history.jsonl"))?;
+            let replicas: Vec<checker::ReplicaCopy> = match std::fs::read(dir.join("replicas.json")) {
+                Ok(b) => serde_json::from_slice(&b).context("replicas.json")?,
+                Err(_) => Vec::new(),
+            };
+            let report = checker::check(&ops, &replicas);
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(if report.valid { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Cmd::Cleanup => {
+            for r in net::cleanup_all() {
+                eprintln!("removed {r}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ferrolog-jepsen: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = rt.block_on(main_inner(cli));
+    // Dropping the runtime drops every task, and with them the brokers and namespaces.
+    drop(rt);
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ferrolog-jepsen: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! The broker processes of a run: each `ferrolog-broker` in its own network
+//! namespace (see [`crate::net`]), or on 127.0.0.x when there is none, with
+//! its data directory and log file in the run directory. Start, SIGKILL,
+//! SIGSTOP/SIGCONT, graceful stop, and `dump-log` of a stopped broker.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use ferrolog_client::{ClientConfig, MetadataCache};
+
+use crate::checker::{ReplicaCopy, ReplicaRecord};
+
+/// Client API port of every broker.
+pub const CLIENT_PORT: u16 = 9092;
+/// Broker-to-broker port of every broker.
+pub const PEER_PORT: u16 = 9093;
+
+/// One broker slot.
+#[derive(Debug)]
+pub struct Broker {
+    /// Broker id, from 1.
+    pub id: u32,
+    /// Its address.
+    pub ip: IpAddr,
+    /// Its network namespace, if any.
+    pub ns: Option<String>,
+    /// Its data directory.
+    pub data_dir: PathBuf,
+    /// Its log file (appended to across restarts).
+    pub log: PathBuf,
+    child: Option<Child>,
+    paused: bool,
+}
+
+impl Broker {
+    /// Client API address.
+    pub fn client_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.ip, CLIENT_PORT)
+    }
+
+    /// Peer address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.ip, PEER_PORT)
+    }
+}
+
+/// The brokers of a run.
+#[derive(Debug)]
+pub struct Cluster {
+    /// Index = id - 1.
+    pub brokers: Vec<Broker>,
+    binary: PathBuf,
+    initial_cluster: String,
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return };
+    // SAFETY: kill(2) with a pid of a child this process spawned and has not reaped.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+impl Cluster {
+    /// Describes brokers `1..=ips.len()` at `ips` (in namespaces `ns`, if
+    /// given), keeping data and logs under `dir`. Starts nothing.
+    pub fn new(binary: &Path, dir: &Path, ips: &[IpAddr], ns: &[Option<String>]) -> Self {
+        let brokers: Vec<Broker> = ips
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| {
+                let id = i as u32 + 1;
+                Broker {
+                    id,
+                    ip: *ip,
+                    ns: ns.get(i).cloned().flatten(),
+                    data_dir: dir.join(format!("data/broker-{id}")),
+                    log: dir.join(format!("broker-{id}.log")),
+                    child: None,
+                    paused: false,
+                }
+            })
+            .collect();
+        let initial_cluster =
+            brokers.iter().map(|b| format!("{}={}", b.id, b.peer_addr())).collect::<Vec<_>>().join(",");
+        Cluster { brokers, binary: binary.to_owned(), initial_cluster }
+    }
+
+    /// Broker ids.
+    pub fn ids(&self) -> Vec<u32> {
+        self.brokers.iter().map(|b| b.id).collect()
+    }
+
+    /// Comma-separated client addresses.
+    pub fn bootstrap(&self) -> String {
+        self.brokers.iter().map(|b| b.client_addr().to_string()).collect::<Vec<_>>().join(",")
+    }
+
+    fn slot(&mut self, id: u32) -> &mut Broker {
+        &mut self.brokers[(id - 1) as usize]
+    }
+
+    /// Starts (or restarts) broker `id` on its data directory.
+    ///
+    /// # Errors
+    /// If it cannot be spawned.
+    pub fn spawn(&mut self, id: u32) -> anyhow::Result<()> {
+        let (binary, initial) = (self.binary.clone(), self.initial_cluster.clone());
+        let b = self.slot(id);
+        if b.child.is_some() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&b.data_dir)?;
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&b.log)?;
+        let mut cmd = match &b.ns {
+            // `ip netns exec` execs the program in place: the child is the broker.
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(&binary);
+                c
+            }
+            None => Command::new(&binary),
+        };
+        cmd.arg("--node-id")
+            .arg(id.to_string())
+            .arg("--client-addr")
+            .arg(b.client_addr().to_string())
+            .arg("--peer-addr")
+            .arg(b.peer_addr().to_string())
+            .arg("--data-dir")
+            .arg(&b.data_dir)
+            .arg("--initial-cluster")
+            .arg(&initial)
+            .env(
+                "RUST_LOG",
+                std::env::var("FERROLOG_JEPSEN_BROKER_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        b.child = Some(cmd.spawn().with_context(|| format!("spawning {}", binary.display()))?);
+        b.paused = false;
+        Ok(())
+    }
+
+    /// Whether broker `id` runs (possibly paused).
+    pub fn is_running(&self, id: u32) -> bool {
+        self.brokers[(id - 1) as usize].child.is_some()
+    }
+
+    /// SIGKILLs broker `id` and reaps it.
+    pub fn kill(&mut self, id: u32) {
+        let b = self.slot(id);
+        if let Some(mut c) = b.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        b.paused = false;
+    }
+
+    /// SIGSTOPs broker `id`.
+    pub fn pause(&mut self, id: u32) {
+        let b = self.slot(id);
+        if let Some(c) = &b.child {
+            signal(c.id(), libc::SIGSTOP);
+            b.paused = true;
+        }
+    }
+
+    /// SIGCONTs broker `id`.
+    pub fn resume(&mut self, id: u32) {
+        let b = self.slot(id);
+        if let Some(c) = &b.child
+            && b.paused
+        {
+            signal(c.id(), libc::SIGCONT);
+        }
+        b.paused = false;
+    }
+
+    /// Stops broker `id` with SIGTERM, SIGKILL after `grace`.
+    pub fn stop(&mut self, id: u32, grace: Duration) {
+        self.resume(id);
+        let b = self.slot(id);
+        if let Some(mut c) = b.child.take() {
+            signal(c.id(), libc::SIGTERM);
+            let deadline = Instant::now() + grace;
+            loop {
+                match c.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() >= deadline => {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        }
+    }
+
+    /// Kills every broker (resuming paused ones first).
+    pub fn kill_all(&mut self) {
+        for id in self.ids() {
+            self.resume(id);
+            self.kill(id);
+        }
+    }
+
+    /// Runs `ferrolog-broker dump-log` on stopped broker `id`'s data and
+    /// returns its copies of `topic`'s partitions.
+    ///
+    /// # Errors
+    /// If the broker runs, or the command fails or prints malformed lines.
+    pub fn dump(&self, id: u32, topic: &str, out_file: &Path) -> anyhow::Result<Vec<ReplicaCopy>> {
+        let b = &self.brokers[(id - 1) as usize];
+        if b.child.is_some() {
+            bail!("broker {id} is running; dump-log reads only stopped brokers");
+        }
+        let out = Command::new(&self.binary)
+            .arg("dump-log")
+            .arg("--data-dir")
+            .arg(&b.data_dir)
+            .output()
+            .with_context(|| format!("running {} dump-log", self.binary.display()))?;
+        if !out.status.success() {
+            bail!("dump-log of broker {id} failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::fs::write(out_file, &out.stdout)?;
+        parse_dump(id, topic, &String::from_utf8_lossy(&out.stdout))
+    }
+}
+
+/// Waits until some broker of `bootstrap` reports `brokers` brokers
+/// registered and a controller.
+///
+/// # Errors
+/// On timeout, with the last answer.
+pub async fn wait_ready(bootstrap: &str, brokers: usize, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        let cfg = ClientConfig {
+            connect_timeout_ms: 1000,
+            request_timeout_ms: 2000,
+            ..ClientConfig::from_list(bootstrap)
+        };
+        match MetadataCache::new(cfg) {
+            Ok(m) => match m.refresh().await {
+                Ok(c) if c.brokers.len() >= brokers && c.controller != 0 => return Ok(()),
+                Ok(c) => last = format!("{} brokers, controller {}", c.brokers.len(), c.controller),
+                Err(e) => last = e.to_string(),
+            },
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    bail!("cluster not ready after {timeout:?}: {last}")
+}
+
+/// Turns `dump-log` lines into copies of `topic`'s partitions.
+///
+/// # Errors
+/// A malformed line.
+pub fn parse_dump(broker: u32, topic: &str, text: &str) -> anyhow::Result<Vec<ReplicaCopy>> {
+    let mut by_key: std::collections::BTreeMap<u32, Vec<ReplicaRecord>> = Default::default();
+    for (i, line) in text.lines().enumerate() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("dump line {}", i + 1))?;
+        if v["topic"].as_str() != Some(topic) {
+            continue;
+        }
+        let key = v["partition"].as_u64().context("partition")? as u32;
+        let offset = v["offset"].as_u64().context("offset")?;
+        let value = v["value"].as_str().and_then(|s| s.parse().ok()).unwrap_or(u64::MAX);
+        let committed = v["committed"].as_bool().unwrap_or(false);
+        by_key.entry(key).or_default().push(ReplicaRecord { offset, value, committed });
+    }
+    Ok(by_key.into_iter().map(|(key, records)| ReplicaCopy { broker, key, records }).collect())
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}

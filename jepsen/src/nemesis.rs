@@ -1,0 +1,340 @@
+//! The nemesis: faults on a seeded random schedule. It alternates a quiet
+//! period and a fault period, each `interval` × U(0.5, 1.5); every fault is
+//! healed at the end of its period and when the run stops.
+//!
+//! - `kill`: SIGKILL one broker (a quarter of the time a majority), restart it.
+//! - `pause`: SIGSTOP one broker (or a majority), SIGCONT it.
+//! - `partition`: cut broker-to-broker links: isolate one node, split into a
+//!   majority and a minority, a bridge (two sides that share one node), or a
+//!   ring (each node sees only its neighbours; 4 nodes or more).
+//! - `netem`: `tc netem` delay and loss on every broker's interface.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::bail;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::cluster::Cluster;
+use crate::history::Recorder;
+use crate::net::Net;
+
+/// A kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fault {
+    /// SIGKILL and restart.
+    Kill,
+    /// SIGSTOP and SIGCONT.
+    Pause,
+    /// Network partitions between brokers.
+    Partition,
+    /// Packet delay and loss.
+    Netem,
+}
+
+impl Fault {
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Kill => "kill",
+            Fault::Pause => "pause",
+            Fault::Partition => "partition",
+            Fault::Netem => "netem",
+        }
+    }
+}
+
+/// Parses `kill,partition`, `mixed` (kill, pause, partition, plus netem
+/// when `netem_ok`) or `none`.
+///
+/// # Errors
+/// An unknown name.
+pub fn parse_faults(s: &str, netem_ok: bool) -> anyhow::Result<Vec<Fault>> {
+    let mut out = BTreeSet::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part {
+            "kill" => out.insert(Fault::Kill),
+            "pause" => out.insert(Fault::Pause),
+            "partition" => out.insert(Fault::Partition),
+            "netem" => out.insert(Fault::Netem),
+            "mixed" | "all" => {
+                out.extend([Fault::Kill, Fault::Pause, Fault::Partition]);
+                if netem_ok {
+                    out.insert(Fault::Netem);
+                }
+                true
+            }
+            "none" => true,
+            other => bail!("unknown fault {other:?} (kill, pause, partition, netem, mixed, none)"),
+        };
+    }
+    Ok(out.into_iter().collect())
+}
+
+/// One fault as it happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FaultEvent {
+    /// Its kind.
+    pub fault: Fault,
+    /// What exactly, e.g. `kill [2]` or `partition majority/minority [[1, 3], [2]]`.
+    pub detail: String,
+    /// Start, s since the start of the run.
+    pub start_s: f64,
+    /// End (healed), s since the start of the run.
+    pub end_s: f64,
+}
+
+/// A partition as sets of broker links to cut: `(name, components, cuts)`.
+pub fn grudge(ids: &[u32], rng: &mut StdRng) -> (String, Vec<Vec<u32>>, Vec<(u32, u32)>) {
+    let mut nodes = ids.to_vec();
+    nodes.shuffle(rng);
+    let n = nodes.len();
+    let mut kinds = vec!["isolate", "majority-minority", "bridge"];
+    if n >= 4 {
+        kinds.push("ring");
+    }
+    let kind = kinds[rng.gen_range(0..kinds.len())];
+    let cut_between = |a: &[u32], b: &[u32]| -> Vec<(u32, u32)> {
+        a.iter().flat_map(|x| b.iter().map(move |y| (*x.min(y), *x.max(y)))).collect()
+    };
+    match kind {
+        "isolate" => {
+            let (one, rest) = nodes.split_at(1);
+            ("isolate".into(), vec![one.to_vec(), rest.to_vec()], cut_between(one, rest))
+        }
+        "majority-minority" => {
+            let (minority, majority) = nodes.split_at(n / 2);
+            (
+                "majority-minority".into(),
+                vec![majority.to_vec(), minority.to_vec()],
+                cut_between(minority, majority),
+            )
+        }
+        "bridge" => {
+            // nodes[0] sees both sides; the sides do not see each other.
+            let rest = &nodes[1..];
+            let (a, b) = rest.split_at(rest.len() / 2);
+            let mut left = vec![nodes[0]];
+            left.extend_from_slice(a);
+            let mut right = vec![nodes[0]];
+            right.extend_from_slice(b);
+            ("bridge".into(), vec![left, right], cut_between(a, b))
+        }
+        _ => {
+            let mut cuts = Vec::new();
+            for i in 0..n {
+                for j in i + 1..n {
+                    let adjacent = j == i + 1 || (i == 0 && j == n - 1);
+                    if !adjacent {
+                        cuts.push((nodes[i].min(nodes[j]), nodes[i].max(nodes[j])));
+                    }
+                }
+            }
+            ("ring".into(), vec![nodes.clone()], cuts)
+        }
+    }
+}
+
+/// A fault in force.
+enum Active {
+    Killed(Vec<u32>),
+    Paused(Vec<u32>),
+    Cut,
+    Netem,
+}
+
+/// Picks 1 broker, or a majority a quarter of the time.
+fn targets(ids: &[u32], rng: &mut StdRng) -> Vec<u32> {
+    let mut nodes = ids.to_vec();
+    nodes.shuffle(rng);
+    let k = if rng.gen_bool(0.25) { ids.len() / 2 + 1 } else { 1 };
+    let mut t = nodes[..k].to_vec();
+    t.sort_unstable();
+    t
+}
+
+/// The shared handles the nemesis works on.
+#[derive(Clone)]
+pub struct Targets {
+    /// The brokers.
+    pub cluster: Arc<Mutex<Cluster>>,
+    /// Their network, when they have one.
+    pub net: Arc<Mutex<Option<Net>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Targets {
+    fn start(&self, fault: Fault, rng: &mut StdRng) -> anyhow::Result<(String, Active)> {
+        let ids = lock(&self.cluster).ids();
+        match fault {
+            Fault::Kill => {
+                let t = targets(&ids, rng);
+                let mut c = lock(&self.cluster);
+                for id in &t {
+                    c.kill(*id);
+                }
+                Ok((format!("kill {t:?}"), Active::Killed(t)))
+            }
+            Fault::Pause => {
+                let t = targets(&ids, rng);
+                let mut c = lock(&self.cluster);
+                for id in &t {
+                    c.pause(*id);
+                }
+                Ok((format!("pause {t:?}"), Active::Paused(t)))
+            }
+            Fault::Partition => {
+                let (name, components, cuts) = grudge(&ids, rng);
+                let mut net = lock(&self.net);
+                let Some(net) = net.as_mut() else { bail!("partitions need network namespaces") };
+                for (a, b) in &cuts {
+                    net.cut(*a, *b)?;
+                }
+                Ok((format!("partition {name} {components:?}"), Active::Cut))
+            }
+            Fault::Netem => {
+                let mut net = lock(&self.net);
+                let Some(net) = net.as_mut() else { bail!("netem needs network namespaces") };
+                let spec = ["delay", "50ms", "25ms", "loss", "3%"];
+                net.netem(&spec)?;
+                Ok((format!("netem {}", spec.join(" ")), Active::Netem))
+            }
+        }
+    }
+
+    fn end(&self, active: Active) -> anyhow::Result<()> {
+        match active {
+            Active::Killed(ids) => {
+                let mut c = lock(&self.cluster);
+                for id in ids {
+                    c.spawn(id)?;
+                }
+            }
+            Active::Paused(ids) => {
+                let mut c = lock(&self.cluster);
+                for id in ids {
+                    c.resume(id);
+                }
+            }
+            Active::Cut => {
+                if let Some(net) = lock(&self.net).as_mut() {
+                    net.heal()?;
+                }
+            }
+            Active::Netem => {
+                if let Some(net) = lock(&self.net).as_mut() {
+                    net.clear_netem();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Heals everything: links, netem, paused and dead brokers.
+    ///
+    /// # Errors
+    /// A broker that cannot be restarted, or a route that cannot be removed.
+    pub fn heal_all(&self) -> anyhow::Result<()> {
+        if let Some(net) = lock(&self.net).as_mut() {
+            net.heal()?;
+            net.clear_netem();
+        }
+        let mut c = lock(&self.cluster);
+        for id in c.ids() {
+            c.resume(id);
+            if !c.is_running(id) {
+                c.spawn(id)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs faults from `faults` until `stop` turns true; returns what happened.
+pub async fn run(
+    faults: Vec<Fault>,
+    interval: Duration,
+    seed: u64,
+    targets: Targets,
+    rec: Recorder,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<Vec<FaultEvent>> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6e656d);
+    let mut events = Vec::new();
+    if faults.is_empty() {
+        let _ = stop.wait_for(|s| *s).await;
+        return Ok(events);
+    }
+    let now_s = |rec: &Recorder| rec.now_ns() as f64 / 1e9;
+    loop {
+        let quiet = interval.mul_f64(rng.gen_range(0.5..1.5));
+        tokio::select! {
+            _ = tokio::time::sleep(quiet) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+        let fault = faults[rng.gen_range(0..faults.len())];
+        let start_s = now_s(&rec);
+        let (detail, active) = targets.start(fault, &mut rng)?;
+        tracing::info!("nemesis: {detail}");
+        let hold = interval.mul_f64(rng.gen_range(0.5..1.5));
+        let stopped = tokio::select! {
+            _ = tokio::time::sleep(hold) => false,
+            _ = stop.wait_for(|s| *s) => true,
+        };
+        targets.end(active)?;
+        events.push(FaultEvent { fault, detail, start_s, end_s: now_s(&rec) });
+        if stopped {
+            break;
+        }
+    }
+    Ok(events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grudges_cut_only_across_components() {
+        let mut rng = StdRng::seed_from_u64(1);
+        for n in [3u32, 5] {
+            let ids: Vec<u32> = (1..=n).collect();
+            let mut kinds = BTreeSet::new();
+            for _ in 0..200 {
+                let (kind, components, cuts) = grudge(&ids, &mut rng);
+                assert!(!cuts.is_empty(), "{kind} {components:?}");
+                for (a, b) in &cuts {
+                    assert!(a < b);
+                    // Never a cut inside one component (the ring is one component of neighbours).
+                    if kind != "ring" {
+                        assert!(
+                            !components.iter().any(|c| c.contains(a) && c.contains(b)),
+                            "{kind} {components:?} {cuts:?}"
+                        );
+                    }
+                }
+                kinds.insert(kind);
+            }
+            assert_eq!(kinds.len(), if n >= 4 { 4 } else { 3 }, "{kinds:?}");
+        }
+    }
+
+    #[test]
+    fn fault_lists() -> anyhow::Result<()> {
+        assert_eq!(parse_faults("kill,partition", false)?, vec![Fault::Kill, Fault::Partition]);
+        assert_eq!(parse_faults("mixed", false)?.len(), 3);
+        assert_eq!(parse_faults("mixed", true)?.len(), 4);
+        assert!(parse_faults("none", true)?.is_empty());
+        assert!(parse_faults("flood", true).is_err());
+        Ok(())
+    }
+}

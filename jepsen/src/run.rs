@@ -1,0 +1,354 @@
+//! One test run, in phases:
+//!
+//! ```text
+//!  setup    namespaces + bridge, N brokers, topic (partitions = keys, RF 3)
+//!  faults   producers + consumers record the history; the nemesis runs its schedule
+//!  heal     stop clients, heal links, resume and restart brokers
+//!  wait     `recovery` seconds, then the cluster must answer with a controller
+//!  final    read every partition from offset 0 up to its high watermark
+//!  copies   wait for followers to catch up, stop each broker, `dump-log` its data
+//!  check    checker over history + copies -> results.json, plot.svg
+//! ```
+//!
+//! The run directory holds `history.jsonl`, `faults.jsonl`, `replicas.json`,
+//! `dump-broker-N.jsonl`, `broker-N.log`, `results.json` and `plot.svg`.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use ferrolog_client::{Admin, ClientConfig, MetadataCache};
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::checker::{self, ReplicaCopy, Report};
+use crate::cluster::{self, Cluster};
+use crate::history::{self, Recorder};
+use crate::nemesis::{self, Fault, FaultEvent, Targets};
+use crate::net::{self, Net};
+use crate::workload::{self, Ids, WorkloadConfig};
+
+/// Everything a run needs.
+#[derive(Debug, Clone)]
+pub struct TestOptions {
+    /// Brokers (3 or 5).
+    pub nodes: u32,
+    /// Length of the fault phase.
+    pub time_limit: Duration,
+    /// Faults, as parsed by [`nemesis::parse_faults`].
+    pub faults: String,
+    /// Mean length of quiet and fault periods.
+    pub interval: Duration,
+    /// Wait after healing before the final read.
+    pub recovery: Duration,
+    /// The workload (its seed is the run's seed).
+    pub workload: WorkloadConfig,
+    /// The `ferrolog-broker` executable.
+    pub broker_bin: PathBuf,
+    /// Keep brokers' data directories even when the run passes.
+    pub keep_data: bool,
+}
+
+/// What a run found, for the matrix table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// The run directory.
+    pub dir: PathBuf,
+    /// Faults asked for.
+    pub faults: String,
+    /// The seed.
+    pub seed: u64,
+    /// Faults injected.
+    pub fault_events: usize,
+    /// Operations recorded.
+    pub ops: usize,
+    /// Send operations and their outcomes.
+    pub sends_ok: usize,
+    /// ...
+    pub sends_info: usize,
+    /// ...
+    pub sends_fail: usize,
+    /// Values acknowledged.
+    pub values_acknowledged: usize,
+    /// Distinct values read.
+    pub values_read: usize,
+    /// Anomaly classes found, with counts.
+    pub anomalies: Vec<(String, usize)>,
+    /// Problems of the run itself (final read incomplete, dump failed).
+    pub problems: Vec<String>,
+    /// No anomaly and no problem.
+    pub valid: bool,
+}
+
+#[derive(Serialize)]
+struct Results<'a> {
+    valid: bool,
+    faults: &'a str,
+    seed: u64,
+    nodes: u32,
+    network: &'a str,
+    time_limit_s: f64,
+    fault_events: &'a [FaultEvent],
+    final_read_end_offsets: &'a [(u32, u64)],
+    problems: &'a [String],
+    #[serde(flatten)]
+    report: &'a Report,
+}
+
+fn write_json(path: &Path, v: &impl Serialize) -> anyhow::Result<()> {
+    std::fs::write(path, serde_json::to_vec_pretty(v)?).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Runs one test into `dir`.
+///
+/// # Errors
+/// Setup failures (no namespaces for partition faults, brokers that do not
+/// start); anomalies are not errors but a [`Summary`] with `valid: false`.
+pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary> {
+    std::fs::create_dir_all(dir)?;
+    let netns = net::probe();
+    let needs_net = opts.faults.contains("partition") || opts.faults.contains("netem");
+    let netem_ok = netns.is_ok() && net::probe_netem().is_ok();
+    let faults = nemesis::parse_faults(&opts.faults, netem_ok)?;
+    if faults.contains(&Fault::Netem) {
+        net::probe_netem()?;
+    }
+    let net = match netns {
+        Ok(()) => Some(Net::create(opts.nodes)?),
+        Err(e) if needs_net => return Err(e.context("partition and netem faults need network namespaces")),
+        Err(_) => None,
+    };
+    let (ips, ns): (Vec<IpAddr>, Vec<Option<String>>) = (1..=opts.nodes)
+        .map(|id| match &net {
+            Some(n) => (IpAddr::V4(n.broker_ip(id)), Some(n.ns(id))),
+            None => (IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 99, 10 + id as u8)), None),
+        })
+        .unzip();
+    let network = if net.is_some() { "network namespaces" } else { "loopback (no partitions)" };
+    let mut cluster = Cluster::new(&opts.broker_bin, dir, &ips, &ns);
+    for id in cluster.ids() {
+        cluster.spawn(id)?;
+    }
+    let targets = Targets { cluster: Arc::new(Mutex::new(cluster)), net: Arc::new(Mutex::new(net)) };
+    let bootstrap = lock(&targets.cluster).bootstrap();
+    cluster::wait_ready(&bootstrap, opts.nodes as usize, Duration::from_secs(60))
+        .await
+        .context("brokers did not form a cluster")?;
+
+    let client = ClientConfig {
+        connect_timeout_ms: 2_000,
+        request_timeout_ms: 5_000,
+        ..ClientConfig::from_list(&bootstrap)
+    };
+    let meta = MetadataCache::new(client)?;
+    let admin = Admin::new(meta.clone()).with_timeout(Duration::from_secs(30));
+    let cfg = Arc::new(opts.workload.clone());
+    let rf = opts.nodes.min(3);
+    admin.create_topic(&cfg.topic, cfg.partitions, rf).await.context("creating the topic")?;
+    admin
+        .wait_for_leaders(&cfg.topic, Duration::from_secs(30))
+        .await
+        .context("waiting for partition leaders")?;
+
+    // Faults phase.
+    let rec = Recorder::new();
+    let ids = Arc::new(Ids::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut clients = tokio::task::JoinSet::new();
+    for slot in 0..cfg.producers {
+        clients.spawn(workload::producer(
+            cfg.clone(),
+            meta.clone(),
+            rec.clone(),
+            ids.clone(),
+            slot,
+            stop_rx.clone(),
+        ));
+    }
+    for slot in 0..cfg.consumers {
+        clients.spawn(workload::consumer(
+            cfg.clone(),
+            meta.clone(),
+            rec.clone(),
+            ids.clone(),
+            cfg.producers + slot,
+            stop_rx.clone(),
+        ));
+    }
+    let nemesis = tokio::spawn(nemesis::run(
+        faults.clone(),
+        opts.interval,
+        cfg.seed,
+        targets.clone(),
+        rec.clone(),
+        stop_rx.clone(),
+    ));
+    eprintln!(
+        "ferrolog-jepsen: {} brokers on {network}, faults {:?}, {} s, seed {}, run dir {}",
+        opts.nodes,
+        faults.iter().map(|f| f.name()).collect::<Vec<_>>(),
+        opts.time_limit.as_secs(),
+        cfg.seed,
+        dir.display()
+    );
+    tokio::time::sleep(opts.time_limit).await;
+
+    // Heal and wait.
+    let _ = stop_tx.send(true);
+    let events = nemesis.await.context("nemesis task")??;
+    targets.heal_all()?;
+    let drain = Duration::from_millis(cfg.send_timeout_ms + 10_000);
+    let drained = tokio::time::timeout(drain, async { while clients.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        clients.abort_all();
+    }
+    eprintln!(
+        "ferrolog-jepsen: healed after {} faults; {} operations; waiting {:?}",
+        events.len(),
+        rec.len(),
+        opts.recovery
+    );
+    tokio::time::sleep(opts.recovery).await;
+    let mut problems = Vec::new();
+    if let Err(e) = cluster::wait_ready(&bootstrap, opts.nodes as usize, Duration::from_secs(60)).await {
+        problems.push(format!("cluster not ready after healing: {e:#}"));
+    }
+
+    // Final read of every partition.
+    let mut ends = Vec::new();
+    for p in 0..cfg.partitions {
+        match workload::final_read(&cfg, meta.clone(), &rec, &ids, p, Duration::from_secs(60)).await {
+            Ok(end) => ends.push((p, end)),
+            Err(e) => problems.push(format!("final read: {e:#}")),
+        }
+    }
+
+    // Each broker's copy.
+    wait_followers(&admin, &cfg.topic, Duration::from_secs(30)).await;
+    let mut replicas: Vec<ReplicaCopy> = Vec::new();
+    {
+        let mut c = lock(&targets.cluster);
+        for id in c.ids() {
+            c.stop(id, Duration::from_secs(10));
+        }
+        for id in c.ids() {
+            match c.dump(id, &cfg.topic, &dir.join(format!("dump-broker-{id}.jsonl"))) {
+                Ok(mut copies) => replicas.append(&mut copies),
+                Err(e) => problems.push(format!("dump-log of broker {id}: {e:#}")),
+            }
+        }
+    }
+    lock(&targets.net).take(); // tears the namespaces down
+
+    // Check and write everything.
+    let ops = rec.snapshot();
+    history::write_jsonl(&dir.join("history.jsonl"), &ops)?;
+    let mut faults_file = String::new();
+    for e in &events {
+        faults_file.push_str(&serde_json::to_string(e)?);
+        faults_file.push('\n');
+    }
+    std::fs::write(dir.join("faults.jsonl"), faults_file)?;
+    write_json(&dir.join("replicas.json"), &replicas)?;
+    let report = checker::check(&ops, &replicas);
+    let valid = report.valid && problems.is_empty();
+    write_json(
+        &dir.join("results.json"),
+        &Results {
+            valid,
+            faults: &opts.faults,
+            seed: cfg.seed,
+            nodes: opts.nodes,
+            network,
+            time_limit_s: opts.time_limit.as_secs_f64(),
+            fault_events: &events,
+            final_read_end_offsets: &ends,
+            problems: &problems,
+            report: &report,
+        },
+    )?;
+    let title = format!(
+        "ferrolog-jepsen: faults {}, seed {}, {}",
+        opts.faults,
+        cfg.seed,
+        if valid { "valid" } else { "INVALID" }
+    );
+    if let Err(e) = crate::plot::draw(&dir.join("plot.svg"), &ops, &events, &title) {
+        problems.push(format!("{e:#}"));
+    }
+    if valid && !opts.keep_data {
+        let _ = std::fs::remove_dir_all(dir.join("data"));
+    }
+    let s = &report.stats;
+    Ok(Summary {
+        dir: dir.to_owned(),
+        faults: opts.faults.clone(),
+        seed: cfg.seed,
+        fault_events: events.len(),
+        ops: s.ops,
+        sends_ok: s.sends_ok,
+        sends_info: s.sends_info,
+        sends_fail: s.sends_fail,
+        values_acknowledged: s.values_acknowledged,
+        values_read: s.values_read,
+        anomalies: report.found().into_iter().map(|(k, n)| (k.to_owned(), n)).collect(),
+        problems,
+        valid,
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Waits until every follower of every partition of `topic` has no lag (or
+/// `timeout`), so that each broker's copy is complete when it is stopped.
+async fn wait_followers(admin: &Admin, topic: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok(status) = admin.cluster_status().await {
+            let mine: Vec<_> = status.partitions.iter().filter(|p| p.topic == topic).collect();
+            let caught_up = !mine.is_empty()
+                && mine.iter().all(|p| {
+                    p.status.as_ref().is_ok_and(|s| {
+                        s.followers.len() + 1 >= p.replicas.len() && s.followers.iter().all(|f| f.lag == 0)
+                    })
+                });
+            if caught_up {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Prints a summary line.
+pub fn print_summary(s: &Summary) {
+    eprintln!(
+        "ferrolog-jepsen: {} — {} ops, {} sends ok / {} info / {} fail, {} values acknowledged, {} read, {} faults; anomalies: {}{}",
+        if s.valid { "VALID" } else { "INVALID" },
+        s.ops,
+        s.sends_ok,
+        s.sends_info,
+        s.sends_fail,
+        s.values_acknowledged,
+        s.values_read,
+        s.fault_events,
+        if s.anomalies.is_empty() { "none".to_owned() } else { format!("{:?}", s.anomalies) },
+        if s.problems.is_empty() { String::new() } else { format!("; problems: {:?}", s.problems) },
+    );
+    eprintln!("ferrolog-jepsen: results in {}", s.dir.display());
+}
+
+/// Refuses a run directory that exists and is not empty.
+///
+/// # Errors
+/// If it does.
+pub fn fresh_dir(dir: &Path) -> anyhow::Result<()> {
+    if dir.exists() && std::fs::read_dir(dir)?.next().is_some() {
+        bail!("{} exists and is not empty", dir.display());
+    }
+    Ok(())
+}
