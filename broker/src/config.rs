@@ -235,8 +235,10 @@ mod tests {
 
     #[test]
     fn round_trips_through_toml() {
-        let mut c = BrokerConfig::default();
-        c.initial_cluster = parse_initial_cluster("1=127.0.0.1:9501, 2=127.0.0.1:9502").expect("parse");
+        let c = BrokerConfig {
+            initial_cluster: parse_initial_cluster("1=127.0.0.1:9501, 2=127.0.0.1:9502").expect("parse"),
+            ..BrokerConfig::default()
+        };
         let back = BrokerConfig::from_toml(&c.to_toml().expect("render")).expect("parse");
         assert_eq!(back, c);
     }

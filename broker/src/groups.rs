@@ -81,7 +81,7 @@ pub async fn renew_lease(
     use openraft::type_config::TypeConfigExt;
     type C = ferrolog_raft_store::types::TypeConfig;
     let now = C::now();
-    let acked = |m: &openraft::RaftMetrics<C>| m.last_quorum_acked.clone().map(|t| t.into_inner());
+    let acked = |m: &openraft::RaftMetrics<C>| m.last_quorum_acked.map(|t| t.into_inner());
     if acked(&raft.metrics().borrow_watched()).is_some_and(|t| now < t + lease / 2) {
         return true;
     }

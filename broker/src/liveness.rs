@@ -15,10 +15,13 @@ use crate::config::BrokerId;
 use crate::metadata::image::MetadataImage;
 use crate::network::PeerAddresses;
 
+/// When a broker last answered, and the groups it said it leads.
+type Heard = (Instant, HashSet<u64>);
+
 /// Last successful ping per broker. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Liveness {
-    seen: Arc<Mutex<HashMap<BrokerId, (Instant, HashSet<u64>)>>>,
+    seen: Arc<Mutex<HashMap<BrokerId, Heard>>>,
     dead_after: Arc<Mutex<Duration>>,
 }
 

@@ -18,10 +18,13 @@ use crate::metadata::image::MetadataImage;
 use crate::network::{PeerAddresses, PeerNetworkFactory};
 use crate::partition::Partition;
 
+/// (topic, partition).
+type PartitionKey = (String, u32);
+
 /// Hosted partitions by (topic, partition). Cheap to clone.
 #[derive(Clone, Debug, Default)]
 pub struct PartitionTable {
-    by_name: Arc<RwLock<HashMap<(String, u32), Arc<Partition>>>>,
+    by_name: Arc<RwLock<HashMap<PartitionKey, Arc<Partition>>>>,
 }
 
 impl PartitionTable {
