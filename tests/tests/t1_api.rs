@@ -188,6 +188,29 @@ async fn produce_fetch_and_bad_input() -> anyhow::Result<()> {
         let _ = s.shutdown().await;
     }
 
+    // Replication factor 1: each partition lives on one broker, and the
+    // others point at it (metadata from pings, NOT_LEADER hints).
+    ferrolog_tests::raw::create_topic(&c, "single", 3, 1).await?;
+    for p in 0..3 {
+        let req = ProduceRequest {
+            topic: "single".into(),
+            partition: p,
+            records: vec![rec("one")],
+            producer_id: -1,
+            ..Default::default()
+        };
+        let (r, _) = ferrolog_tests::raw::produce(&c, req.clone(), Duration::from_secs(30)).await?;
+        assert_eq!(r.base_offset, 0);
+        for b in &c.brokers {
+            let r = connect(b.client_addr).await?.produce(req.clone()).await?.into_inner();
+            match code(&r.error) {
+                ErrorCode::None => {}
+                ErrorCode::NotLeader => assert!(r.error.and_then(|e| e.leader).is_some(), "a hint"),
+                other => panic!("partition {p} via broker {}: {other:?}", b.id),
+            }
+        }
+    }
+
     // Still serving.
     assert_eq!(produce(&c, "events", 0, &["e"]).await?, 4);
     let l = connect(leader_addr(&c, "events", 0).await?)

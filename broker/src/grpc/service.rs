@@ -20,7 +20,7 @@ use super::errors::to_wire;
 use crate::config::{BrokerId, Limits};
 use crate::error::ApiError;
 use crate::liveness::Liveness;
-use crate::metadata::command::{ControllerReply, ControllerRequest};
+use crate::metadata::command::{ControllerReply, ControllerRequest, PartitionAssignment};
 use crate::metadata::controller::{Controller, now_ms};
 use crate::partition::records::{self, BatchError, ProducerFields};
 use crate::partition::{FetchOutcome, Partition};
@@ -73,6 +73,16 @@ impl ClientService {
         // Not hosted here (or not started yet): point at a replica.
         let other = a.replicas.iter().map(|r| r.broker).find(|b| *b != self.broker);
         Err(ApiError::NotLeader { leader: other })
+    }
+
+    /// The partition's leader: as the local replica knows it, or, for a
+    /// partition not hosted here, the replica's broker whose last ping
+    /// listed the group among those it leads. 0 when unknown.
+    fn leader_of(&self, topic: &str, partition: u32, a: &PartitionAssignment) -> BrokerId {
+        if let Some(p) = self.table.get(topic, partition) {
+            return p.leader_broker().unwrap_or(0);
+        }
+        a.replicas.iter().map(|r| r.broker).find(|b| self.liveness.leads(*b, a.group)).unwrap_or(0)
     }
 
     fn batches(out: &FetchOutcome) -> Vec<WireBatch> {
@@ -248,7 +258,7 @@ impl Ferrolog for ClientService {
                 .map(|(i, a)| PartitionInfo {
                     partition: i as u32,
                     group_id: a.group,
-                    leader: self.table.get(name, i as u32).and_then(|p| p.leader_broker()).unwrap_or(0),
+                    leader: self.leader_of(name, i as u32, a),
                     replicas: a.replicas.iter().map(|r| r.broker).collect(),
                 })
                 .collect();
