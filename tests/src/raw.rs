@@ -28,18 +28,28 @@ pub fn code(e: &Option<ferrolog_proto::client::Error>) -> ErrorCode {
     e.as_ref().map_or(ErrorCode::None, |e| e.code())
 }
 
-/// Creates a topic through broker 1.
+/// Creates a topic through any running broker, retrying while there is
+/// no controller.
 ///
 /// # Errors
 /// Transport errors, or the error the controller answered.
 pub async fn create_topic(c: &Cluster, name: &str, partitions: u32, rf: u32) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut turn = 0usize;
     loop {
-        let r = connect(c.broker(1).client_addr)
-            .await?
-            .create_topic(CreateTopicRequest { name: name.into(), partitions, replication_factor: rf })
-            .await?
-            .into_inner();
+        // Any running broker will do: it forwards to the controller.
+        let running: Vec<u32> = c.brokers.iter().map(|b| b.id).filter(|id| c.is_running(*id)).collect();
+        anyhow::ensure!(!running.is_empty(), "no broker is running");
+        turn += 1;
+        let via = running[turn % running.len()];
+        let r = match connect(c.broker(via).client_addr).await {
+            Ok(mut client) => client
+                .create_topic(CreateTopicRequest { name: name.into(), partitions, replication_factor: rf })
+                .await?
+                .into_inner(),
+            Err(_) if Instant::now() < deadline => continue,
+            Err(e) => return Err(e),
+        };
         match code(&r.error) {
             ErrorCode::None => return Ok(()),
             ErrorCode::Unavailable | ErrorCode::NotLeader if Instant::now() < deadline => {

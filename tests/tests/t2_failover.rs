@@ -59,6 +59,10 @@ async fn killed_leader_is_replaced_and_retries_are_not_duplicated() -> anyhow::R
         2 * ELECTION_TIMEOUT_MAX_MS
     );
 
+    // Administration still works: the controller may have been on the
+    // killed broker too.
+    create_topic(&c, "after-failover", 1, 2).await?;
+
     // The producer state survived the failover: the retry of "b" is a duplicate.
     let (r, _) = produce(&c, req("orders", pid, 1, "b"), Duration::from_secs(30)).await?;
     assert_eq!((r.base_offset, r.duplicate), (1, true));
