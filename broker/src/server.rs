@@ -158,9 +158,16 @@ impl Broker {
         }
 
         let (image_tx, image_rx) = watch::channel(Arc::new(MetadataImage::new()));
+        let liveness = Liveness::default();
         let mut tasks = vec![tokio::spawn(controller::follow(meta_replica, image_tx))];
-        let controller =
-            Controller::new(metadata.clone(), image_rx.clone(), peers.clone(), config.limits.clone());
+        let controller = Controller::new(
+            metadata.clone(),
+            image_rx.clone(),
+            peers.clone(),
+            config.limits.clone(),
+            me,
+            liveness.clone(),
+        );
         let _ = controller_slot.set(controller.clone());
 
         let table = PartitionTable::default();
@@ -175,7 +182,6 @@ impl Broker {
             table: table.clone(),
         };
         tasks.push(tokio::spawn(reconciler.clone().run(image_rx.clone())));
-        let liveness = Liveness::default();
         let ping_every = Duration::from_millis(config.raft.heartbeat_interval_ms);
         let dead_after = Duration::from_millis(config.raft.election_timeout_min_ms);
         tasks.push(tokio::spawn(liveness.clone().run(me, image_rx.clone(), peers, ping_every, dead_after)));

@@ -23,6 +23,7 @@ use super::image::MetadataImage;
 use super::placement;
 use crate::config::{BrokerId, Limits};
 use crate::error::ApiError;
+use crate::liveness::Liveness;
 use crate::network::PeerAddresses;
 use crate::partition::records;
 
@@ -60,17 +61,22 @@ pub struct Controller {
     peers: PeerAddresses,
     limits: Limits,
     serial: Arc<Mutex<()>>,
+    me: BrokerId,
+    liveness: Liveness,
 }
 
 impl Controller {
-    /// A controller over the metadata group's Raft node and this broker's image.
+    /// A controller over the metadata group's Raft node and this broker's
+    /// image; `liveness` tells which brokers may receive new replicas.
     pub fn new(
         raft: PartitionRaft,
         image: watch::Receiver<Arc<MetadataImage>>,
         peers: PeerAddresses,
         limits: Limits,
+        me: BrokerId,
+        liveness: Liveness,
     ) -> Self {
-        Self { raft, image, peers, limits, serial: Arc::new(Mutex::new(())) }
+        Self { raft, image, peers, limits, serial: Arc::new(Mutex::new(())), me, liveness }
     }
 
     /// The current image.
@@ -187,7 +193,13 @@ impl Controller {
                 if image.topics.contains_key(&name) {
                     return Err(ApiError::TopicExists(name));
                 }
-                let brokers: Vec<BrokerId> = image.brokers.keys().copied().collect();
+                // Like Kafka, place new replicas only on brokers that answer.
+                let brokers: Vec<BrokerId> = image
+                    .brokers
+                    .keys()
+                    .copied()
+                    .filter(|b| *b == self.me || self.liveness.is_alive(*b))
+                    .collect();
                 let placed = placement::place(
                     &brokers,
                     &image.replica_counts(),
@@ -196,10 +208,18 @@ impl Controller {
                     replication_factor,
                 )
                 .ok_or_else(|| {
-                    ApiError::InvalidReplicationFactor(format!(
-                        "replication factor {replication_factor} needs that many brokers; {} are registered",
-                        brokers.len()
-                    ))
+                    let registered = image.brokers.len();
+                    if replication_factor == 0 || registered < replication_factor as usize {
+                        ApiError::InvalidReplicationFactor(format!(
+                            "replication factor {replication_factor} needs that many brokers; {registered} are registered"
+                        ))
+                    } else {
+                        // Enough brokers exist but too few answer now: retriable.
+                        ApiError::Unavailable(format!(
+                            "replication factor {replication_factor} needs that many live brokers; {} answer",
+                            brokers.len()
+                        ))
+                    }
                 })?;
                 let (mut group, mut node) = (image.next_group_id, image.next_node_id);
                 let mut assignments = Vec::with_capacity(placed.len());
