@@ -40,6 +40,9 @@ struct State {
     rng: u64,
     requests: u64,
     faults: HashMap<&'static str, u64>,
+    /// While set, every produce request fails without an answer, half of
+    /// them after storing the batch.
+    blackout: bool,
 }
 
 impl State {
@@ -62,6 +65,9 @@ struct FakeBroker {
     address: String,
     state: Arc<Mutex<State>>,
     next_producer_id: Arc<Mutex<i64>>,
+    /// How long a batch after a sequence gap waits for it to fill (the real
+    /// broker waits 500 ms).
+    gap_wait: Duration,
 }
 
 fn error(code: pb::ErrorCode, message: &str) -> Option<pb::Error> {
@@ -113,6 +119,14 @@ impl Ferrolog for FakeBroker {
         let (delay_ms, refuse) = {
             let mut s = self.state.lock().expect("lock");
             s.requests += 1;
+            if s.blackout {
+                drop(s);
+                if let Some(Ok(_)) = self.try_append(&req) {
+                    *self.state.lock().expect("lock").faults.entry("stored in the blackout").or_default() +=
+                        1;
+                }
+                return Err(Status::unavailable("blackout (injected)"));
+            }
             let delay = if s.chance(20, "delayed") { 1 + s.rng % 15 } else { 0 };
             let refuse = if s.chance(8, "not leader") {
                 Some(error(pb::ErrorCode::NotLeader, "moved"))
@@ -138,12 +152,16 @@ impl Ferrolog for FakeBroker {
             let e = error(pb::ErrorCode::RecordTooLarge, "poisoned batch (injected)");
             return Ok(Response::new(pb::ProduceResponse { error: e, ..Default::default() }));
         }
-        // Wait up to 200 ms for a sequence gap to fill, as the real broker does.
-        for _ in 0..40 {
+        // Wait a while for a sequence gap to fill, as the real broker does.
+        let deadline = tokio::time::Instant::now() + self.gap_wait;
+        loop {
             if let Some(answer) = self.try_append(&req) {
                 return answer;
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
         Ok(Response::new(pb::ProduceResponse {
             error: error(pb::ErrorCode::OutOfOrderSequence, "gap not filled"),
@@ -228,13 +246,18 @@ impl Ferrolog for FakeBroker {
 }
 
 /// Starts a fake broker on a free port; returns its address and state.
-async fn start_fake()
--> (String, Arc<Mutex<State>>, tokio::task::JoinHandle<Result<(), tonic::transport::Error>>) {
+async fn start_fake(
+    gap_wait: Duration,
+) -> (String, Arc<Mutex<State>>, tokio::task::JoinHandle<Result<(), tonic::transport::Error>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("addr").to_string();
     let state = Arc::new(Mutex::new(State { rng: 0x9e37_79b9_7f4a_7c15, ..State::default() }));
-    let broker =
-        FakeBroker { address: address.clone(), state: state.clone(), next_producer_id: Arc::default() };
+    let broker = FakeBroker {
+        address: address.clone(),
+        state: state.clone(),
+        next_producer_id: Arc::default(),
+        gap_wait,
+    };
     let server = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(FerrologServer::new(broker))
@@ -251,7 +274,7 @@ fn stored(s: &State, partition: u32) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_never_lose_duplicate_or_reorder_records() {
-    let (address, state, server) = start_fake().await;
+    let (address, state, server) = start_fake(Duration::from_millis(200)).await;
     let meta = MetadataCache::new(ClientConfig::from_list(&address)).expect("meta");
     // Small batches and a short linger: many batches in flight per partition.
     let config = ProducerConfig { batch_bytes_max: 512, linger_ms: 1, ..ProducerConfig::default() };
@@ -305,7 +328,7 @@ async fn faults_never_lose_duplicate_or_reorder_records() {
 /// producer id, with every later record stored once and in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_batch_fails_alone_and_the_partition_goes_on() {
-    let (address, state, server) = start_fake().await;
+    let (address, state, server) = start_fake(Duration::from_millis(200)).await;
     let meta = MetadataCache::new(ClientConfig::from_list(&address)).expect("meta");
     let config = ProducerConfig { batch_bytes_max: 256, linger_ms: 1, ..ProducerConfig::default() };
     let producer = Producer::new(meta, config).expect("producer");
@@ -334,6 +357,87 @@ async fn a_refused_batch_fails_alone_and_the_partition_goes_on() {
     assert_eq!(log, want, "every other record stored once, in send order");
     for (offset, value) in &delivered {
         assert_eq!(&log[*offset as usize], value);
+    }
+    server.abort();
+}
+
+/// A blackout longer than the delivery timeout: batches expire while some
+/// of them were stored with their answers lost. Every record is delivered
+/// or times out; none is stored twice; what is stored keeps the send order;
+/// every delivered record is at the offset reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiries_in_a_blackout_never_store_a_record_twice() {
+    // RUST_LOG=ferrolog_client=trace shows every request and expiry.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let (address, state, server) = start_fake(Duration::from_millis(200)).await;
+    // Backoff well under the delivery timeout, so recovery is quick.
+    let client = ClientConfig {
+        backoff: ferrolog_client::retry::Backoff { initial_ms: 5, max_ms: 50 },
+        ..ClientConfig::from_list(&address)
+    };
+    let meta = MetadataCache::new(client).expect("meta");
+    let config = ProducerConfig {
+        batch_bytes_max: 256,
+        linger_ms: 1,
+        delivery_timeout_ms: 1000,
+        ..ProducerConfig::default()
+    };
+    let producer = Producer::new(meta, config).expect("producer");
+    let switch = state.clone();
+    let blackout = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        switch.lock().expect("lock").blackout = true;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        switch.lock().expect("lock").blackout = false;
+    });
+    let mut deliveries = Vec::new();
+    for i in 0..3000 {
+        let value = format!("record-{i:05}");
+        deliveries.push((value.clone(), producer.send(TOPIC, Record::new(value).with_partition(0))));
+        // About 3 s of sending: before, during and after the blackout.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    blackout.await.expect("blackout task");
+    let mut delivered = Vec::new();
+    let mut timed_out = 0;
+    for (value, delivery) in deliveries {
+        match tokio::time::timeout(Duration::from_secs(60), delivery).await.expect("resolves in time") {
+            Ok(m) => delivered.push((m.offset, value)),
+            Err(ferrolog_client::Error::DeliveryTimeout { .. }) => timed_out += 1,
+            Err(e) => panic!("{value}: unexpected {e}"),
+        }
+    }
+    producer.close().await;
+    let s = state.lock().expect("lock");
+    println!("{} delivered, {timed_out} timed out; faults: {:?}", delivered.len(), s.faults);
+    assert!(timed_out > 0, "the blackout outlasted the delivery timeout");
+    assert!(
+        s.faults.get("stored in the blackout").copied().unwrap_or(0) > 0,
+        "answers were lost in the blackout"
+    );
+    // Liveness: once the blackout is over, the producer catches up; every
+    // record of the last 40 % (sent seconds after it) is delivered.
+    let delivered_values: std::collections::HashSet<&str> =
+        delivered.iter().map(|(_, v)| v.as_str()).collect();
+    let missing: Vec<String> = (1800..3000)
+        .map(|i| format!("record-{i:05}"))
+        .filter(|v| !delivered_values.contains(v.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "not delivered after the blackout: {missing:?}");
+    assert!(!delivered.is_empty());
+    let log = stored(&s, 0);
+    let mut seen = std::collections::HashSet::new();
+    for v in &log {
+        assert!(seen.insert(v.clone()), "{v} stored twice");
+    }
+    let mut sorted = log.clone();
+    sorted.sort();
+    assert_eq!(log, sorted, "stored in send order");
+    for (offset, value) in &delivered {
+        assert_eq!(&log[*offset as usize], value, "offset reported for {value}");
     }
     server.abort();
 }

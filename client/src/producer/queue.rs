@@ -73,6 +73,10 @@ pub(crate) struct Batch {
     pub sent_behind: bool,
     /// Behind a sequence gap: to be renumbered under a new producer id.
     pub after_gap: bool,
+    /// A request for it failed without an answer from the broker (transport
+    /// error, timeout): it may be stored. Only a resend with the same
+    /// sequence can tell without storing it twice.
+    pub maybe_stored: bool,
     /// Requests made so far.
     pub attempts: u32,
     /// The last failure, reported if the batch times out.
@@ -92,6 +96,7 @@ impl Batch {
             in_flight: false,
             sent_behind: false,
             after_gap: false,
+            maybe_stored: false,
             attempts: 0,
             last_error: None,
         }
@@ -247,13 +252,23 @@ impl PartitionQueue {
     /// The next request to send, if the rules allow one now. Marks the
     /// batch in flight and fixes its sequence on its first send.
     pub(crate) fn next_send(&mut self, now: Instant, max_in_flight: usize) -> Option<SendSpec> {
-        if self.in_flight >= max_in_flight || self.retry_at.is_some_and(|t| now < t) {
+        if self.retry_at.is_some_and(|t| now < t) {
             return None;
         }
         let producer = self.producer?;
-        let index = self.batches.iter().position(|b| !b.in_flight)?;
-        if self.gap && (self.batches[index].after_gap || self.batches[index].sequence.is_none()) {
-            // Behind the gap: waits for the reset.
+        let index = if self.gap {
+            // Only batches still to be resolved under their own sequence go
+            // out; the ones behind the gap, and new ones, wait for the reset.
+            self.batches.iter().position(|b| !b.in_flight && !b.after_gap && b.sequence.is_some())?
+        } else {
+            self.batches.iter().position(|b| !b.in_flight)?
+        };
+        // At the limit, one more request is allowed for the oldest batch:
+        // every batch in flight is after it, and the broker holds them until
+        // this one fills their sequence gap, so waiting for a free slot
+        // would stall the partition for the broker's whole gap wait.
+        let fills_gap = index == 0 && self.in_flight > 0;
+        if self.in_flight >= max_in_flight && !(fills_gap && self.in_flight < max_in_flight + 1) {
             return None;
         }
         let next_sequence = self.next_sequence;
@@ -309,12 +324,22 @@ impl PartitionQueue {
         let batch = &self.batches[index];
         let retriable = match error.retry() {
             Retry::Yes => true,
-            // Behind a gap, out of order is expected: it is renumbered later.
-            Retry::AfterEarlierFailure => batch.sent_behind || batch.after_gap,
+            // With a gap, out of order is expected: it is renumbered later.
+            Retry::AfterEarlierFailure => batch.sent_behind || self.gap,
             Retry::No => false,
         };
         if retriable {
-            self.batches[index].last_error = Some(error);
+            let batch = &mut self.batches[index];
+            if matches!(error, Error::Transport { .. } | Error::Timeout { .. }) {
+                batch.maybe_stored = true;
+            }
+            if self.gap && error.retry() == Retry::AfterEarlierFailure {
+                // The broker expects another sequence: this one is not
+                // stored, so it can be renumbered.
+                batch.after_gap = true;
+                batch.maybe_stored = false;
+            }
+            batch.last_error = Some(error);
             self.retry_at = Some(now + backoff.delay(self.failures));
             self.failures = self.failures.saturating_add(1);
             return Failure::Retrying;
@@ -336,12 +361,16 @@ impl PartitionQueue {
     }
 
     /// Removes the batches that are not in flight and older than
-    /// `timeout`; they are to fail with a delivery timeout. Expiring a batch
-    /// that has a sequence opens a gap after it. (If that batch was in fact
-    /// stored with its answer lost, a later batch whose answer was lost too
-    /// is stored again when renumbered: the case Kafka's KIP-360 leaves
-    /// open as well.)
+    /// `timeout`, the open one included; they are to fail with a delivery
+    /// timeout. Expiring a batch
+    /// that has a sequence opens a gap after it: whether it was stored is
+    /// unknown, so later batches that may be stored, or are in flight, stay
+    /// to be resolved under their own sequence (acknowledged, or refused as
+    /// out of order and then renumbered); the others are renumbered.
     pub(crate) fn expire(&mut self, now: Instant, timeout: Duration) -> Vec<Batch> {
+        if self.open.as_ref().is_some_and(|b| now >= b.created + timeout) {
+            self.close_open();
+        }
         let mut expired = Vec::new();
         let mut kept = VecDeque::with_capacity(self.batches.len());
         let mut gap = false;
@@ -350,7 +379,7 @@ impl PartitionQueue {
                 gap |= b.sequence.is_some() && self.idempotent;
                 expired.push(b);
             } else {
-                b.after_gap |= gap;
+                b.after_gap |= gap && !b.maybe_stored && !b.in_flight;
                 kept.push_back(b);
             }
         }
@@ -362,7 +391,13 @@ impl PartitionQueue {
     /// The earliest instant at which [`PartitionQueue::expire`] can remove
     /// something.
     pub(crate) fn next_expiry(&self, timeout: Duration) -> Option<Instant> {
-        self.batches.iter().filter(|b| !b.in_flight).map(|b| b.created + timeout).min()
+        let closed = self.batches.iter().filter(|b| !b.in_flight);
+        closed.chain(self.open.as_ref()).map(|b| b.created + timeout).min()
+    }
+
+    /// Whether a closed batch is waiting to be sent (or sent again).
+    pub(crate) fn has_unsent(&self) -> bool {
+        self.batches.iter().any(|b| !b.in_flight)
     }
 
     /// Once there is a gap, nothing is in flight and every batch before the
@@ -371,13 +406,14 @@ impl PartitionQueue {
     /// new producer id. Returns whether it reset (the worker then asks for
     /// the new id).
     pub(crate) fn reset_if_drained(&mut self) -> bool {
-        let before_gap_left = self.batches.front().is_some_and(|b| !b.after_gap && b.sequence.is_some());
+        let before_gap_left = self.batches.iter().any(|b| !b.after_gap && b.sequence.is_some());
         if !self.gap || self.in_flight > 0 || before_gap_left {
             return false;
         }
         for b in &mut self.batches {
             b.sequence = None;
             b.after_gap = false;
+            b.maybe_stored = false;
         }
         self.gap = false;
         self.next_sequence = 0;
@@ -433,6 +469,11 @@ mod tests {
         assert!(sent.iter().all(|s| s.producer == PID));
         assert_eq!(q.in_flight, 5);
         assert!(q.next_send(now, 5).is_none(), "at most 5 in flight");
+        // The oldest batch fails; the four after it wait at the broker for
+        // it: its resend may go beyond the limit, by one.
+        q.on_error(0, broker_error(ErrorCode::Unavailable), now, &NO_BACKOFF);
+        assert_eq!(q.next_send(now, 4).map(|s| s.batch_id), Some(0), "fills the gap");
+        assert_eq!(q.in_flight, 5);
         assert!(q.on_success(0).is_some());
         assert_eq!(q.next_send(now, 5).map(|s| s.base_sequence), Some(11));
         assert_eq!(q.next_sequence, 12);
@@ -542,6 +583,42 @@ mod tests {
         let renumbered: Vec<_> =
             std::iter::from_fn(|| q.next_send(now, 5)).map(|s| (s.batch_id, s.base_sequence)).collect();
         assert_eq!(renumbered, vec![(2, 0), (3, 2)]);
+    }
+
+    #[test]
+    fn after_an_expiry_batches_that_may_be_stored_are_resolved_before_renumbering() {
+        let (mut q, _rx) = queue_with(&[1, 1, 1, 1]);
+        let now = q.batches[0].created;
+        for b in q.batches.iter_mut().skip(1) {
+            b.created = now + Duration::from_secs(100);
+        }
+        let sent: Vec<_> = std::iter::from_fn(|| q.next_send(now, 5)).collect();
+        assert_eq!(sent.len(), 4);
+        let lost = || Error::Timeout { operation: "produce".into(), address: "a:1".into(), timeout_ms: 1 };
+        q.on_error(0, lost(), now, &NO_BACKOFF);
+        q.on_error(1, lost(), now, &NO_BACKOFF);
+        q.on_error(2, broker_error(ErrorCode::NotLeader), now, &NO_BACKOFF);
+        // Batch 3 is still in flight when batch 0 expires.
+        let expired = q.expire(now + Duration::from_secs(10), Duration::from_secs(5));
+        assert_eq!(expired.iter().map(|b| b.id).collect::<Vec<_>>(), vec![0]);
+        assert!(q.gap);
+        assert_eq!(
+            q.batches.iter().map(|b| (b.id, b.after_gap)).collect::<Vec<_>>(),
+            vec![(1, false), (2, true), (3, false)],
+            "1 may be stored and 3 is in flight: both keep their sequence for now"
+        );
+        let again = q.next_send(now, 5).expect("batch 1 again");
+        assert_eq!((again.batch_id, again.base_sequence), (1, 1), "its own sequence");
+        assert!(q.next_send(now, 5).is_none(), "batch 2 waits for the reset");
+        // The broker never stored batch 0: 1 and 3 are out of order, not stored.
+        q.on_error(1, broker_error(ErrorCode::OutOfOrderSequence), now, &NO_BACKOFF);
+        assert!(!q.reset_if_drained(), "batch 3 is in flight");
+        q.on_error(3, broker_error(ErrorCode::OutOfOrderSequence), now, &NO_BACKOFF);
+        assert!(q.reset_if_drained());
+        q.producer = Some(ProducerId { id: 9, epoch: 0 });
+        let renumbered: Vec<_> =
+            std::iter::from_fn(|| q.next_send(now, 5)).map(|s| (s.batch_id, s.base_sequence)).collect();
+        assert_eq!(renumbered, vec![(1, 0), (2, 1), (3, 2)], "in order, from 0");
     }
 
     #[test]

@@ -276,6 +276,7 @@ impl Worker {
                 };
                 match result {
                     Ok(base_offset) => {
+                        tracing::trace!(%topic, partition, batch_id, base_offset, "produced");
                         if let Some(batch) = queue.on_success(batch_id) {
                             self.ledger.resolve_batch(partition, batch, Ok(base_offset));
                         }
@@ -381,12 +382,19 @@ impl Worker {
         let mut want_ids: Vec<(String, u32)> = Vec::new();
         for (topic, state) in &mut self.topics {
             for (&partition, q) in &mut state.queues {
-                if q.open.is_some() && (close_all || q.linger_expired(now, linger)) {
+                // Like Kafka's accumulator, the open batch keeps growing past
+                // its linger while an earlier batch waits to be sent: under
+                // backpressure batches fill up instead of piling up small.
+                let could_send = q.in_flight < self.config.max_in_flight_per_partition && !q.has_unsent();
+                if q.open.is_some() && (close_all || (could_send && q.linger_expired(now, linger))) {
                     q.close_open();
                     self.sticky.batch_closed(topic, partition, state.partitions);
                 }
-                wake = earliest(wake, q.open.as_ref().map(|b| b.created + linger));
+                if could_send {
+                    wake = earliest(wake, q.open.as_ref().map(|b| b.created + linger));
+                }
                 for b in q.expire(now, timeout) {
+                    tracing::trace!(%topic, partition, batch_id = b.id, "expired");
                     let e = Error::DeliveryTimeout {
                         topic: topic.clone(),
                         partition,
@@ -410,7 +418,7 @@ impl Worker {
                         }
                     }
                 }
-                let has_unsent = q.batches.iter().any(|b| !b.in_flight);
+                let has_unsent = q.has_unsent();
                 if has_unsent && q.producer.is_some() {
                     match cluster.leader(topic, partition) {
                         Some((_, address)) => {
@@ -459,6 +467,7 @@ impl Worker {
     }
 
     fn send(&self, topic: String, partition: u32, address: String, spec: SendSpec) {
+        tracing::trace!(%topic, partition, batch_id = spec.batch_id, producer_id = spec.producer.id, base_sequence = spec.base_sequence, records = spec.records.len(), "produce");
         let (meta, events) = (self.meta.clone(), self.events_tx.clone());
         let task = async move {
             let op = Op { bytes: spec.bytes, ..Op::partition("produce to", &topic, partition) };
@@ -526,7 +535,8 @@ mod tests {
     #[test]
     fn oversized_requests_are_record_too_large() {
         let op = Op::partition("produce to", "t", 1);
-        let refused = Error::transport(&op, "a:1", tonic::Status::out_of_range("decoded message length too large"));
+        let refused =
+            Error::transport(&op, "a:1", tonic::Status::out_of_range("decoded message length too large"));
         assert!(matches!(oversized_request("t", 1, 9, refused), Error::RecordTooLarge { bytes: 9, .. }));
         let other = Error::transport(&op, "a:1", tonic::Status::unavailable("down"));
         assert!(matches!(oversized_request("t", 1, 9, other), Error::Transport { .. }));
