@@ -50,6 +50,29 @@ pub struct DevArgs {
     /// Only run the cluster: no demo topic, producer or consumer.
     #[arg(long)]
     no_demo: bool,
+    /// Broker i's client port is this plus i (for tests; new configs only).
+    #[arg(long, default_value_t = 9400, hide = true)]
+    client_port_base: u16,
+    /// Broker i's peer port is this plus i (for tests; new configs only).
+    #[arg(long, default_value_t = 9500, hide = true)]
+    peer_port_base: u16,
+}
+
+/// Where broker i listens: `client_base + i` and `peer_base + i` on 127.0.0.1.
+#[derive(Debug, Clone, Copy)]
+struct Ports {
+    client_base: u16,
+    peer_base: u16,
+}
+
+impl Ports {
+    fn client(self, id: u32) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.client_base.saturating_add(id as u16)))
+    }
+
+    fn peer(self, id: u32) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.peer_base.saturating_add(id as u16)))
+    }
 }
 
 /// One broker of the dev cluster.
@@ -62,24 +85,23 @@ struct Slot {
 }
 
 /// The config of broker `id`.
-fn broker_config(id: u32, dir: &Path) -> BrokerConfig {
+fn broker_config(id: u32, dir: &Path, ports: Ports) -> BrokerConfig {
     let mut c = BrokerConfig {
         node_id: id,
-        client_addr: SocketAddr::from(([127, 0, 0, 1], 9400 + id as u16)),
-        peer_addr: SocketAddr::from(([127, 0, 0, 1], 9500 + id as u16)),
+        client_addr: ports.client(id),
+        peer_addr: ports.peer(id),
         data_dir: dir.join(format!("broker-{id}")),
         ..BrokerConfig::default()
     };
-    c.initial_cluster =
-        (1..=BROKERS).map(|i| (i, SocketAddr::from(([127, 0, 0, 1], 9500 + i as u16)))).collect();
+    c.initial_cluster = (1..=BROKERS).map(|i| (i, ports.peer(i))).collect();
     c
 }
 
 /// Writes each broker's config unless it exists (a restart reuses it).
-fn prepare(dir: &Path) -> anyhow::Result<Vec<Slot>> {
+fn prepare(dir: &Path, ports: Ports) -> anyhow::Result<Vec<Slot>> {
     let mut slots = Vec::new();
     for id in 1..=BROKERS {
-        let config = broker_config(id, dir);
+        let config = broker_config(id, dir, ports);
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating {}", config.data_dir.display()))?;
         let config_path = config.data_dir.join("broker.toml");
@@ -210,7 +232,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
     let dir = args.dir.canonicalize().with_context(|| format!("resolving {}", args.dir.display()))?;
     let exe = std::env::current_exe().context("finding this executable")?;
-    let slots = prepare(&dir)?;
+    let slots = prepare(&dir, Ports { client_base: args.client_port_base, peer_base: args.peer_port_base })?;
     check_ports(&slots)?;
 
     let (exits_tx, mut exits) = mpsc::unbounded_channel::<(u32, std::io::Result<ExitStatus>)>();
@@ -227,6 +249,12 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
 
     let bootstrap: Vec<String> = slots.iter().map(|s| s.client_addr.to_string()).collect();
+    // How to run the client commands against this cluster.
+    let ferrolog = if bootstrap.join(",") == crate::DEFAULT_BOOTSTRAP {
+        exe.display().to_string()
+    } else {
+        format!("{} --bootstrap {}", exe.display(), bootstrap.join(","))
+    };
     println!("ferrolog dev: {BROKERS} brokers on 127.0.0.1, data in {}", dir.display());
     println!("  bootstrap: {}", bootstrap.join(","));
     for s in &slots {
@@ -267,11 +295,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
                             started.elapsed().as_secs_f64()
                         );
                         if args.no_demo {
-                            println!("try: {} topic create events --partitions 3 --replication-factor 3", exe.display());
+                            println!("try: {ferrolog} topic create events --partitions 3 --replication-factor 3");
                         } else {
                             println!(
-                                "in another terminal try: {0} cluster status   or   {0} consume demo --follow --output json",
-                                exe.display()
+                                "in another terminal try: {ferrolog} cluster status   or   {ferrolog} consume demo --follow --output json"
                             );
                             demo = Some(tokio::spawn(run_demo(meta.clone())));
                         }
@@ -544,7 +571,7 @@ mod tests {
     fn configs_follow_the_port_plan_and_validate() {
         let dir = Path::new("/tmp/x");
         for id in 1..=BROKERS {
-            let c = broker_config(id, dir);
+            let c = broker_config(id, dir, Ports { client_base: 9400, peer_base: 9500 });
             c.validate().expect("valid");
             assert_eq!(c.client_addr.port(), 9400 + id as u16);
             assert_eq!(c.peer_addr.port(), 9500 + id as u16);
