@@ -8,17 +8,20 @@
 //!   and keeps it on every resend, so the broker can drop duplicates.
 //! - At most `max_in_flight` requests per partition; a batch is sent only
 //!   when every batch before it is in flight or acknowledged, so requests
-//!   leave in sequence order (a resend included).
+//!   leave in sequence order (a resend included). One exception: the
+//!   oldest unacknowledged batch may be resent as one request over the
+//!   limit, since the broker holds every later one until it arrives.
 //! - A retriable failure puts the batch back, unsent, and blocks the
 //!   partition for a backoff; after it, every unacknowledged batch is sent
 //!   again in order with its original sequence.
 //! - A permanent failure or an expired batch leaves a gap in the sequence
-//!   that the broker would never fill. Batches before the gap keep their
-//!   identity and sequence until they are acknowledged (one of them may be
-//!   stored with its answer lost: only a resend with the same sequence can
-//!   find out without storing it twice). Batches after the gap wait; once
-//!   nothing before the gap is left and nothing is in flight, the partition
-//!   takes a new producer id and renumbers them from 0
+//!   that the broker would never fill. Batches that may be stored (before
+//!   a refused batch; after an expired one, those whose answer was lost or
+//!   is pending) keep their identity and sequence until acknowledged or
+//!   refused as out of order: only a resend with the same sequence can find
+//!   out without storing them twice. The others wait; once nothing is left
+//!   to resolve and nothing is in flight, the partition takes a new
+//!   producer id and renumbers them from 0
 //!   ([`PartitionQueue::reset_if_drained`]).
 
 use std::collections::VecDeque;
