@@ -1,7 +1,7 @@
 //! The client library's error type.
 //!
 //! Brokers report errors in-band with a stable numeric [`ErrorCode`]
-//! (`client.proto`; a retired code is never reused); [`Error::from_wire`] is
+//! (`client.proto`; a retired code is never reused); `Error::from_wire` is
 //! the one place that turns them into [`Error`]. Transport failures (gRPC
 //! status, timeouts, refused connections) are [`Error::Transport`] and
 //! [`Error::Timeout`].
