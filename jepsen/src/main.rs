@@ -187,7 +187,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(if s.valid { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
         Cmd::Matrix { test, fault_sets, repeats } => {
-            let root = test.out.join(format!("matrix-{}", run_name("", test.seed())));
+            let root = test.out.join(run_name("matrix", test.seed()));
             std::fs::create_dir_all(&root)?;
             let mut rows: Vec<Summary> = Vec::new();
             let mut table = String::from(
@@ -269,7 +269,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
 
 fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,ferrolog_client=error"));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
