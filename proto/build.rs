@@ -7,6 +7,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={p}");
     }
     let fds = protox::compile(protos, ["."])?;
-    tonic_prost_build::configure().compile_fds(fds)?;
+    // `bytes` fields decode as `bytes::Bytes` slices of the received buffer,
+    // so keys, values and Raft entries are not copied out of the request.
+    tonic_prost_build::configure().bytes(".").compile_fds(fds)?;
     Ok(())
 }

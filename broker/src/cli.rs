@@ -113,11 +113,12 @@ pub async fn run(args: BrokerArgs) -> anyhow::Result<()> {
 }
 
 /// Installs the tracing subscriber used by broker processes: `RUST_LOG`
-/// filters, default `info`.
+/// filters, default `info`; colours only when stderr is a terminal.
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).try_init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_ansi(ansi).try_init();
 }
 
 /// The whole `ferrolog-broker` program: parses the command line, then runs

@@ -316,7 +316,7 @@ async fn join(c: &BrokerConfig, incarnation: u64, peers: &PeerAddresses) -> anyh
     while tokio::time::Instant::now() < deadline {
         for addr in c.initial_cluster.iter().filter(|(id, _)| **id != c.node_id).map(|(_, a)| a.to_string()) {
             let Ok(ch) = peers.channel(&addr) else { continue };
-            let mut call = tonic::Request::new(ControllerCall { request_json: body.clone() });
+            let mut call = tonic::Request::new(ControllerCall { request_json: body.clone().into() });
             call.set_timeout(Duration::from_secs(15));
             match RaftPeerClient::new(ch).controller(call).await {
                 Ok(a) => match serde_json::from_slice::<Result<ControllerReply, crate::error::ApiError>>(

@@ -448,7 +448,7 @@ pub(crate) fn decode_batches(
     let mut next = offset;
     let mut min_timestamp_ms = first_batch_min_timestamp_ms;
     for b in batches {
-        let set = pb::RecordSet::decode(b.records.as_slice()).map_err(|e| {
+        let set = pb::RecordSet::decode(b.records.clone()).map_err(|e| {
             Error::Protocol(format!(
                 "{topic}/{partition}: batch at offset {} does not decode: {e}",
                 b.base_offset
@@ -504,10 +504,14 @@ mod tests {
         let set = pb::RecordSet {
             records: values
                 .iter()
-                .map(|v| pb::Record { value: v.as_bytes().to_vec(), ..Default::default() })
+                .map(|v| pb::Record { value: v.as_bytes().to_vec().into(), ..Default::default() })
                 .collect(),
         };
-        pb::RecordBatch { base_offset: base, record_count: values.len() as u32, records: set.encode_to_vec() }
+        pb::RecordBatch {
+            base_offset: base,
+            record_count: values.len() as u32,
+            records: set.encode_to_vec().into(),
+        }
     }
 
     #[test]
@@ -531,7 +535,11 @@ mod tests {
         let set = pb::RecordSet {
             records: stamps.iter().map(|t| pb::Record { timestamp_ms: *t, ..Default::default() }).collect(),
         };
-        pb::RecordBatch { base_offset: base, record_count: stamps.len() as u32, records: set.encode_to_vec() }
+        pb::RecordBatch {
+            base_offset: base,
+            record_count: stamps.len() as u32,
+            records: set.encode_to_vec().into(),
+        }
     }
 
     #[test]
@@ -555,7 +563,8 @@ mod tests {
         let mut wrong_count = batch(0, &["a"]);
         wrong_count.record_count = 2;
         assert!(matches!(decode_batches("t", 0, 0, vec![wrong_count], None), Err(Error::Protocol(_))));
-        let garbage = pb::RecordBatch { base_offset: 0, record_count: 1, records: vec![0xff, 0xff, 0xff] };
+        let garbage =
+            pb::RecordBatch { base_offset: 0, record_count: 1, records: vec![0xff, 0xff, 0xff].into() };
         let at_the_end = batch(u64::MAX, &["a"]);
         assert!(matches!(decode_batches("t", 0, 0, vec![at_the_end], None), Err(Error::Protocol(_))));
         assert!(matches!(decode_batches("t", 0, 0, vec![garbage], None), Err(Error::Protocol(_))));

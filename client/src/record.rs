@@ -64,12 +64,12 @@ impl Record {
     /// The wire form (copies the bytes: the generated code uses `Vec<u8>`).
     pub(crate) fn to_wire(&self) -> pb::Record {
         pb::Record {
-            key: self.key.as_ref().map(|k| k.to_vec()),
-            value: self.value.to_vec(),
+            key: self.key.clone(),
+            value: self.value.clone(),
             headers: self
                 .headers
                 .iter()
-                .map(|h| pb::Header { key: h.key.clone(), value: h.value.to_vec() })
+                .map(|h| pb::Header { key: h.key.clone(), value: h.value.clone() })
                 .collect(),
             timestamp_ms: self.timestamp_ms,
         }

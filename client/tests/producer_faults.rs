@@ -97,7 +97,7 @@ impl FakeBroker {
             return None;
         }
         let base = log.values.len() as u64;
-        log.values.extend(req.records.iter().map(|r| r.value.clone()));
+        log.values.extend(req.records.iter().map(|r| r.value.to_vec()));
         log.next_sequence.insert(req.producer_id, expected + req.records.len() as i32);
         log.stored.insert((req.producer_id, req.base_sequence), base);
         if s.chance(10, "answer lost after storing") {

@@ -53,7 +53,7 @@ fn port_base(name: &str) -> u16 {
 
 impl Cluster {
     /// Starts `n` brokers of the test `name`, using `binary` (the test's
-    /// `env!("CARGO_BIN_EXE_ferrolog-broker")`). `env` is passed to every
+    /// `env!("CARGO_BIN_EXE_ferrolog-test-broker")`). `env` is passed to every
     /// broker (e.g. `FERROLOG_...` overrides).
     ///
     /// # Errors
@@ -171,7 +171,7 @@ impl Cluster {
     }
 
     /// Waits until some broker answers Metadata with `brokers` registered
-    /// brokers and a controller.
+    /// brokers that answer its pings, and a controller.
     ///
     /// # Errors
     /// On timeout, with the last answer or error.
@@ -181,7 +181,9 @@ impl Cluster {
         while Instant::now() < deadline {
             for b in self.brokers.iter().filter(|b| b.child.is_some()) {
                 match metadata(b.client_addr).await {
-                    Ok(m) if m.brokers.len() >= brokers && m.controller != 0 => return Ok(()),
+                    Ok(m) if m.brokers.iter().filter(|b| b.alive).count() >= brokers && m.controller != 0 => {
+                        return Ok(());
+                    }
                     Ok(m) => last = format!("{} brokers, controller {}", m.brokers.len(), m.controller),
                     Err(e) => last = format!("{e:#}"),
                 }

@@ -16,8 +16,8 @@ use crate::{Cluster, connect, metadata};
 /// A record with key `k` and value `v`, timestamped by the broker.
 pub fn record(k: &str, v: &str) -> Record {
     Record {
-        key: Some(k.as_bytes().to_vec()),
-        value: v.as_bytes().to_vec(),
+        key: Some(k.as_bytes().to_vec().into()),
+        value: v.as_bytes().to_vec().into(),
         headers: vec![],
         timestamp_ms: 0,
     }

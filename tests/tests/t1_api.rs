@@ -10,10 +10,15 @@ use ferrolog_proto::client::{
 use ferrolog_tests::{Cluster, connect};
 use tokio::io::AsyncWriteExt;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-broker");
+const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
 
 fn rec(v: &str) -> Record {
-    Record { key: Some(b"k".to_vec()), value: v.as_bytes().to_vec(), headers: vec![], timestamp_ms: 0 }
+    Record {
+        key: Some(b"k".to_vec().into()),
+        value: v.as_bytes().to_vec().into(),
+        headers: vec![],
+        timestamp_ms: 0,
+    }
 }
 
 fn code(e: &Option<ferrolog_proto::client::Error>) -> ErrorCode {

@@ -6,7 +6,7 @@ use ferrolog_proto::client::{FetchRequest, ProduceRequest};
 use ferrolog_tests::raw::{code, create_topic, leader, produce, record, status};
 use ferrolog_tests::{Cluster, connect};
 
-const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-broker");
+const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
 /// The brokers' default election timeout range, ms (deploy/broker.toml).
 const ELECTION_TIMEOUT_MAX_MS: u64 = 1000;
 
@@ -97,8 +97,8 @@ async fn killed_leader_is_replaced_and_retries_are_not_duplicated() -> anyhow::R
         .into_inner();
     let mut values = Vec::new();
     for b in &f.batches {
-        for r in <ferrolog_proto::client::RecordSet as prost::Message>::decode(&b.records[..])?.records {
-            values.push(String::from_utf8(r.value)?);
+        for r in <ferrolog_proto::client::RecordSet as prost::Message>::decode(b.records.clone())?.records {
+            values.push(String::from_utf8(r.value.to_vec())?);
         }
     }
     assert_eq!(values, vec!["a", "b", "c", "d"]);

@@ -16,7 +16,7 @@ use ferrolog_client::{
 use ferrolog_tests::Cluster;
 use ferrolog_tests::raw::leader;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-broker");
+const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
 const ROWS: usize = 336_776;
 
 fn dataset() -> anyhow::Result<Vec<(String, String)>> {

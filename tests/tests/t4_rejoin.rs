@@ -9,7 +9,7 @@ use ferrolog_proto::client::ProduceRequest;
 use ferrolog_tests::Cluster;
 use ferrolog_tests::raw::{create_topic, leader, produce, produce_once, record, status};
 
-const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-broker");
+const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
 const CONFIG: &str = "[raft]\nsnapshot_after_entries = 50\n\n[storage]\nsegment_bytes = 65536\n";
 
 async fn write(c: &Cluster, partition: u32, n: usize, tag: &str) -> anyhow::Result<()> {

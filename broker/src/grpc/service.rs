@@ -91,7 +91,7 @@ impl ClientService {
             .map(|b| WireBatch {
                 base_offset: b.header.base_offset,
                 record_count: b.header.record_count,
-                records: b.records().to_vec(),
+                records: b.records(),
             })
             .collect()
     }

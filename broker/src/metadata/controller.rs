@@ -111,7 +111,7 @@ impl Controller {
     async fn forward(&self, addr: &str, req: &ControllerRequest) -> Result<ControllerReply, ApiError> {
         let channel = self.peers.channel(addr).map_err(|e| ApiError::Unavailable(e.to_string()))?;
         let body = serde_json::to_vec(req).map_err(|e| ApiError::Invalid(e.to_string()))?;
-        let mut call = tonic::Request::new(ControllerCall { request_json: body });
+        let mut call = tonic::Request::new(ControllerCall { request_json: body.into() });
         call.set_timeout(APPLY_WAIT + Duration::from_secs(5));
         let answer = RaftPeerClient::new(channel)
             .controller(call)
@@ -269,8 +269,9 @@ impl Controller {
     async fn propose(&self, command: MetadataCommand) -> Result<u64, ApiError> {
         let value = serde_json::to_vec(&command).map_err(|e| ApiError::Invalid(e.to_string()))?;
         let now = now_ms();
-        let set =
-            RecordSet { records: vec![Record { key: None, value, headers: vec![], timestamp_ms: now }] };
+        let set = RecordSet {
+            records: vec![Record { key: None, value: value.into(), headers: vec![], timestamp_ms: now }],
+        };
         let batch = RecordBatch {
             record_count: 1,
             first_timestamp_ms: now,

@@ -111,8 +111,8 @@ impl PeerNetwork {
         let mut req = tonic::Request::new(RaftRequest {
             group_id: self.group,
             target_node: self.target,
-            header_json,
-            entries,
+            header_json: header_json.into(),
+            entries: entries.into(),
         });
         req.set_timeout(option.hard_ttl());
         req

@@ -74,13 +74,13 @@ impl RaftPeerServer {
 }
 
 fn refuse(code: PeerErrorCode, message: String) -> RaftResponse {
-    RaftResponse { body_json: Vec::new(), error: Some(PeerError { code: code as i32, message }) }
+    RaftResponse { body_json: bytes::Bytes::new(), error: Some(PeerError { code: code as i32, message }) }
 }
 
 fn reply<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> RaftResponse {
     match r {
         Ok(v) => match serde_json::to_vec(&v) {
-            Ok(body) => RaftResponse { body_json: body, error: None },
+            Ok(body) => RaftResponse { body_json: body.into(), error: None },
             Err(e) => refuse(PeerErrorCode::InvalidRequest, e.to_string()),
         },
         Err(e) => refuse(PeerErrorCode::GroupStopped, e.to_string()),
@@ -154,7 +154,7 @@ impl RaftPeer for RaftPeerServer {
                 },
             };
         let result_json = serde_json::to_vec(&result).map_err(|e| Status::internal(e.to_string()))?;
-        Ok(Response::new(ControllerAnswer { result_json }))
+        Ok(Response::new(ControllerAnswer { result_json: result_json.into() }))
     }
 
     async fn ping(&self, _request: Request<PingRequest>) -> Result<Response<PingResponse>, Status> {

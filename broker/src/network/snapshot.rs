@@ -73,7 +73,8 @@ pub fn chunks(
     let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_AHEAD);
     tokio::task::spawn_blocking(move || {
         let base = SnapshotChunk { group_id: group, target_node: target, ..SnapshotChunk::default() };
-        let first = SnapshotChunk { vote_json, meta_json, ..base.clone() };
+        let first =
+            SnapshotChunk { vote_json: vote_json.into(), meta_json: meta_json.into(), ..base.clone() };
         if tx.blocking_send(first).is_err() {
             return;
         }
@@ -95,8 +96,12 @@ pub fn chunks(
                     }
                 };
                 buf.truncate(n);
-                let chunk =
-                    SnapshotChunk { file_name: name.clone(), file_offset: offset, data: buf, ..base.clone() };
+                let chunk = SnapshotChunk {
+                    file_name: name.clone(),
+                    file_offset: offset,
+                    data: buf.into(),
+                    ..base.clone()
+                };
                 offset += n as u64;
                 if tx.blocking_send(chunk).is_err() {
                     return;
@@ -231,8 +236,8 @@ mod tests {
         SnapshotChunk {
             group_id: group,
             target_node: 2,
-            vote_json: serde_json::to_vec(&Vote::new(1, 1)).unwrap(),
-            meta_json: serde_json::to_vec(&meta).unwrap(),
+            vote_json: serde_json::to_vec(&Vote::new(1, 1)).unwrap().into(),
+            meta_json: serde_json::to_vec(&meta).unwrap().into(),
             ..SnapshotChunk::default()
         }
     }
@@ -248,7 +253,7 @@ mod tests {
             group_id: 9,
             file_name: name.into(),
             file_offset: offset,
-            data: bytes.to_vec(),
+            data: bytes.to_vec().into(),
             ..Default::default()
         }
     }
@@ -273,7 +278,7 @@ mod tests {
             vec![first(9), data("a.seg", RECEIVE_FILE_BYTES_MAX, b"x"), done.clone()],
             vec![first(9), data("a.seg", 0, b"x")],
             vec![first(8), done.clone()],
-            vec![SnapshotChunk { meta_json: b"{garbage".to_vec(), ..first(9) }, done.clone()],
+            vec![SnapshotChunk { meta_json: b"{garbage".to_vec().into(), ..first(9) }, done.clone()],
             vec![],
         ];
         for (i, chunks) in bad.into_iter().enumerate() {

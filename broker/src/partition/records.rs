@@ -23,7 +23,7 @@ pub enum BatchError {
 
 /// Bytes a record counts against `max_record_bytes`: key, value and headers.
 pub fn record_size_bytes(r: &Record) -> usize {
-    r.key.as_ref().map_or(0, Vec::len)
+    r.key.as_ref().map_or(0, bytes::Bytes::len)
         + r.value.len()
         + r.headers.iter().map(|h| h.key.len() + h.value.len()).sum::<usize>()
 }
@@ -110,8 +110,8 @@ mod tests {
 
     fn rec(value: &str, ts: i64) -> Record {
         Record {
-            key: Some(b"k".to_vec()),
-            value: value.as_bytes().to_vec(),
+            key: Some(b"k".to_vec().into()),
+            value: value.as_bytes().to_vec().into(),
             headers: vec![],
             timestamp_ms: ts,
         }
@@ -124,7 +124,7 @@ mod tests {
         let b = build_batch(vec![rec("a", 0), rec("bb", 7)], NONE, 5, 100, 1000).expect("ok");
         assert_eq!((b.record_count, b.first_timestamp_ms, b.max_timestamp_ms), (2, 5, 7));
         let back = decode(&b.records).expect("decode");
-        assert_eq!(back[1].value, b"bb");
+        assert_eq!(&back[1].value[..], b"bb");
         assert!(matches!(build_batch(vec![], NONE, 0, 10, 10), Err(BatchError::Invalid(_))));
         assert!(matches!(
             build_batch(vec![rec(&"x".repeat(11), 1)], NONE, 0, 10, 100),

@@ -437,7 +437,7 @@ mod tests {
     const NO_BACKOFF: Backoff = Backoff { initial_ms: 0, max_ms: 0 };
 
     fn record(n: usize) -> pb::Record {
-        pb::Record { value: vec![0; n], ..Default::default() }
+        pb::Record { value: vec![0; n].into(), ..Default::default() }
     }
 
     /// A queue holding closed batches of the given record counts; returns
