@@ -65,6 +65,27 @@ pub fn raft_config(c: &BrokerConfig) -> anyhow::Result<Arc<openraft::Config>> {
     Ok(Arc::new(config.validate().context("raft timings")?))
 }
 
+/// Serves `router` on `listener` (see [`crate::listener::incoming`]) in a
+/// task, until the returned sender fires or is dropped.
+fn serve(
+    router: tonic::transport::server::Router,
+    listener: TcpListener,
+    max_connections: usize,
+    what: &'static str,
+) -> (oneshot::Sender<()>, JoinHandle<()>) {
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let incoming = crate::listener::incoming(listener, max_connections, what);
+        let stopped = async {
+            let _ = rx.await;
+        };
+        if let Err(e) = router.serve_with_incoming_shutdown(incoming, stopped).await {
+            tracing::error!(server = what, "{e}");
+        }
+    });
+    (tx, task)
+}
+
 async fn bind(addr: std::net::SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr} ({what})"))
 }
@@ -92,22 +113,10 @@ impl Broker {
         let controller_slot = peer_server.controller_slot();
         let mut stop = Vec::new();
         let mut servers = Vec::new();
-        let (tx, rx) = oneshot::channel::<()>();
+        let router = tonic::transport::Server::builder().add_service(peer_server.into_service());
+        let (tx, server) = serve(router, peer_listener, PEER_CONNECTIONS_MAX, "peer");
         stop.push(tx);
-        servers.push(tokio::spawn(async move {
-            let r = tonic::transport::Server::builder()
-                .add_service(peer_server.into_service())
-                .serve_with_incoming_shutdown(
-                    crate::listener::incoming(peer_listener, PEER_CONNECTIONS_MAX, "peer"),
-                    async {
-                        let _ = rx.await;
-                    },
-                )
-                .await;
-            if let Err(e) = r {
-                tracing::error!("peer server: {e}");
-            }
-        }));
+        servers.push(server);
 
         // The metadata group. A new data directory founds it (with the
         // initial cluster) unless the cluster already exists: then it joins
@@ -197,22 +206,10 @@ impl Broker {
         let max_connections = config.limits.max_connections;
         let service =
             ClientService { broker: me, limits: config.limits.clone(), controller, table, liveness };
-        let (tx, rx) = oneshot::channel::<()>();
+        let router = tonic::transport::Server::builder().add_service(service.into_service());
+        let (tx, server) = serve(router, client_listener, max_connections, "client");
         stop.push(tx);
-        servers.push(tokio::spawn(async move {
-            let r = tonic::transport::Server::builder()
-                .add_service(service.into_service())
-                .serve_with_incoming_shutdown(
-                    crate::listener::incoming(client_listener, max_connections, "client"),
-                    async {
-                        let _ = rx.await;
-                    },
-                )
-                .await;
-            if let Err(e) = r {
-                tracing::error!("client server: {e}");
-            }
-        }));
+        servers.push(server);
         tracing::info!(client = %config.client_addr, peer = %config.peer_addr, data = %config.data_dir.display(), "broker started");
         drop(_enter);
         Ok(Self { config, stop, servers, tasks, metadata, reconciler })
