@@ -37,12 +37,12 @@ fn new_incarnation() -> u64 {
     mixed.max(1)
 }
 
-/// Loads the identity, or creates one (returning `true`) when the directory
-/// has none.
+/// Loads the identity of `data_dir`, or `None` for a directory that has
+/// none yet (new, or wiped).
 ///
 /// # Errors
 /// An unreadable or malformed file, or one that names another broker id.
-pub fn load_or_create(data_dir: &Path, broker_id: BrokerId) -> anyhow::Result<(Identity, bool)> {
+pub fn load(data_dir: &Path, broker_id: BrokerId) -> anyhow::Result<Option<Identity>> {
     let path = data_dir.join(IDENTITY_FILE);
     match std::fs::read(&path) {
         Ok(bytes) => {
@@ -54,19 +54,21 @@ pub fn load_or_create(data_dir: &Path, broker_id: BrokerId) -> anyhow::Result<(I
                 path.display(),
                 id.broker_id
             );
-            Ok((id, false))
+            Ok(Some(id))
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let id = Identity {
-                broker_id,
-                incarnation: new_incarnation(),
-                metadata_node: u64::from(broker_id),
-                founder: false,
-            };
-            store(data_dir, &id)?;
-            Ok((id, true))
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(anyhow::anyhow!("reading {}: {e}", path.display())),
+    }
+}
+
+/// A new identity for `broker_id` (not stored: the caller stores it once it
+/// has decided how the directory enters the cluster).
+pub fn fresh(broker_id: BrokerId) -> Identity {
+    Identity {
+        broker_id,
+        incarnation: new_incarnation(),
+        metadata_node: u64::from(broker_id),
+        founder: false,
     }
 }
 
@@ -94,16 +96,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn created_once_then_loaded_and_checked() {
+    fn stored_then_loaded_and_checked() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (a, fresh) = load_or_create(dir.path(), 3).expect("create");
-        assert!(fresh);
+        assert_eq!(load(dir.path(), 3).expect("load"), None);
+        let a = fresh(3);
         assert_ne!(a.incarnation, 0);
-        let (b, fresh) = load_or_create(dir.path(), 3).expect("load");
-        assert!(!fresh);
-        assert_eq!(a, b);
-        assert!(load_or_create(dir.path(), 4).is_err());
+        store(dir.path(), &a).expect("store");
+        assert_eq!(load(dir.path(), 3).expect("load"), Some(a));
+        assert!(load(dir.path(), 4).is_err());
         std::fs::write(dir.path().join(IDENTITY_FILE), b"{").expect("write");
-        assert!(load_or_create(dir.path(), 3).is_err());
+        assert!(load(dir.path(), 3).is_err());
     }
 }

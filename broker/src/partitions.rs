@@ -14,36 +14,57 @@ use tracing::Instrument;
 use crate::config::BrokerId;
 use crate::groups::{GroupRegistry, HostedGroup};
 use crate::metadata::command::PartitionAssignment;
+use crate::metadata::controller::Controller;
 use crate::metadata::image::MetadataImage;
 use crate::network::{PeerAddresses, PeerNetworkFactory};
 use crate::partition::Partition;
 
-/// (topic, partition).
-type PartitionKey = (String, u32);
+/// Hosted replicas by group id, and the current group of each (topic,
+/// partition).
+#[derive(Debug, Default)]
+struct Tables {
+    by_group: HashMap<u64, Arc<Partition>>,
+    by_name: HashMap<(String, u32), u64>,
+}
 
-/// Hosted partitions by (topic, partition). Cheap to clone.
+/// Hosted partitions. A deleted and re-created topic has new group ids, so
+/// its old replicas stay listed (and get stopped) until removed by group.
+/// Cheap to clone.
 #[derive(Clone, Debug, Default)]
 pub struct PartitionTable {
-    by_name: Arc<RwLock<HashMap<PartitionKey, Arc<Partition>>>>,
+    tables: Arc<RwLock<Tables>>,
 }
 
 impl PartitionTable {
-    /// The hosted replica of `topic`/`partition`.
+    /// The hosted replica of `topic`/`partition` (its newest group).
     pub fn get(&self, topic: &str, partition: u32) -> Option<Arc<Partition>> {
-        self.by_name.read().unwrap_or_else(|p| p.into_inner()).get(&(topic.to_owned(), partition)).cloned()
+        let t = self.tables.read().unwrap_or_else(|p| p.into_inner());
+        t.by_name.get(&(topic.to_owned(), partition)).and_then(|g| t.by_group.get(g)).cloned()
     }
 
     /// Every hosted replica.
     pub fn all(&self) -> Vec<Arc<Partition>> {
-        self.by_name.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
+        self.tables.read().unwrap_or_else(|p| p.into_inner()).by_group.values().cloned().collect()
     }
 
     fn insert(&self, p: Arc<Partition>) {
-        self.by_name.write().unwrap_or_else(|e| e.into_inner()).insert((p.topic.clone(), p.partition), p);
+        let mut t = self.tables.write().unwrap_or_else(|e| e.into_inner());
+        t.by_name.insert((p.topic.clone(), p.partition), p.group);
+        t.by_group.insert(p.group, p);
     }
 
-    fn remove(&self, topic: &str, partition: u32) -> Option<Arc<Partition>> {
-        self.by_name.write().unwrap_or_else(|e| e.into_inner()).remove(&(topic.to_owned(), partition))
+    fn remove(&self, group: u64) -> Option<Arc<Partition>> {
+        let mut t = self.tables.write().unwrap_or_else(|e| e.into_inner());
+        let p = t.by_group.remove(&group)?;
+        let key = (p.topic.clone(), p.partition);
+        if t.by_name.get(&key) == Some(&group) {
+            t.by_name.remove(&key);
+        }
+        Some(p)
+    }
+
+    fn has_group(&self, group: u64) -> bool {
+        self.tables.read().unwrap_or_else(|p| p.into_inner()).by_group.contains_key(&group)
     }
 }
 
@@ -66,34 +87,75 @@ pub struct Reconciler {
     pub groups: GroupRegistry,
     /// Groups reachable by the client service.
     pub table: PartitionTable,
+    /// This data directory's incarnation (`crate::identity`).
+    pub incarnation: u64,
+    /// Tells whether the metadata image has caught up.
+    pub controller: Controller,
 }
 
-/// Directory of a partition replica: `<root>/<topic>-<partition>.g<group>`.
+/// Directory of a partition replica: `<root>/<topic>-<partition>.g<group>`,
+/// the topic cut to its first 200 bytes so the name fits the usual 255-byte
+/// file name limit (the group id keeps it unique; topic names are ASCII).
 pub fn partition_dir(root: &Path, topic: &str, partition: u32, group: u64) -> PathBuf {
-    root.join(format!("{topic}-{partition}.g{group}"))
+    let short = topic.get(..200).unwrap_or(topic);
+    root.join(format!("{short}-{partition}.g{group}"))
 }
 
 impl Reconciler {
-    /// Starts and stops replicas to match each new image, until the image's
-    /// sender is dropped.
+    /// Starts and stops replicas to match the image, on every change and
+    /// every second, until the image's sender is dropped.
     pub async fn run(self, mut image: watch::Receiver<Arc<MetadataImage>>) {
         loop {
             let current = image.borrow_and_update().clone();
             self.reconcile(&current).await;
-            if image.changed().await.is_err() {
-                return;
+            tokio::select! {
+                changed = image.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
             }
         }
     }
 
+    /// Whether the image may be acted on: it has caught up with the
+    /// controller's commits, and it records this data directory's
+    /// incarnation, so every node id in it for this broker was given to
+    /// this directory (a wiped broker's old node ids are never started).
+    fn image_usable(&self, image: &MetadataImage) -> bool {
+        self.controller.image_caught_up()
+            && image.brokers.get(&self.broker).is_some_and(|b| b.incarnation == self.incarnation)
+    }
+
     async fn reconcile(&self, image: &MetadataImage) {
+        if !self.image_usable(image) {
+            return;
+        }
         let wanted: BTreeMap<u64, (String, u32, PartitionAssignment)> =
             image.replicas_on(self.broker).into_iter().map(|(t, p, a)| (a.group, (t, p, a))).collect();
+        for p in self.table.all() {
+            let keep = wanted
+                .get(&p.group)
+                .and_then(|(_, _, a)| a.replicas.iter().find(|r| r.broker == self.broker));
+            match keep {
+                Some(r) if r.node == p.node_id => {}
+                Some(_) => {
+                    // Re-assigned under a new node id: what it holds belongs to the old one.
+                    tracing::warn!(topic = %p.topic, partition = p.partition, group = p.group, "node id changed: restarting the replica empty");
+                    self.stop(p.group).await;
+                    let _ =
+                        std::fs::remove_dir_all(partition_dir(&self.root, &p.topic, p.partition, p.group));
+                }
+                None => {
+                    tracing::info!(topic = %p.topic, partition = p.partition, group = p.group, "topic deleted: removing replica");
+                    self.stop(p.group).await;
+                    let _ =
+                        std::fs::remove_dir_all(partition_dir(&self.root, &p.topic, p.partition, p.group));
+                }
+            }
+        }
         for (group, (topic, partition, assignment)) in &wanted {
-            if let Some(p) = self.table.get(topic, *partition)
-                && p.group == *group
-            {
-                p.set_replicas(assignment.replicas.clone());
+            if self.table.has_group(*group) {
+                if let Some(p) = self.table.get(topic, *partition) {
+                    p.set_replicas(assignment.replicas.clone());
+                }
                 continue;
             }
             let span = tracing::info_span!("partition", node = self.broker, partition = %format!("{topic}-{partition}"));
@@ -101,11 +163,25 @@ impl Reconciler {
                 tracing::error!(%topic, partition, group, "cannot start replica: {e:#}");
             }
         }
-        for p in self.table.all() {
-            if !wanted.contains_key(&p.group) {
-                tracing::info!(topic = %p.topic, partition = p.partition, group = p.group, "topic deleted: removing replica");
-                self.stop(&p.topic, p.partition).await;
-                let _ = std::fs::remove_dir_all(partition_dir(&self.root, &p.topic, p.partition, p.group));
+        self.sweep_orphans(image, &wanted);
+    }
+
+    /// Removes replica directories of groups this broker no longer hosts
+    /// (a topic deleted while the broker was down).
+    fn sweep_orphans(
+        &self,
+        image: &MetadataImage,
+        wanted: &BTreeMap<u64, (String, u32, PartitionAssignment)>,
+    ) {
+        let Ok(entries) = std::fs::read_dir(&self.root) else { return };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(group) = name.rsplit_once(".g").and_then(|(_, g)| g.parse::<u64>().ok()) else {
+                continue;
+            };
+            if group < image.next_group_id && !wanted.contains_key(&group) && !self.table.has_group(group) {
+                tracing::info!(dir = %name, "removing the replica of a deleted topic");
+                let _ = std::fs::remove_dir_all(e.path());
             }
         }
     }
@@ -166,11 +242,11 @@ impl Reconciler {
         Ok(())
     }
 
-    async fn stop(&self, topic: &str, partition: u32) {
-        if let Some(p) = self.table.remove(topic, partition) {
+    async fn stop(&self, group: u64) {
+        if let Some(p) = self.table.remove(group) {
             self.groups.remove(p.group);
             if let Err(e) = p.raft.shutdown().await {
-                tracing::warn!(%topic, partition, "raft shutdown: {e}");
+                tracing::warn!(topic = %p.topic, partition = p.partition, "raft shutdown: {e}");
             }
         }
     }
@@ -178,7 +254,7 @@ impl Reconciler {
     /// Stops every hosted replica.
     pub async fn stop_all(&self) {
         for p in self.table.all() {
-            self.stop(&p.topic, p.partition).await;
+            self.stop(p.group).await;
         }
     }
 }

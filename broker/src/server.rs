@@ -30,6 +30,16 @@ use crate::partitions::{PartitionTable, Reconciler};
 /// catches up from the log instead of a snapshot (and a workaround for
 /// openraft issue #2116: no manual purges under load).
 const LOG_KEPT_AFTER_SNAPSHOT: u64 = 1000;
+/// Entries per AppendEntries request; with `max_batch_bytes` it bounds the
+/// largest message a peer may send (see [`peer_message_bytes_max`]).
+pub const MAX_PAYLOAD_ENTRIES: u64 = 64;
+
+/// Largest message accepted on the peer port, bytes: a full AppendEntries
+/// of [`MAX_PAYLOAD_ENTRIES`] batches of `max_batch_bytes` plus framing.
+pub fn peer_message_bytes_max(max_batch_bytes: usize) -> usize {
+    (MAX_PAYLOAD_ENTRIES as usize).saturating_mul(max_batch_bytes + (64 << 10)) + (1 << 20)
+}
+
 /// Connections the peer listener accepts at once (brokers use one each,
 /// plus short-lived ones while joining).
 const PEER_CONNECTIONS_MAX: usize = 4096;
@@ -60,6 +70,15 @@ pub fn raft_config(c: &BrokerConfig) -> anyhow::Result<Arc<openraft::Config>> {
         snapshot_policy: SnapshotPolicy::LogsSinceLast(r.snapshot_after_entries),
         max_in_snapshot_log_to_keep: LOG_KEPT_AFTER_SNAPSHOT,
         install_snapshot_timeout: 60_000,
+        max_payload_entries: MAX_PAYLOAD_ENTRIES,
+        // Pre-vote (Raft thesis §9.6): a node that cannot win does not bump
+        // terms and depose a healthy leader.
+        enable_pre_vote: Some(true),
+        // A restarted leader must win a new election (and commit a blank
+        // entry of its new term) before it serves: restored as leader of its
+        // old term it would serve a high watermark from its lazily saved
+        // commit index, behind what it had acknowledged.
+        enable_leader_restore: Some(false),
         ..openraft::Config::default()
     };
     Ok(Arc::new(config.validate().context("raft timings")?))
@@ -109,7 +128,8 @@ impl Broker {
         // Peer API first: the metadata group needs to reach the others.
         let peer_listener = bind(config.peer_addr, "peer_addr").await?;
         let client_listener = bind(config.client_addr, "client_addr").await?;
-        let peer_server = RaftPeerServer::new(me, groups.clone());
+        let peer_server = RaftPeerServer::new(me, groups.clone())
+            .with_message_bytes_max(peer_message_bytes_max(config.limits.max_batch_bytes));
         let controller_slot = peer_server.controller_slot();
         let mut stop = Vec::new();
         let mut servers = Vec::new();
@@ -121,16 +141,31 @@ impl Broker {
         // The metadata group. A new data directory founds it (with the
         // initial cluster) unless the cluster already exists: then it joins
         // under a node id the controller gives it.
-        let (mut identity, fresh) = identity::load_or_create(&config.data_dir, me)?;
-        if fresh && !config.initial_cluster.is_empty() {
-            if cluster_exists(&config, &peers).await {
-                identity.metadata_node = join(&config, identity.incarnation, &peers).await?;
-                tracing::info!(metadata_node = identity.metadata_node, "joined the existing cluster");
-            } else {
-                identity.founder = true;
+        let identity = match identity::load(&config.data_dir, me)? {
+            Some(id) => id,
+            None => {
+                anyhow::ensure!(
+                    !config.initial_cluster.is_empty(),
+                    "{} is a new data directory: give --initial-cluster (the founding brokers' peer addresses)",
+                    config.data_dir.display()
+                );
+                let mut id = identity::fresh(me);
+                match how_to_enter(&config, id.incarnation, &peers).await {
+                    Entry::Found => id.founder = true,
+                    Entry::Pristine => {
+                        tracing::info!("joining the formed metadata group as a founding member")
+                    }
+                    Entry::Wiped => {
+                        id.metadata_node = join(&config, id.incarnation, &peers).await?;
+                        tracing::info!(metadata_node = id.metadata_node, "rejoined under a new node id");
+                    }
+                }
+                // Only now does the directory get its identity: a crash
+                // before this point decides again.
+                identity::store(&config.data_dir, &id)?;
+                id
             }
-            identity::store(&config.data_dir, &identity)?;
-        }
+        };
         let meta_dir = config.data_dir.join("metadata");
         let staging_dir = meta_dir.join("staging");
         std::fs::create_dir_all(&staging_dir)?;
@@ -168,7 +203,7 @@ impl Broker {
 
         let (image_tx, image_rx) = watch::channel(Arc::new(MetadataImage::new()));
         let liveness = Liveness::default();
-        let mut tasks = vec![tokio::spawn(controller::follow(meta_replica, image_tx))];
+        let mut tasks = vec![tokio::spawn(controller::follow(meta_replica.clone(), image_tx))];
         let controller = Controller::new(
             metadata.clone(),
             image_rx.clone(),
@@ -176,6 +211,7 @@ impl Broker {
             config.limits.clone(),
             me,
             liveness.clone(),
+            meta_replica.clone(),
         );
         let _ = controller_slot.set(controller.clone());
 
@@ -189,6 +225,8 @@ impl Broker {
             peers: peers.clone(),
             groups,
             table: table.clone(),
+            incarnation: identity.incarnation,
+            controller: controller.clone(),
         };
         tasks.push(tokio::spawn(reconciler.clone().run(image_rx.clone())));
         let ping_every = Duration::from_millis(config.raft.heartbeat_interval_ms);
@@ -272,26 +310,70 @@ async fn register(
     }
 }
 
-/// Whether any founding member reports a formed metadata group (asked for
-/// up to two seconds).
-async fn cluster_exists(c: &BrokerConfig, peers: &PeerAddresses) -> bool {
+/// How a new data directory enters the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    /// No founding member has a metadata group: found it (initialize).
+    Found,
+    /// The group exists and has never recorded this broker: run as node
+    /// `broker id` of the founding membership, without initializing.
+    Pristine,
+    /// The group recorded this broker with another incarnation: its data
+    /// was wiped; rejoin under new node ids.
+    Wiped,
+}
+
+/// Asks every other founding member until the answer is safe. A broker
+/// that knows this broker's earlier incarnation means `Wiped`; a formed
+/// group whose image is caught up (or which never had a leader) and does
+/// not know it means `Pristine`; every member answering with no group
+/// means `Found`. Anything less (members unreachable, images behind) waits:
+/// a wiped broker must never found a group or reuse its old ids.
+async fn how_to_enter(c: &BrokerConfig, incarnation: u64, peers: &PeerAddresses) -> Entry {
     use ferrolog_proto::raft::PingRequest;
     use ferrolog_proto::raft::raft_peer_client::RaftPeerClient;
-    for _ in 0..10 {
-        for (id, addr) in c.initial_cluster.iter().filter(|(id, _)| **id != c.node_id) {
-            let Ok(ch) = peers.channel(&addr.to_string()) else { continue };
+    let others: Vec<(u32, String)> = c
+        .initial_cluster
+        .iter()
+        .filter(|(id, _)| **id != c.node_id)
+        .map(|(id, a)| (*id, a.to_string()))
+        .collect();
+    let mut rounds = 0u64;
+    loop {
+        let (mut answered, mut formed, mut pristine) = (0usize, false, false);
+        for (id, addr) in &others {
+            let Ok(ch) = peers.channel(addr) else { continue };
             let mut req = tonic::Request::new(PingRequest { from_broker: c.node_id });
-            req.set_timeout(Duration::from_millis(200));
-            if let Ok(r) = RaftPeerClient::new(ch).ping(req).await
-                && r.get_ref().metadata_initialized
-            {
-                tracing::info!(peer = id, "the cluster exists already");
-                return true;
+            req.set_timeout(Duration::from_millis(500));
+            let Ok(r) = RaftPeerClient::new(ch).ping(req).await else { continue };
+            let r = r.into_inner();
+            answered += 1;
+            if r.your_incarnation != 0 && r.your_incarnation != incarnation {
+                tracing::warn!(peer = id, "this broker's earlier data is known to the cluster: it was wiped");
+                return Entry::Wiped;
+            }
+            if r.metadata_initialized {
+                formed = true;
+                pristine |= r.image_caught_up || r.metadata_last_index == 0;
             }
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        if pristine {
+            return Entry::Pristine;
+        }
+        if !formed && answered == others.len() {
+            return Entry::Found;
+        }
+        if rounds % 20 == 0 {
+            tracing::info!(
+                answered,
+                members = others.len(),
+                formed,
+                "new data directory: waiting for the founding members to answer"
+            );
+        }
+        rounds += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    false
 }
 
 /// Registers a new data directory with an existing cluster through any

@@ -81,7 +81,13 @@ impl ProducerStates {
     /// Judges a batch `(producer_id, epoch, first_sequence)` of
     /// `record_count` records against the state. A batch without producer
     /// id is always [`SequenceCheck::Append`].
-    pub fn check(&self, producer_id: i64, epoch: i16, first_sequence: i32, record_count: u32) -> SequenceCheck {
+    pub fn check(
+        &self,
+        producer_id: i64,
+        epoch: i16,
+        first_sequence: i32,
+        record_count: u32,
+    ) -> SequenceCheck {
         if producer_id == NO_PRODUCER_ID {
             return SequenceCheck::Append;
         }
@@ -131,7 +137,8 @@ impl ProducerStates {
     /// and next sequences are recorded; anything else (which the leader's
     /// check should have refused) is ignored and reported as `false`.
     pub fn record(&mut self, batch: &RecordBatch, result: AppendResult) -> bool {
-        let verdict = self.check(batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.record_count);
+        let verdict =
+            self.check(batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.record_count);
         if batch.producer_id == NO_PRODUCER_ID || verdict != SequenceCheck::Append {
             return batch.producer_id == NO_PRODUCER_ID;
         }

@@ -14,8 +14,8 @@ use crate::flusher::Flusher;
 use crate::log::{PartitionLog, StoredBatch};
 use crate::log_store::LogStore;
 use crate::meta::{self, Sync};
-use crate::snapshot::{self, SnapshotFiles};
 use crate::producer::{ProducerStates, SequenceCheck};
+use crate::snapshot::{self, SnapshotFiles};
 use crate::state_machine::PartitionStateMachine;
 use crate::types::{LogId, SnapshotMeta, StoredMembership};
 
@@ -152,7 +152,16 @@ impl Replica {
     /// watermark; [`StoreError::Corruption`] with file and position.
     pub fn read(&self, from_offset: u64, max_bytes: usize) -> Result<Vec<StoredBatch>> {
         let hw = self.high_watermark();
-        self.log().read(from_offset, max_bytes, hw)
+        let log = self.log();
+        if from_offset > hw {
+            // Past the committed end: the bounds a consumer may use.
+            return Err(StoreError::OffsetOutOfRange {
+                offset: from_offset,
+                log_start_offset: log.log_start_offset(),
+                log_end_offset: hw,
+            });
+        }
+        log.read(from_offset, max_bytes, hw)
     }
 
     /// Earliest committed batch whose largest timestamp is ≥ `timestamp_ms`:
@@ -169,7 +178,13 @@ impl Replica {
     /// state of everything applied so far (KIP-98). The caller (the
     /// partition's leader) must account for its own proposals that are not
     /// applied yet.
-    pub fn check_sequence(&self, producer_id: i64, epoch: i16, first_sequence: i32, record_count: u32) -> SequenceCheck {
+    pub fn check_sequence(
+        &self,
+        producer_id: i64,
+        epoch: i16,
+        first_sequence: i32,
+        record_count: u32,
+    ) -> SequenceCheck {
         self.applied().producers.check(producer_id, epoch, first_sequence, record_count)
     }
 

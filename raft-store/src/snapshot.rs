@@ -118,8 +118,14 @@ pub fn build(
             segments.push(file_name.to_string_lossy().into_owned());
         }
     }
-    let manifest =
-        SnapshotManifest { version: MANIFEST_VERSION, meta, next_offset, segments, compaction: None, producers };
+    let manifest = SnapshotManifest {
+        version: MANIFEST_VERSION,
+        meta,
+        next_offset,
+        segments,
+        compaction: None,
+        producers,
+    };
     let bytes = serde_json::to_vec_pretty(&manifest).map_err(|e| StoreError::Invalid(e.to_string()))?;
     fsutil::write_durable(&building.join(MANIFEST_FILE), &bytes)?;
     let dir = root.join(&name);

@@ -65,6 +65,10 @@ impl ClientService {
         }
         let image = self.controller.image();
         let Some(t) = image.topics.get(topic) else {
+            if !self.controller.image_caught_up() {
+                // After a restart the image may be behind the controller.
+                return Err(ApiError::Unavailable("this broker's metadata is catching up".into()));
+            }
             return Err(ApiError::UnknownTopic(topic.to_owned()));
         };
         let Some(a) = t.partitions.get(partition as usize) else {

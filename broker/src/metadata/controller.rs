@@ -63,11 +63,13 @@ pub struct Controller {
     serial: Arc<Mutex<()>>,
     me: BrokerId,
     liveness: Liveness,
+    replica: Replica,
 }
 
 impl Controller {
-    /// A controller over the metadata group's Raft node and this broker's
-    /// image; `liveness` tells which brokers may receive new replicas.
+    /// A controller over the metadata group's Raft node, its `replica` and
+    /// this broker's image; `liveness` tells which brokers may receive new
+    /// replicas.
     pub fn new(
         raft: PartitionRaft,
         image: watch::Receiver<Arc<MetadataImage>>,
@@ -75,8 +77,22 @@ impl Controller {
         limits: Limits,
         me: BrokerId,
         liveness: Liveness,
+        replica: Replica,
     ) -> Self {
-        Self { raft, image, peers, limits, serial: Arc::new(Mutex::new(())), me, liveness }
+        Self { raft, image, peers, limits, serial: Arc::new(Mutex::new(())), me, liveness, replica }
+    }
+
+    /// Whether this broker's image reflects everything the controller has
+    /// committed, as far as this replica knows: a leader is known, the local
+    /// replica applied up to the commit index it learned, and the image
+    /// folded everything applied. After a restart the replica knows only a
+    /// lazily saved commit index until it hears from the leader.
+    pub fn image_caught_up(&self) -> bool {
+        let m = self.raft.metrics().borrow_watched().clone();
+        let applied = m.last_applied.map(|l| l.index);
+        m.current_leader.is_some()
+            && applied >= m.local_committed.map(|l| l.index)
+            && self.image.borrow().applied_offset >= self.replica.high_watermark()
     }
 
     /// The current image.
@@ -86,7 +102,8 @@ impl Controller {
 
     /// The controller's broker id (the metadata group's leader), if known.
     pub fn leader(&self) -> Option<BrokerId> {
-        self.raft.metrics().borrow_watched().current_leader.and_then(|n| BrokerId::try_from(n).ok())
+        let node = self.raft.metrics().borrow_watched().current_leader?;
+        self.image.borrow().broker_of_node(super::METADATA_GROUP, node)
     }
 
     /// Serves `req`: here if this broker is the controller, else forwarded

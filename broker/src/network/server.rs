@@ -22,6 +22,7 @@ use std::sync::{Arc, OnceLock};
 #[derive(Clone, Debug)]
 pub struct RaftPeerServer {
     broker_id: u32,
+    message_bytes_max: usize,
     groups: GroupRegistry,
     controller: Arc<OnceLock<Controller>>,
 }
@@ -29,7 +30,13 @@ pub struct RaftPeerServer {
 impl RaftPeerServer {
     /// A service of broker `broker_id` answering for the groups in `groups`.
     pub fn new(broker_id: u32, groups: GroupRegistry) -> Self {
-        Self { broker_id, groups, controller: Arc::default() }
+        Self { broker_id, groups, controller: Arc::default(), message_bytes_max: 64 << 20 }
+    }
+
+    /// Refuses peer messages larger than `bytes` (default 64 MiB).
+    pub fn with_message_bytes_max(mut self, bytes: usize) -> Self {
+        self.message_bytes_max = bytes;
+        self
     }
 
     /// A handle to install the controller once it exists (it needs the
@@ -40,8 +47,8 @@ impl RaftPeerServer {
 
     /// The tonic service, ready to add to a server.
     pub fn into_service(self) -> ferrolog_proto::raft::raft_peer_server::RaftPeerServer<Self> {
-        ferrolog_proto::raft::raft_peer_server::RaftPeerServer::new(self)
-            .max_decoding_message_size(usize::MAX)
+        let max = self.message_bytes_max;
+        ferrolog_proto::raft::raft_peer_server::RaftPeerServer::new(self).max_decoding_message_size(max)
     }
 
     fn hosted(&self, group: u64, target: u64) -> Result<HostedGroup, RaftResponse> {
@@ -157,15 +164,27 @@ impl RaftPeer for RaftPeerServer {
         Ok(Response::new(ControllerAnswer { result_json: result_json.into() }))
     }
 
-    async fn ping(&self, _request: Request<PingRequest>) -> Result<Response<PingResponse>, Status> {
+    async fn ping(&self, request: Request<PingRequest>) -> Result<Response<PingResponse>, Status> {
+        let from = request.into_inner().from_broker;
         let metadata_initialized = self.groups.get(0).is_some_and(|h| {
             use openraft::async_runtime::watch::WatchReceiver;
             h.raft.metrics().borrow_watched().membership_config.membership().voter_ids().next().is_some()
         });
+        let metadata_last_index = self.groups.get(0).map_or(0, |h| {
+            use openraft::async_runtime::watch::WatchReceiver;
+            h.raft.metrics().borrow_watched().last_log_index.unwrap_or(0)
+        });
+        let (your_incarnation, image_caught_up) = match self.controller.get() {
+            Some(c) => (c.image().brokers.get(&from).map_or(0, |b| b.incarnation), c.image_caught_up()),
+            None => (0, false),
+        };
         Ok(Response::new(PingResponse {
             broker_id: self.broker_id,
             leading_groups: self.groups.leading(),
             metadata_initialized,
+            your_incarnation,
+            image_caught_up,
+            metadata_last_index,
         }))
     }
 }

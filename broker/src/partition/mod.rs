@@ -12,8 +12,8 @@
 pub mod records;
 pub mod sequencer;
 
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use ferrolog_raft_store::SequenceCheck;
@@ -207,7 +207,7 @@ impl Partition {
     ///
     /// # Errors
     /// Not leader, unavailable, sequence errors (KIP-98), storage errors.
-    pub async fn produce(&self, batch: RecordBatch) -> Result<(u64, bool), ApiError> {
+    pub async fn produce(self: &Arc<Self>, batch: RecordBatch) -> Result<(u64, bool), ApiError> {
         let term = self.ready_leader().await?;
         self.last_write_ms.store((self.created.elapsed().as_millis() as u64).max(1), Ordering::Relaxed);
         self.set_ticking(true);
@@ -255,23 +255,31 @@ impl Partition {
             self.sequence_advanced.notify_waiters();
             break rx;
         };
-        let result = rx.await;
-        let mut seq = self.sequencer.lock().await;
-        seq.complete(pid, first);
-        match result {
-            Ok(Ok(resp)) => Ok((resp.data.base_offset, false)),
-            Ok(Err(e)) => {
-                seq.invalidate();
-                Err(match e {
-                    ClientWriteError::ForwardToLeader(_) => self.not_leader(),
-                    other => ApiError::Unavailable(other.to_string()),
-                })
+        // The proposal is settled in its own task, so the sequencer learns
+        // its outcome even if this request is cancelled (a client timeout
+        // drops this future): a reservation must never outlive its write.
+        let this = self.clone();
+        let settled = tokio::spawn(async move {
+            let result = rx.await;
+            let mut seq = this.sequencer.lock().await;
+            seq.complete(pid, first);
+            this.sequence_advanced.notify_waiters();
+            match result {
+                Ok(Ok(resp)) => Ok((resp.data.base_offset, false)),
+                Ok(Err(e)) => {
+                    seq.invalidate();
+                    Err(match e {
+                        ClientWriteError::ForwardToLeader(_) => this.not_leader(),
+                        other => ApiError::Unavailable(other.to_string()),
+                    })
+                }
+                Err(_) => {
+                    seq.invalidate();
+                    Err(ApiError::Unavailable("the write was dropped (leader stepped down)".into()))
+                }
             }
-            Err(_) => {
-                seq.invalidate();
-                Err(ApiError::Unavailable("the write was dropped (leader stepped down)".into()))
-            }
-        }
+        });
+        settled.await.unwrap_or_else(|e| Err(ApiError::Unavailable(format!("produce task failed: {e}"))))
     }
 
     /// Waits until every entry in the local log is applied, so the applied

@@ -82,6 +82,10 @@ impl Sequencer {
         }
         if epoch == p.epoch {
             if p.in_flight.contains(&first) {
+                // Applied already (its settling has not run yet): answer it.
+                if let d @ SequenceCheck::Duplicate(_) = applied {
+                    return Verdict::Applied(d);
+                }
                 return Verdict::InFlight;
             }
             if first == p.next_sequence {
