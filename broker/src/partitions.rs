@@ -228,6 +228,11 @@ impl Reconciler {
             if let Err(e) = raft.initialize(members).await {
                 tracing::debug!("initialize: {e}");
             }
+            // The placement's preferred leader (first replica) campaigns at
+            // once, so new partitions start balanced.
+            if a.replicas.first().map(|r| r.node) == Some(me.node) {
+                let _ = raft.trigger().elect(false).await;
+            }
         }
         tracing::info!(group = a.group, node = me.node, "replica started");
         self.table.insert(Arc::new(Partition::new(

@@ -26,7 +26,7 @@ pub enum FlushPolicy {
 
 /// Storage settings of one partition replica. Units are in the names.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
     /// Roll to a new segment file once the active one reaches this size,
     /// bytes. Default 1 GiB (Kafka's `segment.bytes`).
