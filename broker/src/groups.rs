@@ -82,7 +82,12 @@ pub async fn renew_lease(
     type C = ferrolog_raft_store::types::TypeConfig;
     let now = C::now();
     let acked = |m: &openraft::RaftMetrics<C>| m.last_quorum_acked.map(|t| t.into_inner());
-    if acked(&raft.metrics().borrow_watched()).is_some_and(|t| now < t + lease / 2) {
+    let (voters, last_acked) = {
+        let m = raft.metrics().borrow_watched().clone();
+        (m.membership_config.membership().voter_ids().count(), acked(&m))
+    };
+    // A group of one voter is its own quorum: its lease is always valid.
+    if voters <= 1 || last_acked.is_some_and(|t| now < t + lease / 2) {
         return true;
     }
     if raft.trigger().heartbeat().await.is_err() {
