@@ -140,7 +140,7 @@ fn check_ports(slots: &[Slot]) -> anyhow::Result<()> {
             if let Err(e) = TcpListener::bind(addr) {
                 bail!(
                     "cannot use {addr} for broker {}: {e}. Is another `ferrolog dev` (or a broker) still running? \
-                     `ps aux | grep ferrolog-broker` shows them.",
+                     `pgrep -af 'ferrolog.*broker'` lists them (a broker restarted by hand runs as `ferrolog broker`).",
                     s.id
                 );
             }
