@@ -363,7 +363,7 @@ async fn how_to_enter(c: &BrokerConfig, incarnation: u64, peers: &PeerAddresses)
         if !formed && answered == others.len() {
             return Entry::Found;
         }
-        if rounds % 20 == 0 {
+        if rounds.is_multiple_of(20) {
             tracing::info!(
                 answered,
                 members = others.len(),

@@ -111,14 +111,10 @@ impl ConsumerRecord {
             topic: topic.to_owned(),
             partition,
             offset,
-            key: r.key.map(Bytes::from),
-            value: Bytes::from(r.value),
+            key: r.key,
+            value: r.value,
             timestamp_ms: r.timestamp_ms,
-            headers: r
-                .headers
-                .into_iter()
-                .map(|h| Header { key: h.key, value: Bytes::from(h.value) })
-                .collect(),
+            headers: r.headers.into_iter().map(|h| Header { key: h.key, value: h.value }).collect(),
         }
     }
 }

@@ -1,7 +1,6 @@
 //! The receiving side: the `RaftPeer` gRPC service, dispatching each RPC to
 //! the hosted group it names.
 
-use bytes::Bytes;
 use ferrolog_proto::raft::raft_peer_server::RaftPeer;
 use ferrolog_proto::raft::{PeerError, PeerErrorCode, RaftRequest, RaftResponse, SnapshotChunk};
 use ferrolog_raft_store::state_machine::Snapshot;
@@ -106,7 +105,7 @@ impl RaftPeer for RaftPeerServer {
             Ok(h) => h,
             Err(r) => return Ok(Response::new(r)),
         };
-        let rpc = match codec::decode_append(&req.header_json, Bytes::from(req.entries)) {
+        let rpc = match codec::decode_append(&req.header_json, req.entries) {
             Ok(r) => r,
             Err(e) => return Ok(Response::new(refuse(PeerErrorCode::InvalidRequest, e.to_string()))),
         };
