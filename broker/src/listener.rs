@@ -1,17 +1,19 @@
 //! Accepted connections for the gRPC servers: Nagle's algorithm off (with
-//! it, a small response waiting on a delayed ACK stalls ~40 ms), and at most
-//! `max_connections` open at once: past that a new connection is closed at
-//! once and counted in the log.
+//! it, a small response waiting on a delayed ACK stalls ~40 ms), at most
+//! `max_connections` open at once (past that a new connection is closed at
+//! once and counted in the log), and a connection that sends nothing for
+//! [`FIRST_BYTES_TIMEOUT`] is closed.
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 /// An accepted connection holding one of the listener's permits.
@@ -65,23 +67,35 @@ impl AsyncWrite for Conn {
     }
 }
 
-/// The connections accepted on `listener`, at most `max_connections` open.
-/// `what` names the listener in log lines.
+/// How long a new connection may stay silent before it is closed: a socket
+/// that never sends its first bytes (the HTTP/2 preface) would otherwise
+/// hold one of the `max_connections` slots forever.
+pub const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The connections accepted on `listener`, at most `max_connections` open,
+/// each handed on once it has sent its first bytes (within
+/// [`FIRST_BYTES_TIMEOUT`]). `what` names the listener in log lines. The
+/// listener closes when the returned stream is dropped.
 pub fn incoming(
     listener: TcpListener,
     max_connections: usize,
     what: &'static str,
 ) -> impl Stream<Item = io::Result<Conn>> + Send + 'static {
     let permits = Arc::new(Semaphore::new(max_connections));
-    futures::stream::unfold((listener, permits), move |(listener, permits)| async move {
+    let (tx, rx) = mpsc::channel::<io::Result<Conn>>(64);
+    tokio::spawn(async move {
         loop {
-            let (stream, peer) = match listener.accept().await {
+            let accepted = tokio::select! {
+                _ = tx.closed() => return,
+                a = listener.accept() => a,
+            };
+            let (stream, peer) = match accepted {
                 Ok(s) => s,
                 Err(e) => {
                     // Accept errors (EMFILE, ECONNABORTED) are per connection:
                     // note and keep serving.
                     tracing::warn!(listener = what, "accept: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 }
             };
@@ -91,7 +105,17 @@ pub fn incoming(
                 continue;
             };
             let _ = stream.set_nodelay(true);
-            return Some((Ok(Conn { stream, _permit: permit }), (listener, permits)));
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut first = [0u8; 1];
+                match tokio::time::timeout(FIRST_BYTES_TIMEOUT, stream.peek(&mut first)).await {
+                    Ok(Ok(n)) if n > 0 => {
+                        let _ = tx.send(Ok(Conn { stream, _permit: permit })).await;
+                    }
+                    _ => tracing::debug!(listener = what, %peer, "closed a connection that sent nothing"),
+                }
+            });
         }
-    })
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
 }

@@ -213,6 +213,16 @@ async fn produce_fetch_and_bad_input() -> anyhow::Result<()> {
         }
     }
 
+    // A connection that never speaks is closed (it would hold a
+    // max_connections slot forever).
+    let mut silent = tokio::net::TcpStream::connect(c.broker(3).client_addr).await?;
+    let mut buf = [0u8; 1];
+    let closed =
+        tokio::time::timeout(Duration::from_secs(30), tokio::io::AsyncReadExt::read(&mut silent, &mut buf))
+            .await
+            .expect("the broker closes a silent connection");
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+
     // Still serving.
     assert_eq!(produce(&c, "events", 0, &["e"]).await?, 4);
     let l = connect(leader_addr(&c, "events", 0).await?)
