@@ -138,9 +138,9 @@ impl Broker {
         stop.push(tx);
         servers.push(server);
 
-        // The metadata group. A new data directory founds it (with the
-        // initial cluster) unless the cluster already exists: then it joins
-        // under a node id the controller gives it.
+        // The metadata group. A new data directory asks the founding members
+        // how to enter (`how_to_enter`): found the group, run as a founding
+        // member that never ran, or rejoin a wiped broker under new node ids.
         let identity = match identity::load(&config.data_dir, me)? {
             Some(id) => id,
             None => {
