@@ -116,8 +116,6 @@ impl Broker {
     /// A port in use, an unusable data directory, a failure to open storage.
     pub async fn start(config: BrokerConfig) -> anyhow::Result<Self> {
         let me = config.node_id;
-        let span = tracing::info_span!("broker", node = me);
-        let _enter = span.enter();
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;
         let raft_config = raft_config(&config)?;
@@ -249,7 +247,6 @@ impl Broker {
         stop.push(tx);
         servers.push(server);
         tracing::info!(client = %config.client_addr, peer = %config.peer_addr, data = %config.data_dir.display(), "broker started");
-        drop(_enter);
         Ok(Self { config, stop, servers, tasks, metadata, reconciler })
     }
 

@@ -72,7 +72,9 @@ pub fn next_sequence(last: i32) -> i32 {
     if last == i32::MAX { 0 } else { last + 1 }
 }
 
-fn last_sequence(first: i32, record_count: u32) -> i32 {
+/// Sequence number of the last record of a batch of `record_count` records
+/// starting at `first` (wrapping after `i32::MAX`).
+pub fn last_sequence(first: i32, record_count: u32) -> i32 {
     let n = i64::from(record_count.max(1)) - 1;
     ((i64::from(first) + n) % (i64::from(i32::MAX) + 1)) as i32
 }

@@ -21,7 +21,7 @@ use ferrolog_raft_store::state_machine::PartitionRaft;
 use ferrolog_raft_store::types::NodeId;
 use ferrolog_raft_store::{RecordBatch, Replica, StoreError, StoredBatch};
 use openraft::async_runtime::watch::WatchReceiver;
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::ClientWriteError;
 use openraft::impls::ProgressResponder;
 use tokio::sync::{Mutex, Notify};
 
@@ -368,12 +368,4 @@ impl Partition {
             followers,
         }
     }
-}
-
-/// Whether a Raft error means "ask another node".
-pub fn is_forward<E>(e: &RaftError<ferrolog_raft_store::types::TypeConfig, E>) -> bool
-where
-    E: std::error::Error,
-{
-    matches!(e, RaftError::APIError(_))
 }

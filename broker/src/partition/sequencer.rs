@@ -108,8 +108,7 @@ impl Sequencer {
         }
         let p = self.pending.entry(producer_id).or_default();
         p.epoch = epoch;
-        let last =
-            ((i64::from(first) + i64::from(record_count.max(1)) - 1) % (i64::from(i32::MAX) + 1)) as i32;
+        let last = producer::last_sequence(first, record_count);
         p.next_sequence = producer::next_sequence(last);
         p.in_flight.insert(first);
     }
