@@ -96,6 +96,18 @@ async fn lagging_and_wiped_brokers_are_rebuilt() -> anyhow::Result<()> {
         anyhow::ensure!(Instant::now() < deadline, "membership not changed: {s:?}\n{}", c.logs_tail(40));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // The metadata group swaps the retired node id too (its leader logs the
+    // voter change for group 0); only then is the rebuilt broker a voter there.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !c.brokers.iter().any(|b| {
+        std::fs::read_to_string(&b.log)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains("changing voters group=0"))
+    }) {
+        anyhow::ensure!(Instant::now() < deadline, "metadata voters not changed\n{}", c.logs_tail(40));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     // With the rebuilt broker as one of the two live voters, writes commit.
     let l = leader(&c, "t", 0, Duration::from_secs(30)).await?;
     let other = [1, 3].into_iter().find(|b| *b != l).unwrap_or(1);
