@@ -32,6 +32,10 @@ pub struct BrokerArgs {
     /// (peer addresses). Used only when the data directory is new.
     #[arg(long, env = "FERROLOG_INITIAL_CLUSTER")]
     pub initial_cluster: Option<String>,
+    /// Dial peers through other addresses: `peer=via,...`, both host:port
+    /// (e.g. through a proxy). Replaces `peer_routes` of the config file.
+    #[arg(long, env = "FERROLOG_PEER_ROUTES")]
+    pub peer_routes: Option<String>,
 }
 
 impl BrokerArgs {
@@ -64,6 +68,9 @@ impl BrokerArgs {
         }
         if let Some(v) = &self.initial_cluster {
             c.initial_cluster = config::parse_initial_cluster(v)?;
+        }
+        if let Some(v) = &self.peer_routes {
+            c.peer_routes = config::parse_peer_routes(v)?;
         }
         c.validate()?;
         Ok(c)

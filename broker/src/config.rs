@@ -30,6 +30,11 @@ pub struct BrokerConfig {
     /// The controller's founding voters, broker id → peer address; used
     /// only when the data directory is new (like etcd's `initial-cluster`).
     pub initial_cluster: BTreeMap<BrokerId, SocketAddr>,
+    /// Peer address → address to dial instead, for peers reached through a
+    /// proxy or NAT (the fault-injecting proxy of `ferrolog-jepsen`, for
+    /// one). A peer not listed is dialled at its own address. Memberships
+    /// keep the peer's own address; only this broker's connections change.
+    pub peer_routes: BTreeMap<SocketAddr, SocketAddr>,
     /// Raft timings shared by every group on this broker.
     pub raft: RaftTimings,
     /// Storage of every partition replica on this broker.
@@ -102,6 +107,7 @@ impl Default for BrokerConfig {
             peer_addr: SocketAddr::from(([127, 0, 0, 1], 9501)),
             data_dir: PathBuf::from("./ferrolog-data/broker-1"),
             initial_cluster: BTreeMap::new(),
+            peer_routes: BTreeMap::new(),
             raft: RaftTimings::default(),
             storage: StoreConfig::default(),
             limits: Limits::default(),
@@ -166,6 +172,9 @@ impl BrokerConfig {
                 Some(_) => {}
             }
         }
+        if let Some((from, _)) = self.peer_routes.iter().find(|(from, _)| **from == self.peer_addr) {
+            return bad(format!("peer_routes: {from} is this broker's own peer_addr"));
+        }
         let r = &self.raft;
         if r.heartbeat_interval_ms == 0 {
             return bad("raft.heartbeat_interval_ms must be > 0".into());
@@ -222,6 +231,30 @@ pub fn parse_initial_cluster(text: &str) -> Result<BTreeMap<BrokerId, SocketAddr
     Ok(out)
 }
 
+/// Parses `host:port=host:port,...` (the `--peer-routes` flag): each peer
+/// address and the address to dial instead.
+///
+/// # Errors
+/// [`ConfigError`] for a malformed item or address, or a peer listed twice.
+pub fn parse_peer_routes(text: &str) -> Result<BTreeMap<SocketAddr, SocketAddr>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let parse = |a: &str| {
+            a.trim()
+                .parse::<SocketAddr>()
+                .map_err(|e| ConfigError(format!("peer routes: bad address {a:?}: {e}")))
+        };
+        let (peer, via) = item
+            .split_once('=')
+            .ok_or_else(|| ConfigError(format!("peer route {item:?} is not host:port=host:port")))?;
+        let peer = parse(peer)?;
+        if out.insert(peer, parse(via)?).is_some() {
+            return Err(ConfigError(format!("peer routes: {peer} listed twice")));
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,6 +270,7 @@ mod tests {
     fn round_trips_through_toml() {
         let c = BrokerConfig {
             initial_cluster: parse_initial_cluster("1=127.0.0.1:9501, 2=127.0.0.1:9502").expect("parse"),
+            peer_routes: parse_peer_routes("127.0.0.1:9502=127.0.0.1:19502").expect("parse"),
             ..BrokerConfig::default()
         };
         let back = BrokerConfig::from_toml(&c.to_toml().expect("render")).expect("parse");
@@ -249,6 +283,13 @@ mod tests {
         let cases: Vec<(&str, BrokerConfig)> = vec![
             ("node_id", BrokerConfig { node_id: 0, ..ok.clone() }),
             ("both", BrokerConfig { peer_addr: ok.client_addr, ..ok.clone() }),
+            (
+                "own peer_addr",
+                BrokerConfig {
+                    peer_routes: [(ok.peer_addr, ok.client_addr)].into_iter().collect(),
+                    ..ok.clone()
+                },
+            ),
             (
                 "does not list",
                 BrokerConfig {

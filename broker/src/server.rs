@@ -121,7 +121,10 @@ impl Broker {
         let raft_config = raft_config(&config)?;
         let flusher = Flusher::spawn(&format!("broker-{me}")).context("starting the flusher")?;
         let groups = GroupRegistry::default();
-        let peers = PeerAddresses::default();
+        let peers = PeerAddresses::new(
+            config.peer_routes.iter().map(|(peer, via)| (peer.to_string(), via.to_string())),
+            Duration::from_millis(config.raft.election_timeout_min_ms),
+        );
 
         // Peer API first: the metadata group needs to reach the others.
         let peer_listener = bind(config.peer_addr, "peer_addr").await?;

@@ -28,20 +28,40 @@ use crate::groups::GroupId;
 #[derive(Clone, Debug, Default)]
 pub struct PeerAddresses {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// Peer address → address dialled instead (`peer_routes` of the config).
+    routes: Arc<HashMap<String, String>>,
+    /// Shortest timeout of a Raft RPC, whatever openraft asks for.
+    min_rpc_timeout: std::time::Duration,
 }
 
 impl PeerAddresses {
-    /// The channel to `addr` (`host:port`), created on first use.
+    /// Channels that dial `routes[addr]` instead of `addr` where a route is
+    /// given (peer address → address of, e.g., a proxy in front of it).
+    ///
+    /// Raft RPCs wait at least `min_rpc_timeout` for an answer. openraft
+    /// asks for `heartbeat_interval` on AppendEntries, which would make
+    /// every replication request fail once a round trip (network plus the
+    /// follower's fsync) exceeds it; a reply is still useful until an
+    /// election timeout has passed, so brokers pass `election_timeout_min_ms`.
+    pub fn new(
+        routes: impl IntoIterator<Item = (String, String)>,
+        min_rpc_timeout: std::time::Duration,
+    ) -> Self {
+        Self { channels: Arc::default(), routes: Arc::new(routes.into_iter().collect()), min_rpc_timeout }
+    }
+
+    /// The channel to the peer at `addr` (`host:port`), created on first use.
     ///
     /// # Errors
-    /// [`Unreachable`] if the address is not a valid URI.
+    /// [`Unreachable`] if the address (or its route) is not a valid URI.
     pub fn channel(&self, addr: &str) -> Result<Channel, Unreachable<TypeConfig>> {
         let mut map = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = map.get(addr) {
             return Ok(c.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| Unreachable::from_string(format!("bad peer address {addr}: {e}")))?
+        let dial = self.routes.get(addr).map_or(addr, String::as_str);
+        let endpoint = Endpoint::from_shared(format!("http://{dial}"))
+            .map_err(|e| Unreachable::from_string(format!("bad peer address {dial}: {e}")))?
             .tcp_nodelay(true)
             .http2_keep_alive_interval(std::time::Duration::from_secs(10));
         let channel = endpoint.connect_lazy();
@@ -68,7 +88,12 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
     type Network = PeerNetwork;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Self::Network {
-        PeerNetwork { group: self.group, target, channel: self.peers.channel(&node.addr) }
+        PeerNetwork {
+            group: self.group,
+            target,
+            channel: self.peers.channel(&node.addr),
+            min_timeout: self.peers.min_rpc_timeout,
+        }
     }
 }
 
@@ -78,6 +103,8 @@ pub struct PeerNetwork {
     group: GroupId,
     target: NodeId,
     channel: Result<Channel, Unreachable<TypeConfig>>,
+    /// See [`PeerAddresses::new`].
+    min_timeout: std::time::Duration,
 }
 
 fn unreachable(e: impl std::fmt::Display) -> RPCError<TypeConfig> {
@@ -114,7 +141,7 @@ impl PeerNetwork {
             header_json: header_json.into(),
             entries: entries.into(),
         });
-        req.set_timeout(option.hard_ttl());
+        req.set_timeout(option.hard_ttl().max(self.min_timeout));
         req
     }
 }
@@ -184,5 +211,43 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
             r = send => r.map_err(|e| StreamingError::Unreachable(Unreachable::from_string(e)))?,
         };
         decode_reply(reply.into_inner()).map_err(|e| StreamingError::Unreachable(Unreachable::new(&e)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn network(min_timeout: Duration) -> PeerNetwork {
+        PeerNetwork { group: 1, target: 2, channel: Err(Unreachable::from_string("unused")), min_timeout }
+    }
+
+    /// The deadline a request carries on the wire (gRPC's `grpc-timeout`).
+    fn deadline(req: &tonic::Request<RaftRequest>) -> Option<String> {
+        req.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).map(str::to_owned)
+    }
+
+    #[test]
+    fn rpc_timeout_is_at_least_the_floor() {
+        // openraft asks for heartbeat_interval (100 ms) on AppendEntries; a
+        // 150 ms round trip must not fail every replication request.
+        let n = network(Duration::from_millis(500));
+        let short = n.request(Vec::new(), Vec::new(), &RPCOption::new(Duration::from_millis(100)));
+        assert_eq!(deadline(&short).as_deref(), Some("500000u"));
+        // A longer ask (snapshots) is kept.
+        let long = n.request(Vec::new(), Vec::new(), &RPCOption::new(Duration::from_secs(20)));
+        assert_eq!(deadline(&long).as_deref(), Some("20000000u"));
+    }
+
+    #[tokio::test]
+    async fn routes_replace_the_dialled_address() {
+        let peers =
+            PeerAddresses::new([("10.0.0.2:9093".to_owned(), "bad address".to_owned())], Duration::ZERO);
+        // The route is what gets dialled: an invalid one fails, the peer's own address is not used.
+        let err = peers.channel("10.0.0.2:9093").expect_err("the route is not a valid URI");
+        assert!(err.to_string().contains("bad address"), "{err}");
+        assert!(peers.channel("10.0.0.3:9093").is_ok());
     }
 }
