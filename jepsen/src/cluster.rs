@@ -1,5 +1,6 @@
 //! The broker processes of a run: each `ferrolog-broker` in its own network
-//! namespace (see [`crate::net`]), or on 127.0.0.x when there is none, with
+//! namespace (see [`crate::net`]), or on 127.0.99.x dialling its peers
+//! through the proxy (see [`crate::proxy`]), with
 //! its data directory and log file in the run directory. Start, SIGKILL,
 //! SIGSTOP/SIGCONT, graceful stop, and `dump-log` of a stopped broker.
 
@@ -27,6 +28,8 @@ pub struct Broker {
     pub ip: IpAddr,
     /// Its network namespace, if any.
     pub ns: Option<String>,
+    /// Its `--peer-routes`, if it dials its peers through a proxy.
+    pub peer_routes: Option<String>,
     /// Its data directory.
     pub data_dir: PathBuf,
     /// Its log file (appended to across restarts).
@@ -47,6 +50,17 @@ impl Broker {
     }
 }
 
+/// Where one broker runs and how it reaches its peers.
+#[derive(Debug, Clone)]
+pub struct Site {
+    /// Its address.
+    pub ip: IpAddr,
+    /// Its network namespace, if any.
+    pub ns: Option<String>,
+    /// Its `--peer-routes`, if any.
+    pub peer_routes: Option<String>,
+}
+
 /// The brokers of a run.
 #[derive(Debug)]
 pub struct Cluster {
@@ -65,18 +79,19 @@ fn signal(pid: u32, sig: libc::c_int) {
 }
 
 impl Cluster {
-    /// Describes brokers `1..=ips.len()` at `ips` (in namespaces `ns`, if
-    /// given), keeping data and logs under `dir`. Starts nothing.
-    pub fn new(binary: &Path, dir: &Path, ips: &[IpAddr], ns: &[Option<String>]) -> Self {
-        let brokers: Vec<Broker> = ips
+    /// Describes brokers `1..=sites.len()` at `sites`, keeping data and
+    /// logs under `dir`. Starts nothing.
+    pub fn new(binary: &Path, dir: &Path, sites: &[Site]) -> Self {
+        let brokers: Vec<Broker> = sites
             .iter()
             .enumerate()
-            .map(|(i, ip)| {
+            .map(|(i, site)| {
                 let id = i as u32 + 1;
                 Broker {
                     id,
-                    ip: *ip,
-                    ns: ns.get(i).cloned().flatten(),
+                    ip: site.ip,
+                    ns: site.ns.clone(),
+                    peer_routes: site.peer_routes.clone(),
                     data_dir: dir.join(format!("data/broker-{id}")),
                     log: dir.join(format!("broker-{id}.log")),
                     child: None,
@@ -133,14 +148,17 @@ impl Cluster {
             .arg("--data-dir")
             .arg(&b.data_dir)
             .arg("--initial-cluster")
-            .arg(&initial)
-            .env(
-                "RUST_LOG",
-                std::env::var("FERROLOG_JEPSEN_BROKER_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
+            .arg(&initial);
+        if let Some(routes) = &b.peer_routes {
+            cmd.arg("--peer-routes").arg(routes);
+        }
+        cmd.env(
+            "RUST_LOG",
+            std::env::var("FERROLOG_JEPSEN_BROKER_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
         b.child = Some(cmd.spawn().with_context(|| format!("spawning {}", binary.display()))?);
         b.paused = false;
         Ok(())

@@ -2,8 +2,9 @@
 //! recorded history of client operations, and a checker for it.
 //!
 //! ```text
-//!  net (namespaces, bridge, blackhole routes) ──> cluster (broker processes, dump-log)
-//!        ▲                                              ▲
+//!  network = net (namespaces, blackhole routes) | proxy (TCP proxy per link)
+//!        ▲          └──> cluster (broker processes, dump-log)
+//!        │                                              ▲
 //!        └──────────── nemesis (kill, pause, partition, netem on a seeded schedule)
 //!  workload (producers, consumers, final read) ──ferrolog-client──> brokers
 //!        └──> history (ops with invoke/complete times, JSON lines)
@@ -16,7 +17,11 @@
 //! - [`checker`]: the anomaly classes (lost writes, duplicates, inconsistent
 //!   offsets, ordering, skips, aborted reads, replica divergence).
 //! - [`workload`]: producer and consumer processes, and the final read.
-//! - [`net`]: network namespaces and partitions between brokers.
+//! - [`network`]: the network between brokers, namespaces or proxy, as the
+//!   nemesis sees it (cut a direction, heal, slow down).
+//! - [`net`]: network namespaces, veth pairs and blackhole routes.
+//! - [`proxy`]: the fault-injecting TCP proxy on every directed broker link,
+//!   where namespaces cannot be made.
 //! - [`cluster`]: the broker processes.
 //! - [`nemesis`]: the fault schedule.
 //! - [`run`]: the phases of one run and its output directory.
@@ -27,6 +32,8 @@ pub mod cluster;
 pub mod history;
 pub mod nemesis;
 pub mod net;
+pub mod network;
 pub mod plot;
+pub mod proxy;
 pub mod run;
 pub mod workload;

@@ -5,9 +5,12 @@
 //! - `kill`: SIGKILL one broker (a quarter of the time a majority), restart it.
 //! - `pause`: SIGSTOP one broker (or a majority), SIGCONT it.
 //! - `partition`: cut broker-to-broker links: isolate one node, split into a
-//!   majority and a minority, a bridge (two sides that share one node), or a
-//!   ring (each node sees only its neighbours; 4 nodes or more).
-//! - `netem`: `tc netem` delay and loss on every broker's interface.
+//!   majority and a minority, a bridge (two sides that share one node), a
+//!   ring (each node sees only its neighbours; 4 nodes or more), or one way
+//!   (one node's packets to the others are dropped while it still hears
+//!   them, or the reverse).
+//! - `netem`: delay and loss on every broker link (`tc netem` in
+//!   namespaces, the proxy's [`crate::proxy::Slow`] otherwise).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -22,7 +25,7 @@ use tokio::sync::watch;
 
 use crate::cluster::Cluster;
 use crate::history::Recorder;
-use crate::net::Net;
+use crate::network::Network;
 
 /// A kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -50,12 +53,11 @@ impl Fault {
     }
 }
 
-/// Parses `kill,partition`, `mixed` (kill, pause, partition, plus netem
-/// when `netem_ok`) or `none`.
+/// Parses `kill,partition`, `mixed` (all four) or `none`.
 ///
 /// # Errors
 /// An unknown name.
-pub fn parse_faults(s: &str, netem_ok: bool) -> anyhow::Result<Vec<Fault>> {
+pub fn parse_faults(s: &str) -> anyhow::Result<Vec<Fault>> {
     let mut out = BTreeSet::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         match part {
@@ -64,10 +66,7 @@ pub fn parse_faults(s: &str, netem_ok: bool) -> anyhow::Result<Vec<Fault>> {
             "partition" => out.insert(Fault::Partition),
             "netem" => out.insert(Fault::Netem),
             "mixed" | "all" => {
-                out.extend([Fault::Kill, Fault::Pause, Fault::Partition]);
-                if netem_ok {
-                    out.insert(Fault::Netem);
-                }
+                out.extend([Fault::Kill, Fault::Pause, Fault::Partition, Fault::Netem]);
                 true
             }
             "none" => true,
@@ -90,41 +89,46 @@ pub struct FaultEvent {
     pub end_s: f64,
 }
 
-/// A partition as sets of broker links to cut: `(name, components, cuts)`.
+/// A partition: `(name, components, cuts)`, where a cut `(a, b)` drops
+/// what broker `a` sends to broker `b`.
 pub fn grudge(ids: &[u32], rng: &mut StdRng) -> (String, Vec<Vec<u32>>, Vec<(u32, u32)>) {
     let mut nodes = ids.to_vec();
     nodes.shuffle(rng);
     let n = nodes.len();
-    let mut kinds = vec!["isolate", "majority-minority", "bridge"];
+    let mut kinds = vec!["isolate", "majority-minority", "bridge", "one-way-out", "one-way-in"];
     if n >= 4 {
         kinds.push("ring");
     }
     let kind = kinds[rng.gen_range(0..kinds.len())];
-    let cut_between = |a: &[u32], b: &[u32]| -> Vec<(u32, u32)> {
-        a.iter().flat_map(|x| b.iter().map(move |y| (*x.min(y), *x.max(y)))).collect()
+    let one_way = |from: &[u32], to: &[u32]| -> Vec<(u32, u32)> {
+        from.iter().flat_map(|x| to.iter().map(move |y| (*x, *y))).collect()
     };
+    let both_ways = |a: &[u32], b: &[u32]| -> Vec<(u32, u32)> {
+        let mut cuts = one_way(a, b);
+        cuts.extend(one_way(b, a));
+        cuts
+    };
+    let (one, rest) = nodes.split_at(1);
     match kind {
-        "isolate" => {
-            let (one, rest) = nodes.split_at(1);
-            ("isolate".into(), vec![one.to_vec(), rest.to_vec()], cut_between(one, rest))
-        }
+        "isolate" => ("isolate".into(), vec![one.to_vec(), rest.to_vec()], both_ways(one, rest)),
+        "one-way-out" => ("one-way-out".into(), vec![one.to_vec(), rest.to_vec()], one_way(one, rest)),
+        "one-way-in" => ("one-way-in".into(), vec![one.to_vec(), rest.to_vec()], one_way(rest, one)),
         "majority-minority" => {
             let (minority, majority) = nodes.split_at(n / 2);
             (
                 "majority-minority".into(),
                 vec![majority.to_vec(), minority.to_vec()],
-                cut_between(minority, majority),
+                both_ways(minority, majority),
             )
         }
         "bridge" => {
             // nodes[0] sees both sides; the sides do not see each other.
-            let rest = &nodes[1..];
             let (a, b) = rest.split_at(rest.len() / 2);
             let mut left = vec![nodes[0]];
             left.extend_from_slice(a);
             let mut right = vec![nodes[0]];
             right.extend_from_slice(b);
-            ("bridge".into(), vec![left, right], cut_between(a, b))
+            ("bridge".into(), vec![left, right], both_ways(a, b))
         }
         _ => {
             let mut cuts = Vec::new();
@@ -132,7 +136,7 @@ pub fn grudge(ids: &[u32], rng: &mut StdRng) -> (String, Vec<Vec<u32>>, Vec<(u32
                 for j in i + 1..n {
                     let adjacent = j == i + 1 || (i == 0 && j == n - 1);
                     if !adjacent {
-                        cuts.push((nodes[i].min(nodes[j]), nodes[i].max(nodes[j])));
+                        cuts.extend([(nodes[i], nodes[j]), (nodes[j], nodes[i])]);
                     }
                 }
             }
@@ -164,8 +168,8 @@ fn targets(ids: &[u32], rng: &mut StdRng) -> Vec<u32> {
 pub struct Targets {
     /// The brokers.
     pub cluster: Arc<Mutex<Cluster>>,
-    /// Their network, when they have one.
-    pub net: Arc<Mutex<Option<Net>>>,
+    /// Their network.
+    pub net: Arc<Mutex<Network>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -195,18 +199,14 @@ impl Targets {
             Fault::Partition => {
                 let (name, components, cuts) = grudge(&ids, rng);
                 let mut net = lock(&self.net);
-                let Some(net) = net.as_mut() else { bail!("partitions need network namespaces") };
-                for (a, b) in &cuts {
-                    net.cut(*a, *b)?;
+                for (from, to) in &cuts {
+                    net.cut(*from, *to)?;
                 }
                 Ok((format!("partition {name} {components:?}"), Active::Cut))
             }
             Fault::Netem => {
-                let mut net = lock(&self.net);
-                let Some(net) = net.as_mut() else { bail!("netem needs network namespaces") };
-                let spec = ["delay", "50ms", "25ms", "loss", "3%"];
-                net.netem(&spec)?;
-                Ok((format!("netem {}", spec.join(" ")), Active::Netem))
+                let done = lock(&self.net).slow()?;
+                Ok((format!("netem {done}"), Active::Netem))
             }
         }
     }
@@ -225,16 +225,8 @@ impl Targets {
                     c.resume(id);
                 }
             }
-            Active::Cut => {
-                if let Some(net) = lock(&self.net).as_mut() {
-                    net.heal()?;
-                }
-            }
-            Active::Netem => {
-                if let Some(net) = lock(&self.net).as_mut() {
-                    net.clear_netem();
-                }
-            }
+            Active::Cut => lock(&self.net).heal()?,
+            Active::Netem => lock(&self.net).clear_slow(),
         }
         Ok(())
     }
@@ -244,9 +236,10 @@ impl Targets {
     /// # Errors
     /// A broker that cannot be restarted, or a route that cannot be removed.
     pub fn heal_all(&self) -> anyhow::Result<()> {
-        if let Some(net) = lock(&self.net).as_mut() {
+        {
+            let mut net = lock(&self.net);
             net.heal()?;
-            net.clear_netem();
+            net.clear_slow();
         }
         let mut c = lock(&self.cluster);
         for id in c.ids() {
@@ -309,11 +302,12 @@ mod tests {
         for n in [3u32, 5] {
             let ids: Vec<u32> = (1..=n).collect();
             let mut kinds = BTreeSet::new();
-            for _ in 0..200 {
+            for _ in 0..300 {
                 let (kind, components, cuts) = grudge(&ids, &mut rng);
                 assert!(!cuts.is_empty(), "{kind} {components:?}");
+                let directed: BTreeSet<_> = cuts.iter().copied().collect();
                 for (a, b) in &cuts {
-                    assert!(a < b);
+                    assert_ne!(a, b);
                     // Never a cut inside one component (the ring is one component of neighbours).
                     if kind != "ring" {
                         assert!(
@@ -321,20 +315,21 @@ mod tests {
                             "{kind} {components:?} {cuts:?}"
                         );
                     }
+                    // Symmetric kinds cut both directions; one-way kinds exactly one.
+                    assert_eq!(directed.contains(&(*b, *a)), !kind.starts_with("one-way"), "{kind} {cuts:?}");
                 }
                 kinds.insert(kind);
             }
-            assert_eq!(kinds.len(), if n >= 4 { 4 } else { 3 }, "{kinds:?}");
+            assert_eq!(kinds.len(), if n >= 4 { 6 } else { 5 }, "{kinds:?}");
         }
     }
 
     #[test]
     fn fault_lists() -> anyhow::Result<()> {
-        assert_eq!(parse_faults("kill,partition", false)?, vec![Fault::Kill, Fault::Partition]);
-        assert_eq!(parse_faults("mixed", false)?.len(), 3);
-        assert_eq!(parse_faults("mixed", true)?.len(), 4);
-        assert!(parse_faults("none", true)?.is_empty());
-        assert!(parse_faults("flood", true).is_err());
+        assert_eq!(parse_faults("kill,partition")?, vec![Fault::Kill, Fault::Partition]);
+        assert_eq!(parse_faults("mixed")?.len(), 4);
+        assert!(parse_faults("none")?.is_empty());
+        assert!(parse_faults("flood").is_err());
         Ok(())
     }
 }

@@ -8,9 +8,9 @@
 //!                                                           └── ...
 //! ```
 //!
-//! A cut between brokers a and b is a blackhole route to b in a's namespace
-//! and to a in b's: every packet between them is dropped, in both
-//! directions, while clients still reach both. `N` (the tag) keeps
+//! A cut from broker a to broker b is a blackhole route to b in a's
+//! namespace: every packet from a to b is dropped (a symmetric partition
+//! cuts both directions), while clients still reach both. `N` (the tag) keeps
 //! concurrent runs apart. Everything made here is removed by
 //! [`Net::teardown`] (also on drop) and by [`cleanup_all`].
 
@@ -163,40 +163,37 @@ impl Net {
         Ok(())
     }
 
-    /// Cuts every link between brokers `a` and `b` (both directions).
+    /// Drops every packet from broker `from` to broker `to`: a blackhole
+    /// route to `to` in `from`'s namespace (one direction; cut both for a
+    /// symmetric partition).
     ///
     /// # Errors
     /// An `ip route` failure.
-    pub fn cut(&mut self, a: u32, b: u32) -> anyhow::Result<()> {
-        let (a, b) = (a.min(b), a.max(b));
-        if a == b || !self.cuts.insert((a, b)) {
+    pub fn cut(&mut self, from: u32, to: u32) -> anyhow::Result<()> {
+        if from == to || !self.cuts.insert((from, to)) {
             return Ok(());
         }
-        sh("ip", &["-n", &self.ns(a), "route", "add", "blackhole", &format!("{}/32", self.broker_ip(b))])?;
-        sh("ip", &["-n", &self.ns(b), "route", "add", "blackhole", &format!("{}/32", self.broker_ip(a))])?;
-        Ok(())
+        sh("ip", &["-n", &self.ns(from), "route", "add", "blackhole", &format!("{}/32", self.broker_ip(to))])
     }
 
-    /// The links cut now.
+    /// The directions cut now, `(from, to)`.
     pub fn cuts(&self) -> Vec<(u32, u32)> {
         self.cuts.iter().copied().collect()
     }
 
-    /// Restores every link.
+    /// Restores every direction.
     ///
     /// # Errors
     /// The first `ip route` failure (the others are still tried).
     pub fn heal(&mut self) -> anyhow::Result<()> {
         let mut first = Ok(());
-        for (a, b) in std::mem::take(&mut self.cuts) {
-            for (x, y) in [(a, b), (b, a)] {
-                let r = sh(
-                    "ip",
-                    &["-n", &self.ns(x), "route", "del", "blackhole", &format!("{}/32", self.broker_ip(y))],
-                );
-                if first.is_ok() {
-                    first = r;
-                }
+        for (from, to) in std::mem::take(&mut self.cuts) {
+            let r = sh(
+                "ip",
+                &["-n", &self.ns(from), "route", "del", "blackhole", &format!("{}/32", self.broker_ip(to))],
+            );
+            if first.is_ok() {
+                first = r;
             }
         }
         first

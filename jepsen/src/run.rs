@@ -13,7 +13,6 @@
 //! The run directory holds `history.jsonl`, `faults.jsonl`, `replicas.json`,
 //! `dump-broker-N.jsonl`, `broker-N.log`, `results.json` and `plot.svg`.
 
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,10 +23,10 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::checker::{self, ReplicaCopy, Report};
-use crate::cluster::{self, Cluster};
+use crate::cluster::{self, Cluster, Site};
 use crate::history::{self, Recorder};
 use crate::nemesis::{self, Fault, FaultEvent, Targets};
-use crate::net::{self, Net};
+use crate::network::{Network, NetworkChoice};
 use crate::workload::{self, Ids, WorkloadConfig};
 
 /// Everything a run needs.
@@ -47,6 +46,8 @@ pub struct TestOptions {
     pub workload: WorkloadConfig,
     /// The `ferrolog-broker` executable.
     pub broker_bin: PathBuf,
+    /// Namespaces or the proxy.
+    pub network: NetworkChoice,
     /// Keep brokers' data directories even when the run passes.
     pub keep_data: bool,
 }
@@ -58,6 +59,8 @@ pub struct Summary {
     pub dir: PathBuf,
     /// Faults asked for.
     pub faults: String,
+    /// The network the run had (`netns` or `proxy`).
+    pub network: &'static str,
     /// The seed.
     pub seed: u64,
     /// Faults injected.
@@ -108,26 +111,14 @@ fn write_json(path: &Path, v: &impl Serialize) -> anyhow::Result<()> {
 /// start); anomalies are not errors but a [`Summary`] with `valid: false`.
 pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary> {
     std::fs::create_dir_all(dir)?;
-    let netns = net::probe();
-    let needs_net = opts.faults.contains("partition") || opts.faults.contains("netem");
-    let netem_ok = netns.is_ok() && net::probe_netem().is_ok();
-    let faults = nemesis::parse_faults(&opts.faults, netem_ok)?;
-    if faults.contains(&Fault::Netem) {
-        net::probe_netem()?;
-    }
-    let net = match netns {
-        Ok(()) => Some(Net::create(opts.nodes)?),
-        Err(e) if needs_net => return Err(e.context("partition and netem faults need network namespaces")),
-        Err(_) => None,
-    };
-    let (ips, ns): (Vec<IpAddr>, Vec<Option<String>>) = (1..=opts.nodes)
-        .map(|id| match &net {
-            Some(n) => (IpAddr::V4(n.broker_ip(id)), Some(n.ns(id))),
-            None => (IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 99, 10 + id as u8)), None),
-        })
-        .unzip();
-    let network = if net.is_some() { "network namespaces" } else { "loopback (no partitions)" };
-    let mut cluster = Cluster::new(&opts.broker_bin, dir, &ips, &ns);
+    let faults = nemesis::parse_faults(&opts.faults)?;
+    let net = Network::create(opts.network, opts.nodes, faults.contains(&Fault::Netem)).await?;
+    let network = net.describe();
+    let short_network = if net.namespace(1).is_some() { "netns" } else { "proxy" };
+    let sites: Vec<Site> = (1..=opts.nodes)
+        .map(|id| Site { ip: net.broker_ip(id), ns: net.namespace(id), peer_routes: net.peer_routes(id) })
+        .collect();
+    let mut cluster = Cluster::new(&opts.broker_bin, dir, &sites);
     for id in cluster.ids() {
         cluster.spawn(id)?;
     }
@@ -240,7 +231,7 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
             }
         }
     }
-    lock(&targets.net).take(); // tears the namespaces down
+    problems.extend(lock(&targets.net).problems());
 
     // Check and write everything.
     let ops = rec.snapshot();
@@ -285,6 +276,7 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
     Ok(Summary {
         dir: dir.to_owned(),
         faults: opts.faults.clone(),
+        network: short_network,
         seed: cfg.seed,
         fault_events: events.len(),
         ops: s.ops,
