@@ -122,7 +122,7 @@ impl Broker {
         let flusher = Flusher::spawn(&format!("broker-{me}")).context("starting the flusher")?;
         let groups = GroupRegistry::default();
         let peers = PeerAddresses::new(
-            config.peer_routes.iter().map(|(peer, via)| (peer.to_string(), via.to_string())),
+            config.peer_routes.iter().map(|(peer, via)| (*peer, *via)),
             Duration::from_millis(config.raft.election_timeout_min_ms),
         );
 

@@ -112,7 +112,7 @@ async fn leader_of(brokers: &BTreeMap<NodeId, Broker>) -> NodeId {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_agree_and_a_lagging_one_catches_up_by_snapshot() {
     let root = tempfile::tempdir().expect("tempdir");
-    let peers = PeerAddresses::default();
+    let peers = PeerAddresses::new([], Duration::from_millis(400)); // election_timeout_min
     let mut listeners = BTreeMap::new();
     let mut members = BTreeMap::new();
     for id in 1..=3u64 {

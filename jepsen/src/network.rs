@@ -17,7 +17,7 @@ pub enum NetworkChoice {
     Auto,
     /// Network namespaces (root, iproute2); fails where they cannot be made.
     Netns,
-    /// The TCP proxy on 127.0.99.x; works anywhere.
+    /// The TCP proxy, brokers on 127.0.X.1I (X picked per run); works anywhere.
     Proxy,
 }
 
@@ -30,8 +30,8 @@ const NETEM_SPEC: [&str; 5] = ["delay", "50ms", "25ms", "loss", "3%"];
 pub enum Network {
     /// Each broker in its own namespace.
     Namespaces(Net),
-    /// Brokers on loopback, dialling each other through [`ProxyNet`].
-    Proxy(ProxyNet),
+    /// Brokers on loopback at 127.0.X.1I, dialling each other through [`ProxyNet`].
+    Proxy(ProxyNet, u8),
 }
 
 impl Network {
@@ -43,31 +43,34 @@ impl Network {
     /// `--network netns` where namespaces (or netem) are unavailable, with
     /// the reason; a proxy port in use.
     pub async fn create(choice: NetworkChoice, nodes: u32, wants_netem: bool) -> anyhow::Result<Network> {
+        if choice == NetworkChoice::Proxy {
+            return Self::proxy(nodes).await;
+        }
         let netns = net::probe().and_then(|()| if wants_netem { net::probe_netem() } else { Ok(()) });
         match (choice, netns) {
             (NetworkChoice::Netns, Err(e)) => Err(e.context("--network netns")),
-            (NetworkChoice::Netns | NetworkChoice::Auto, Ok(())) => {
-                Ok(Network::Namespaces(Net::create(nodes)?))
-            }
-            (NetworkChoice::Auto, Err(e)) => {
+            (_, Ok(())) => Ok(Network::Namespaces(Net::create(nodes)?)),
+            (_, Err(e)) => {
                 eprintln!("ferrolog-jepsen: using the TCP proxy: {e:#}");
                 Self::proxy(nodes).await
             }
-            (NetworkChoice::Proxy, _) => Self::proxy(nodes).await,
         }
     }
 
+    /// Brokers at 127.0.X.1I, with X from the process id so that concurrent
+    /// runs do not share addresses.
     async fn proxy(nodes: u32) -> anyhow::Result<Network> {
+        let x = 100 + (std::process::id() % 150) as u8;
         let ips: Vec<IpAddr> =
-            (1..=nodes).map(|id| IpAddr::V4(Ipv4Addr::new(127, 0, 99, 10 + id as u8))).collect();
-        Ok(Network::Proxy(ProxyNet::start(&ips, PEER_PORT).await?))
+            (1..=nodes).map(|id| IpAddr::V4(Ipv4Addr::new(127, 0, x, 10 + id as u8))).collect();
+        Ok(Network::Proxy(ProxyNet::start(&ips, PEER_PORT).await?, x))
     }
 
     /// What it is, for output.
     pub fn describe(&self) -> &'static str {
         match self {
             Network::Namespaces(_) => "network namespaces",
-            Network::Proxy(_) => "loopback with a TCP proxy on every broker link",
+            Network::Proxy(..) => "loopback with a TCP proxy on every broker link",
         }
     }
 
@@ -75,7 +78,7 @@ impl Network {
     pub fn broker_ip(&self, id: u32) -> IpAddr {
         match self {
             Network::Namespaces(n) => IpAddr::V4(n.broker_ip(id)),
-            Network::Proxy(_) => IpAddr::V4(Ipv4Addr::new(127, 0, 99, 10 + id as u8)),
+            Network::Proxy(_, x) => IpAddr::V4(Ipv4Addr::new(127, 0, *x, 10 + id as u8)),
         }
     }
 
@@ -83,7 +86,7 @@ impl Network {
     pub fn namespace(&self, id: u32) -> Option<String> {
         match self {
             Network::Namespaces(n) => Some(n.ns(id)),
-            Network::Proxy(_) => None,
+            Network::Proxy(..) => None,
         }
     }
 
@@ -91,7 +94,7 @@ impl Network {
     pub fn peer_routes(&self, id: u32) -> Option<String> {
         match self {
             Network::Namespaces(_) => None,
-            Network::Proxy(p) => Some(p.peer_routes(id, PEER_PORT)),
+            Network::Proxy(p, _) => Some(p.peer_routes(id, PEER_PORT)),
         }
     }
 
@@ -103,7 +106,7 @@ impl Network {
     pub fn cut(&mut self, from: u32, to: u32) -> anyhow::Result<()> {
         match self {
             Network::Namespaces(n) => n.cut(from, to),
-            Network::Proxy(p) => {
+            Network::Proxy(p, _) => {
                 p.cut(from, to);
                 Ok(())
             }
@@ -117,7 +120,7 @@ impl Network {
     pub fn heal(&mut self) -> anyhow::Result<()> {
         match self {
             Network::Namespaces(n) => n.heal(),
-            Network::Proxy(p) => {
+            Network::Proxy(p, _) => {
                 p.heal();
                 Ok(())
             }
@@ -135,7 +138,7 @@ impl Network {
                 n.netem(&NETEM_SPEC)?;
                 Ok(format!("tc netem {}", NETEM_SPEC.join(" ")))
             }
-            Network::Proxy(p) => {
+            Network::Proxy(p, _) => {
                 p.slow(Slow::DEFAULT);
                 Ok(format!("proxy {}", Slow::DEFAULT))
             }
@@ -146,20 +149,39 @@ impl Network {
     pub fn clear_slow(&mut self) {
         match self {
             Network::Namespaces(n) => n.clear_netem(),
-            Network::Proxy(p) => p.clear_slow(),
+            Network::Proxy(p, _) => p.clear_slow(),
         }
     }
 
-    /// Problems of the network itself after a run: proxy directions that
-    /// carried no byte (a broker that bypassed the proxy would make every
-    /// partition of the run a no-op).
+    /// Removes the namespaces, or stops the proxy; the future ends when the
+    /// proxy's ports are free. Stop the brokers first.
+    pub fn stop(&mut self) -> impl std::future::Future<Output = ()> + 'static {
+        let proxy = match self {
+            Network::Namespaces(n) => {
+                n.teardown();
+                None
+            }
+            Network::Proxy(p, _) => Some(p.stop()),
+        };
+        async move {
+            if let Some(stopping) = proxy {
+                stopping.await;
+            }
+        }
+    }
+
+    /// Problems of the network itself after a run: proxy links through
+    /// which the dialling broker sent no byte (a broker that bypassed the
+    /// proxy would make the partitions of the run no-ops).
     pub fn problems(&self) -> Vec<String> {
         match self {
             Network::Namespaces(_) => Vec::new(),
-            Network::Proxy(p) => p
+            Network::Proxy(p, _) => p
                 .silent_links()
                 .into_iter()
-                .map(|(a, b)| format!("proxy: no byte went from broker {a} to broker {b} through the proxy"))
+                .map(|(a, b)| {
+                    format!("proxy: broker {a} sent no byte to broker {b} through its proxy listener")
+                })
                 .collect(),
         }
     }

@@ -2,22 +2,25 @@
 //! every directed link between brokers.
 //!
 //! Broker `a` dials broker `b` through a listener of its own, at `a`'s
-//! address and port [`PROXY_PORT_BASE`]` + b` (the broker's `peer_routes`
-//! setting says so); the proxy forwards to `b`'s peer port. Faults are kept
+//! address on a port the system picks (the broker's `peer_routes` setting
+//! says so); the proxy forwards to `b`'s peer port. Faults are kept
 //! per *direction of bytes*, `(from, to)`, and apply to every connection
 //! between the two brokers whoever opened it, so a one-way cut behaves like
 //! dropped packets in one direction:
 //!
 //! - **cut** `(a, b)`: bytes from `a` to `b` are held (not dropped, not
-//!   reset), as TCP would keep retransmitting them; a new connection from
-//!   either side is held until both directions flow again, as its SYN or
-//!   SYN-ACK would be lost. Healing releases what was held, in order.
+//!   reset), as TCP would keep retransmitting them, and so is a close or a
+//!   reset by `a`; a new connection from either side is accepted but not
+//!   forwarded until both directions flow again (with dropped packets the
+//!   dialler's connect itself would hang instead). Healing releases what
+//!   was held, in order.
 //! - **slow**: every chunk of bytes waits `delay` ± `jitter`, and a fraction
 //!   of chunks waits a further retransmission time, the way a lost segment
 //!   delays a TCP stream; order is kept.
 //!
-//! Each direction counts the bytes it forwarded, so a run can check that
-//! brokers really talked through the proxy ([`ProxyNet::silent_links`]).
+//! Each listener counts the bytes its dialler sent through it, so a run can
+//! check that every broker really dialled every peer through the proxy
+//! ([`ProxyNet::silent_links`]).
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
@@ -33,9 +36,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-
-/// Port of broker `a`'s listener for its link to broker `b`: this plus `b`.
-pub const PROXY_PORT_BASE: u16 = 19_000;
 
 /// Chunks of at most this many bytes are read, held and forwarded.
 const CHUNK_BYTES: usize = 64 * 1024;
@@ -96,35 +96,60 @@ struct Faults {
 #[derive(Debug)]
 pub struct ProxyNet {
     ips: Vec<IpAddr>,
+    /// Listener of each directed link `(a, b)`, index `(a - 1) * n + (b - 1)`.
+    listen: Vec<Option<SocketAddr>>,
     faults: watch::Sender<Faults>,
-    /// Bytes forwarded, index `(from - 1) * n + (to - 1)`.
-    bytes: Arc<Vec<AtomicU64>>,
+    counters: Arc<Counters>,
     tasks: JoinSet<()>,
+}
+
+/// Byte counters, each indexed `(a - 1) * n + (b - 1)`.
+#[derive(Debug)]
+struct Counters {
+    n: usize,
+    /// Bytes forwarded from broker `a` to broker `b`, on any connection.
+    direction: Vec<AtomicU64>,
+    /// Bytes broker `a` sent through its listener for `b` (connections `a` opened).
+    dialled: Vec<AtomicU64>,
+}
+
+impl Counters {
+    fn index(&self, (a, b): (u32, u32)) -> usize {
+        (a as usize - 1) * self.n + (b as usize - 1)
+    }
 }
 
 impl ProxyNet {
     /// Starts a listener for every directed link between brokers
-    /// `1..=ips.len()` (broker `id` at `ips[id - 1]`, peer port `peer_port`).
+    /// `1..=ips.len()` (broker `id` at `ips[id - 1]`, peer port `peer_port`),
+    /// each on a port the system picks at the dialler's address.
     ///
     /// # Errors
-    /// A listener that cannot bind (port in use).
+    /// A listener that cannot bind.
     pub async fn start(ips: &[IpAddr], peer_port: u16) -> anyhow::Result<ProxyNet> {
         let n = ips.len();
         let (faults, _) = watch::channel(Faults::default());
-        let bytes = Arc::new((0..n * n).map(|_| AtomicU64::new(0)).collect::<Vec<_>>());
-        let mut net = ProxyNet { ips: ips.to_vec(), faults, bytes, tasks: JoinSet::new() };
+        let zeros = || (0..n * n).map(|_| AtomicU64::new(0)).collect::<Vec<_>>();
+        let counters = Arc::new(Counters { n, direction: zeros(), dialled: zeros() });
+        let mut net = ProxyNet {
+            ips: ips.to_vec(),
+            listen: vec![None; n * n],
+            faults,
+            counters,
+            tasks: JoinSet::new(),
+        };
         for a in 1..=n as u32 {
             for b in (1..=n as u32).filter(|b| *b != a) {
-                let listen = net.listen_addr(a, b);
+                let at = SocketAddr::new(ips[a as usize - 1], 0);
                 let listener =
-                    TcpListener::bind(listen).await.with_context(|| format!("proxy listener {listen}"))?;
+                    TcpListener::bind(at).await.with_context(|| format!("proxy listener on {at}"))?;
+                net.listen[net.counters.index((a, b))] = Some(listener.local_addr()?);
                 let link = Link {
                     a,
                     b,
                     upstream: SocketAddr::new(ips[b as usize - 1], peer_port),
                     faults: net.faults.subscribe(),
-                    bytes: net.bytes.clone(),
-                    n,
+                    counters: net.counters.clone(),
                 };
                 net.tasks.spawn(link.accept_loop(listener));
             }
@@ -133,8 +158,11 @@ impl ProxyNet {
     }
 
     /// Where broker `a` dials broker `b`.
+    ///
+    /// # Panics
+    /// If `a == b` or either is not a broker of this proxy (a harness bug).
     pub fn listen_addr(&self, a: u32, b: u32) -> SocketAddr {
-        SocketAddr::new(self.ips[a as usize - 1], PROXY_PORT_BASE + b as u16)
+        self.listen[self.counters.index((a, b))].expect("a listener for every pair of distinct brokers")
     }
 
     /// Broker `a`'s `--peer-routes` flag: every other broker's peer address
@@ -171,21 +199,35 @@ impl ProxyNet {
         self.faults.send_modify(|f| f.slow = None);
     }
 
-    /// Bytes forwarded from `from` to `to` so far.
+    /// Bytes forwarded from `from` to `to` so far, on any connection.
     pub fn bytes(&self, from: u32, to: u32) -> u64 {
-        let n = self.ips.len();
-        self.bytes[(from as usize - 1) * n + (to as usize - 1)].load(Ordering::Relaxed)
+        self.counters.direction[self.counters.index((from, to))].load(Ordering::Relaxed)
     }
 
-    /// Directions that forwarded no byte: brokers that did not talk through
-    /// the proxy (a route missing, or the brokers never met).
+    /// Links `(a, b)` through which broker `a` sent no byte: `a` did not
+    /// dial `b` through the proxy (its route missing, or it bypassed it).
     pub fn silent_links(&self) -> Vec<(u32, u32)> {
         let n = self.ips.len() as u32;
         (1..=n)
             .flat_map(|a| (1..=n).filter(move |b| *b != a).map(move |b| (a, b)))
-            .filter(|(a, b)| self.bytes(*a, *b) == 0)
+            .filter(|link| self.counters.dialled[self.counters.index(*link)].load(Ordering::Relaxed) == 0)
             .collect()
     }
+
+    /// Stops every listener and connection; the returned future ends when
+    /// they are closed (so their ports are free again).
+    pub fn stop(&mut self) -> impl std::future::Future<Output = ()> + 'static {
+        let mut tasks = std::mem::take(&mut self.tasks);
+        async move { tasks.shutdown().await }
+    }
+}
+
+/// What a direction of a connection forwards, in order.
+enum Held {
+    /// Bytes, to be written not before the instant.
+    Data(Instant, Bytes),
+    /// The sender closed (`None`) or failed (`Some`): close this side too.
+    End(Option<std::io::Error>),
 }
 
 /// One directed link's listener: broker `a` dialling broker `b`.
@@ -194,8 +236,7 @@ struct Link {
     b: u32,
     upstream: SocketAddr,
     faults: watch::Receiver<Faults>,
-    bytes: Arc<Vec<AtomicU64>>,
-    n: usize,
+    counters: Arc<Counters>,
 }
 
 impl Link {
@@ -218,7 +259,7 @@ impl Link {
         }
     }
 
-    /// Forwards one connection both ways until either side closes.
+    /// Forwards one connection both ways until both sides have closed.
     async fn serve(self: Arc<Self>, down: TcpStream) {
         let (a, b) = (self.a, self.b);
         // The handshake needs both directions.
@@ -231,53 +272,73 @@ impl Link {
         let _ = up.set_nodelay(true);
         let (down_r, down_w) = down.into_split();
         let (up_r, up_w) = up.into_split();
-        let to_b = self.pump(down_r, up_w, (a, b));
-        let to_a = self.pump(up_r, down_w, (b, a));
-        // Either side failing ends the connection; a clean close of one
-        // direction lets the other finish.
-        let _ = tokio::try_join!(to_b, to_a);
+        let dialled = &self.counters.dialled[self.counters.index((a, b))];
+        tokio::join!(self.pump(down_r, up_w, (a, b), Some(dialled)), self.pump(up_r, down_w, (b, a), None));
     }
 
-    /// Copies `r` to `w` under the faults of direction `dir`.
+    /// Copies `r` to `w` under the faults of direction `dir`, counting the
+    /// bytes also in `extra`. A close or an error of `r` reaches `w` after
+    /// every byte before it, and only while `dir` is not cut.
     async fn pump(
         &self,
         mut r: tokio::net::tcp::OwnedReadHalf,
         mut w: tokio::net::tcp::OwnedWriteHalf,
         dir: (u32, u32),
-    ) -> std::io::Result<()> {
-        let (tx, mut rx) = mpsc::channel::<(Instant, Bytes)>(CHUNKS_IN_FLIGHT);
+        extra: Option<&AtomicU64>,
+    ) {
+        let (tx, mut rx) = mpsc::channel::<Held>(CHUNKS_IN_FLIGHT);
         let faults = self.faults.clone();
         let reader = async move {
             let mut rng = rand::rngs::StdRng::from_entropy();
             let mut buf = vec![0u8; CHUNK_BYTES];
             loop {
-                let got = r.read(&mut buf).await?;
-                if got == 0 {
-                    return Ok::<_, std::io::Error>(());
-                }
-                let wait = faults.borrow().slow.map_or(Duration::ZERO, |s| s.sample(&mut rng));
-                if tx.send((Instant::now() + wait, Bytes::copy_from_slice(&buf[..got]))).await.is_err() {
-                    return Ok(());
+                let held = match r.read(&mut buf).await {
+                    Ok(0) => Held::End(None),
+                    Ok(got) => {
+                        let wait = faults.borrow().slow.map_or(Duration::ZERO, |s| s.sample(&mut rng));
+                        Held::Data(Instant::now() + wait, Bytes::copy_from_slice(&buf[..got]))
+                    }
+                    Err(e) => Held::End(Some(e)),
+                };
+                let end = matches!(held, Held::End(_));
+                if tx.send(held).await.is_err() || end {
+                    return;
                 }
             }
         };
         let mut faults = self.faults.clone();
-        let counter = &self.bytes[(dir.0 as usize - 1) * self.n + (dir.1 as usize - 1)];
+        let counter = &self.counters.direction[self.counters.index(dir)];
         let writer = async move {
             let mut not_before = Instant::now();
-            while let Some((due, chunk)) = rx.recv().await {
-                // Order is kept: a chunk never overtakes the one before it.
-                not_before = not_before.max(due);
-                tokio::time::sleep_until(not_before).await;
-                if faults.wait_for(|f| !f.cut.contains(&dir)).await.is_err() {
-                    return Ok(());
+            while let Some(held) = rx.recv().await {
+                if let Held::Data(due, _) = &held {
+                    // Order is kept: a chunk never overtakes the one before it.
+                    not_before = not_before.max(*due);
+                    tokio::time::sleep_until(not_before).await;
                 }
-                w.write_all(&chunk).await?;
-                counter.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                if faults.wait_for(|f| !f.cut.contains(&dir)).await.is_err() {
+                    return;
+                }
+                match held {
+                    Held::Data(_, chunk) => {
+                        if w.write_all(&chunk).await.is_err() {
+                            return; // dropping `rx` ends the reader at its next chunk
+                        }
+                        counter.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                        if let Some(extra) = extra {
+                            extra.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                        }
+                    }
+                    // A failed sender: drop `w` (the other side sees the close).
+                    Held::End(Some(_)) => return,
+                    Held::End(None) => {
+                        let _ = w.shutdown().await;
+                        return;
+                    }
+                }
             }
-            w.shutdown().await
         };
-        tokio::try_join!(reader, writer).map(|_| ())
+        tokio::join!(reader, writer);
     }
 }
 
@@ -326,17 +387,18 @@ mod tests {
         let ips: Vec<IpAddr> = vec!["127.0.97.11".parse()?, "127.0.97.12".parse()?];
         let port = echo_server(ips[1]).await?;
         let net = ProxyNet::start(&ips, port).await?;
-        assert_eq!(
-            net.peer_routes(1, port),
-            format!("127.0.97.12:{port}=127.0.97.11:{}", PROXY_PORT_BASE + 2)
-        );
+        assert_eq!(net.peer_routes(1, port), format!("127.0.97.12:{port}={}", net.listen_addr(1, 2)));
+        assert_eq!(net.listen_addr(1, 2).ip(), ips[0]);
+        // Nobody has dialled anybody yet.
+        assert_eq!(net.silent_links(), vec![(1, 2), (2, 1)]);
         let mut s = TcpStream::connect(net.listen_addr(1, 2)).await?;
         assert_eq!(
             round_trip(&mut s, b"hello", Duration::from_secs(5)).await.as_deref(),
             Some(&b"hello"[..])
         );
         assert_eq!(counters(&net, (5, 5)).await, (5, 5));
-        assert_eq!(net.silent_links(), Vec::<(u32, u32)>::new());
+        // Replies from 2 count for the direction 2→1, not for 2's own listener.
+        assert_eq!(net.silent_links(), vec![(2, 1)]);
 
         // One-way cut of the replies: the request reaches broker 2, the echo is held.
         net.cut(2, 1);
@@ -367,6 +429,21 @@ mod tests {
         assert_eq!(got, msg);
         assert!(started.elapsed() >= Duration::from_millis(100), "{:?}", started.elapsed());
         net.clear_slow();
+
+        // A close is held behind a cut like the bytes before it.
+        net.cut(1, 2);
+        s.shutdown().await?;
+        let mut one = [0u8; 1];
+        let early = tokio::time::timeout(Duration::from_millis(300), s.read(&mut one)).await;
+        assert!(early.is_err(), "the close went through the cut: {early:?}");
+        net.heal();
+        assert_eq!(tokio::time::timeout(Duration::from_secs(5), s.read(&mut one)).await??, 0);
+
+        // Stopping frees the listeners' ports.
+        let listener = net.listen_addr(1, 2);
+        let mut net = net;
+        net.stop().await;
+        TcpListener::bind(listener).await?;
         Ok(())
     }
 

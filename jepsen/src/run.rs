@@ -1,7 +1,7 @@
 //! One test run, in phases:
 //!
 //! ```text
-//!  setup    namespaces + bridge, N brokers, topic (partitions = keys, RF 3)
+//!  setup    network (namespaces + bridge, or proxies), N brokers, topic (partitions = keys, RF 3)
 //!  faults   producers + consumers record the history; the nemesis runs its schedule
 //!  heal     stop clients, heal links, resume and restart brokers
 //!  wait     `recovery` seconds, then the cluster must answer with a controller
@@ -107,8 +107,8 @@ fn write_json(path: &Path, v: &impl Serialize) -> anyhow::Result<()> {
 /// Runs one test into `dir`.
 ///
 /// # Errors
-/// Setup failures (no namespaces for partition faults, brokers that do not
-/// start); anomalies are not errors but a [`Summary`] with `valid: false`.
+/// Setup failures (`--network netns` where namespaces cannot be made,
+/// brokers that do not start); anomalies are not errors but a [`Summary`] with `valid: false`.
 pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary> {
     std::fs::create_dir_all(dir)?;
     let faults = nemesis::parse_faults(&opts.faults)?;
@@ -232,6 +232,8 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
         }
     }
     problems.extend(lock(&targets.net).problems());
+    let stopping = lock(&targets.net).stop();
+    stopping.await;
 
     // Check and write everything.
     let ops = rec.snapshot();

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use ferrolog_proto::raft::raft_peer_client::RaftPeerClient;
@@ -25,12 +26,13 @@ use crate::groups::GroupId;
 
 /// Lazily connected gRPC channels to peer brokers, by address, shared by
 /// all groups of a broker: one HTTP/2 connection per peer.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct PeerAddresses {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     /// Peer address → address dialled instead (`peer_routes` of the config).
-    routes: Arc<HashMap<String, String>>,
-    /// Shortest timeout of a Raft RPC, whatever openraft asks for.
+    routes: Arc<HashMap<SocketAddr, SocketAddr>>,
+    /// Shortest timeout of a Raft RPC, whatever openraft asks for; also the
+    /// connect timeout.
     min_rpc_timeout: std::time::Duration,
 }
 
@@ -38,13 +40,16 @@ impl PeerAddresses {
     /// Channels that dial `routes[addr]` instead of `addr` where a route is
     /// given (peer address → address of, e.g., a proxy in front of it).
     ///
-    /// Raft RPCs wait at least `min_rpc_timeout` for an answer. openraft
-    /// asks for `heartbeat_interval` on AppendEntries, which would make
-    /// every replication request fail once a round trip (network plus the
-    /// follower's fsync) exceeds it; a reply is still useful until an
+    /// A connection attempt gives up after `min_rpc_timeout`, and Raft
+    /// RPCs wait at least that long for an answer. openraft asks for
+    /// `heartbeat_interval` on replication's AppendEntries, which would fail
+    /// every replication request once a round trip (network plus the
+    /// follower's fsync) exceeds it; an answer is still useful until an
     /// election timeout has passed, so brokers pass `election_timeout_min_ms`.
+    /// (openraft bounds heartbeats by `heartbeat_interval` itself; votes
+    /// already get the election timeout.)
     pub fn new(
-        routes: impl IntoIterator<Item = (String, String)>,
+        routes: impl IntoIterator<Item = (SocketAddr, SocketAddr)>,
         min_rpc_timeout: std::time::Duration,
     ) -> Self {
         Self { channels: Arc::default(), routes: Arc::new(routes.into_iter().collect()), min_rpc_timeout }
@@ -59,11 +64,18 @@ impl PeerAddresses {
         if let Some(c) = map.get(addr) {
             return Ok(c.clone());
         }
-        let dial = self.routes.get(addr).map_or(addr, String::as_str);
-        let endpoint = Endpoint::from_shared(format!("http://{dial}"))
+        let route = addr.parse::<SocketAddr>().ok().and_then(|a| self.routes.get(&a));
+        let dial = route.map_or_else(|| addr.to_owned(), SocketAddr::to_string);
+        if route.is_some() {
+            tracing::info!(peer = addr, via = %dial, "dialling a peer through its route");
+        }
+        let mut endpoint = Endpoint::from_shared(format!("http://{dial}"))
             .map_err(|e| Unreachable::from_string(format!("bad peer address {dial}: {e}")))?
             .tcp_nodelay(true)
             .http2_keep_alive_interval(std::time::Duration::from_secs(10));
+        if !self.min_rpc_timeout.is_zero() {
+            endpoint = endpoint.connect_timeout(self.min_rpc_timeout);
+        }
         let channel = endpoint.connect_lazy();
         map.insert(addr.to_owned(), channel.clone());
         Ok(channel)
@@ -231,8 +243,8 @@ mod tests {
 
     #[test]
     fn rpc_timeout_is_at_least_the_floor() {
-        // openraft asks for heartbeat_interval (100 ms) on AppendEntries; a
-        // 150 ms round trip must not fail every replication request.
+        // openraft asks for heartbeat_interval (100 ms) on replication's
+        // AppendEntries; a 150 ms round trip must not fail every one.
         let n = network(Duration::from_millis(500));
         let short = n.request(Vec::new(), Vec::new(), &RPCOption::new(Duration::from_millis(100)));
         assert_eq!(deadline(&short).as_deref(), Some("500000u"));
@@ -243,11 +255,15 @@ mod tests {
 
     #[tokio::test]
     async fn routes_replace_the_dialled_address() {
-        let peers =
-            PeerAddresses::new([("10.0.0.2:9093".to_owned(), "bad address".to_owned())], Duration::ZERO);
-        // The route is what gets dialled: an invalid one fails, the peer's own address is not used.
-        let err = peers.channel("10.0.0.2:9093").expect_err("the route is not a valid URI");
-        assert!(err.to_string().contains("bad address"), "{err}");
-        assert!(peers.channel("10.0.0.3:9093").is_ok());
+        // A stand-in for a proxy: it only needs to see the connection.
+        let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let via = proxy.local_addr().expect("addr");
+        let peer: SocketAddr = "192.0.2.7:9093".parse().expect("addr"); // TEST-NET-1, RFC 5737
+        let peers = PeerAddresses::new([(peer, via)], Duration::from_secs(2));
+        let mut client = RaftPeerClient::new(peers.channel(&peer.to_string()).expect("channel"));
+        let call = tokio::spawn(async move { client.append_entries(RaftRequest::default()).await });
+        let accepted = tokio::time::timeout(Duration::from_secs(5), proxy.accept()).await;
+        assert!(matches!(accepted, Ok(Ok(_))), "the route was not dialled: {accepted:?}");
+        call.abort();
     }
 }
