@@ -19,6 +19,12 @@ pub const CLIENT_PORT: u16 = 9092;
 /// Broker-to-broker port of every broker.
 pub const PEER_PORT: u16 = 9093;
 
+/// Brokers' log filter unless `FERROLOG_JEPSEN_BROKER_LOG` says otherwise.
+/// openraft warns on every heartbeat whose answer takes longer than
+/// `heartbeat_interval`, thousands of lines under the netem fault; those
+/// are left out.
+const DEFAULT_BROKER_LOG: &str = "info,openraft=warn,openraft::core::heartbeat=error";
+
 /// One broker slot.
 #[derive(Debug)]
 pub struct Broker {
@@ -154,7 +160,7 @@ impl Cluster {
         }
         cmd.env(
             "RUST_LOG",
-            std::env::var("FERROLOG_JEPSEN_BROKER_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
+            std::env::var("FERROLOG_JEPSEN_BROKER_LOG").unwrap_or_else(|_| DEFAULT_BROKER_LOG.into()),
         )
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
