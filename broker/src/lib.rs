@@ -15,6 +15,7 @@
 //! - [`network`]: the broker-to-broker Raft transport (client, server, wire codec,
 //!   snapshot streaming), many groups multiplexed on one connection per peer.
 
+pub mod checkquorum;
 pub mod cli;
 pub mod config;
 pub mod dump;

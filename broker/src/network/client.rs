@@ -15,7 +15,8 @@ use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError,
 use openraft::network::v2::RaftNetworkV2;
 use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use serde::de::DeserializeOwned;
 use tonic::transport::{Channel, Endpoint};
@@ -203,6 +204,17 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.send_vote(rpc, option, true).await
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let body = serde_json::to_vec(&req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let req = self.request(body, Vec::new(), &option);
+        let reply = self.client()?.transfer_leader(req).await.map_err(unreachable)?;
+        decode_reply(reply.into_inner())
     }
 
     async fn full_snapshot(

@@ -5,7 +5,7 @@ use ferrolog_proto::raft::raft_peer_server::RaftPeer;
 use ferrolog_proto::raft::{PeerError, PeerErrorCode, RaftRequest, RaftResponse, SnapshotChunk};
 use ferrolog_raft_store::state_machine::Snapshot;
 use ferrolog_raft_store::types::TypeConfig;
-use openraft::raft::VoteRequest;
+use openraft::raft::{TransferLeaderRequest, VoteRequest};
 use serde::Serialize;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -118,6 +118,19 @@ impl RaftPeer for RaftPeerServer {
 
     async fn pre_vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftResponse>, Status> {
         Ok(Response::new(self.handle_vote(request.into_inner(), true).await))
+    }
+
+    async fn transfer_leader(&self, request: Request<RaftRequest>) -> Result<Response<RaftResponse>, Status> {
+        let req = request.into_inner();
+        let h = match self.hosted(req.group_id, req.target_node) {
+            Ok(h) => h,
+            Err(r) => return Ok(Response::new(r)),
+        };
+        let rpc: TransferLeaderRequest<TypeConfig> = match serde_json::from_slice(&req.header_json) {
+            Ok(r) => r,
+            Err(e) => return Ok(Response::new(refuse(PeerErrorCode::InvalidRequest, e.to_string()))),
+        };
+        Ok(Response::new(reply(h.raft.handle_transfer_leader(rpc).await)))
     }
 
     async fn install_snapshot(

@@ -58,6 +58,8 @@ pub struct Partition {
     last_write_ms: AtomicU64,
     created: Instant,
     ticking: AtomicBool,
+    /// When the ticker last started, ms since `created`.
+    ticking_since_ms: AtomicU64,
 }
 
 /// Committed records read by a fetch.
@@ -125,6 +127,7 @@ impl Partition {
             last_write_ms: AtomicU64::new(0),
             created: Instant::now(),
             ticking: AtomicBool::new(true),
+            ticking_since_ms: AtomicU64::new(0),
         }
     }
 
@@ -147,6 +150,9 @@ impl Partition {
     /// Runs or parks the group's Raft ticker (heartbeats, election timeout).
     pub fn set_ticking(&self, on: bool) {
         if self.ticking.swap(on, Ordering::Relaxed) != on {
+            if on {
+                self.ticking_since_ms.store(self.created.elapsed().as_millis() as u64, Ordering::Relaxed);
+            }
             self.raft.runtime_config().tick(on);
         }
     }
@@ -166,10 +172,36 @@ impl Partition {
         *self.replicas.write().unwrap_or_else(|p| p.into_inner()) = replicas;
     }
 
-    /// The leader's broker id as this replica knows it.
+    /// The leader's broker id as this replica knows it; `None` also when
+    /// this replica leads but has [lost its quorum](Self::lost_quorum), so
+    /// that clients ask other brokers, which know of a newer leader.
     pub fn leader_broker(&self) -> Option<BrokerId> {
+        if self.lost_quorum() {
+            return None;
+        }
         let leader = self.raft.metrics().borrow_watched().current_leader;
         leader.and_then(|n| self.broker_of(n))
+    }
+
+    /// Whether this replica leads but has lost its quorum (see
+    /// [`crate::checkquorum`]): heartbeating for a maximum election timeout
+    /// without a quorum's acknowledgement. It is still the leader for Raft.
+    pub fn lost_quorum(&self) -> bool {
+        self.quorum_check().is_some()
+    }
+
+    /// The follower to hand leadership over to, when [`Self::lost_quorum`].
+    pub fn hand_off_target(&self) -> Option<NodeId> {
+        self.quorum_check().flatten()
+    }
+
+    /// `None` when the quorum is fine; `Some(successor)` when it is lost.
+    fn quorum_check(&self) -> Option<Option<NodeId>> {
+        let now_ms = self.created.elapsed().as_millis() as u64;
+        let heartbeating_for = self.is_ticking().then(|| {
+            Duration::from_millis(now_ms.saturating_sub(self.ticking_since_ms.load(Ordering::Relaxed)))
+        });
+        crate::checkquorum::examine(&self.raft, self.node_id, heartbeating_for)
     }
 
     fn not_leader(&self) -> ApiError {
@@ -209,6 +241,10 @@ impl Partition {
     /// Not leader, unavailable, sequence errors (KIP-98), storage errors.
     pub async fn produce(self: &Arc<Self>, batch: RecordBatch) -> Result<(u64, bool), ApiError> {
         let term = self.ready_leader().await?;
+        if self.lost_quorum() {
+            // Handing over (see crate::checkquorum): the client should find the next leader.
+            return Err(ApiError::NotLeader { leader: None });
+        }
         self.last_write_ms.store((self.created.elapsed().as_millis() as u64).max(1), Ordering::Relaxed);
         self.set_ticking(true);
         let lease = Duration::from_millis(self.raft.config().election_timeout_max);
@@ -279,7 +315,25 @@ impl Partition {
                 }
             }
         });
-        settled.await.unwrap_or_else(|e| Err(ApiError::Unavailable(format!("produce task failed: {e}"))))
+        // Waiting on a leader that has lost its quorum would last until the
+        // partition heals; answer once it is known lost (the batch may still
+        // commit: an idempotent retry then gets its offset).
+        let check_every = Duration::from_millis(self.raft.config().heartbeat_interval);
+        let mut settled = settled;
+        loop {
+            match tokio::time::timeout(check_every, &mut settled).await {
+                Ok(r) => {
+                    return r
+                        .unwrap_or_else(|e| Err(ApiError::Unavailable(format!("produce task failed: {e}"))));
+                }
+                Err(_) if self.lost_quorum() => {
+                    return Err(ApiError::Unavailable(
+                        "this leader lost its quorum and is handing over; the batch may still commit".into(),
+                    ));
+                }
+                Err(_) => {}
+            }
+        }
     }
 
     /// Waits until every entry in the local log is applied, so the applied
