@@ -3,16 +3,19 @@
 //! [`Cluster`] starts N `ferrolog-broker` processes, each on its own
 //! loopback address (127.0.0.x) with its own data directory, and can
 //! SIGKILL, restart or wipe any of them. Processes are killed when the
-//! cluster is dropped.
+//! cluster is dropped. [`Cluster::start_through_proxy`] puts
+//! `ferrolog-jepsen`'s fault-injecting TCP proxy on every link between
+//! brokers, for tests of partitions.
 
 pub mod raw;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+pub use ferrolog_jepsen::proxy::ProxyNet;
 use ferrolog_proto::client::MetadataRequest;
 use ferrolog_proto::client::ferrolog_client::FerrologClient;
 
@@ -40,6 +43,8 @@ pub struct Cluster {
     initial_cluster: String,
     binary: PathBuf,
     binary_args: Vec<String>,
+    /// Flags of one broker only (its `--peer-routes`), index = id - 1.
+    broker_args: Vec<Vec<String>>,
     extra_env: Vec<(String, String)>,
     _root: tempfile::TempDir,
 }
@@ -74,6 +79,34 @@ impl Cluster {
         n: u32,
         env: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
+        let mut c = Self::describe(name, binary, binary_args, n, env)?;
+        c.launch().await?;
+        Ok(c)
+    }
+
+    /// As [`Cluster::start`], with every broker dialling its peers through
+    /// a [`ProxyNet`] (returned, to cut and heal links between brokers).
+    ///
+    /// # Errors
+    /// As [`Cluster::start`], or a proxy listener that cannot bind.
+    pub async fn start_through_proxy(name: &str, binary: &str, n: u32) -> anyhow::Result<(Self, ProxyNet)> {
+        let mut c = Self::describe(name, binary, &[], n, &[])?;
+        let ips: Vec<IpAddr> = c.brokers.iter().map(|b| b.peer_addr.ip()).collect();
+        let peer_port = c.brokers[0].peer_addr.port();
+        let proxy = ProxyNet::start(&ips, peer_port).await?;
+        c.broker_args =
+            (1..=n).map(|id| vec!["--peer-routes".to_owned(), proxy.peer_routes(id, peer_port)]).collect();
+        c.launch().await?;
+        Ok((c, proxy))
+    }
+
+    fn describe(
+        name: &str,
+        binary: &str,
+        binary_args: &[&str],
+        n: u32,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let root = tempfile::Builder::new().prefix(&format!("ferrolog-{name}-")).tempdir()?;
         let base = port_base(name);
         let brokers: Vec<BrokerProc> = (1..=n)
@@ -91,19 +124,23 @@ impl Cluster {
             .collect();
         let initial_cluster =
             brokers.iter().map(|b| format!("{}={}", b.id, b.peer_addr)).collect::<Vec<_>>().join(",");
-        let mut c = Self {
+        Ok(Self {
             brokers,
             initial_cluster,
             binary: PathBuf::from(binary),
             binary_args: binary_args.iter().map(|a| a.to_string()).collect(),
+            broker_args: vec![Vec::new(); n as usize],
             extra_env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             _root: root,
-        };
+        })
+    }
+
+    async fn launch(&mut self) -> anyhow::Result<()> {
+        let n = self.brokers.len() as u32;
         for id in 1..=n {
-            c.spawn(id)?;
+            self.spawn(id)?;
         }
-        c.wait_ready(n as usize, Duration::from_secs(30)).await?;
-        Ok(c)
+        self.wait_ready(n as usize, Duration::from_secs(30)).await
     }
 
     /// Comma-separated client addresses, for a client's bootstrap list.
@@ -123,6 +160,7 @@ impl Cluster {
     pub fn spawn(&mut self, id: u32) -> anyhow::Result<()> {
         let initial_cluster = self.initial_cluster.clone();
         let (binary, env, args) = (self.binary.clone(), self.extra_env.clone(), self.binary_args.clone());
+        let own_args = self.broker_args[(id - 1) as usize].clone();
         let b = &mut self.brokers[(id - 1) as usize];
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&b.log)?;
         let child = Command::new(&binary)
@@ -137,6 +175,7 @@ impl Cluster {
             .arg(&b.data_dir)
             .arg("--initial-cluster")
             .arg(&initial_cluster)
+            .args(own_args)
             .envs(env)
             .env(
                 "RUST_LOG",

@@ -143,3 +143,17 @@ pub async fn status(
         .await?
         .into_inner())
 }
+
+/// The values of every record of a fetch response, in order, as UTF-8.
+///
+/// # Errors
+/// A batch that does not decode, or a value that is not UTF-8.
+pub fn values(f: &ferrolog_proto::client::FetchResponse) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for b in &f.batches {
+        for r in <ferrolog_proto::client::RecordSet as prost::Message>::decode(b.records.clone())?.records {
+            out.push(String::from_utf8(r.value.to_vec())?);
+        }
+    }
+    Ok(out)
+}

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use ferrolog_proto::client::{FetchRequest, ProduceRequest};
-use ferrolog_tests::raw::{code, create_topic, leader, produce, record, status};
+use ferrolog_tests::raw::{code, create_topic, leader, produce, record, status, values};
 use ferrolog_tests::{Cluster, connect};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
@@ -95,12 +95,6 @@ async fn killed_leader_is_replaced_and_retries_are_not_duplicated() -> anyhow::R
         })
         .await?
         .into_inner();
-    let mut values = Vec::new();
-    for b in &f.batches {
-        for r in <ferrolog_proto::client::RecordSet as prost::Message>::decode(b.records.clone())?.records {
-            values.push(String::from_utf8(r.value.to_vec())?);
-        }
-    }
-    assert_eq!(values, vec!["a", "b", "c", "d"]);
+    assert_eq!(values(&f)?, vec!["a", "b", "c", "d"]);
     Ok(())
 }
