@@ -187,8 +187,10 @@ struct State {
     generation: u64,
     refreshed_at: Option<Instant>,
     channels: HashMap<String, Channel>,
-    /// Where the next refresh starts in its list of candidates, so one dead
-    /// broker does not slow every refresh.
+    /// Where the next refresh starts in its list of candidates: the broker
+    /// after the one that answered last, so one dead broker does not slow
+    /// every refresh and one with a stale view (a leader cut off from its
+    /// followers) is not the only one asked.
     rotation: usize,
 }
 
@@ -342,7 +344,7 @@ impl MetadataCache {
                     state.cluster = cluster.clone();
                     state.generation += 1;
                     state.refreshed_at = Some(Instant::now());
-                    state.rotation = (start + i) % candidates.len();
+                    state.rotation = (start + i + 1) % candidates.len();
                     return Ok(cluster);
                 }
                 Err(e) => {
