@@ -144,6 +144,22 @@ pub async fn status(
         .into_inner())
 }
 
+/// The values (UTF-8) of partition 0 of `topic` from offset 0, up to
+/// 1 MiB, as the broker at `addr` serves them.
+///
+/// # Errors
+/// Transport errors, or as [`values`].
+pub async fn read_values(addr: SocketAddr, topic: &str) -> anyhow::Result<Vec<String>> {
+    let req = ferrolog_proto::client::FetchRequest {
+        topic: topic.into(),
+        partition: 0,
+        offset: 0,
+        max_bytes: 1 << 20,
+        max_wait_ms: 0,
+    };
+    values(&connect(addr).await?.fetch(req).await?.into_inner())
+}
+
 /// The values of every record of a fetch response, in order, as UTF-8.
 ///
 /// # Errors
@@ -156,4 +172,30 @@ pub fn values(f: &ferrolog_proto::client::FetchResponse) -> anyhow::Result<Vec<S
         }
     }
     Ok(out)
+}
+
+/// One record `k`=`value` to partition 0 of `topic`, as batch number `seq`
+/// of idempotent producer `pid` (KIP-98; `pid` -1: not idempotent).
+pub fn batch(topic: &str, pid: i64, seq: i32, value: &str) -> ProduceRequest {
+    ProduceRequest {
+        topic: topic.into(),
+        partition: 0,
+        records: vec![record("k", value)],
+        producer_id: pid,
+        producer_epoch: 0,
+        base_sequence: seq,
+    }
+}
+
+/// A new producer id from the broker at `addr`.
+///
+/// # Errors
+/// Transport errors.
+pub async fn init_producer_id(addr: SocketAddr) -> anyhow::Result<i64> {
+    Ok(connect(addr)
+        .await?
+        .init_producer_id(ferrolog_proto::client::InitProducerIdRequest {})
+        .await?
+        .into_inner()
+        .producer_id)
 }

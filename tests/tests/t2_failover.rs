@@ -2,54 +2,39 @@
 
 use std::time::{Duration, Instant};
 
-use ferrolog_proto::client::{FetchRequest, ProduceRequest};
-use ferrolog_tests::raw::{code, create_topic, leader, produce, record, status, values};
-use ferrolog_tests::{Cluster, connect};
+use ferrolog_tests::Cluster;
+use ferrolog_tests::raw::{
+    batch, code, create_topic, init_producer_id, leader, produce, read_values, status,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
 /// The brokers' default election timeout range, ms (deploy/broker.toml).
 const ELECTION_TIMEOUT_MAX_MS: u64 = 1000;
 
-fn req(topic: &str, pid: i64, seq: i32, v: &str) -> ProduceRequest {
-    ProduceRequest {
-        topic: topic.into(),
-        partition: 0,
-        records: vec![record("k", v)],
-        producer_id: pid,
-        producer_epoch: 0,
-        base_sequence: seq,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_leader_is_replaced_and_retries_are_not_duplicated() -> anyhow::Result<()> {
     let mut c = Cluster::start("failover", BIN, 3, &[]).await?;
     create_topic(&c, "orders", 1, 3).await?;
-    let pid = connect(c.broker(1).client_addr)
-        .await?
-        .init_producer_id(ferrolog_proto::client::InitProducerIdRequest {})
-        .await?
-        .into_inner()
-        .producer_id;
+    let pid = init_producer_id(c.broker(1).client_addr).await?;
 
-    let (r, _) = produce(&c, req("orders", pid, 0, "a"), Duration::from_secs(30)).await?;
+    let (r, _) = produce(&c, batch("orders", pid, 0, "a"), Duration::from_secs(30)).await?;
     assert_eq!((r.base_offset, r.duplicate), (0, false));
     // A retry of the same batch is answered with its original offset.
-    let (r, _) = produce(&c, req("orders", pid, 0, "a"), Duration::from_secs(30)).await?;
+    let (r, _) = produce(&c, batch("orders", pid, 0, "a"), Duration::from_secs(30)).await?;
     assert_eq!((r.base_offset, r.duplicate), (0, true));
     // A gap in the sequence is refused.
     let old = leader(&c, "orders", 0, Duration::from_secs(10)).await?;
     let gap =
-        ferrolog_tests::raw::produce_once(c.broker(old).client_addr, req("orders", pid, 5, "x")).await?;
+        ferrolog_tests::raw::produce_once(c.broker(old).client_addr, batch("orders", pid, 5, "x")).await?;
     assert_eq!(code(&gap.error), ferrolog_proto::client::ErrorCode::OutOfOrderSequence, "{:?}", gap.error);
 
-    let (r, _) = produce(&c, req("orders", pid, 1, "b"), Duration::from_secs(30)).await?;
+    let (r, _) = produce(&c, batch("orders", pid, 1, "b"), Duration::from_secs(30)).await?;
     assert_eq!(r.base_offset, 1);
 
     // Kill the leader; writes must resume on a new one.
     let killed_at = Instant::now();
     c.kill(old);
-    let (r, new) = produce(&c, req("orders", pid, 2, "c"), Duration::from_secs(30)).await?;
+    let (r, new) = produce(&c, batch("orders", pid, 2, "c"), Duration::from_secs(30)).await?;
     let failover = killed_at.elapsed();
     assert_ne!(new, old);
     assert_eq!((r.base_offset, r.duplicate), (2, false));
@@ -64,12 +49,12 @@ async fn killed_leader_is_replaced_and_retries_are_not_duplicated() -> anyhow::R
     create_topic(&c, "after-failover", 1, 2).await?;
 
     // The producer state survived the failover: the retry of "b" is a duplicate.
-    let (r, _) = produce(&c, req("orders", pid, 1, "b"), Duration::from_secs(30)).await?;
+    let (r, _) = produce(&c, batch("orders", pid, 1, "b"), Duration::from_secs(30)).await?;
     assert_eq!((r.base_offset, r.duplicate), (1, true));
 
     // The killed broker comes back as a follower and catches up.
     c.spawn(old)?;
-    let (r, leader_now) = produce(&c, req("orders", pid, 3, "d"), Duration::from_secs(30)).await?;
+    let (r, leader_now) = produce(&c, batch("orders", pid, 3, "d"), Duration::from_secs(30)).await?;
     assert_eq!(r.base_offset, 3);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -84,17 +69,6 @@ async fn killed_leader_is_replaced_and_retries_are_not_duplicated() -> anyhow::R
     }
 
     // Exactly four records, in order.
-    let f = connect(c.broker(leader_now).client_addr)
-        .await?
-        .fetch(FetchRequest {
-            topic: "orders".into(),
-            partition: 0,
-            offset: 0,
-            max_bytes: 1 << 20,
-            max_wait_ms: 0,
-        })
-        .await?
-        .into_inner();
-    assert_eq!(values(&f)?, vec!["a", "b", "c", "d"]);
+    assert_eq!(read_values(c.broker(leader_now).client_addr, "orders").await?, vec!["a", "b", "c", "d"]);
     Ok(())
 }
