@@ -8,26 +8,40 @@
 //! keep hearing heartbeats, refuse to elect anyone, and nothing commits
 //! until the network heals. Clients that still reach the old leader wait
 //! on it for the whole partition. So a leader that has been heartbeating
-//! for a maximum election timeout without a quorum's acknowledgement:
+//! for a maximum election timeout without a quorum's acknowledgement is
+//! judged to have lost its quorum.
 //!
-//! - stops naming itself leader to clients ([`crate::partition::Partition::leader_broker`]);
+//! The lease alone is not enough to judge: openraft bounds each heartbeat
+//! by `heartbeat_interval`, so a network whose round trip exceeds it (50 ms
+//! each way, say) leaves an idle leader's lease stale although every
+//! follower is reachable. So the leader must also have lost a majority of
+//! its voters' brokers by the brokers' own pings ([`crate::liveness`],
+//! answered within `election_timeout_min`); one ping per broker pair
+//! travels the same connection as the group's Raft messages, so a
+//! partition that stops one stops the other. Such a leader:
+//!
+//! - stops naming itself leader to clients ([`crate::partition::Partition::leader_broker`])
+//!   and answers produces waiting on it;
 //! - asks openraft to transfer leadership to its most caught-up follower:
 //!   it stops heartbeating and accepting writes, and tells every follower to
 //!   drop its leader lease, so the followers (which can talk to each other)
 //!   elect a new leader at once, or after their election timeout if the
 //!   request did not reach them.
 //!
-//! Safety does not depend on this: elections and commits stay Raft's. A
-//! leader whose answers are merely slow (round trips over
-//! `heartbeat_interval`, when openraft's heartbeats time out) may hand over
-//! needlessly; set `heartbeat_interval_ms` above the network's round trip.
+//! Safety does not depend on this: elections and commits stay Raft's.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferrolog_raft_store::state_machine::PartitionRaft;
 use ferrolog_raft_store::types::{LogId, NodeId};
 
+use tokio::sync::watch;
+
+use crate::liveness::Liveness;
+use crate::metadata::METADATA_GROUP;
+use crate::metadata::image::MetadataImage;
 use crate::partitions::PartitionTable;
 
 /// What the rule reads of one group, all local.
@@ -41,6 +55,8 @@ pub struct LeaderView {
     pub heartbeating_for: Option<Duration>,
     /// Time since a quorum last acknowledged it (`None`: never).
     pub since_quorum_ack: Option<Duration>,
+    /// Voters whose broker answers pings (this one included).
+    pub live_voters: usize,
 }
 
 /// The rule, a pure function: whether the leader has lost its quorum,
@@ -50,6 +66,7 @@ pub fn lost(v: LeaderView, timeout: Duration) -> bool {
         && v.voters > 1
         && v.heartbeating_for.is_some_and(|t| t >= timeout)
         && v.since_quorum_ack.is_some_and(|t| t > timeout)
+        && v.live_voters * 2 <= v.voters
 }
 
 /// The voter to hand over to: the follower whose matched log is the
@@ -67,12 +84,14 @@ pub fn successor(me: NodeId, voters: &[NodeId], matched: &BTreeMap<NodeId, Optio
 }
 
 /// Applies [`lost`] to `raft`, whose node here is `me`, heartbeating for
-/// `heartbeating_for` (`None`: ticker parked). Returns `None` when the
-/// quorum is fine, else `Some` of the [`successor`] (if any).
+/// `heartbeating_for` (`None`: ticker parked), where `live(node)` says
+/// whether a voter's broker answers pings. Returns `None` when the quorum
+/// is fine, else `Some` of the [`successor`] (if any).
 pub fn examine(
     raft: &PartitionRaft,
     me: NodeId,
     heartbeating_for: Option<Duration>,
+    live: impl Fn(NodeId) -> bool,
 ) -> Option<Option<NodeId>> {
     use openraft::Instant as _;
     use openraft::async_runtime::watch::WatchReceiver;
@@ -91,6 +110,7 @@ pub fn examine(
             .last_quorum_acked
             .as_ref()
             .map(|t| now.saturating_duration_since((*t).into_inner())),
+        live_voters: voters.iter().filter(|n| **n == me || live(**n)).count(),
     };
     if !lost(view, timeout) {
         return None;
@@ -111,8 +131,15 @@ pub struct MetadataGroup {
 }
 
 /// Checks the metadata group and every hosted partition every `period`,
-/// forever.
-pub async fn run(metadata: MetadataGroup, table: PartitionTable, period: Duration) {
+/// forever, judging brokers alive by `liveness` and finding the metadata
+/// group's voters' brokers in `image`.
+pub async fn run(
+    metadata: MetadataGroup,
+    table: PartitionTable,
+    liveness: Liveness,
+    image: watch::Receiver<Arc<MetadataImage>>,
+    period: Duration,
+) {
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Hand-offs made, by group: one per term is enough (later ones would
@@ -121,15 +148,24 @@ pub async fn run(metadata: MetadataGroup, table: PartitionTable, period: Duratio
     loop {
         tick.tick().await;
         let partitions = table.all();
-        handed_off.retain(|group, _| {
-            *group == crate::metadata::METADATA_GROUP || partitions.iter().any(|p| p.group == *group)
-        });
+        handed_off
+            .retain(|group, _| *group == METADATA_GROUP || partitions.iter().any(|p| p.group == *group));
         let m = &metadata;
-        if let Some(to) = examine(&m.raft, m.node, Some(m.started.elapsed())).flatten() {
-            hand_off(&m.raft, crate::metadata::METADATA_GROUP, to, "metadata", &mut handed_off).await;
+        let verdict = {
+            let image = image.borrow();
+            let live = |node: NodeId| {
+                image.brokers.iter().any(|(id, b)| b.metadata_node == node && liveness.is_alive(*id))
+            };
+            examine(&m.raft, m.node, Some(m.started.elapsed()), live)
+        };
+        if let Some(Some(to)) = verdict {
+            hand_off(&m.raft, METADATA_GROUP, to, "metadata", &mut handed_off).await;
         }
         for p in partitions {
-            if let Some(to) = p.hand_off_target() {
+            let live = |node: NodeId| p.broker_of(node).is_some_and(|b| liveness.is_alive(b));
+            let verdict = examine(&p.raft, p.node_id, p.heartbeating_for(), live);
+            p.set_lost_quorum(verdict.is_some());
+            if let Some(Some(to)) = verdict {
                 hand_off(&p.raft, p.group, to, &format!("{}-{}", p.topic, p.partition), &mut handed_off)
                     .await;
             }
@@ -169,13 +205,20 @@ mod tests {
         voters: 3,
         heartbeating_for: Some(Duration::from_secs(10)),
         since_quorum_ack: Some(Duration::from_millis(150)),
+        live_voters: 3,
     };
 
     #[test]
     fn only_a_heartbeating_leader_without_acks_for_a_timeout_has_lost_its_quorum() {
-        let stale = LeaderView { since_quorum_ack: Some(Duration::from_millis(1500)), ..HEALTHY };
+        let stale =
+            LeaderView { since_quorum_ack: Some(Duration::from_millis(1500)), live_voters: 1, ..HEALTHY };
         assert!(!lost(HEALTHY, SEC));
         assert!(lost(stale, SEC));
+        assert!(lost(LeaderView { voters: 5, live_voters: 2, ..stale }, SEC));
+        // Slow acknowledgements but a majority of brokers answering pings:
+        // heartbeats time out on a long round trip, the quorum is there.
+        assert!(!lost(LeaderView { live_voters: 2, ..stale }, SEC));
+        assert!(!lost(LeaderView { voters: 5, live_voters: 3, ..stale }, SEC));
         // Not a leader, or its own quorum.
         assert!(!lost(LeaderView { is_leader: false, ..stale }, SEC));
         assert!(!lost(LeaderView { voters: 1, ..stale }, SEC));

@@ -239,7 +239,13 @@ impl Broker {
             node: identity.metadata_node,
             started: std::time::Instant::now(),
         };
-        tasks.push(tokio::spawn(crate::checkquorum::run(metadata_group, table.clone(), ping_every)));
+        tasks.push(tokio::spawn(crate::checkquorum::run(
+            metadata_group,
+            table.clone(),
+            liveness.clone(),
+            image_rx.clone(),
+            ping_every,
+        )));
         tasks.push(tokio::spawn(crate::membership::run(reconciler.groups.clone(), image_rx.clone())));
         tasks.push(tokio::spawn(register(
             controller.clone(),

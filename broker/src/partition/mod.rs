@@ -60,6 +60,8 @@ pub struct Partition {
     ticking: AtomicBool,
     /// When the ticker last started, ms since `created`.
     ticking_since_ms: AtomicU64,
+    /// Set by [`crate::checkquorum`]: this replica leads without a quorum.
+    quorum_lost: AtomicBool,
 }
 
 /// Committed records read by a fetch.
@@ -128,6 +130,7 @@ impl Partition {
             created: Instant::now(),
             ticking: AtomicBool::new(true),
             ticking_since_ms: AtomicU64::new(0),
+            quorum_lost: AtomicBool::new(false),
         }
     }
 
@@ -183,25 +186,25 @@ impl Partition {
         leader.and_then(|n| self.broker_of(n))
     }
 
-    /// Whether this replica leads but has lost its quorum (see
-    /// [`crate::checkquorum`]): heartbeating for a maximum election timeout
-    /// without a quorum's acknowledgement. It is still the leader for Raft.
+    /// Whether this replica leads but has lost its quorum, as
+    /// [`crate::checkquorum`] last judged (every heartbeat interval). It is
+    /// still the leader for Raft.
     pub fn lost_quorum(&self) -> bool {
-        self.quorum_check().is_some()
+        self.quorum_lost.load(Ordering::Relaxed)
     }
 
-    /// The follower to hand leadership over to, when [`Self::lost_quorum`].
-    pub fn hand_off_target(&self) -> Option<NodeId> {
-        self.quorum_check().flatten()
+    /// Records [`crate::checkquorum`]'s verdict.
+    pub fn set_lost_quorum(&self, lost: bool) {
+        self.quorum_lost.store(lost, Ordering::Relaxed);
     }
 
-    /// `None` when the quorum is fine; `Some(successor)` when it is lost.
-    fn quorum_check(&self) -> Option<Option<NodeId>> {
+    /// How long the group's ticker has run (`None`: parked, so this replica
+    /// sends no heartbeats).
+    pub fn heartbeating_for(&self) -> Option<Duration> {
         let now_ms = self.created.elapsed().as_millis() as u64;
-        let heartbeating_for = self.is_ticking().then(|| {
+        self.is_ticking().then(|| {
             Duration::from_millis(now_ms.saturating_sub(self.ticking_since_ms.load(Ordering::Relaxed)))
-        });
-        crate::checkquorum::examine(&self.raft, self.node_id, heartbeating_for)
+        })
     }
 
     fn not_leader(&self) -> ApiError {
