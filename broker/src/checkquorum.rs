@@ -1,44 +1,51 @@
 //! CheckQuorum (Raft thesis §6.2): a leader (of a partition, or of the
-//! metadata group) that has not heard from a quorum for a maximum election
-//! timeout hands its leadership over.
+//! metadata group) that has lost its quorum hands its leadership over.
 //!
 //! openraft keeps a leader until it sees a higher term. A partition can
 //! keep that from happening: when a leader's messages reach its followers
 //! but their answers do not come back (a one-way partition), the followers
 //! keep hearing heartbeats, refuse to elect anyone, and nothing commits
 //! until the network heals. Clients that still reach the old leader wait
-//! on it for the whole partition. So a leader that has been heartbeating
-//! for a maximum election timeout without a quorum's acknowledgement is
-//! judged to have lost its quorum.
+//! on it for the whole partition.
 //!
-//! The lease alone is not enough to judge: openraft bounds each heartbeat
-//! by `heartbeat_interval`, so a network whose round trip exceeds it (50 ms
-//! each way, say) leaves an idle leader's lease stale although every
-//! follower is reachable. So the leader must also have lost a majority of
-//! its voters' brokers by the brokers' own pings ([`crate::liveness`],
-//! answered within `election_timeout_min`); one ping per broker pair
-//! travels the same connection as the group's Raft messages, so a
-//! partition that stops one stops the other. Such a leader:
+//! A leader has lost its quorum when, for `election_timeout_min` on end,
+//! it has been heartbeating for a maximum election timeout, no quorum has
+//! acknowledged it for that long, and some configuration of its membership
+//! (both, during joint consensus) has no majority of voters whose brokers
+//! answer pings ([`crate::liveness`]). The lease alone is not enough:
+//! openraft bounds each heartbeat by `heartbeat_interval`, so a round trip
+//! longer than that (50 ms each way, say) leaves an idle leader's lease
+//! stale although every follower answers. One ping per broker pair travels
+//! the same connection as the groups' Raft messages, so a partition that
+//! stops one stops the other. A voter whose broker is not known yet counts
+//! as answering. A round that comes late (this process was paused or
+//! starved) judges nothing, so a stall of the leader itself is not taken
+//! for a lost quorum.
 //!
-//! - stops naming itself leader to clients ([`crate::partition::Partition::leader_broker`])
-//!   and answers produces waiting on it;
-//! - asks openraft to transfer leadership to its most caught-up follower:
-//!   it stops heartbeating and accepting writes, and tells every follower to
-//!   drop its leader lease, so the followers (which can talk to each other)
-//!   elect a new leader at once, or after their election timeout if the
-//!   request did not reach them.
+//! Such a leader, for the rest of its term:
+//!
+//! - asks openraft to transfer leadership to its most caught-up follower,
+//!   again every maximum election timeout: openraft then stops its
+//!   heartbeats and its writes, and tells every follower to drop its leader
+//!   lease; the successor elects at once if its log is up to date;
+//! - is left out of the groups its broker's pings say it leads, so parked
+//!   followers start their tickers and elect on their own timers when the
+//!   transfer does not get through;
+//! - stops naming itself leader to clients
+//!   ([`crate::partition::Partition::leader_broker`]) and answers produces
+//!   waiting on it.
 //!
 //! Safety does not depend on this: elections and commits stay Raft's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferrolog_raft_store::state_machine::PartitionRaft;
 use ferrolog_raft_store::types::{LogId, NodeId};
-
 use tokio::sync::watch;
 
+use crate::groups::GroupRegistry;
 use crate::liveness::Liveness;
 use crate::metadata::METADATA_GROUP;
 use crate::metadata::image::MetadataImage;
@@ -49,24 +56,25 @@ use crate::partitions::PartitionTable;
 pub struct LeaderView {
     /// This replica leads.
     pub is_leader: bool,
-    /// Voters in the group's membership.
+    /// Voters in the group's membership (all configurations).
     pub voters: usize,
     /// How long its ticker has run (`None`: parked, no heartbeats sent).
     pub heartbeating_for: Option<Duration>,
     /// Time since a quorum last acknowledged it (`None`: never).
     pub since_quorum_ack: Option<Duration>,
-    /// Voters whose broker answers pings (this one included).
-    pub live_voters: usize,
+    /// Every configuration has a majority of voters whose brokers answer
+    /// pings (this one included).
+    pub live_majority: bool,
 }
 
-/// The rule, a pure function: whether the leader has lost its quorum,
-/// with `timeout` the maximum election timeout.
+/// The rule, a pure function: whether the leader looks as if it lost its
+/// quorum now, with `timeout` the maximum election timeout.
 pub fn lost(v: LeaderView, timeout: Duration) -> bool {
     v.is_leader
         && v.voters > 1
         && v.heartbeating_for.is_some_and(|t| t >= timeout)
         && v.since_quorum_ack.is_some_and(|t| t > timeout)
-        && v.live_voters * 2 <= v.voters
+        && !v.live_majority
 }
 
 /// The voter to hand over to: the follower whose matched log is the
@@ -83,16 +91,26 @@ pub fn successor(me: NodeId, voters: &[NodeId], matched: &BTreeMap<NodeId, Optio
         .copied()
 }
 
-/// Applies [`lost`] to `raft`, whose node here is `me`, heartbeating for
+/// One group's examination.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exam {
+    /// The term, when this replica leads.
+    pub leader_term: Option<u64>,
+    /// [`lost`] holds now.
+    pub lost: bool,
+    /// The [`successor`].
+    pub successor: Option<NodeId>,
+}
+
+/// Examines `raft`, whose node here is `me`, heartbeating for
 /// `heartbeating_for` (`None`: ticker parked), where `live(node)` says
-/// whether a voter's broker answers pings. Returns `None` when the quorum
-/// is fine, else `Some` of the [`successor`] (if any).
+/// whether a voter's broker answers pings.
 pub fn examine(
     raft: &PartitionRaft,
     me: NodeId,
     heartbeating_for: Option<Duration>,
     live: impl Fn(NodeId) -> bool,
-) -> Option<Option<NodeId>> {
+) -> Exam {
     use openraft::Instant as _;
     use openraft::async_runtime::watch::WatchReceiver;
     use openraft::type_config::TypeConfigExt;
@@ -100,22 +118,101 @@ pub fn examine(
     let timeout = Duration::from_millis(raft.config().election_timeout_max);
     let metrics = raft.metrics();
     let m = metrics.borrow_watched();
-    let voters: Vec<NodeId> = m.membership_config.membership().voter_ids().collect();
+    if !m.state.is_leader() {
+        return Exam { leader_term: None, lost: false, successor: None };
+    }
+    let membership = m.membership_config.membership();
+    let voters: Vec<NodeId> = membership.voter_ids().collect();
+    let is_live = |n: &NodeId| *n == me || live(*n);
+    let live_majority = membership
+        .get_joint_config()
+        .iter()
+        .all(|config: &BTreeSet<NodeId>| config.iter().filter(|n| is_live(n)).count() * 2 > config.len());
     let now = C::now();
     let view = LeaderView {
-        is_leader: m.state.is_leader(),
+        is_leader: true,
         voters: voters.len(),
         heartbeating_for,
         since_quorum_ack: m
             .last_quorum_acked
             .as_ref()
             .map(|t| now.saturating_duration_since((*t).into_inner())),
-        live_voters: voters.iter().filter(|n| **n == me || live(**n)).count(),
+        live_majority,
     };
-    if !lost(view, timeout) {
-        return None;
+    Exam {
+        leader_term: Some(m.current_term),
+        lost: lost(view, timeout),
+        successor: successor(me, &voters, &m.replication.clone().unwrap_or_default()),
     }
-    Some(successor(me, &voters, &m.replication.clone().unwrap_or_default()))
+}
+
+/// What the checker remembers of one group between rounds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Judgement {
+    /// Since when [`Exam::lost`] has held without a break.
+    lost_since: Option<Instant>,
+    /// The term handed over, and when the transfer was last asked for.
+    handed_over: Option<(u64, Instant)>,
+}
+
+/// What to do about one group this round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// It leads without a quorum, or is handing over: not a leader for clients.
+    pub lost: bool,
+    /// Ask openraft to transfer leadership to this node now.
+    pub transfer_to: Option<NodeId>,
+}
+
+/// Timings of the rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timings {
+    /// How long [`lost`] must hold on end before a hand-over (`election_timeout_min`).
+    pub confirm: Duration,
+    /// How often a transfer is asked for again while the term lasts (`election_timeout_max`).
+    pub resend: Duration,
+}
+
+impl Judgement {
+    /// Updates the judgement with this round's `exam` at `now`.
+    pub fn judge(&mut self, exam: &Exam, now: Instant, t: Timings) -> Verdict {
+        let Some(term) = exam.leader_term else {
+            *self = Judgement::default();
+            return Verdict { lost: false, transfer_to: None };
+        };
+        if let Some((handed, last)) = self.handed_over {
+            if handed == term {
+                // Handing over: stays so until the term ends.
+                let again = now.duration_since(last) >= t.resend;
+                if again {
+                    self.handed_over = Some((term, now));
+                }
+                return Verdict { lost: true, transfer_to: exam.successor.filter(|_| again) };
+            }
+            self.handed_over = None;
+        }
+        if !exam.lost {
+            self.lost_since = None;
+            return Verdict { lost: false, transfer_to: None };
+        }
+        let since = *self.lost_since.get_or_insert(now);
+        if now.duration_since(since) < t.confirm {
+            return Verdict { lost: false, transfer_to: None };
+        }
+        self.handed_over = Some((term, now));
+        Verdict { lost: true, transfer_to: exam.successor }
+    }
+
+    /// Forgets how long the quorum has looked lost (after a stall of this
+    /// process, when nothing it measured meanwhile can be trusted).
+    pub fn restart_confirmation(&mut self) {
+        self.lost_since = None;
+    }
+
+    /// The term being handed over, if any.
+    pub fn handing_over(&self) -> Option<u64> {
+        self.handed_over.map(|(term, _)| term)
+    }
 }
 
 /// The metadata group as this broker hosts it: its Raft node, its node id
@@ -127,68 +224,74 @@ pub struct MetadataGroup {
     /// This broker's node id in it.
     pub node: NodeId,
     /// When it started.
-    pub started: std::time::Instant,
+    pub started: Instant,
+}
+
+/// What [`run`] works with.
+pub struct Checker {
+    /// The metadata group.
+    pub metadata: MetadataGroup,
+    /// The hosted partitions.
+    pub table: PartitionTable,
+    /// Every hosted group, whose ping answers list the groups led here.
+    pub groups: GroupRegistry,
+    /// Which brokers answer pings.
+    pub liveness: Liveness,
+    /// The metadata image, to find the metadata group's voters' brokers.
+    pub image: watch::Receiver<Arc<MetadataImage>>,
+    /// Rule timings.
+    pub timings: Timings,
 }
 
 /// Checks the metadata group and every hosted partition every `period`,
-/// forever, judging brokers alive by `liveness` and finding the metadata
-/// group's voters' brokers in `image`.
-pub async fn run(
-    metadata: MetadataGroup,
-    table: PartitionTable,
-    liveness: Liveness,
-    image: watch::Receiver<Arc<MetadataImage>>,
-    period: Duration,
-) {
+/// forever.
+pub async fn run(c: Checker, period: Duration) {
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Hand-offs made, by group: one per term is enough (later ones would
-    // only repeat the request to the same followers).
-    let mut handed_off: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut judged: BTreeMap<u64, Judgement> = BTreeMap::new();
+    let mut last_round = Instant::now();
     loop {
         tick.tick().await;
-        let partitions = table.all();
-        handed_off
-            .retain(|group, _| *group == METADATA_GROUP || partitions.iter().any(|p| p.group == *group));
-        let m = &metadata;
-        let verdict = {
-            let image = image.borrow();
-            let live = |node: NodeId| {
-                image.brokers.iter().any(|(id, b)| b.metadata_node == node && liveness.is_alive(*id))
+        let now = Instant::now();
+        let stalled = now.duration_since(last_round) > period * 3;
+        last_round = now;
+        let partitions = c.table.all();
+        judged.retain(|group, _| *group == METADATA_GROUP || partitions.iter().any(|p| p.group == *group));
+        if stalled {
+            judged.values_mut().for_each(Judgement::restart_confirmation);
+            continue;
+        }
+        let m = &c.metadata;
+        let exam = {
+            let image = c.image.borrow();
+            let live = |node: NodeId| match image.brokers.iter().find(|(_, b)| b.metadata_node == node) {
+                Some((id, _)) => c.liveness.is_alive(*id),
+                None => true,
             };
             examine(&m.raft, m.node, Some(m.started.elapsed()), live)
         };
-        if let Some(Some(to)) = verdict {
-            hand_off(&m.raft, METADATA_GROUP, to, "metadata", &mut handed_off).await;
-        }
+        let j = judged.entry(METADATA_GROUP).or_default();
+        let v = j.judge(&exam, now, c.timings);
+        c.groups.set_handing_over(METADATA_GROUP, j.handing_over());
+        act(&m.raft, METADATA_GROUP, "metadata", &exam, v).await;
         for p in partitions {
-            let live = |node: NodeId| p.broker_of(node).is_some_and(|b| liveness.is_alive(b));
-            let verdict = examine(&p.raft, p.node_id, p.heartbeating_for(), live);
-            p.set_lost_quorum(verdict.is_some());
-            if let Some(Some(to)) = verdict {
-                hand_off(&p.raft, p.group, to, &format!("{}-{}", p.topic, p.partition), &mut handed_off)
-                    .await;
-            }
+            let live = |node: NodeId| p.broker_of(node).is_none_or(|b| c.liveness.is_alive(b));
+            let exam = examine(&p.raft, p.node_id, p.heartbeating_for(), live);
+            let j = judged.entry(p.group).or_default();
+            let v = j.judge(&exam, now, c.timings);
+            c.groups.set_handing_over(p.group, j.handing_over());
+            p.set_lost_quorum(v.lost);
+            act(&p.raft, p.group, &format!("{}-{}", p.topic, p.partition), &exam, v).await;
         }
     }
 }
 
-async fn hand_off(
-    raft: &PartitionRaft,
-    group: u64,
-    to: NodeId,
-    name: &str,
-    handed_off: &mut BTreeMap<u64, u64>,
-) {
-    use openraft::async_runtime::watch::WatchReceiver;
-    let term = raft.metrics().borrow_watched().current_term;
-    if handed_off.insert(group, term) == Some(term) {
-        return;
-    }
+async fn act(raft: &PartitionRaft, group: u64, name: &str, exam: &Exam, v: Verdict) {
+    let Some(to) = v.transfer_to else { return };
     tracing::warn!(
         group,
         name,
-        term,
+        term = exam.leader_term,
         to,
         "leader has not heard from a quorum for an election timeout: handing leadership over"
     );
@@ -205,20 +308,21 @@ mod tests {
         voters: 3,
         heartbeating_for: Some(Duration::from_secs(10)),
         since_quorum_ack: Some(Duration::from_millis(150)),
-        live_voters: 3,
+        live_majority: true,
     };
 
     #[test]
-    fn only_a_heartbeating_leader_without_acks_for_a_timeout_has_lost_its_quorum() {
-        let stale =
-            LeaderView { since_quorum_ack: Some(Duration::from_millis(1500)), live_voters: 1, ..HEALTHY };
+    fn only_a_heartbeating_leader_without_acks_or_live_majority_looks_lost() {
+        let stale = LeaderView {
+            since_quorum_ack: Some(Duration::from_millis(1500)),
+            live_majority: false,
+            ..HEALTHY
+        };
         assert!(!lost(HEALTHY, SEC));
         assert!(lost(stale, SEC));
-        assert!(lost(LeaderView { voters: 5, live_voters: 2, ..stale }, SEC));
         // Slow acknowledgements but a majority of brokers answering pings:
         // heartbeats time out on a long round trip, the quorum is there.
-        assert!(!lost(LeaderView { live_voters: 2, ..stale }, SEC));
-        assert!(!lost(LeaderView { voters: 5, live_voters: 3, ..stale }, SEC));
+        assert!(!lost(LeaderView { live_majority: true, ..stale }, SEC));
         // Not a leader, or its own quorum.
         assert!(!lost(LeaderView { is_leader: false, ..stale }, SEC));
         assert!(!lost(LeaderView { voters: 1, ..stale }, SEC));
@@ -240,5 +344,41 @@ mod tests {
         assert_eq!(successor(1, &[1], &matched), None);
         // A voter with no replication progress yet is still a candidate.
         assert_eq!(successor(1, &[1, 5], &BTreeMap::new()), Some(5));
+    }
+
+    #[test]
+    fn a_lost_quorum_is_confirmed_then_handed_over_for_the_rest_of_the_term() {
+        let t = Timings { confirm: Duration::from_millis(500), resend: SEC };
+        let ms = |n: u64| Duration::from_millis(n);
+        let t0 = Instant::now();
+        let exam = |term: Option<u64>, lost: bool| Exam { leader_term: term, lost, successor: Some(2) };
+        let quiet = Verdict { lost: false, transfer_to: None };
+        let mut j = Judgement::default();
+        assert_eq!(j.judge(&exam(Some(5), false), t0, t), quiet);
+        // Lost, but not yet for `confirm`; a healthy round in between restarts the count.
+        assert_eq!(j.judge(&exam(Some(5), true), t0 + ms(100), t), quiet);
+        assert_eq!(j.judge(&exam(Some(5), false), t0 + ms(200), t), quiet);
+        assert_eq!(j.judge(&exam(Some(5), true), t0 + ms(300), t), quiet);
+        assert_eq!(j.judge(&exam(Some(5), true), t0 + ms(700), t), quiet);
+        // Confirmed: hand over.
+        let handed = Verdict { lost: true, transfer_to: Some(2) };
+        assert_eq!(j.judge(&exam(Some(5), true), t0 + ms(800), t), handed);
+        assert_eq!(j.handing_over(), Some(5));
+        // The rest of the term stays lost, even when the quorum looks back (the
+        // transfer stopped the heartbeats); the transfer is asked for again later.
+        let holding = Verdict { lost: true, transfer_to: None };
+        assert_eq!(j.judge(&exam(Some(5), false), t0 + ms(900), t), holding);
+        assert_eq!(j.judge(&exam(Some(5), false), t0 + ms(1800), t), handed);
+        assert_eq!(j.judge(&exam(Some(5), false), t0 + ms(1900), t), holding);
+        // A new term (or no longer leading) ends it.
+        assert_eq!(j.judge(&exam(Some(7), false), t0 + ms(2000), t), quiet);
+        assert_eq!(j.handing_over(), None);
+        assert_eq!(j.judge(&exam(Some(7), true), t0 + ms(2100), t), quiet);
+        assert_eq!(j.judge(&exam(None, false), t0 + ms(2200), t), quiet);
+        assert_eq!(j, Judgement::default());
+        // A stall restarts the confirmation.
+        j.judge(&exam(Some(8), true), t0 + ms(3000), t);
+        j.restart_confirmation();
+        assert_eq!(j.judge(&exam(Some(8), true), t0 + ms(3600), t), quiet);
     }
 }

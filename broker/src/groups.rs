@@ -30,6 +30,9 @@ pub struct HostedGroup {
 #[derive(Clone, Debug, Default)]
 pub struct GroupRegistry {
     groups: Arc<RwLock<HashMap<GroupId, HostedGroup>>>,
+    /// Groups whose leader here is handing over, with the term handed over
+    /// (set by `crate::checkquorum`).
+    handing_over: Arc<RwLock<HashMap<GroupId, u64>>>,
 }
 
 impl GroupRegistry {
@@ -43,15 +46,32 @@ impl GroupRegistry {
         self.groups.write().unwrap_or_else(|p| p.into_inner()).remove(&group)
     }
 
-    /// Ids of the hosted groups whose replica here is the Raft leader.
+    /// Ids of the hosted groups whose replica here is the Raft leader and
+    /// is not handing over (see [`GroupRegistry::set_handing_over`]).
     pub fn leading(&self) -> Vec<GroupId> {
         use openraft::async_runtime::watch::WatchReceiver;
         let groups = self.groups.read().unwrap_or_else(|p| p.into_inner());
+        let handing_over = self.handing_over.read().unwrap_or_else(|p| p.into_inner());
         groups
             .iter()
-            .filter(|(_, h)| h.raft.metrics().borrow_watched().state.is_leader())
+            .filter(|(g, h)| {
+                let m = h.raft.metrics().borrow_watched().clone();
+                m.state.is_leader() && handing_over.get(g) != Some(&m.current_term)
+            })
             .map(|(g, _)| *g)
             .collect()
+    }
+
+    /// Records that this broker's leader of `group` hands over `term`
+    /// (`None`: it does not): for that term the group is left out of
+    /// [`GroupRegistry::leading`], which pings report, so followers that
+    /// parked their tickers trusting this leader start them again.
+    pub fn set_handing_over(&self, group: GroupId, term: Option<u64>) {
+        let mut map = self.handing_over.write().unwrap_or_else(|p| p.into_inner());
+        match term {
+            Some(t) => map.insert(group, t),
+            None => map.remove(&group),
+        };
     }
 
     /// Every hosted group.

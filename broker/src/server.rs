@@ -234,18 +234,22 @@ impl Broker {
         let dead_after = Duration::from_millis(config.raft.election_timeout_min_ms);
         tasks.push(tokio::spawn(liveness.clone().run(me, image_rx.clone(), peers, ping_every, dead_after)));
         tasks.push(tokio::spawn(crate::quiesce::run(me, table.clone(), liveness.clone(), ping_every)));
-        let metadata_group = crate::checkquorum::MetadataGroup {
-            raft: metadata.clone(),
-            node: identity.metadata_node,
-            started: std::time::Instant::now(),
+        let checker = crate::checkquorum::Checker {
+            metadata: crate::checkquorum::MetadataGroup {
+                raft: metadata.clone(),
+                node: identity.metadata_node,
+                started: std::time::Instant::now(),
+            },
+            table: table.clone(),
+            groups: reconciler.groups.clone(),
+            liveness: liveness.clone(),
+            image: image_rx.clone(),
+            timings: crate::checkquorum::Timings {
+                confirm: Duration::from_millis(config.raft.election_timeout_min_ms),
+                resend: Duration::from_millis(config.raft.election_timeout_max_ms),
+            },
         };
-        tasks.push(tokio::spawn(crate::checkquorum::run(
-            metadata_group,
-            table.clone(),
-            liveness.clone(),
-            image_rx.clone(),
-            ping_every,
-        )));
+        tasks.push(tokio::spawn(crate::checkquorum::run(checker, ping_every)));
         tasks.push(tokio::spawn(crate::membership::run(reconciler.groups.clone(), image_rx.clone())));
         tasks.push(tokio::spawn(register(
             controller.clone(),

@@ -188,11 +188,17 @@ struct State {
     refreshed_at: Option<Instant>,
     channels: HashMap<String, Channel>,
     /// Where the next refresh starts in its list of candidates: the broker
-    /// after the one that answered last, so one dead broker does not slow
-    /// every refresh and one with a stale view (a leader cut off from its
-    /// followers) is not the only one asked.
+    /// after the one that answered last, so one with a stale view (a leader
+    /// cut off from its followers) is not the only one asked.
     rotation: usize,
+    /// Addresses whose metadata request failed, and when: tried last for
+    /// [`FAILED_BROKER_LAST_MS`], so a dead or hung broker does not cost
+    /// every refresh a timeout.
+    failed: HashMap<String, Instant>,
 }
+
+/// How long a broker whose metadata request failed is asked last, ms.
+pub const FAILED_BROKER_LAST_MS: u64 = 10_000;
 
 /// Cached cluster metadata and gRPC channels, shared by every client of one
 /// application (wrap it in an [`Arc`]).
@@ -228,6 +234,7 @@ impl MetadataCache {
                 refreshed_at: None,
                 channels: HashMap::new(),
                 rotation: 0,
+                failed: HashMap::new(),
             }),
             refresh_lock: tokio::sync::Mutex::new(()),
         }))
@@ -305,7 +312,8 @@ impl MetadataCache {
 
     /// Asks brokers for metadata (every topic) until one answers: the
     /// brokers already known first, then the bootstrap list, starting at a
-    /// rotating position. Concurrent callers share one refresh.
+    /// rotating position, brokers that failed lately last. Concurrent
+    /// callers share one refresh.
     ///
     /// # Errors
     /// [`Error::NoBrokerReachable`] with the last failure when no broker
@@ -325,12 +333,21 @@ impl MetadataCache {
                     candidates.push(a);
                 }
             }
+            let n = candidates.len().max(1);
+            candidates.rotate_left(state.rotation % n);
+            let failed_lately = |a: &String| {
+                state
+                    .failed
+                    .get(a)
+                    .is_some_and(|t| t.elapsed() < Duration::from_millis(FAILED_BROKER_LAST_MS))
+            };
+            // Stable: the rotation order within each group is kept.
+            candidates.sort_by_key(failed_lately);
             (candidates, state.rotation)
         };
         let op = Op::new("metadata", "");
         let mut last = None;
-        for i in 0..candidates.len() {
-            let address = &candidates[(start + i) % candidates.len()];
+        for address in &candidates {
             let answer = self
                 .call(&op, address, 0, |mut c| async move {
                     c.metadata(pb::MetadataRequest { topics: vec![] }).await
@@ -344,11 +361,13 @@ impl MetadataCache {
                     state.cluster = cluster.clone();
                     state.generation += 1;
                     state.refreshed_at = Some(Instant::now());
-                    state.rotation = (start + i + 1) % candidates.len();
+                    state.rotation = start.wrapping_add(1);
+                    state.failed.remove(address);
                     return Ok(cluster);
                 }
                 Err(e) => {
                     tracing::debug!(broker = %address, error = %e, "metadata request failed");
+                    self.lock().failed.insert(address.clone(), Instant::now());
                     last = Some(e);
                 }
             }
