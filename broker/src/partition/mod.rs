@@ -177,7 +177,7 @@ impl Partition {
 
     /// The leader's broker id as this replica knows it; `None` also when
     /// this replica leads but has [lost its quorum](Self::lost_quorum), so
-    /// that clients ask other brokers, which know of a newer leader.
+    /// that clients ask other brokers (which learn of the next leader first).
     pub fn leader_broker(&self) -> Option<BrokerId> {
         if self.lost_quorum() {
             return None;
