@@ -121,6 +121,11 @@ pub fn examine(
     if !m.state.is_leader() {
         return Exam { leader_term: None, lost: false, successor: None };
     }
+    if heartbeating_for.is_none() {
+        // Parked (an idle, quiesced leader): nothing to judge, and cheap for
+        // the thousands of idle groups a broker may lead.
+        return Exam { leader_term: Some(m.current_term), lost: false, successor: None };
+    }
     let membership = m.membership_config.membership();
     let voters: Vec<NodeId> = membership.voter_ids().collect();
     let is_live = |n: &NodeId| *n == me || live(*n);

@@ -55,7 +55,8 @@ impl GroupRegistry {
         groups
             .iter()
             .filter(|(g, h)| {
-                let m = h.raft.metrics().borrow_watched().clone();
+                let metrics = h.raft.metrics();
+                let m = metrics.borrow_watched();
                 m.state.is_leader() && handing_over.get(g) != Some(&m.current_term)
             })
             .map(|(g, _)| *g)
