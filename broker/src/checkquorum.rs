@@ -261,7 +261,8 @@ pub async fn run(c: Checker, period: Duration) {
         let stalled = now.duration_since(last_round) > period * 3;
         last_round = now;
         let partitions = c.table.all();
-        judged.retain(|group, _| *group == METADATA_GROUP || partitions.iter().any(|p| p.group == *group));
+        let hosted: BTreeSet<u64> = partitions.iter().map(|p| p.group).collect();
+        judged.retain(|group, _| *group == METADATA_GROUP || hosted.contains(group));
         if stalled {
             judged.values_mut().for_each(Judgement::restart_confirmation);
             continue;
@@ -275,20 +276,34 @@ pub async fn run(c: Checker, period: Duration) {
             };
             examine(&m.raft, m.node, Some(m.started.elapsed()), live)
         };
-        let j = judged.entry(METADATA_GROUP).or_default();
-        let v = j.judge(&exam, now, c.timings);
-        c.groups.set_handing_over(METADATA_GROUP, j.handing_over());
+        let v = judge(&mut judged, METADATA_GROUP, &exam, now, &c);
         act(&m.raft, METADATA_GROUP, "metadata", &exam, v).await;
         for p in partitions {
             let live = |node: NodeId| p.broker_of(node).is_none_or(|b| c.liveness.is_alive(b));
             let exam = examine(&p.raft, p.node_id, p.heartbeating_for(), live);
-            let j = judged.entry(p.group).or_default();
-            let v = j.judge(&exam, now, c.timings);
-            c.groups.set_handing_over(p.group, j.handing_over());
+            let v = judge(&mut judged, p.group, &exam, now, &c);
             p.set_lost_quorum(v.lost);
             act(&p.raft, p.group, &format!("{}-{}", p.topic, p.partition), &exam, v).await;
         }
     }
+}
+
+/// [`Judgement::judge`] for `group`, telling the registry when its
+/// hand-over starts or ends.
+fn judge(
+    judged: &mut BTreeMap<u64, Judgement>,
+    group: u64,
+    exam: &Exam,
+    now: Instant,
+    c: &Checker,
+) -> Verdict {
+    let j = judged.entry(group).or_default();
+    let before = j.handing_over();
+    let v = j.judge(exam, now, c.timings);
+    if j.handing_over() != before {
+        c.groups.set_handing_over(group, j.handing_over());
+    }
+    v
 }
 
 async fn act(raft: &PartitionRaft, group: u64, name: &str, exam: &Exam, v: Verdict) {

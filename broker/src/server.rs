@@ -249,7 +249,10 @@ impl Broker {
                 resend: Duration::from_millis(config.raft.election_timeout_max_ms),
             },
         };
-        tasks.push(tokio::spawn(crate::checkquorum::run(checker, ping_every)));
+        // Twice per confirmation window: a lost quorum is acted on within
+        // about 1.5 × election_timeout_min; a round visits every hosted group.
+        let check_every = Duration::from_millis(config.raft.election_timeout_min_ms / 2);
+        tasks.push(tokio::spawn(crate::checkquorum::run(checker, check_every)));
         tasks.push(tokio::spawn(crate::membership::run(reconciler.groups.clone(), image_rx.clone())));
         tasks.push(tokio::spawn(register(
             controller.clone(),
