@@ -197,6 +197,12 @@ struct State {
     failed: HashMap<String, Instant>,
 }
 
+/// Longest wait for one broker's Metadata answer, ms (at most the request
+/// timeout). A broker answers it from memory; one that does not within this
+/// is stopped or overloaded (a paused process still accepts connections),
+/// and the next broker is asked.
+pub const METADATA_TIMEOUT_MS: u64 = 2_000;
+
 /// How long a broker whose metadata request failed is asked last, ms.
 pub const FAILED_BROKER_LAST_MS: u64 = 10_000;
 
@@ -299,8 +305,16 @@ impl MetadataCache {
         F: FnOnce(FerrologClient<Channel>) -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     {
+        self.call_within(op, address, self.config.request_timeout_ms + extra_wait_ms, f).await
+    }
+
+    /// As [`MetadataCache::call`], with a timeout of `timeout_ms`.
+    async fn call_within<T, F, Fut>(&self, op: &Op<'_>, address: &str, timeout_ms: u64, f: F) -> Result<T>
+    where
+        F: FnOnce(FerrologClient<Channel>) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
         let client = self.client(address)?;
-        let timeout_ms = self.config.request_timeout_ms + extra_wait_ms;
         match tokio::time::timeout(Duration::from_millis(timeout_ms), f(client)).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
             Ok(Err(status)) => Err(Error::transport(op, address, status)),
@@ -348,8 +362,9 @@ impl MetadataCache {
         let op = Op::new("metadata", "");
         let mut last = None;
         for address in &candidates {
+            let within = METADATA_TIMEOUT_MS.min(self.config.request_timeout_ms);
             let answer = self
-                .call(&op, address, 0, |mut c| async move {
+                .call_within(&op, address, within, |mut c| async move {
                     c.metadata(pb::MetadataRequest { topics: vec![] }).await
                 })
                 .await
