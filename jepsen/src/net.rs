@@ -176,11 +176,6 @@ impl Net {
         sh("ip", &["-n", &self.ns(from), "route", "add", "blackhole", &format!("{}/32", self.broker_ip(to))])
     }
 
-    /// The directions cut now, `(from, to)`.
-    pub fn cuts(&self) -> Vec<(u32, u32)> {
-        self.cuts.iter().copied().collect()
-    }
-
     /// Restores every direction.
     ///
     /// # Errors

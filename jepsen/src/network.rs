@@ -66,6 +66,14 @@ impl Network {
         Ok(Network::Proxy(ProxyNet::start(&ips, PEER_PORT).await?, x))
     }
 
+    /// Its short name, as `--network` spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Network::Namespaces(_) => "netns",
+            Network::Proxy(..) => "proxy",
+        }
+    }
+
     /// What it is, for output.
     pub fn describe(&self) -> &'static str {
         match self {

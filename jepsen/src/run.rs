@@ -114,7 +114,7 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
     let faults = nemesis::parse_faults(&opts.faults)?;
     let net = Network::create(opts.network, opts.nodes, faults.contains(&Fault::Netem)).await?;
     let network = net.describe();
-    let short_network = if net.namespace(1).is_some() { "netns" } else { "proxy" };
+    let short_network = net.name();
     let sites: Vec<Site> = (1..=opts.nodes)
         .map(|id| Site { ip: net.broker_ip(id), ns: net.namespace(id), peer_routes: net.peer_routes(id) })
         .collect();
