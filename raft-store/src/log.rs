@@ -62,6 +62,10 @@ pub struct PartitionLog {
     /// later append fails with it, so an error is never silently dropped.
     flush_error: Arc<Mutex<Option<String>>>,
     encode_buf: Vec<u8>,
+    /// See [`PartitionLog::recovering`].
+    recovering: Option<String>,
+    /// See [`PartitionLog::damage`].
+    damage: Vec<Damage>,
 }
 
 /// How often the committed log id is made durable, ms. Between these it is
@@ -82,12 +86,34 @@ impl PartitionLog {
     /// while the log was being replaced) is read from the metadata, written
     /// before any replacement starts.
     ///
+    /// Damage is repaired, never served: a segment with a bad frame before
+    /// valid ones, a sealed segment that does not verify, or a segment that
+    /// does not continue the one before it ends the log there; the damaged
+    /// bytes and every later segment are set aside in [`DAMAGED_DIR`] (see
+    /// [`PartitionLog::damage`]) and the replica is marked
+    /// [recovering](PartitionLog::recovering): it may have lost entries it
+    /// had acknowledged, which a leader must send again. A committed log id
+    /// past the end of what remains (a follower may record a commit index
+    /// ahead of what it has flushed, and a crash then cuts the tail; or the
+    /// damage cut it) is lowered to the log's end.
+    ///
     /// # Errors
-    /// [`StoreError::Corruption`] with file and position if a sealed segment,
-    /// the join between segments, or any frame followed by valid frames does
-    /// not verify; [`StoreError::Io`] or [`StoreError::Meta`] for IO
-    /// failures; an invalid `config`.
+    /// [`StoreError::Corruption`] if the log no longer reaches back to the
+    /// entry after the Raft purge pointer (its first segment is gone);
+    /// [`StoreError::Io`] or [`StoreError::Meta`] for IO failures; an
+    /// invalid `config`.
     pub fn open(dir: &Path, config: StoreConfig, flusher: Flusher) -> Result<Self> {
+        Self::open_with(dir, config, flusher, false)
+    }
+
+    /// As [`PartitionLog::open`]; with `rescan`, sealed segments are also
+    /// verified frame by frame instead of loaded from their index files
+    /// (used to reopen a replica after a storage error: a damaged frame in a
+    /// sealed segment is otherwise found only by the read that reaches it).
+    ///
+    /// # Errors
+    /// As [`PartitionLog::open`].
+    pub fn open_with(dir: &Path, config: StoreConfig, flusher: Flusher, rescan: bool) -> Result<Self> {
         config.validate().map_err(|e| StoreError::Invalid(e.to_string()))?;
         fs::create_dir_all(dir).map_err(|e| StoreError::io("create directory", dir, e))?;
         let meta = MetaStore::open(&dir.join(META_FILE))?;
@@ -102,7 +128,8 @@ impl PartitionLog {
             }
         }
         bases.sort_unstable();
-        let segments = open_segments(dir, &bases, &config)?;
+        let (segments, damage) = open_segments(dir, &bases, &config, rescan)?;
+        let recovering = meta.get(meta::KEY_RECOVERING)?;
         let mut log = Self {
             dir: dir.to_owned(),
             cache: TailCache::new(config.tail_cache_bytes),
@@ -117,14 +144,96 @@ impl PartitionLog {
             last_committed_sync: Instant::now(),
             flush_error: Arc::new(Mutex::new(None)),
             encode_buf: Vec::new(),
+            recovering,
+            damage,
         };
+        log.check_reaches_purge_pointer()?;
         if log.segments.is_empty() {
             let start: Option<(u64, u64)> = log.meta.get(meta::KEY_EMPTY_START)?;
             let (i, o) = start.unwrap_or((log.purged.map_or(0, |p| p.index + 1), 0));
             log.segments.push(Segment::create(dir, i, o, log.config.index_interval_bytes)?);
         }
         log.roll_if_linked()?;
+        if !log.damage.is_empty() {
+            let reason = log.damage.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+            log.set_recovering(Some(reason))?;
+        }
+        log.lower_committed_to_end()?;
         Ok(log)
+    }
+
+    /// Entries after the purge pointer must all be stored: a log whose first
+    /// segment starts later lost its beginning. With nothing purged the log
+    /// starts empty again at index 0 (an empty log is a prefix of every
+    /// log; the leader sends everything), the segments set aside.
+    fn check_reaches_purge_pointer(&mut self) -> Result<()> {
+        let need = self.purged.map_or(0, |p| p.index + 1);
+        let Some(first) = self.segments.first() else { return Ok(()) };
+        if first.base_index() <= need {
+            return Ok(());
+        }
+        let error = StoreError::Corruption {
+            path: first.path().to_owned(),
+            position: 0,
+            source: format::DecodeError::Invalid {
+                field: "log start",
+                detail: format!(
+                    "the log starts at index {}, entries from {need} are missing",
+                    first.base_index()
+                ),
+            },
+        };
+        if self.purged.is_some() {
+            return Err(error);
+        }
+        let mut bases: Vec<u64> = self.segments.iter().map(Segment::base_index).collect();
+        self.segments.clear();
+        self.damage.push(set_aside(&self.dir, &mut bases, 0, &error)?);
+        self.meta.put(meta::KEY_EMPTY_START, Some(&(0u64, 0u64)), Sync::Durable)?;
+        Ok(())
+    }
+
+    /// Lowers a committed log id that points past the last stored entry to
+    /// that entry (Raft does not require the commit index to be durable;
+    /// the leader tells it again).
+    fn lower_committed_to_end(&mut self) -> Result<()> {
+        let last = self.log_state().last_log_id;
+        if let Some(c) = self.committed
+            && Some(c.index) > last.map(|l| l.index)
+        {
+            tracing::warn!(dir = %self.dir.display(), committed = %c, last = ?last,
+                "the recorded commit index is past the end of the log; lowering it, the leader sends the rest");
+            self.meta.put(meta::KEY_COMMITTED, last.as_ref(), Sync::Durable)?;
+            self.committed = last;
+        }
+        Ok(())
+    }
+
+    /// What opening this log found damaged and set aside (empty normally).
+    pub fn damage(&self) -> &[Damage] {
+        &self.damage
+    }
+
+    /// Why this replica may have lost entries it had acknowledged, if it
+    /// may have: set (durably) when opening found damage, cleared by
+    /// [`PartitionLog::set_recovering`] once a leader has brought it back.
+    /// A recovering replica must not vote or campaign (a vote from a log
+    /// that lost acknowledged entries could elect a leader without them:
+    /// Raft §5.4.1 assumes votes come from intact logs).
+    pub fn recovering(&self) -> Option<&str> {
+        self.recovering.as_deref()
+    }
+
+    /// Records (durably) whether this replica is recovering, and why.
+    ///
+    /// # Errors
+    /// [`StoreError::Meta`].
+    pub fn set_recovering(&mut self, reason: Option<String>) -> Result<()> {
+        if reason != self.recovering {
+            self.meta.put(meta::KEY_RECOVERING, reason.as_ref(), Sync::Durable)?;
+            self.recovering = reason;
+        }
+        Ok(())
     }
 
     /// The replica directory.
@@ -455,7 +564,9 @@ impl PartitionLog {
             fs::rename(&tmp, &dst).map_err(|e| StoreError::io("rename", &dst, e))?;
         }
         fsutil::sync_dir(&self.dir)?;
-        self.segments = open_segments(&self.dir, &bases, &self.config)?;
+        // A snapshot's files are never repaired here: a damaged one fails the
+        // install, and Raft sends the snapshot again.
+        self.segments = open_chain(&self.dir, &bases, &self.config, false).map_err(|(_, e)| e)?;
         let ends_right = self.segments.last().map(|s| (s.next_index(), s.next_offset())) == Some(expect_next);
         if !ends_right {
             tracing::warn!(dir = %self.dir.display(), "snapshot segments do not end at the snapshot; starting empty after it");
@@ -625,12 +736,10 @@ impl PartitionLog {
     }
 }
 
-/// Opens the segments with the given base indexes (sorted) in `dir`; the
-/// last one is the tail and gets torn-write recovery.
-fn open_segments(dir: &Path, bases: &[u64], config: &StoreConfig) -> Result<Vec<Segment>> {
-    let mut bases = bases.to_vec();
-    let mut segments: Vec<Segment> = Vec::with_capacity(bases.len());
-    while let Some((&last, _)) = bases.split_last() {
+/// Removes tail segments torn while being created (no whole header, so no
+/// entry) from `bases`, deleting their files.
+fn drop_torn_created(dir: &Path, bases: &mut Vec<u64>) -> Result<()> {
+    while let Some(&last) = bases.last() {
         let path = dir.join(crate::segment::segment_file_name(last));
         let len = fs::metadata(&path).map_err(|e| StoreError::io("stat", &path, e))?.len();
         if len <= format::SEGMENT_HEADER_BYTES as u64 {
@@ -644,40 +753,161 @@ fn open_segments(dir: &Path, bases: &[u64], config: &StoreConfig) -> Result<Vec<
                 continue;
             }
         }
-        break;
+        return Ok(());
     }
+    Ok(())
+}
+
+/// Opens the segments with the given base indexes (sorted) in `dir` as one
+/// chain; the last one is the tail and gets torn-write recovery (a bad
+/// frame with nothing valid after it is cut). With `rescan`, sealed
+/// segments are verified frame by frame instead of loaded from their index.
+///
+/// # Errors
+/// `Err((i, e))`: the segment `bases[i]` is damaged or does not continue
+/// the one before it ([`StoreError::Corruption`], whose position is where
+/// its valid prefix ends), or an IO error while opening it.
+fn open_chain(
+    dir: &Path,
+    bases: &[u64],
+    config: &StoreConfig,
+    rescan: bool,
+) -> std::result::Result<Vec<Segment>, (usize, StoreError)> {
+    let mut segments: Vec<Segment> = Vec::with_capacity(bases.len());
     for (i, &base) in bases.iter().enumerate() {
         let path = dir.join(crate::segment::segment_file_name(base));
         let is_tail = i + 1 == bases.len();
         if is_tail {
-            fsutil::remove_if_exists(&path.with_extension("idx"))?;
+            fsutil::remove_if_exists(&path.with_extension("idx")).map_err(|e| (i, e))?;
         }
-        let (mut seg, cut) = Segment::open(&path, is_tail, config.index_interval_bytes)?;
+        let (mut seg, cut) =
+            Segment::open(&path, is_tail, rescan, config.index_interval_bytes).map_err(|e| (i, e))?;
         if let Some(prev) = segments.last()
             && (seg.base_index() != prev.next_index() || seg.base_offset() != prev.next_offset())
         {
-            return Err(StoreError::Corruption {
-                path: path.clone(),
-                position: 0,
-                source: format::DecodeError::Invalid {
-                    field: "segment chain",
-                    detail: format!(
-                        "segment starts at index {} offset {}, previous ends before index {} offset {}",
-                        seg.base_index(),
-                        seg.base_offset(),
-                        prev.next_index(),
-                        prev.next_offset()
-                    ),
-                },
-            });
+            let detail = format!(
+                "segment starts at index {} offset {}, previous ends before index {} offset {}",
+                seg.base_index(),
+                seg.base_offset(),
+                prev.next_index(),
+                prev.next_offset()
+            );
+            let source = format::DecodeError::Invalid { field: "segment chain", detail };
+            return Err((i, StoreError::Corruption { path, position: 0, source }));
         }
         if let Some(cut) = cut {
             let len = fs::metadata(&path).map(|m| m.len()).unwrap_or(cut);
             tracing::warn!(path = %path.display(), position = cut, dropped_bytes = len - cut,
                 "cutting torn tail left by a crash");
-            seg.truncate_at(cut)?;
+            seg.truncate_at(cut).map_err(|e| (i, e))?;
         }
         segments.push(seg);
     }
     Ok(segments)
+}
+
+/// Damage that [`PartitionLog::open`] found in the segment files and set
+/// aside, keeping the valid prefix of the log. Entries after it are fetched
+/// again from the leader; the set-aside bytes are kept for an operator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Damage {
+    /// The damaged (or out-of-chain) segment file.
+    pub path: PathBuf,
+    /// Byte position in it where the valid prefix ends (0: none of it is kept).
+    pub position: u64,
+    /// What was wrong, as the check that failed reported it.
+    pub detail: String,
+    /// Directory holding copies of what was cut and the segments moved away.
+    pub set_aside: PathBuf,
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} damaged at byte {} ({}); what followed was set aside in {}",
+            self.path.display(),
+            self.position,
+            self.detail,
+            self.set_aside.display()
+        )
+    }
+}
+
+/// Name of the directory inside a log directory where damaged segments are
+/// set aside (one subdirectory per repair, named by its time in ms).
+pub const DAMAGED_DIR: &str = "damaged";
+
+/// Keeps the valid prefix of the chain `bases` whose segment `at` failed
+/// with `error`: that segment is copied aside and cut at the error's
+/// position (or moved aside whole when nothing of it verifies), and every
+/// later segment is moved aside. `bases` shrinks to what is kept.
+fn set_aside(dir: &Path, bases: &mut Vec<u64>, at: usize, error: &StoreError) -> Result<Damage> {
+    let (path, position, detail) = match error {
+        StoreError::Corruption { path, position, source } => (path.clone(), *position, source.to_string()),
+        other => (dir.join(crate::segment::segment_file_name(bases[at])), 0, other.to_string()),
+    };
+    let stamp =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    let aside = dir.join(DAMAGED_DIR).join(stamp.to_string());
+    fs::create_dir_all(&aside).map_err(|e| StoreError::io("create directory", &aside, e))?;
+    let move_aside = |base: u64| -> Result<()> {
+        let seg = dir.join(crate::segment::segment_file_name(base));
+        for p in [seg.with_extension("idx"), seg] {
+            if let Some(name) = p.file_name()
+                && p.exists()
+            {
+                let to = aside.join(name);
+                fs::rename(&p, &to).map_err(|e| StoreError::io("move aside", &p, e))?;
+            }
+        }
+        Ok(())
+    };
+    for &base in bases[at + 1..].iter().rev() {
+        move_aside(base)?;
+    }
+    let keep_prefix = position > format::SEGMENT_HEADER_BYTES as u64;
+    if keep_prefix {
+        let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+        let copy = aside.join(name);
+        fs::copy(&path, &copy).map_err(|e| StoreError::io("copy aside", &copy, e))?;
+        fsutil::remove_if_exists(&path.with_extension("idx"))?;
+        let file =
+            fs::OpenOptions::new().write(true).open(&path).map_err(|e| StoreError::io("open", &path, e))?;
+        file.set_len(position).map_err(|e| StoreError::io("truncate", &path, e))?;
+        file.sync_all().map_err(|e| StoreError::io("fsync", &path, e))?;
+        bases.truncate(at + 1);
+    } else {
+        move_aside(bases[at])?;
+        bases.truncate(at);
+    }
+    fsutil::sync_dir(&aside)?;
+    fsutil::sync_dir(dir)?;
+    let damage = Damage { path, position: if keep_prefix { position } else { 0 }, detail, set_aside: aside };
+    tracing::error!(%damage, "damaged log: keeping its valid prefix; the rest is fetched from the leader");
+    Ok(damage)
+}
+
+/// Opens the chain of segments `bases` in `dir`, setting aside damaged
+/// segments and everything after them (see [`set_aside`]) until what
+/// remains verifies. Returns the segments and what was set aside.
+///
+/// # Errors
+/// [`StoreError::Io`] if a file cannot be read, moved or cut.
+fn open_segments(
+    dir: &Path,
+    bases: &[u64],
+    config: &StoreConfig,
+    rescan: bool,
+) -> Result<(Vec<Segment>, Vec<Damage>)> {
+    let mut bases = bases.to_vec();
+    drop_torn_created(dir, &mut bases)?;
+    let mut damage = Vec::new();
+    loop {
+        match open_chain(dir, &bases, config, rescan) {
+            Ok(segments) => return Ok((segments, damage)),
+            Err((at, e @ StoreError::Corruption { .. })) => damage.push(set_aside(dir, &mut bases, at, &e)?),
+            Err((_, e)) => return Err(e),
+        }
+    }
 }

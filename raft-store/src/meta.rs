@@ -23,6 +23,9 @@ pub const KEY_PURGED: &str = "purged";
 pub const KEY_EMPTY_START: &str = "empty_start";
 /// Key of the current snapshot's metadata.
 pub const KEY_SNAPSHOT: &str = "snapshot";
+/// Key of the reason this replica may have lost acknowledged entries and
+/// must not vote until a leader has brought it back (absent: it has not).
+pub const KEY_RECOVERING: &str = "recovering";
 
 /// How durable a metadata write must be when it returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

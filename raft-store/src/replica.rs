@@ -69,7 +69,17 @@ impl Replica {
     /// # Errors
     /// [`StoreError`] from opening the log or the metadata.
     pub fn open(dir: &Path, config: StoreConfig, flusher: Flusher) -> Result<Self> {
-        let log = PartitionLog::open(&dir.join(LOG_DIR), config, flusher)?;
+        Self::open_with(dir, config, flusher, false)
+    }
+
+    /// As [`Replica::open`]; with `rescan`, every segment is verified frame
+    /// by frame, not only the active one (see [`PartitionLog::open_with`]):
+    /// for reopening a replica that stopped on a storage error.
+    ///
+    /// # Errors
+    /// As [`Replica::open`].
+    pub fn open_with(dir: &Path, config: StoreConfig, flusher: Flusher, rescan: bool) -> Result<Self> {
+        let log = PartitionLog::open_with(&dir.join(LOG_DIR), config, flusher, rescan)?;
         let snapshot_root = dir.join(SNAPSHOT_DIR);
         std::fs::create_dir_all(&snapshot_root).map_err(|e| StoreError::io("create", &snapshot_root, e))?;
         let record: Option<SnapshotRecord> = log.meta().get(meta::KEY_SNAPSHOT)?;
@@ -186,6 +196,29 @@ impl Replica {
         record_count: u32,
     ) -> SequenceCheck {
         self.applied().producers.check(producer_id, epoch, first_sequence, record_count)
+    }
+
+    /// Why this replica may have lost entries it had acknowledged, if it
+    /// may have (see [`PartitionLog::recovering`]): until a leader has
+    /// brought it back it must neither vote nor campaign.
+    pub fn recovering(&self) -> Option<String> {
+        self.log().recovering().map(str::to_owned)
+    }
+
+    /// Records (durably) that this replica has been brought back by a
+    /// leader: it has applied an entry of the current leader's term, so it
+    /// holds every entry committed before that term (Raft §5.4, Leader
+    /// Completeness) and may vote again.
+    ///
+    /// # Errors
+    /// [`StoreError::Meta`].
+    pub fn finish_recovery(&self) -> Result<()> {
+        self.log().set_recovering(None)
+    }
+
+    /// What opening found damaged and set aside (see [`PartitionLog::damage`]).
+    pub fn damage(&self) -> Vec<crate::log::Damage> {
+        self.log().damage().to_vec()
     }
 
     /// Raft index of the last applied entry, if any.

@@ -103,16 +103,24 @@ impl Segment {
     }
 
     /// Opens an existing segment. A sealed segment is loaded from its index
-    /// file when that is intact, otherwise scanned with every frame
-    /// verified. The tail segment (`is_tail`) is always scanned; a frame that
-    /// does not verify ends it, and the returned position is where the torn
-    /// tail starts (the caller cuts it with [`Segment::truncate_at`]).
+    /// file when that is intact (and `rescan` is false), otherwise scanned
+    /// with every frame verified. The tail segment (`is_tail`) is always
+    /// scanned; a frame that does not verify ends it, and the returned
+    /// position is where the torn tail starts (the caller cuts it with
+    /// [`Segment::truncate_at`]).
     ///
     /// # Errors
     /// [`StoreError::Corruption`] for a bad header, for any bad frame in a
-    /// sealed segment, or for a frame that verifies but does not continue
-    /// the log (wrong index or offset); [`StoreError::Io`] for IO failures.
-    pub fn open(path: &Path, is_tail: bool, index_interval_bytes: u64) -> Result<(Self, Option<u64>)> {
+    /// sealed segment, for a bad frame in the tail followed by valid ones, or
+    /// for a frame that verifies but does not continue the log (wrong index
+    /// or offset); its position is where the valid prefix ends.
+    /// [`StoreError::Io`] for IO failures.
+    pub fn open(
+        path: &Path,
+        is_tail: bool,
+        rescan: bool,
+        index_interval_bytes: u64,
+    ) -> Result<(Self, Option<u64>)> {
         let file = OpenOptions::new()
             .read(true)
             .write(is_tail)
@@ -128,7 +136,7 @@ impl Segment {
         let mut seg = Self::empty(path.to_owned(), file, header, index_interval_bytes);
         if !is_tail {
             seg.sealed = true;
-            if seg.load_index(file_len) {
+            if !rescan && seg.load_index(file_len) {
                 return Ok((seg, None));
             }
         }

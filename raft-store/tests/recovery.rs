@@ -113,15 +113,37 @@ fn flipped_bit_in_a_sealed_segment_is_reported_with_file_and_position() {
     assert!(!log.entries(0, 2).expect("entries before the damage").is_empty());
     drop(log);
 
-    // Without the index the open-time scan finds it and refuses to open,
-    // and nothing is cut away.
-    fs::remove_file(victim.with_extension("idx")).expect("remove idx");
-    let err =
-        PartitionLog::open(&dir.path().join("log"), tiny(), flusher()).expect_err("opened a corrupt log");
-    let msg = err.to_string();
-    assert!(matches!(err, StoreError::Corruption { position: p, .. } if p > 40), "{msg}");
-    assert!(msg.contains(&victim.display().to_string()), "{msg}");
-    assert_eq!(fs::metadata(victim).expect("stat").len(), len_before, "corrupt data was truncated");
+    // Reopened with every segment rescanned (as after a storage error),
+    // the damage is found: the valid prefix is kept, the damaged segment is
+    // copied aside whole and cut at the bad frame, every later segment is
+    // moved aside, and the replica is marked recovering.
+    let log = PartitionLog::open_with(&dir.path().join("log"), tiny(), flusher(), true).expect("open");
+    assert_set_aside(&log, victim, len_before);
+    let last = log.log_state().last_log_id.expect("a valid prefix is kept").index;
+    assert!(last < 59 && last >= 1, "kept up to {last}");
+    assert_eq!(log.entries(0, last + 1).expect("entries of the valid prefix").len() as u64, last + 1);
+    assert!(segments(dir.path()).len() <= 2, "later segments were not moved aside");
+    drop(log);
+    // The mark is durable: a restart before a leader brought it back keeps it.
+    let log = PartitionLog::open(&dir.path().join("log"), tiny(), flusher()).expect("reopen");
+    assert!(log.recovering().is_some(), "recovering was forgotten across a restart");
+    assert!(log.damage().is_empty(), "the repaired log reports damage again");
+}
+
+/// Asserts that opening found `victim` damaged, kept a copy of all its
+/// `len_before` bytes aside, and marked the log recovering.
+fn assert_set_aside(log: &PartitionLog, victim: &Path, len_before: u64) {
+    let damage = log.damage();
+    assert_eq!(damage.len(), 1, "{damage:?}");
+    assert_eq!(damage[0].path, victim);
+    let copy = damage[0].set_aside.join(victim.file_name().expect("name"));
+    assert_eq!(
+        fs::metadata(&copy).expect("copy set aside").len(),
+        len_before,
+        "the damaged bytes were not kept"
+    );
+    let reason = log.recovering().expect("a damaged replica is marked recovering");
+    assert!(reason.contains(&victim.display().to_string()), "{reason}");
 }
 
 #[test]
@@ -250,11 +272,69 @@ fn a_damaged_frame_in_the_active_segment_before_valid_ones_is_corruption_not_a_t
     f.read_exact_at(&mut b, position).expect("read");
     f.write_all_at(&[b[0] ^ 0x01], position).expect("flip");
     drop(f);
-    let err = PartitionLog::open(&dir.path().join("log"), StoreConfig::default(), flusher())
-        .expect_err("acknowledged entries after a damaged frame were cut away");
-    assert!(matches!(err, StoreError::Corruption { .. }), "{err}");
-    assert!(err.to_string().contains(&seg.display().to_string()), "{err}");
-    assert_eq!(fs::metadata(&seg).expect("stat").len(), len_before, "the log was truncated");
+    let log = PartitionLog::open(&dir.path().join("log"), StoreConfig::default(), flusher()).expect("open");
+    assert_set_aside(&log, &seg, len_before);
+    assert_eq!(log.log_state().last_log_id, Some(log_id(1, 1, 4)), "the valid prefix is entries 0..=4");
+    assert_eq!(fs::metadata(&seg).expect("stat").len(), 40 + 5 * (80 + 300), "cut at the damaged frame");
+}
+
+#[test]
+fn a_missing_middle_segment_ends_the_log_before_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_entries(dir.path(), tiny(), 60);
+    let segs = segments(dir.path());
+    assert!(segs.len() >= 4, "want several segments, got {}", segs.len());
+    let last_kept = {
+        let log = PartitionLog::open(&dir.path().join("log"), tiny(), flusher()).expect("open");
+        assert!(log.recovering().is_none() && log.damage().is_empty(), "an intact log is not damaged");
+        let second: u64 = segs[2].file_stem().and_then(|s| s.to_str()).expect("stem").parse().expect("base");
+        second - 1
+    };
+    fs::remove_file(&segs[1]).expect("remove a middle segment");
+    let log = PartitionLog::open(&dir.path().join("log"), tiny(), flusher()).expect("open");
+    let before: u64 = segs[1].file_stem().and_then(|s| s.to_str()).expect("stem").parse().expect("base");
+    assert_eq!(log.log_state().last_log_id.map(|l| l.index), Some(before - 1), "kept through {last_kept}");
+    assert_eq!(log.damage().len(), 1, "{:?}", log.damage());
+    assert_eq!(log.damage()[0].path, segs[2], "the first segment after the gap is set aside");
+    assert!(log.recovering().is_some());
+    // The segment before the gap is the active one again; nothing after it stays.
+    assert_eq!(segments(dir.path()), vec![segs[0].clone()]);
+}
+
+#[test]
+fn a_missing_first_segment_restarts_the_log_empty() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_entries(dir.path(), tiny(), 60);
+    let segs = segments(dir.path());
+    fs::remove_file(&segs[0]).expect("remove the first segment");
+    let log = PartitionLog::open(&dir.path().join("log"), tiny(), flusher()).expect("open");
+    assert_eq!(log.log_state().last_log_id, None, "a log without its beginning is not served");
+    assert_eq!((log.next_index(), log.log_end_offset()), (0, 0));
+    assert!(log.recovering().is_some());
+}
+
+#[test]
+fn a_commit_index_past_a_cut_tail_is_lowered_to_the_log_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_entries(dir.path(), StoreConfig::default(), 20);
+    {
+        let mut log =
+            PartitionLog::open(&dir.path().join("log"), StoreConfig::default(), flusher()).expect("open");
+        log.save_committed(Some(log_id(1, 1, 19))).expect("commit");
+        log.sync().expect("sync");
+    }
+    let seg = segments(dir.path()).pop().expect("segment");
+    let len = fs::metadata(&seg).expect("stat").len();
+    OpenOptions::new().write(true).open(&seg).expect("open").set_len(len - 10).expect("cut 10 bytes");
+    let log = PartitionLog::open(&dir.path().join("log"), StoreConfig::default(), flusher()).expect("open");
+    assert_eq!(log.log_state().last_log_id, Some(log_id(1, 1, 18)));
+    assert_eq!(log.committed(), Some(log_id(1, 1, 18)), "committed left past the end of the log");
+    // A torn tail is what a crash leaves of writes never acknowledged
+    // (flush = always): not damage, the replica votes as before.
+    assert!(log.recovering().is_none() && log.damage().is_empty());
+    drop(log);
+    let log = PartitionLog::open(&dir.path().join("log"), StoreConfig::default(), flusher()).expect("reopen");
+    assert_eq!(log.committed(), Some(log_id(1, 1, 18)), "the lowered commit index was not saved");
 }
 
 #[test]
