@@ -31,4 +31,5 @@ pub mod network;
 pub mod partition;
 pub mod partitions;
 pub mod quiesce;
+pub mod recovery;
 pub mod server;

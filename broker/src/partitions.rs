@@ -3,7 +3,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use ferrolog_raft_store::types::{Node, NodeId};
 use ferrolog_raft_store::{Flusher, Replica, StoreConfig};
@@ -33,6 +34,38 @@ struct Tables {
 #[derive(Clone, Debug, Default)]
 pub struct PartitionTable {
     tables: Arc<RwLock<Tables>>,
+    /// Replicas that failed to start or stopped on an error, by group id.
+    failed: Arc<Mutex<HashMap<u64, FailedReplica>>>,
+}
+
+/// A replica that could not be started, or whose Raft group stopped on an
+/// error (storage, or a fatal error inside openraft): the reconciler starts
+/// it again after [`restart_backoff`], reopening its log with every segment
+/// verified so damage is found and repaired. Kept until it has run for
+/// [`HEALTHY_AFTER`] without failing again.
+#[derive(Clone, Debug)]
+pub struct FailedReplica {
+    /// Topic name.
+    pub topic: String,
+    /// Partition number.
+    pub partition: u32,
+    /// The last error.
+    pub error: String,
+    /// Consecutive failures.
+    pub attempts: u32,
+    /// When the reconciler starts it again.
+    pub retry_at: Instant,
+    /// Since when it runs again, if it does.
+    pub running_since: Option<Instant>,
+}
+
+/// How long a restarted replica must run before its failures are forgotten.
+pub const HEALTHY_AFTER: Duration = Duration::from_secs(60);
+
+/// Wait before the `attempts`-th restart of a failed replica: 1 s, doubling,
+/// at most 60 s.
+pub fn restart_backoff(attempts: u32) -> Duration {
+    Duration::from_secs(1u64 << attempts.saturating_sub(1).min(6)).min(Duration::from_secs(60))
 }
 
 impl PartitionTable {
@@ -65,6 +98,36 @@ impl PartitionTable {
 
     fn has_group(&self, group: u64) -> bool {
         self.tables.read().unwrap_or_else(|p| p.into_inner()).by_group.contains_key(&group)
+    }
+
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<u64, FailedReplica>> {
+        self.failed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The failure of the replica of `topic`/`partition` if it is not
+    /// running now (failed to start, or stopped and waiting to restart).
+    pub fn failure(&self, topic: &str, partition: u32) -> Option<FailedReplica> {
+        self.failures()
+            .values()
+            .find(|f| f.topic == topic && f.partition == partition && f.running_since.is_none())
+            .cloned()
+    }
+
+    /// Records that the replica of `group` failed with `error`, scheduling
+    /// its restart after [`restart_backoff`]. Returns the record.
+    fn record_failure(&self, group: u64, topic: &str, partition: u32, error: String) -> FailedReplica {
+        let mut failed = self.failures();
+        let attempts = failed.get(&group).map_or(0, |f| f.attempts) + 1;
+        let f = FailedReplica {
+            topic: topic.to_owned(),
+            partition,
+            error,
+            attempts,
+            retry_at: Instant::now() + restart_backoff(attempts),
+            running_since: None,
+        };
+        failed.insert(group, f.clone());
+        f
     }
 }
 
@@ -125,6 +188,8 @@ impl Reconciler {
     }
 
     async fn reconcile(&self, image: &MetadataImage) {
+        self.stop_failed_groups().await;
+        self.release_recovered();
         if !self.image_usable(image) {
             return;
         }
@@ -158,12 +223,57 @@ impl Reconciler {
                 }
                 continue;
             }
-            let span = tracing::info_span!("partition", node = self.broker, partition = %format!("{topic}-{partition}"));
-            if let Err(e) = self.start(image, topic, *partition, assignment).instrument(span).await {
-                tracing::error!(%topic, partition, group, "cannot start replica: {e:#}");
+            let previous = self.table.failures().get(group).cloned();
+            if previous.as_ref().is_some_and(|f| f.running_since.is_none() && Instant::now() < f.retry_at) {
+                continue;
+            }
+            let span = tracing::info_span!("partition", node = self.broker, partition = %format!("{topic}-{partition}"), group);
+            // After a failure every segment is verified, not only the tail.
+            let rescan = previous.is_some();
+            match self.start(image, topic, *partition, assignment, rescan).instrument(span).await {
+                Ok(()) => {
+                    if let Some(f) = self.table.failures().get_mut(group) {
+                        f.running_since = Some(Instant::now());
+                    }
+                }
+                Err(e) => {
+                    let f = self.table.record_failure(*group, topic, *partition, format!("{e:#}"));
+                    tracing::error!(%topic, partition, group, attempts = f.attempts,
+                        retry_in_ms = restart_backoff(f.attempts).as_millis() as u64, "cannot start replica: {e:#}");
+                }
             }
         }
+        self.table.failures().retain(|g, f| {
+            wanted.contains_key(g) && f.running_since.is_none_or(|t| t.elapsed() < HEALTHY_AFTER)
+        });
         self.sweep_orphans(image, &wanted);
+    }
+
+    /// Stops every hosted partition whose Raft group has stopped on an
+    /// error, recording the failure so that it is started again (repaired)
+    /// after a back-off: a group is never silently dead while its broker runs.
+    async fn stop_failed_groups(&self) {
+        for p in self.table.all() {
+            let fatal = {
+                use openraft::async_runtime::watch::WatchReceiver;
+                p.raft.metrics().borrow_watched().running_state.clone().err()
+            };
+            let Some(fatal) = fatal else { continue };
+            let f =
+                self.table.record_failure(p.group, &p.topic, p.partition, format!("raft stopped: {fatal}"));
+            tracing::error!(topic = %p.topic, partition = p.partition, group = p.group, attempts = f.attempts,
+                retry_in_ms = restart_backoff(f.attempts).as_millis() as u64,
+                "replica stopped on an error; restarting it after repair: {fatal}");
+            self.stop(p.group).await;
+        }
+    }
+
+    /// Ends the recovery of hosted replicas (every group, the metadata
+    /// group included) that a leader has brought back (`crate::recovery`).
+    fn release_recovered(&self) {
+        for (_, h) in self.groups.all() {
+            crate::recovery::release_if_caught_up(&h.raft, &h.replica, h.node_id);
+        }
     }
 
     /// Removes replica directories of groups this broker no longer hosts
@@ -192,6 +302,7 @@ impl Reconciler {
         topic: &str,
         partition: u32,
         a: &PartitionAssignment,
+        rescan: bool,
     ) -> anyhow::Result<()> {
         let me = a
             .replicas
@@ -201,7 +312,8 @@ impl Reconciler {
         let dir = partition_dir(&self.root, topic, partition, a.group);
         let staging_dir = dir.join("staging");
         std::fs::create_dir_all(&staging_dir)?;
-        let replica = Replica::open(&dir.join("replica"), self.storage.clone(), self.flusher.clone())?;
+        let replica =
+            Replica::open_with(&dir.join("replica"), self.storage.clone(), self.flusher.clone(), rescan)?;
         let network = PeerNetworkFactory::new(a.group, self.peers.clone());
         let raft = Raft::new(
             me.node,
@@ -230,10 +342,11 @@ impl Reconciler {
             }
             // The placement's preferred leader (first replica) campaigns at
             // once, so new partitions start balanced.
-            if a.replicas.first().map(|r| r.node) == Some(me.node) {
+            if a.replicas.first().map(|r| r.node) == Some(me.node) && !replica.is_recovering() {
                 let _ = raft.trigger().elect(false).await;
             }
         }
+        crate::recovery::hold_if_recovering(&raft, &replica, me.node);
         tracing::info!(group = a.group, node = me.node, "replica started");
         self.table.insert(Arc::new(Partition::new(
             topic.to_owned(),

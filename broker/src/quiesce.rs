@@ -116,6 +116,7 @@ async fn apply(p: &Arc<Partition>, d: Decision) {
     match d {
         Decision::Tick => p.set_ticking(true),
         Decision::Park => p.set_ticking(false),
+        Decision::TickAndElect if p.replica.is_recovering() => p.set_ticking(true),
         Decision::TickAndElect => {
             p.set_ticking(true);
             tracing::info!(topic = %p.topic, partition = p.partition, "leader's broker is not answering: starting an election");

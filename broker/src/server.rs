@@ -79,6 +79,12 @@ pub fn raft_config(c: &BrokerConfig) -> anyhow::Result<Arc<openraft::Config>> {
         // old term it would serve a high watermark from its lazily saved
         // commit index, behind what it had acknowledged.
         enable_leader_restore: Some(false),
+        // A follower whose log was found damaged keeps only its valid prefix
+        // (crate::recovery): its leader must accept that its log went back
+        // and send the rest again, instead of treating it as a bug. Such a
+        // follower does not vote meanwhile, so a reverted log never decides
+        // an election.
+        allow_log_reversion: Some(true),
         ..openraft::Config::default()
     };
     Ok(Arc::new(config.validate().context("raft timings")?))
@@ -190,6 +196,7 @@ impl Broker {
                 staging_dir,
             },
         );
+        crate::recovery::hold_if_recovering(&metadata, &meta_replica, identity.metadata_node);
         if identity.founder && !metadata.is_initialized().await? {
             let members: BTreeMap<NodeId, Node> = config
                 .initial_cluster

@@ -32,15 +32,46 @@ pub struct PartitionStatus {
     pub followers: Vec<FollowerStatus>,
 }
 
-/// A follower's replication progress, as the leader sees it.
+/// A follower's replication progress: the leader's view, and the
+/// follower's own broker's word on its replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FollowerStatus {
     /// The follower's broker id.
     pub broker_id: u32,
-    /// Raft index last known replicated to it, if known.
+    /// Raft index the leader last knew replicated to it, if known.
     pub matched_index: Option<u64>,
-    /// Entries it is behind the leader's last log index.
-    pub lag: u64,
+    /// Entries its log is behind the leader's last log index, as its own
+    /// broker reports its log; `None` when its replica is not running or
+    /// its broker does not answer (never 0 for a replica that is down).
+    pub lag: Option<u64>,
+    /// Its replica's state, as its broker reports it.
+    pub state: ReplicaHealth,
+}
+
+/// The state of one replica, as its broker reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicaHealth {
+    /// Its Raft group runs.
+    Running,
+    /// Its Raft group runs, but its log was found damaged: it neither votes
+    /// nor leads until a leader has brought it back. Says what was damaged.
+    Recovering(String),
+    /// Its Raft group is not running (failed to start, or stopped on an
+    /// error and waits to be restarted). The error.
+    Failed(String),
+    /// Its broker did not answer. The error.
+    Unreachable(String),
+}
+
+impl std::fmt::Display for ReplicaHealth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReplicaHealth::Running => f.write_str("running"),
+            ReplicaHealth::Recovering(why) => write!(f, "recovering: {why}"),
+            ReplicaHealth::Failed(why) => write!(f, "failed: {why}"),
+            ReplicaHealth::Unreachable(why) => write!(f, "unreachable: {why}"),
+        }
+    }
 }
 
 /// One partition in a [`ClusterStatus`].
@@ -226,10 +257,21 @@ impl Admin {
                 let (topic, partition, leader) = (t.name.clone(), p.partition, p.leader);
                 let address = cluster.brokers.get(&leader).map(|b| b.address.clone());
                 let replicas = p.replicas.clone();
+                let follower_addresses: Vec<(u32, Option<String>)> = replicas
+                    .iter()
+                    .filter(|b| **b != leader)
+                    .map(|b| (*b, cluster.brokers.get(b).map(|m| m.address.clone())))
+                    .collect();
                 tasks.spawn(async move {
                     let status = match address {
                         Some(a) => partition_status(&meta, &topic, partition, &a).await,
                         None => Err(unavailable("partition status of", &topic, "no leader known")),
+                    };
+                    let status = match status {
+                        Ok(s) => {
+                            Ok(with_follower_reports(&meta, &topic, partition, s, follower_addresses).await)
+                        }
+                        Err(e) => Err(e),
                     };
                     PartitionReport { topic, partition, replicas, leader, status }
                 });
@@ -261,6 +303,64 @@ fn unavailable(operation: &str, topic: &str, message: &str) -> Error {
     }
 }
 
+/// Asks each follower's broker for its own replica (one after another:
+/// partitions are asked concurrently) and
+/// completes the leader's follower list with their states and lags.
+async fn with_follower_reports(
+    meta: &MetadataCache,
+    topic: &str,
+    partition: u32,
+    mut status: PartitionStatus,
+    followers: Vec<(u32, Option<String>)>,
+) -> PartitionStatus {
+    for (broker, address) in followers {
+        let (state, last_log_index) = match address {
+            Some(a) => own_replica(meta, topic, partition, &a).await,
+            None => (ReplicaHealth::Unreachable("not a known broker".into()), None),
+        };
+        let lag = last_log_index.map(|l| status.last_log_index.saturating_sub(l));
+        match status.followers.iter_mut().find(|f| f.broker_id == broker) {
+            Some(f) => {
+                f.state = state;
+                f.lag = lag;
+            }
+            None => {
+                status.followers.push(FollowerStatus { broker_id: broker, matched_index: None, lag, state })
+            }
+        }
+    }
+    status.followers.sort_by_key(|f| f.broker_id);
+    status
+}
+
+/// The state of the replica hosted by the broker at `address`, and its last
+/// log index when it runs.
+async fn own_replica(
+    meta: &MetadataCache,
+    topic: &str,
+    partition: u32,
+    address: &str,
+) -> (ReplicaHealth, Option<u64>) {
+    let op = Op::partition("replica status of", topic, partition);
+    let request = pb::PartitionStatusRequest { topic: topic.to_owned(), partition };
+    let r = match meta.call(&op, address, 0, |mut c| async move { c.partition_status(request).await }).await {
+        Ok(r) => r,
+        Err(e) => return (ReplicaHealth::Unreachable(e.to_string()), None),
+    };
+    if let Err(e) = Error::from_wire(&op, r.error.clone()) {
+        return (ReplicaHealth::Failed(e.to_string()), None);
+    }
+    match pb::ReplicaState::try_from(r.replica_state) {
+        Ok(pb::ReplicaState::Running) => (ReplicaHealth::Running, Some(r.last_log_index)),
+        Ok(pb::ReplicaState::Recovering) => {
+            (ReplicaHealth::Recovering(r.replica_detail), Some(r.last_log_index))
+        }
+        Ok(pb::ReplicaState::Failed) => (ReplicaHealth::Failed(r.replica_detail), None),
+        // A broker of an earlier version does not say: trust its log.
+        _ => (ReplicaHealth::Running, Some(r.last_log_index)),
+    }
+}
+
 async fn partition_status(
     meta: &MetadataCache,
     topic: &str,
@@ -271,6 +371,13 @@ async fn partition_status(
     let request = pb::PartitionStatusRequest { topic: topic.to_owned(), partition };
     let r = meta.call(&op, address, 0, |mut c| async move { c.partition_status(request).await }).await?;
     Error::from_wire(&op, r.error)?;
+    if r.replica_state == pb::ReplicaState::Failed as i32 {
+        return Err(unavailable(
+            "partition status of",
+            topic,
+            &format!("the leader's replica failed: {}", r.replica_detail),
+        ));
+    }
     Ok(PartitionStatus {
         leader: r.leader,
         term: r.term,
@@ -281,7 +388,13 @@ async fn partition_status(
         followers: r
             .followers
             .into_iter()
-            .map(|f| FollowerStatus { broker_id: f.broker_id, matched_index: f.matched_index, lag: f.lag })
+            .map(|f| FollowerStatus {
+                broker_id: f.broker_id,
+                matched_index: f.matched_index,
+                // Filled in from the follower's own broker.
+                lag: None,
+                state: ReplicaHealth::Unreachable("not asked".into()),
+            })
             .collect(),
     })
 }

@@ -307,7 +307,8 @@ async fn wait_followers(admin: &Admin, topic: &str, timeout: Duration) {
             let caught_up = !mine.is_empty()
                 && mine.iter().all(|p| {
                     p.status.as_ref().is_ok_and(|s| {
-                        s.followers.len() + 1 >= p.replicas.len() && s.followers.iter().all(|f| f.lag == 0)
+                        s.followers.len() + 1 >= p.replicas.len()
+                            && s.followers.iter().all(|f| f.lag == Some(0))
                     })
                 });
             if caught_up {

@@ -813,7 +813,8 @@ fn open_chain(
 pub struct Damage {
     /// The damaged (or out-of-chain) segment file.
     pub path: PathBuf,
-    /// Byte position in it where the valid prefix ends (0: none of it is kept).
+    /// Byte position in it where the valid prefix ends (at or below the
+    /// segment header: none of the file is kept).
     pub position: u64,
     /// What was wrong, as the check that failed reported it.
     pub detail: String,
@@ -883,7 +884,7 @@ fn set_aside(dir: &Path, bases: &mut Vec<u64>, at: usize, error: &StoreError) ->
     }
     fsutil::sync_dir(&aside)?;
     fsutil::sync_dir(dir)?;
-    let damage = Damage { path, position: if keep_prefix { position } else { 0 }, detail, set_aside: aside };
+    let damage = Damage { path, position, detail, set_aside: aside };
     tracing::error!(%damage, "damaged log: keeping its valid prefix; the rest is fetched from the leader");
     Ok(damage)
 }

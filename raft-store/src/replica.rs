@@ -47,6 +47,8 @@ pub(crate) struct Inner {
     pub snapshot_root: PathBuf,
     /// Serializes snapshot builds and installs.
     pub snapshot_lock: Mutex<()>,
+    /// Mirrors [`PartitionLog::recovering`] for lock-free checks (votes).
+    pub recovering: std::sync::atomic::AtomicBool,
 }
 
 /// Storage of one partition replica. Cheap to clone; clones share state.
@@ -99,6 +101,7 @@ impl Replica {
             None => ProducerStates::default(),
         };
         let applied = Applied { last_applied, membership, next_offset, snapshot: record, producers };
+        let recovering = std::sync::atomic::AtomicBool::new(log.recovering().is_some());
         Ok(Self {
             inner: Arc::new(Inner {
                 log: Mutex::new(log),
@@ -106,6 +109,7 @@ impl Replica {
                 high_watermark,
                 snapshot_root,
                 snapshot_lock: Mutex::new(()),
+                recovering,
             }),
         })
     }
@@ -205,6 +209,11 @@ impl Replica {
         self.log().recovering().map(str::to_owned)
     }
 
+    /// Whether [`Replica::recovering`] is set, without taking the log's lock.
+    pub fn is_recovering(&self) -> bool {
+        self.inner.recovering.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Records (durably) that this replica has been brought back by a
     /// leader: it has applied an entry of the current leader's term, so it
     /// holds every entry committed before that term (Raft §5.4, Leader
@@ -213,7 +222,9 @@ impl Replica {
     /// # Errors
     /// [`StoreError::Meta`].
     pub fn finish_recovery(&self) -> Result<()> {
-        self.log().set_recovering(None)
+        self.log().set_recovering(None)?;
+        self.inner.recovering.store(false, std::sync::atomic::Ordering::Release);
+        Ok(())
     }
 
     /// What opening found damaged and set aside (see [`PartitionLog::damage`]).

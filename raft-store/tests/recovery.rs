@@ -120,7 +120,7 @@ fn flipped_bit_in_a_sealed_segment_is_reported_with_file_and_position() {
     let log = PartitionLog::open_with(&dir.path().join("log"), tiny(), flusher(), true).expect("open");
     assert_set_aside(&log, victim, len_before);
     let last = log.log_state().last_log_id.expect("a valid prefix is kept").index;
-    assert!(last < 59 && last >= 1, "kept up to {last}");
+    assert!((1..59).contains(&last), "kept up to {last}");
     assert_eq!(log.entries(0, last + 1).expect("entries of the valid prefix").len() as u64, last + 1);
     assert!(segments(dir.path()).len() <= 2, "later segments were not moved aside");
     drop(log);

@@ -9,8 +9,8 @@ use ferrolog_proto::client::{
     AdminResponse, BrokerInfo, CreateTopicRequest, DeleteTopicRequest, Error, FetchRequest, FetchResponse,
     FollowerStatus, InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse,
     MetadataRequest, MetadataResponse, OffsetSpec, PartitionInfo, PartitionStatusRequest,
-    PartitionStatusResponse, ProduceRequest, ProduceResponse, RecordBatch as WireBatch, SubscribeRequest,
-    TopicInfo,
+    PartitionStatusResponse, ProduceRequest, ProduceResponse, RecordBatch as WireBatch, ReplicaState,
+    SubscribeRequest, TopicInfo,
 };
 use futures::Stream;
 use tonic::{Request, Response, Status};
@@ -323,10 +323,29 @@ impl Ferrolog for ClientService {
         request: Request<PartitionStatusRequest>,
     ) -> Result<Response<PartitionStatusResponse>, Status> {
         let req = request.into_inner();
+        if let Some(f) = self.table.failure(&req.topic, req.partition) {
+            let retry_in = f.retry_at.saturating_duration_since(std::time::Instant::now());
+            return Ok(Response::new(PartitionStatusResponse {
+                replica_state: ReplicaState::Failed as i32,
+                replica_detail: format!(
+                    "{} (failure {}, next start in {} ms)",
+                    f.error,
+                    f.attempts,
+                    retry_in.as_millis()
+                ),
+                ..PartitionStatusResponse::default()
+            }));
+        }
         Ok(Response::new(match self.partition(&req.topic, req.partition) {
             Ok(p) => {
                 let s = p.status();
+                let (replica_state, replica_detail) = match p.replica.recovering() {
+                    Some(reason) => (ReplicaState::Recovering, reason),
+                    None => (ReplicaState::Running, String::new()),
+                };
                 PartitionStatusResponse {
+                    replica_state: replica_state as i32,
+                    replica_detail,
                     error: None,
                     leader: s.leader.unwrap_or(0),
                     term: s.term,

@@ -71,12 +71,27 @@ impl RaftPeerServer {
             Ok(h) => h,
             Err(r) => return r,
         };
+        if let Err(r) = refuse_if_recovering(&h) {
+            return r;
+        }
         match decode_vote(&req) {
             Ok(v) if pre_vote => reply(h.raft.pre_vote(v).await),
             Ok(v) => reply(h.raft.vote(v).await),
             Err(r) => r,
         }
     }
+}
+
+/// A recovering replica neither votes nor takes leadership (`crate::recovery`).
+fn refuse_if_recovering(h: &HostedGroup) -> Result<(), RaftResponse> {
+    if h.replica.is_recovering() {
+        return Err(refuse(
+            PeerErrorCode::Recovering,
+            "this replica may have lost acknowledged entries and does not vote until a leader has brought it back"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 fn refuse(code: PeerErrorCode, message: String) -> RaftResponse {
@@ -126,6 +141,9 @@ impl RaftPeer for RaftPeerServer {
             Ok(h) => h,
             Err(r) => return Ok(Response::new(r)),
         };
+        if let Err(r) = refuse_if_recovering(&h) {
+            return Ok(Response::new(r));
+        }
         let rpc: TransferLeaderRequest<TypeConfig> = match serde_json::from_slice(&req.header_json) {
             Ok(r) => r,
             Err(e) => return Ok(Response::new(refuse(PeerErrorCode::InvalidRequest, e.to_string()))),

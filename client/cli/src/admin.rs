@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Subcommand;
 use ferrolog_client::Admin;
-use ferrolog_client::admin::ClusterStatus;
+use ferrolog_client::admin::{ClusterStatus, ReplicaHealth};
 use ferrolog_client::error::ErrorCode;
 
 use crate::table;
@@ -145,6 +145,7 @@ fn render_status(s: &ClusterStatus) -> String {
         out.push_str("no topics\n");
         return out;
     }
+    let mut problems = Vec::new();
     let rows: Vec<Vec<String>> = s
         .partitions
         .iter()
@@ -155,12 +156,23 @@ fn render_status(s: &ClusterStatus) -> String {
                     let lag = st
                         .followers
                         .iter()
-                        .map(|f| match f.matched_index {
-                            Some(_) => format!("{}:{}", f.broker_id, f.lag),
-                            None => format!("{}:?", f.broker_id),
+                        .map(|f| match (&f.state, f.lag) {
+                            (ReplicaHealth::Running, Some(lag)) => format!("{}:{lag}", f.broker_id),
+                            (ReplicaHealth::Recovering(_), Some(lag)) => {
+                                format!("{}:{lag} RECOVERING", f.broker_id)
+                            }
+                            (ReplicaHealth::Failed(_), _) => format!("{}:FAILED", f.broker_id),
+                            (ReplicaHealth::Unreachable(_), _) => format!("{}:UNREACHABLE", f.broker_id),
+                            (_, None) => format!("{}:?", f.broker_id),
                         })
                         .collect::<Vec<_>>()
                         .join(" ");
+                    for f in st.followers.iter().filter(|f| f.state != ReplicaHealth::Running) {
+                        problems.push(format!(
+                            "{}-{} on broker {}: {}",
+                            p.topic, p.partition, f.broker_id, f.state
+                        ));
+                    }
                     row.extend([
                         st.leader.to_string(),
                         st.term.to_string(),
@@ -198,5 +210,11 @@ fn render_status(s: &ClusterStatus) -> String {
         ],
         &rows,
     ));
+    if !problems.is_empty() {
+        out.push_str("\nreplicas not in service:\n");
+        for p in problems {
+            out.push_str(&format!("  {p}\n"));
+        }
+    }
     out
 }

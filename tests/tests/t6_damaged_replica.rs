@@ -1,0 +1,281 @@
+//! Damaged replicas come back by themselves (issue 9, item 1): a follower
+//! whose segment files were cut, bit-flipped or lost while it was down
+//! keeps its valid prefix, fetches the rest from the leader and is back at
+//! lag 0; while it may lack acknowledged records it does not vote, so it
+//! never helps elect a leader without them; a replica that cannot start is
+//! reported as failed, never with lag 0.
+
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ferrolog_client::admin::ReplicaHealth;
+use ferrolog_client::{Admin, ClientConfig, MetadataCache};
+use ferrolog_proto::client::{ProduceRequest, ReplicaState};
+use ferrolog_tests::Cluster;
+use ferrolog_tests::raw::{create_topic, leader, produce, read_values, record, status};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
+/// Small segments, so a few dozen records span several segment files.
+const CONFIG: &str = "[storage]\nsegment_bytes = 4096\nindex_interval_bytes = 256\n";
+
+fn config_file(dir: &Path) -> anyhow::Result<String> {
+    let path = dir.join("broker.toml");
+    fs::write(&path, CONFIG)?;
+    Ok(path.to_string_lossy().into_owned())
+}
+
+async fn write(c: &Cluster, tag: &str, n: usize) -> anyhow::Result<Vec<String>> {
+    let mut values = Vec::new();
+    for i in 0..n {
+        let value = format!("{tag}-{i:04}-{}", "x".repeat(60));
+        let req = ProduceRequest {
+            topic: "t".into(),
+            partition: 0,
+            records: vec![record("k", &value)],
+            producer_id: -1,
+            ..ProduceRequest::default()
+        };
+        produce(c, req, Duration::from_secs(30)).await?;
+        values.push(value);
+    }
+    Ok(values)
+}
+
+/// The segment files of broker `id`'s replica of `t`-0, in log order.
+fn segments(c: &Cluster, id: u32) -> anyhow::Result<Vec<PathBuf>> {
+    let root = c.data_dir(id).join("partitions");
+    let mut out = Vec::new();
+    for e in fs::read_dir(&root)? {
+        let log = e?.path().join("replica").join("log");
+        if log.is_dir() {
+            for f in fs::read_dir(&log)? {
+                let p = f?.path();
+                if p.extension().is_some_and(|x| x == "seg") {
+                    out.push(p);
+                }
+            }
+        }
+    }
+    out.sort();
+    anyhow::ensure!(!out.is_empty(), "broker {id} has no segment of t-0 under {}", root.display());
+    Ok(out)
+}
+
+fn cut_end(path: &Path, bytes: u64) -> anyhow::Result<()> {
+    let f = OpenOptions::new().write(true).open(path)?;
+    let len = f.metadata()?.len();
+    f.set_len(len - bytes)?;
+    Ok(())
+}
+
+fn flip_byte(path: &Path, position: u64) -> anyhow::Result<()> {
+    let f = OpenOptions::new().read(true).write(true).open(path)?;
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, position)?;
+    f.write_all_at(&[b[0] ^ 0x5a], position)?;
+    Ok(())
+}
+
+/// Waits until broker `id`'s replica of `t`-0 runs (not recovering) with
+/// the leader's last log index and high watermark.
+async fn back_in_sync(c: &Cluster, id: u32, what: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        let l = leader(c, "t", 0, Duration::from_secs(30)).await?;
+        if let (Ok(want), Ok(got)) = (status(c, l, "t", 0).await, status(c, id, "t", 0).await) {
+            if got.replica_state == ReplicaState::Running as i32
+                && got.last_log_index == want.last_log_index
+                && got.high_watermark == want.high_watermark
+                && want.high_watermark > 0
+            {
+                return Ok(());
+            }
+            last = format!(
+                "state {:?} ({}), log {} / {}, high watermark {} / {}",
+                got.replica_state(),
+                got.replica_detail,
+                got.last_log_index,
+                want.last_log_index,
+                got.high_watermark,
+                want.high_watermark
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    anyhow::bail!("{what}: broker {id} not back in sync after 60 s: {last}\n{}", c.logs_tail(30))
+}
+
+/// The values broker `id` holds for `t`-0, read from its stopped data
+/// directory with `ferrolog-broker dump-log`.
+fn dumped_values(c: &Cluster, id: u32) -> anyhow::Result<Vec<String>> {
+    let out =
+        std::process::Command::new(BIN).arg("dump-log").arg("--data-dir").arg(c.data_dir(id)).output()?;
+    anyhow::ensure!(out.status.success(), "dump-log: {}", String::from_utf8_lossy(&out.stderr));
+    let mut values = Vec::new();
+    for line in String::from_utf8(out.stdout)?.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        if v["topic"] == "t"
+            && let Some(s) = v["value"].as_str()
+        {
+            values.push(s.to_owned());
+        }
+    }
+    Ok(values)
+}
+
+fn count(log: &Path, needle: &str) -> usize {
+    fs::read_to_string(log).unwrap_or_default().matches(needle).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_follower_keeps_its_valid_prefix_and_catches_up() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = config_file(dir.path())?;
+    let mut c = Cluster::start("damaged", BIN, 3, &[("FERROLOG_CONFIG", &config)]).await?;
+    create_topic(&c, "t", 1, 3).await?;
+    let mut written = write(&c, "a", 1).await?;
+    let l = leader(&c, "t", 0, Duration::from_secs(30)).await?;
+    let f = (1..=3).find(|b| *b != l).expect("a follower");
+    back_in_sync(&c, f, "before any damage").await?;
+
+    // 1. The last 10 bytes of its only segment cut off (a torn last entry):
+    // its recorded commit index is past the end of what is left.
+    c.kill(f);
+    let segs = segments(&c, f)?;
+    assert_eq!(segs.len(), 1, "{segs:?}");
+    cut_end(&segs[0], 10)?;
+    c.spawn(f)?;
+    back_in_sync(&c, f, "torn last entry").await?;
+
+    // 2. A byte flipped in the middle of a segment, valid entries after it.
+    written.extend(write(&c, "b", 30).await?);
+    back_in_sync(&c, f, "after more writes").await?;
+    c.kill(f);
+    let segs = segments(&c, f)?;
+    let victim = segs.last().expect("segment");
+    let len = fs::metadata(victim)?.len();
+    flip_byte(victim, len / 2)?;
+    c.spawn(f)?;
+    back_in_sync(&c, f, "flipped byte").await?;
+
+    // 3. A sealed segment lost, and 4. one cut in half.
+    written.extend(write(&c, "c", 60).await?);
+    back_in_sync(&c, f, "after more writes").await?;
+    c.kill(f);
+    let segs = segments(&c, f)?;
+    assert!(segs.len() >= 4, "want several segments: {segs:?}");
+    fs::remove_file(&segs[1])?;
+    c.spawn(f)?;
+    back_in_sync(&c, f, "missing segment").await?;
+    written.extend(write(&c, "d", 60).await?);
+    back_in_sync(&c, f, "after more writes").await?;
+    c.kill(f);
+    let segs = segments(&c, f)?;
+    assert!(segs.len() >= 3, "want several segments: {segs:?}");
+    let half = fs::metadata(&segs[1])?.len() / 2;
+    cut_end(&segs[1], half)?;
+    c.spawn(f)?;
+    back_in_sync(&c, f, "segment cut in half").await?;
+
+    // The damage was found, set aside and recovered from, each time it
+    // could have cost acknowledged entries (kinds 2-4).
+    let log = &c.broker(f).log;
+    assert!(count(log, "damaged log: keeping its valid prefix") >= 3, "{}", c.logs_tail(40));
+    assert!(count(log, "replica recovered") >= 3, "{}", c.logs_tail(40));
+
+    // Every acknowledged record, once, in order, on the leader and on the
+    // repaired follower's disk.
+    let l = leader(&c, "t", 0, Duration::from_secs(30)).await?;
+    assert_eq!(read_values(c.broker(l).client_addr, "t").await?, written);
+    c.kill(f);
+    assert_eq!(dumped_values(&c, f)?, written, "the repaired follower's log differs from the leader's");
+
+    // A replica that cannot start (its metadata file destroyed) is reported
+    // as failed, with no lag, and retried.
+    let meta = segments(&c, f)?[0].with_file_name("meta.redb");
+    fs::write(&meta, b"not a database")?;
+    c.spawn(f)?;
+    let admin = Admin::new(MetadataCache::new(ClientConfig::from_list(&c.bootstrap()))?);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = admin.cluster_status().await?;
+        let p = s.partitions.iter().find(|p| p.topic == "t").expect("t-0 in status");
+        if let Ok(st) = &p.status
+            && let Some(fs) = st.followers.iter().find(|x| x.broker_id == f)
+            && let ReplicaHealth::Failed(why) = &fs.state
+        {
+            assert_eq!(fs.lag, None, "a failed replica has no lag");
+            // Until the restarted broker's metadata has caught up it may
+            // fail the question for another reason.
+            if why.contains("meta.redb") {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "broker {f}'s replica not reported failed: {p:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    Ok(())
+}
+
+/// Broker `keep` has every record; `behind` missed the last ones; `damaged`
+/// had them all but loses most of its log. With `keep` down, `damaged` must
+/// not vote for `behind`: together they would elect a leader without the
+/// records only `keep` and `damaged` acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovering_replica_does_not_vote() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = config_file(dir.path())?;
+    let mut c = Cluster::start("recovering-vote", BIN, 3, &[("FERROLOG_CONFIG", &config)]).await?;
+    create_topic(&c, "t", 1, 3).await?;
+    let mut written = write(&c, "a", 5).await?;
+    let keep = leader(&c, "t", 0, Duration::from_secs(30)).await?;
+    let others: Vec<u32> = (1..=3).filter(|b| *b != keep).collect();
+    let (damaged, behind) = (others[0], others[1]);
+    back_in_sync(&c, behind, "before the writes it misses").await?;
+
+    c.kill(behind);
+    written.extend(write(&c, "b", 20).await?);
+    back_in_sync(&c, damaged, "before it is damaged").await?;
+    c.kill(keep);
+    c.kill(damaged);
+    // Damage the damaged broker's log early: its valid prefix is shorter
+    // than what `behind` holds, so `behind`'s log looks up to date to it.
+    let segs = segments(&c, damaged)?;
+    flip_byte(&segs[0], 200)?;
+
+    c.spawn(damaged)?;
+    c.spawn(behind)?;
+    // `behind` campaigns; `damaged` refuses; neither can be elected. (A
+    // restarted replica may still name `keep`, the last leader it knew.)
+    let mut answers = 0;
+    for _ in 0..25 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for b in [damaged, behind] {
+            if let Ok(s) = status(&c, b, "t", 0).await {
+                answers += 1;
+                assert!(
+                    s.leader != damaged && s.leader != behind,
+                    "broker {b} names leader {} without the acknowledged records\n{}",
+                    s.leader,
+                    c.logs_tail(40)
+                );
+            }
+        }
+    }
+    assert!(answers > 0, "no broker answered for the partition");
+    assert!(
+        count(&c.broker(damaged).log, "replica recovering") > 0,
+        "the damaged replica was not held back\n{}",
+        c.logs_tail(30)
+    );
+
+    // With `keep` back, it leads, and nothing acknowledged is lost.
+    c.spawn(keep)?;
+    back_in_sync(&c, damaged, "after the intact replica returned").await?;
+    let l = leader(&c, "t", 0, Duration::from_secs(30)).await?;
+    assert_eq!(read_values(c.broker(l).client_addr, "t").await?, written);
+    Ok(())
+}
