@@ -14,6 +14,9 @@
 //! - [`groups`]: the Raft groups this broker hosts, by group id.
 //! - [`network`]: the broker-to-broker Raft transport (client, server, wire codec,
 //!   snapshot streaming), many groups multiplexed on one connection per peer.
+//! - [`partitions`]: hosted replicas and the reconciler, which also restarts a
+//!   group that stopped on an error; [`recovery`]: a replica whose log was found
+//!   damaged does not vote until a leader has brought it back.
 
 pub mod checkquorum;
 pub mod cli;
