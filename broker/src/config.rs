@@ -72,9 +72,12 @@ impl Default for RaftTimings {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
-    /// Largest record (key + value + headers), bytes. Kafka's `max.message.bytes`.
+    /// Largest record: key + value + each header's key and value, bytes
+    /// (Kafka's `message.max.bytes`). At most `max_batch_bytes`.
     pub max_record_bytes: usize,
-    /// Largest produce batch, bytes of records.
+    /// Largest produce batch: the sum of its records' key + value + headers
+    /// (the quantity `max_record_bytes` counts), bytes. Its encoding may
+    /// take up to 2 × this + 64 KiB.
     pub max_batch_bytes: usize,
     /// Largest fetch response, bytes; a request asking for more gets this.
     pub max_fetch_bytes: usize,

@@ -24,6 +24,7 @@ use crate::metadata::command::ControllerRequest;
 use crate::metadata::controller::{self, Controller};
 use crate::metadata::image::MetadataImage;
 use crate::network::{PeerAddresses, PeerNetworkFactory, RaftPeerServer};
+use crate::partition::records::batch_encoded_bytes_max;
 use crate::partitions::{PartitionTable, Reconciler};
 
 /// Raft entries kept after a snapshot, so a briefly lagging follower
@@ -35,9 +36,11 @@ const LOG_KEPT_AFTER_SNAPSHOT: u64 = 1000;
 pub const MAX_PAYLOAD_ENTRIES: u64 = 64;
 
 /// Largest message accepted on the peer port, bytes: a full AppendEntries
-/// of [`MAX_PAYLOAD_ENTRIES`] batches of `max_batch_bytes` plus framing.
+/// of [`MAX_PAYLOAD_ENTRIES`] of the largest batches the client port
+/// accepts ([`batch_encoded_bytes_max`]) with their frames, plus framing.
 pub fn peer_message_bytes_max(max_batch_bytes: usize) -> usize {
-    (MAX_PAYLOAD_ENTRIES as usize).saturating_mul(max_batch_bytes + (64 << 10)) + (1 << 20)
+    (MAX_PAYLOAD_ENTRIES as usize).saturating_mul(batch_encoded_bytes_max(max_batch_bytes) + (64 << 10))
+        + (1 << 20)
 }
 
 /// Connections the peer listener accepts at once (brokers use one each,

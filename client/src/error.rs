@@ -77,16 +77,20 @@ pub enum Error {
         log_end_offset: u64,
     },
     /// `RECORD_TOO_LARGE`: a record or batch exceeds the broker's
-    /// `limits.max_record_bytes` / `limits.max_batch_bytes`. Never retried.
+    /// `limits.max_record_bytes` / `limits.max_batch_bytes` (key + value +
+    /// headers), or a request exceeds a gRPC message limit. The producer
+    /// checks each record against the broker's `max_record_bytes` before
+    /// sending it. Never retried.
     #[error("{topic}/{partition}: record too large ({bytes} bytes in the batch): {message}")]
     RecordTooLarge {
         /// Topic name.
         topic: String,
         /// Partition number.
         partition: u32,
-        /// Encoded size of the rejected batch's records, bytes.
+        /// Encoded size of the rejected batch's records, bytes; for a record
+        /// the producer refused itself, its key + value + headers.
         bytes: usize,
-        /// The broker's explanation (it names the limit).
+        /// The explanation: it names the limit and the size.
         message: String,
     },
     /// The topic does not exist (after waiting for metadata to show it).

@@ -133,6 +133,21 @@ pub struct ClusterMeta {
     pub controller: u32,
     /// Address of the broker that answered.
     pub answered_by: String,
+    /// The size limits of the broker that answered.
+    pub limits: BrokerLimits,
+}
+
+/// A broker's size limits, as its `Metadata` answer states them (the
+/// producer refuses a record over them before sending it, with the
+/// broker's own wording).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BrokerLimits {
+    /// `limits.max_record_bytes`: largest key + value + headers of one
+    /// record, bytes; `None` when the broker does not say.
+    pub max_record_bytes: Option<usize>,
+    /// `limits.max_batch_bytes`: largest sum of key + value + headers of one
+    /// produce request's records, bytes; `None` when the broker does not say.
+    pub max_batch_bytes: Option<usize>,
 }
 
 impl ClusterMeta {
@@ -168,7 +183,12 @@ impl ClusterMeta {
                 )
             })
             .collect();
-        ClusterMeta { brokers, topics, controller: r.controller, answered_by: answered_by.to_owned() }
+        let limit = |n: u64| usize::try_from(n).ok().filter(|n| *n > 0);
+        let limits = BrokerLimits {
+            max_record_bytes: limit(r.max_record_bytes),
+            max_batch_bytes: limit(r.max_batch_bytes),
+        };
+        ClusterMeta { brokers, topics, controller: r.controller, answered_by: answered_by.to_owned(), limits }
     }
 
     /// The leader of a partition: broker id and client address, when known.
@@ -581,6 +601,8 @@ mod tests {
                 replication_factor: 2,
             }],
             controller: 1,
+            max_record_bytes: 1000,
+            max_batch_bytes: 0,
         }
     }
 
@@ -592,6 +614,7 @@ mod tests {
         assert_eq!(c.leader("t", 1), None, "leader 0 is none");
         assert_eq!(c.leader("t", 9), None);
         assert_eq!(c.leader("u", 0), None);
+        assert_eq!(c.limits, BrokerLimits { max_record_bytes: Some(1000), max_batch_bytes: None });
     }
 
     #[test]

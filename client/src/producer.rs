@@ -21,6 +21,8 @@
 //!   while an earlier batch is unacknowledged.
 //! - Permanent errors (`RECORD_TOO_LARGE`, `INVALID_REQUEST`, ...) fail the
 //!   batch's records; the partition then continues under a new producer id.
+//!   A record over the broker's `limits.max_record_bytes` (which `Metadata`
+//!   states) fails with `RECORD_TOO_LARGE` at once, without a request.
 //! - Keyed records go to `murmur2(key) % partitions` like Kafka; keyless
 //!   records stick to one partition per batch (KIP-480).
 
@@ -45,7 +47,9 @@ pub struct ProducerConfig {
     /// Close a partition's batch when its records reach this size, bytes.
     /// Default 64 KiB: larger than Kafka's 16 KiB `batch.size` because each
     /// batch here is its own request and Raft entry. At most 1 MiB, the
-    /// broker's default `limits.max_batch_bytes`.
+    /// broker's default `limits.max_batch_bytes`; batches close at the
+    /// broker's `limits.max_batch_bytes` when that is lower. A record larger
+    /// than this goes alone in its batch.
     pub batch_bytes_max: usize,
     /// Wait this long for more records before sending a batch that is not
     /// full, ms (Kafka's `linger.ms`, 5 since Kafka 4.0).
@@ -248,6 +252,14 @@ impl Producer {
     }
 }
 
+/// What a broker counts against `limits.max_record_bytes`: key, value, and
+/// each header's key and value, bytes.
+pub(crate) fn record_payload_bytes(record: &Record) -> usize {
+    record.key.as_ref().map_or(0, bytes::Bytes::len)
+        + record.value.len()
+        + record.headers.iter().map(|h| h.key.len() + h.value.len()).sum::<usize>()
+}
+
 /// A record's encoded size on the wire, bytes: what batch sizes count.
 pub(crate) fn record_size(record: &Record) -> usize {
     // Encoded length of the proto Record without copying it: key, value,
@@ -279,6 +291,13 @@ fn wire_size(record: &Record) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn payload_bytes_are_key_value_and_headers() {
+        let r = Record::new(vec![0u8; 10]).with_key("abc").with_header("hh", "vvvv").with_timestamp_ms(5);
+        assert_eq!(record_payload_bytes(&r), 10 + 3 + 2 + 4);
+        assert_eq!(record_payload_bytes(&Record::new("")), 0);
+    }
 
     #[test]
     fn record_size_is_the_encoded_length() {

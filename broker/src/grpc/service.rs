@@ -26,8 +26,20 @@ use crate::partition::records::{self, BatchError, ProducerFields};
 use crate::partition::{FetchOutcome, Partition};
 use crate::partitions::PartitionTable;
 
-/// Bytes of gRPC framing allowed beyond `max_batch_bytes` in a request.
+/// Bytes of a message beyond the batches it carries (topic name, other
+/// fields, gRPC framing).
 const REQUEST_OVERHEAD_BYTES: usize = 64 << 10;
+
+/// Largest message the client port decodes, bytes: twice the largest
+/// batch it stores ([`records::batch_encoded_bytes_max`]) plus 1 MiB, so
+/// that a request somewhat over a limit is answered `RECORD_TOO_LARGE` by
+/// [`records::build_batch`], naming the limit, rather than refused by the
+/// transport (`OUT_OF_RANGE`, which the client library reports as
+/// `RECORD_TOO_LARGE` too).
+pub fn request_bytes_max(limits: &Limits) -> usize {
+    records::batch_encoded_bytes_max(limits.max_batch_bytes).saturating_mul(2).saturating_add(1 << 20)
+}
+
 /// How long a Subscribe stream waits on the high watermark per round, ms.
 const SUBSCRIBE_WAIT: Duration = Duration::from_millis(500);
 
@@ -49,8 +61,13 @@ pub struct ClientService {
 impl ClientService {
     /// The tonic service, with message limits from the config.
     pub fn into_service(self) -> FerrologServer<Self> {
-        let max = self.limits.max_batch_bytes.saturating_mul(2) + REQUEST_OVERHEAD_BYTES;
-        let out = self.limits.max_fetch_bytes.max(self.limits.max_batch_bytes) + REQUEST_OVERHEAD_BYTES;
+        let max = request_bytes_max(&self.limits);
+        // A fetch answers up to max_fetch_bytes, or one batch larger (KIP-74).
+        let out = self
+            .limits
+            .max_fetch_bytes
+            .max(records::batch_encoded_bytes_max(self.limits.max_batch_bytes))
+            .saturating_add(REQUEST_OVERHEAD_BYTES);
         FerrologServer::new(self).max_decoding_message_size(max).max_encoding_message_size(out)
     }
 
@@ -276,7 +293,14 @@ impl Ferrolog for ClientService {
             error = self.wire(&ApiError::UnknownTopic(missing.clone()));
         }
         let controller = self.controller.leader().unwrap_or(0);
-        Ok(Response::new(MetadataResponse { error, brokers, topics, controller }))
+        Ok(Response::new(MetadataResponse {
+            error,
+            brokers,
+            topics,
+            controller,
+            max_record_bytes: self.limits.max_record_bytes as u64,
+            max_batch_bytes: self.limits.max_batch_bytes as u64,
+        }))
     }
 
     async fn create_topic(

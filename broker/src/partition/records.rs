@@ -21,7 +21,24 @@ pub enum BatchError {
     Invalid(String),
 }
 
-/// Bytes a record counts against `max_record_bytes`: key, value and headers.
+/// Encoded bytes a batch may take beyond `max_batch_bytes` of key, value
+/// and headers, for its framing: field tags and lengths, timestamps (a
+/// record's framing is 4 to 30 bytes, a header's 2 to 18).
+pub const BATCH_FRAMING_BYTES: usize = 64 << 10;
+
+/// The largest stored batch, encoded, for a broker's `max_batch_bytes`:
+/// twice that plus [`BATCH_FRAMING_BYTES`], so that framing may take as
+/// much as the records' own bytes (a batch of many tiny records). What the
+/// transports (the client port's messages, the peer channel's
+/// AppendEntries, a fetch of one batch) must carry.
+pub fn batch_encoded_bytes_max(max_batch_bytes: usize) -> usize {
+    max_batch_bytes.saturating_mul(2).saturating_add(BATCH_FRAMING_BYTES)
+}
+
+/// Bytes a record counts against `max_record_bytes` and, summed over a
+/// batch, against `max_batch_bytes`: key, value, and each header's key and
+/// value (Kafka's `message.max.bytes` counts the same payload plus a few
+/// bytes of framing).
 pub fn record_size_bytes(r: &Record) -> usize {
     r.key.as_ref().map_or(0, bytes::Bytes::len)
         + r.value.len()
@@ -40,12 +57,16 @@ pub struct ProducerFields {
 }
 
 /// Builds the stored batch from a request's records: stamps records without
-/// timestamp with `now_ms`, checks every record against `max_record_bytes`
-/// and the encoded batch against `max_batch_bytes`.
+/// timestamp with `now_ms`, checks every record's [`record_size_bytes`]
+/// against `max_record_bytes` and their sum against `max_batch_bytes` (the
+/// same quantity, so a record within `max_record_bytes` ≤
+/// `max_batch_bytes` is always accepted alone), and the encoded batch
+/// against [`batch_encoded_bytes_max`].
 ///
 /// # Errors
 /// [`BatchError::Invalid`] for an empty batch or a bad producer field;
-/// [`BatchError::TooLarge`] naming the record and the limit.
+/// [`BatchError::TooLarge`] naming the limit (by its configuration key),
+/// the size and, for a record, its index in the batch.
 pub fn build_batch(
     mut records: Vec<Record>,
     producer: ProducerFields,
@@ -64,24 +85,34 @@ pub fn build_batch(
             producer.producer_id, producer.base_sequence
         )));
     }
+    let mut total = 0usize;
     for (i, r) in records.iter_mut().enumerate() {
         let size = record_size_bytes(r);
         if size > max_record_bytes {
-            return Err(BatchError::TooLarge(format!(
-                "record {i} is {size} bytes; the limit (max_record_bytes) is {max_record_bytes}"
-            )));
+            return Err(BatchError::TooLarge(too_large_record(i, size, max_record_bytes)));
         }
+        total = total.saturating_add(size);
         if r.timestamp_ms == 0 {
             r.timestamp_ms = now_ms;
         }
+    }
+    if total > max_batch_bytes {
+        return Err(BatchError::TooLarge(format!(
+            "the batch's {record_count} records are {total} bytes (key + value + headers); the limit, \
+             limits.max_batch_bytes, is {max_batch_bytes} bytes"
+        )));
     }
     let first_timestamp_ms = records[0].timestamp_ms;
     let max_timestamp_ms = records.iter().map(|r| r.timestamp_ms).max().unwrap_or(first_timestamp_ms);
     let set = RecordSet { records };
     let len = set.encoded_len();
-    if len > max_batch_bytes {
+    let encoded_max = batch_encoded_bytes_max(max_batch_bytes);
+    if len > encoded_max {
         return Err(BatchError::TooLarge(format!(
-            "the batch is {len} bytes encoded; the limit (max_batch_bytes) is {max_batch_bytes}"
+            "the batch's {record_count} records are {len} bytes encoded, {} of them framing (tags, \
+             lengths, timestamps); the limit is {encoded_max} bytes (2 × limits.max_batch_bytes + {} KiB)",
+            len - total,
+            BATCH_FRAMING_BYTES >> 10
         )));
     }
     Ok(RecordBatch {
@@ -93,6 +124,16 @@ pub fn build_batch(
         base_sequence: producer.base_sequence,
         records: Bytes::from(set.encode_to_vec()),
     })
+}
+
+/// The message of `RECORD_TOO_LARGE` for record `index` (0-based in its
+/// batch) of `size` bytes (key + value + headers) over `max_record_bytes`;
+/// the client library words its own check the same way.
+pub fn too_large_record(index: usize, size: usize, max_record_bytes: usize) -> String {
+    format!(
+        "record {index} is {size} bytes (key + value + headers); the limit, limits.max_record_bytes, is \
+         {max_record_bytes} bytes"
+    )
 }
 
 /// Decodes a stored batch payload.
@@ -118,6 +159,58 @@ mod tests {
     }
 
     const NONE: ProducerFields = ProducerFields { producer_id: -1, producer_epoch: 0, base_sequence: 0 };
+
+    fn bare(value_len: usize) -> Record {
+        Record { key: None, value: vec![b'v'; value_len].into(), headers: vec![], timestamp_ms: 0 }
+    }
+
+    fn too_large(r: Result<RecordBatch, BatchError>) -> String {
+        match r {
+            Err(BatchError::TooLarge(m)) => m,
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_record_at_the_record_limit_fits_the_batch_limit_alone() {
+        const MIB: usize = 1 << 20;
+        // The record and batch limits count the same bytes: with equal
+        // limits, a record of exactly the limit is accepted alone, with or
+        // without key and headers, whatever its framing.
+        let b = build_batch(vec![bare(MIB)], NONE, 1_700_000_000_000, MIB, MIB).expect("at the limit");
+        assert_eq!(decode(&b.records).expect("decode")[0].value.len(), MIB);
+        let mut full = bare(MIB - 290);
+        full.key = Some(vec![b'k'; 100].into());
+        full.headers = (0..10)
+            .map(|i| ferrolog_proto::client::Header { key: format!("h{i:08}"), value: vec![b'x'; 10].into() })
+            .collect();
+        assert_eq!(record_size_bytes(&full), MIB);
+        build_batch(vec![full], NONE, 1, MIB, MIB).expect("key, value and headers at the limit");
+
+        // Over: the message names the limit and the size.
+        let m = too_large(build_batch(vec![bare(MIB + 1)], NONE, 1, MIB, MIB));
+        assert!(
+            m.contains("limits.max_record_bytes") && m.contains("1048577") && m.contains("1048576"),
+            "{m}"
+        );
+        let m = too_large(build_batch(vec![bare(MIB / 2), bare(MIB / 2 + 1)], NONE, 1, MIB, MIB));
+        assert!(
+            m.contains("limits.max_batch_bytes") && m.contains("1048577") && m.contains("1048576"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn framing_of_many_tiny_records_is_bounded() {
+        // 0 bytes of key + value + headers each, 2 bytes encoded each.
+        let tiny = |n: usize| (0..n).map(|_| bare(0)).collect::<Vec<_>>();
+        let max = 1000;
+        let ceiling = batch_encoded_bytes_max(max);
+        let fits = ceiling / 9; // 2 bytes of framing and 7 of timestamp each
+        build_batch(tiny(fits), NONE, 1_700_000_000_000, 10, max).expect("within the encoded ceiling");
+        let m = too_large(build_batch(tiny(fits * 2), NONE, 1_700_000_000_000, 10, max));
+        assert!(m.contains(&ceiling.to_string()) && m.contains("limits.max_batch_bytes"), "{m}");
+    }
 
     #[test]
     fn builds_checks_and_round_trips() {

@@ -2,12 +2,24 @@
 //! the one CSV inside a `.zip`, read on a thread of its own and handed to
 //! the async side through a bounded channel.
 //!
-//! - Line mode: each line (without `\n` / `\r\n`) is a record value.
+//! - Line mode: a line ends at `\n`; the line without it, and without one
+//!   `\r` before it (`\r\n`), is a record value, byte for byte. An empty
+//!   line is a record with an empty value; a last line without `\n` is a
+//!   record too; a `\r` anywhere else is part of the value. Nothing in line
+//!   mode is malformed.
 //! - CSV mode: the first row is the header; each later row is a record
-//!   whose value is the row's raw text, with its key and timestamp taken
-//!   from named fields. One `csv::Reader` parses the whole input (a quoted
-//!   field may span lines, RFC 4180); the raw text of a row is cut from a
-//!   copy of the input between its start and the next row's start.
+//!   whose value is the row's raw text (without its line ending), with its
+//!   key and timestamp taken from named fields. One `csv::Reader` parses
+//!   the whole input (RFC 4180: a quoted field may span lines; `\n`,
+//!   `\r\n` and `\r` end rows; blank lines between rows are skipped); the
+//!   raw text of a row is cut from a copy of the input between its start
+//!   and the next row's start.
+//! - Malformed CSV is reported as [`Item::Bad`] with its line number, never
+//!   merged silently: a row whose field count differs from the header's,
+//!   and a quoted field that is never closed (the CSV reader would take
+//!   the rest of the input as that one field). After an unclosed quote,
+//!   reading resumes on the line after the quote, so a consumer that skips
+//!   bad rows loses only that one.
 
 use std::cell::RefCell;
 use std::fs::File;
@@ -64,7 +76,8 @@ pub enum Item {
     },
     /// A row that could not be read as a record.
     Bad {
-        /// First line of the row.
+        /// The line where the row starts, or where the quote that is never
+        /// closed opens (1-based).
         line: u64,
         /// What is wrong.
         message: String,
@@ -201,13 +214,23 @@ fn read_lines<R: BufRead>(mut reader: R, mut emit: impl FnMut(Item) -> bool) -> 
             return Ok(());
         }
         line += 1;
-        let value = trim_line_end(&buf);
+        let value = line_value(&buf);
         if !emit(Item::Record { line, key: None, value: Bytes::copy_from_slice(value), timestamp_ms: 0 }) {
             return Ok(());
         }
     }
 }
 
+/// A line without its terminator: `\n`, or `\r\n`; a last line without
+/// `\n` is kept whole.
+fn line_value(line: &[u8]) -> &[u8] {
+    match line {
+        [rest @ .., b'\r', b'\n'] | [rest @ .., b'\n'] => rest,
+        whole => whole,
+    }
+}
+
+/// A CSV row's text without the line terminators after it.
 fn trim_line_end(mut bytes: &[u8]) -> &[u8] {
     while let [rest @ .., b'\n' | b'\r'] = bytes {
         bytes = rest;
@@ -264,22 +287,62 @@ impl<R: Read> Read for Tee<R> {
     }
 }
 
+fn csv_reader<R: Read>(reader: R) -> csv::Reader<R> {
+    csv::ReaderBuilder::new().has_headers(false).flexible(true).buffer_capacity(64 << 10).from_reader(reader)
+}
+
 /// CSV mode: one `csv::Reader` over the whole input (quoted fields may span
 /// lines); each data row's raw text is cut from the captured input between
-/// its start and the next row's start.
+/// its start and the next row's start. After a quoted field that is never
+/// closed, a new reader goes on over the rest of the input from the line
+/// after the quote.
 fn read_csv<R: Read>(reader: R, options: &Options, mut emit: impl FnMut(Item) -> bool) -> anyhow::Result<()> {
     let captured = Rc::new(RefCell::new(Captured::default()));
-    let tee = Tee { inner: reader, captured: captured.clone() };
-    let mut csv = csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .buffer_capacity(64 << 10)
-        .from_reader(tee);
+    let mut csv = csv_reader(Tee { inner: reader, captured: captured.clone() });
     let mut row = csv::ByteRecord::new();
     if !csv.read_byte_record(&mut row).context("reading the CSV header")? {
         return Ok(());
     }
+    {
+        // A header that opens a quote and never closes it runs to the end
+        // of the input.
+        let captured = captured.borrow();
+        let end = (csv.position().byte() as usize).min(captured.bytes.len());
+        let text = &captured.bytes[..end];
+        let text = text.strip_prefix(b"\xef\xbb\xbf").unwrap_or(text);
+        if let Some(at) = unclosed_quote(text) {
+            bail!(
+                "line {}: the CSV header opens a quoted field that is never closed",
+                1 + newlines(&text[..at])
+            );
+        }
+    }
     let schema = CsvSchema::new(&row, options.key_field.as_deref(), options.timestamp_field.as_deref())?;
+    let mut rest = read_rows(&mut csv, &captured, &schema, 0, &mut emit)?;
+    while let Some((text, line_base)) = rest {
+        let captured = Rc::new(RefCell::new(Captured::default()));
+        let mut csv = csv_reader(Tee { inner: text.as_slice(), captured: captured.clone() });
+        rest = read_rows(&mut csv, &captured, &schema, line_base, &mut emit)?;
+    }
+    Ok(())
+}
+
+/// The input left after an unclosed quote, and the line number before its
+/// first line.
+type Resume = Option<(Vec<u8>, u64)>;
+
+/// Reads data rows to the end of the input (or until `emit` returns
+/// false), numbering lines from `line_base` + 1. A last row that ends
+/// inside a quoted field is reported as [`Item::Bad`] and the input after
+/// the quote's line returned, to be read on.
+fn read_rows<R: Read>(
+    csv: &mut csv::Reader<Tee<R>>,
+    captured: &Rc<RefCell<Captured>>,
+    schema: &CsvSchema,
+    line_base: u64,
+    emit: &mut impl FnMut(Item) -> bool,
+) -> anyhow::Result<Resume> {
+    let mut row = csv::ByteRecord::new();
     // The row read last: its start offset, first line, and key and time.
     let mut pending: Option<(u64, u64, RowFields)> = None;
     loop {
@@ -288,9 +351,9 @@ fn read_csv<R: Read>(reader: R, options: &Options, mut emit: impl FnMut(Item) ->
             Err(e) => match e.kind() {
                 csv::ErrorKind::Io(_) => return Err(e).context("reading the input"),
                 _ => {
-                    let line = e.position().map_or(0, csv::Position::line);
+                    let line = line_base + e.position().map_or(0, csv::Position::line);
                     if !emit(Item::Bad { line, message: format!("not valid CSV: {e}") }) {
-                        return Ok(());
+                        return Ok(None);
                     }
                     continue;
                 }
@@ -299,25 +362,97 @@ fn read_csv<R: Read>(reader: R, options: &Options, mut emit: impl FnMut(Item) ->
         let start = row.position().map(csv::Position::byte);
         if let Some((prev_start, line, fields)) = pending.take() {
             let end = if more { start } else { None };
-            let item = {
+            let (item, resume) = {
                 let captured = captured.borrow();
                 let (blank_lines, text) = captured.slice(prev_start, end);
-                let (line, value) = (line + blank_lines, Bytes::copy_from_slice(text));
-                match fields {
-                    Ok((key, timestamp_ms)) => Item::Record { line, key, value, timestamp_ms },
-                    Err(message) => Item::Bad { line, message },
+                let line = line_base + line + blank_lines;
+                // Only the last row can end inside quotes: the CSV reader
+                // ends a quoted field only at its closing quote or at the
+                // end of the input.
+                match (end, unclosed_quote(text)) {
+                    (None, Some(at)) => {
+                        let quote_line = line + newlines(&text[..at]);
+                        let last_line = line + newlines(text);
+                        let from = if line < quote_line {
+                            format!(" (in the row from line {line})")
+                        } else {
+                            String::new()
+                        };
+                        let message = format!(
+                            "a quoted field opened on this line{from} is never closed: lines \
+                             {quote_line}-{last_line} would be read as one field"
+                        );
+                        let resume = text[at..]
+                            .iter()
+                            .position(|b| *b == b'\n')
+                            .map(|nl| (text[at + nl + 1..].to_vec(), quote_line));
+                        (Item::Bad { line: quote_line, message }, resume)
+                    }
+                    _ => {
+                        let item = match fields {
+                            Ok((key, timestamp_ms)) => {
+                                Item::Record { line, key, value: Bytes::copy_from_slice(text), timestamp_ms }
+                            }
+                            Err(message) => {
+                                let spans = newlines(text);
+                                let message = if spans > 0 {
+                                    format!("{message} (the row spans lines {line}-{})", line + spans)
+                                } else {
+                                    message
+                                };
+                                Item::Bad { line, message }
+                            }
+                        };
+                        (item, None)
+                    }
                 }
             };
             if !emit(item) {
-                return Ok(());
+                return Ok(None);
+            }
+            if resume.is_some() {
+                return Ok(resume);
             }
         }
         if !more {
-            return Ok(());
+            return Ok(None);
         }
         let (start, line) = row.position().map_or((0, 0), |p| (p.byte(), p.line()));
         captured.borrow_mut().discard_before(start);
         pending = Some((start, line, schema.fields(&row)));
+    }
+}
+
+/// Number of `\n` in `text`.
+fn newlines(text: &[u8]) -> u64 {
+    text.iter().filter(|b| **b == b'\n').count() as u64
+}
+
+/// Where the quoted field that `text` (the raw text of CSV rows, from the
+/// start of a row) ends inside opens, if it does: the quoting rules of the
+/// `csv` crate (RFC 4180): a `"` opens a quoted field only at the start of
+/// a field, `""` inside one is a quote, and the next single `"` closes it.
+fn unclosed_quote(text: &[u8]) -> Option<usize> {
+    #[derive(Clone, Copy)]
+    enum State {
+        FieldStart,
+        Unquoted,
+        Quoted(usize),
+        QuoteInQuoted(usize),
+    }
+    let mut state = State::FieldStart;
+    for (i, b) in text.iter().enumerate() {
+        state = match (state, b) {
+            (State::FieldStart, b'"') => State::Quoted(i),
+            (State::Quoted(at), b'"') => State::QuoteInQuoted(at),
+            (State::Quoted(at), _) | (State::QuoteInQuoted(at), b'"') => State::Quoted(at),
+            (_, b',' | b'\n' | b'\r') => State::FieldStart,
+            _ => State::Unquoted,
+        };
+    }
+    match state {
+        State::Quoted(at) => Some(at),
+        _ => None,
     }
 }
 
@@ -365,13 +500,14 @@ impl CsvSchema {
     /// The key and timestamp of a data row.
     ///
     /// # Errors
-    /// A row that lacks a named field, or whose timestamp does not parse.
+    /// A row with more or fewer fields than the header, or whose timestamp
+    /// does not parse.
     pub fn fields(&self, row: &csv::ByteRecord) -> RowFields {
-        let get = |(i, name): &(usize, String)| {
-            row.get(*i).ok_or_else(|| {
-                format!("the row has {} fields, the header {}: no {name:?} field", row.len(), self.columns)
-            })
-        };
+        if row.len() != self.columns {
+            return Err(format!("the row has {} fields, the header {}", row.len(), self.columns));
+        }
+        let get =
+            |(i, name): &(usize, String)| row.get(*i).ok_or_else(|| format!("the row has no {name:?} field"));
         let key = match &self.key {
             Some(k) => Some(Bytes::copy_from_slice(get(k)?)),
             None => None,
@@ -421,6 +557,84 @@ mod tests {
                 record(4, None, "last", 0)
             ]
         );
+    }
+
+    #[test]
+    fn line_endings_are_newline_or_crlf_and_nothing_else() {
+        let items = read("a\r\r\nb\rc\n\r\n\nlast\r", false, &Options::default()).expect("read");
+        assert_eq!(
+            items,
+            vec![
+                record(1, None, "a\r", 0),
+                record(2, None, "b\rc", 0),
+                record(3, None, "", 0),
+                record(4, None, "", 0),
+                record(5, None, "last\r", 0)
+            ]
+        );
+        assert_eq!(read("", false, &Options::default()).expect("read"), vec![]);
+        assert_eq!(read("\n", false, &Options::default()).expect("read"), vec![record(1, None, "", 0)]);
+    }
+
+    #[test]
+    fn csv_line_endings_and_blank_lines() {
+        let options = Options { csv: true, ..Options::default() };
+        let items = read("h1,h2\r\n1,2\r\n\r\n3,4\r5,6\n\n7,8", true, &options).expect("read");
+        assert_eq!(
+            items,
+            vec![
+                record(2, None, "1,2", 0),
+                record(4, None, "3,4", 0),
+                record(4, None, "5,6", 0),
+                record(6, None, "7,8", 0)
+            ]
+        );
+    }
+
+    #[test]
+    fn an_unclosed_quote_is_reported_on_its_line_and_the_rows_after_it_are_read() {
+        let options = Options { csv: true, ..Options::default() };
+        let items =
+            read("id,note\n1,\"two\nlines\"\n2,\"open\n3,after\n4,fine\n", true, &options).expect("read");
+        assert_eq!(items.len(), 4, "{items:?}");
+        assert_eq!(items[0], record(2, None, "1,\"two\nlines\"", 0));
+        assert!(
+            matches!(&items[1], Item::Bad { line: 4, message } if message.contains("never closed") && message.contains("4-6")),
+            "{:?}",
+            items[1]
+        );
+        assert_eq!(items[2], record(5, None, "3,after", 0));
+        assert_eq!(items[3], record(6, None, "4,fine", 0));
+
+        // Unclosed on the last line, without a line end.
+        let items = read("a,b\n1,2\n\"x,y", true, &options).expect("read");
+        assert!(matches!(items.as_slice(), [_, Item::Bad { line: 3, .. }]), "{items:?}");
+        // In the header: nothing can be read.
+        let e = read("a,\"b\n1,2\n", true, &options).expect_err("unclosed header");
+        assert!(e.to_string().contains("line 1") && e.to_string().contains("never closed"), "{e}");
+    }
+
+    #[test]
+    fn a_quote_closed_rows_later_is_a_row_with_the_wrong_field_count() {
+        let options = Options { csv: true, ..Options::default() };
+        let items = read("a,b\n1,\"x\n2,y\n3\",z\n4,w\n", true, &options).expect("read");
+        assert_eq!(items.len(), 2, "{items:?}");
+        assert!(
+            matches!(&items[0], Item::Bad { line: 2, message } if message.contains("3 fields") && message.contains("lines 2-4")),
+            "{:?}",
+            items[0]
+        );
+        assert_eq!(items[1], record(5, None, "4,w", 0));
+    }
+
+    #[test]
+    fn unclosed_quotes_follow_the_csv_quoting_rules() {
+        assert_eq!(unclosed_quote(b"a,\"b"), Some(2));
+        assert_eq!(unclosed_quote(b"a,\"b\"\"\n,c"), Some(2), "an escaped quote does not close");
+        assert_eq!(unclosed_quote(b"a,\"b\"\"\""), None);
+        assert_eq!(unclosed_quote(b"a,b\"c"), None, "a quote inside an unquoted field is text");
+        assert_eq!(unclosed_quote(b"\"a\"b\"c,d"), None, "after the closing quote the field is unquoted");
+        assert_eq!(unclosed_quote(b"x\n\"a"), Some(2));
     }
 
     #[test]

@@ -47,6 +47,21 @@ enum Command {
     #[command(subcommand)]
     Cluster(admin::ClusterCommand),
     /// Send records: one per line, or one per CSV row.
+    ///
+    /// Lines: a line ends at `\n`; the value is the line without it and
+    /// without one `\r` before it (`\r\n`). An empty line is a record with an
+    /// empty value; a last line without `\n` is a record too; any other `\r`
+    /// is part of the value.
+    ///
+    /// CSV (RFC 4180): the first row is the header; `\n`, `\r\n` and `\r` end
+    /// rows, quoted fields may span lines, blank lines are skipped; a
+    /// record's value is the row's text without its line ending. A row whose
+    /// field count differs from the header's, a quote never closed, or a bad
+    /// --timestamp-field stops the command at that line with an error
+    /// (records before it were sent), unless --skip-bad-input.
+    ///
+    /// Prints how many records were read, stored, refused and of unknown
+    /// outcome; exits non-zero unless all were stored.
     Produce(produce::ProduceArgs),
     /// Read records and print them.
     Consume(consume::ConsumeArgs),

@@ -1,5 +1,12 @@
 //! `ferrolog produce`: sends one record per input line or CSV row, then
-//! reports how many were stored, how fast, and fails if any was not.
+//! reports how many records were read, stored, refused by the cluster, or
+//! left with an unknown outcome, and how fast; it fails if any was not
+//! stored or if the input could not be parsed.
+//!
+//! Input that cannot be parsed (see [`crate::input`]) stops the command at
+//! that line (records before it are sent and awaited, nothing after it is
+//! read), unless `--skip-bad-input` is given: then each bad row is warned
+//! about with its line number, counted and skipped.
 //!
 //! ```text
 //!  input thread ──Item (bounded)──> send loop ──Producer::send──> Delivery ──(bounded)──> collector
@@ -45,21 +52,56 @@ pub struct ProduceArgs {
     /// "YYYY-MM-DD HH:MM:SS" (UTC) or integer ms.
     #[arg(long)]
     timestamp_field: Option<String>,
+    /// Skip input rows that cannot be parsed (a CSV row whose field count
+    /// differs from the header's, a quote never closed, a missing or bad
+    /// timestamp), each with a warning naming its line, instead of
+    /// stopping at the first. Skipped rows are counted in the summary and
+    /// do not make the command fail.
+    #[arg(long)]
+    skip_bad_input: bool,
 }
 
 /// Counts shared by the send loop, the collector and the progress bar.
 #[derive(Default)]
 struct Counts {
+    /// Records read from the input and sent.
     sent: AtomicU64,
     stored: AtomicU64,
-    failed: AtomicU64,
+    /// Refused by the cluster or the client: certainly not stored.
+    refused: AtomicU64,
+    /// Failed in a way that leaves open whether they were stored (a
+    /// delivery timeout, a lost connection).
+    unknown: AtomicU64,
     bad_rows: AtomicU64,
     stored_bytes: AtomicU64,
 }
 
+/// Whether a record that failed with `e` may still have been stored: the
+/// request may have reached the leader and committed while its answer was
+/// lost.
+fn outcome_unknown(e: &ferrolog_client::Error) -> bool {
+    use ferrolog_client::Error;
+    use ferrolog_client::error::ErrorCode;
+    match e {
+        Error::DeliveryTimeout { .. }
+        | Error::Timeout { .. }
+        | Error::Transport { .. }
+        | Error::NoBrokerReachable { .. }
+        | Error::Deadline { .. }
+        | Error::Protocol(_)
+        | Error::Closed => true,
+        Error::Broker { .. } => {
+            matches!(e.code(), Some(ErrorCode::Unavailable | ErrorCode::StorageError) | None)
+        }
+        _ => false,
+    }
+}
+
 impl Counts {
     fn report_error(&self, message: &str) {
-        let n = self.failed.load(Ordering::Relaxed) + self.bad_rows.load(Ordering::Relaxed);
+        let n = self.refused.load(Ordering::Relaxed)
+            + self.unknown.load(Ordering::Relaxed)
+            + self.bad_rows.load(Ordering::Relaxed);
         if n <= ERRORS_SHOWN_MAX {
             eprintln!("{message}");
         }
@@ -101,6 +143,7 @@ pub async fn run(bootstrap: &str, args: ProduceArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let bar = progress_bar(&progress, &counts, started);
 
+    let mut stopped_at = None;
     while let Some(item) = items.recv().await {
         match item {
             Item::Record { line, key, value, timestamp_ms } => {
@@ -113,26 +156,44 @@ pub async fn run(bootstrap: &str, args: ProduceArgs) -> anyhow::Result<()> {
                     break;
                 }
             }
-            Item::Bad { line, message } => {
+            Item::Bad { line, message } if args.skip_bad_input => {
                 counts.bad_rows.fetch_add(1, Ordering::Relaxed);
-                counts.report_error(&format!("line {line}: skipped: {message}"));
+                let n = counts.bad_rows.load(Ordering::Relaxed);
+                counts.report_error(&format!("warning: line {line}: skipped bad input row {n}: {message}"));
+            }
+            Item::Bad { line, message } => {
+                stopped_at = Some(format!("line {line}: {message}"));
+                break;
             }
         }
     }
-    let read_result = reader.join().map_err(|_| anyhow::anyhow!("the input thread panicked"))?;
+    // After a bad row the reader is left behind (it may be waiting on a
+    // terminal); it stops at its next item, or with the process.
+    drop(items);
+    let read_result = if stopped_at.is_none() {
+        reader.join().map_err(|_| anyhow::anyhow!("the input thread panicked"))?
+    } else {
+        Ok(())
+    };
     producer.close().await;
     drop(deliveries_tx);
     collector.await.context("the delivery collector failed")?;
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
-    read_result?;
 
     let elapsed = started.elapsed().as_secs_f64().max(1e-6);
+    let sent = counts.sent.load(Ordering::Relaxed);
     let stored = counts.stored.load(Ordering::Relaxed);
-    let failed = counts.failed.load(Ordering::Relaxed);
+    let refused = counts.refused.load(Ordering::Relaxed);
+    let unknown = counts.unknown.load(Ordering::Relaxed);
     let bad_rows = counts.bad_rows.load(Ordering::Relaxed);
     let bytes = counts.stored_bytes.load(Ordering::Relaxed);
+    let skipped =
+        if args.skip_bad_input { format!(", {bad_rows} bad input rows skipped") } else { String::new() };
+    println!(
+        "{sent} records read: {stored} stored, {refused} refused, {unknown} unknown (may or may not be stored){skipped}"
+    );
     println!(
         "{stored} records sent to {} ({} partitions) in {elapsed:.2} s: {:.0} records/s, {:.2} MB/s",
         args.topic,
@@ -140,8 +201,15 @@ pub async fn run(bootstrap: &str, args: ProduceArgs) -> anyhow::Result<()> {
         stored as f64 / elapsed,
         bytes as f64 / elapsed / 1e6
     );
-    if failed > 0 || bad_rows > 0 {
-        bail!("{failed} records failed and {bad_rows} input rows were skipped");
+    if let Some(bad) = stopped_at {
+        bail!(
+            "{bad}\nstopped there: the {sent} records before it were sent, nothing after it was read \
+             (--skip-bad-input skips such rows)"
+        );
+    }
+    read_result?;
+    if refused > 0 || unknown > 0 {
+        bail!("{refused} records were refused and {unknown} have an unknown outcome");
     }
     Ok(())
 }
@@ -154,8 +222,12 @@ async fn collect(mut deliveries: tokio::sync::mpsc::Receiver<(u64, u64, Delivery
                 counts.stored.fetch_add(1, Ordering::Relaxed);
                 counts.stored_bytes.fetch_add(size, Ordering::Relaxed);
             }
+            Err(e) if outcome_unknown(&e) => {
+                counts.unknown.fetch_add(1, Ordering::Relaxed);
+                counts.report_error(&format!("line {line}: maybe not stored: {e}"));
+            }
             Err(e) => {
-                counts.failed.fetch_add(1, Ordering::Relaxed);
+                counts.refused.fetch_add(1, Ordering::Relaxed);
                 counts.report_error(&format!("line {line}: not stored: {e}"));
             }
         }
@@ -193,10 +265,41 @@ fn progress_bar(progress: &Arc<Progress>, counts: &Arc<Counts>, started: Instant
             bar2.set_position(progress.read_bytes.load(Ordering::Relaxed));
             let stored = counts.stored.load(Ordering::Relaxed);
             let rate = stored as f64 / started.elapsed().as_secs_f64().max(1e-3);
-            let failed = counts.failed.load(Ordering::Relaxed);
+            let failed = counts.refused.load(Ordering::Relaxed) + counts.unknown.load(Ordering::Relaxed);
             let failed = if failed > 0 { format!(", {failed} failed") } else { String::new() };
             bar2.set_message(format!("{stored} records stored ({rate:.0}/s){failed}"));
         }
     });
     Some(bar)
+}
+
+#[cfg(test)]
+mod tests {
+    use ferrolog_client::Error;
+
+    use super::outcome_unknown;
+
+    #[test]
+    fn refusals_are_told_apart_from_unknown_outcomes() {
+        let too_large =
+            Error::RecordTooLarge { topic: "t".into(), partition: 0, bytes: 9, message: "limit".into() };
+        let invalid = Error::Broker {
+            operation: "produce to t/0".into(),
+            code: 5,
+            message: "bad".into(),
+            leader: None,
+        };
+        let storage = Error::Broker {
+            operation: "produce to t/0".into(),
+            code: 10,
+            message: "disk".into(),
+            leader: None,
+        };
+        let timeout = Error::DeliveryTimeout { topic: "t".into(), partition: 0, timeout_ms: 1, last: None };
+        assert!(!outcome_unknown(&too_large));
+        assert!(!outcome_unknown(&invalid));
+        assert!(outcome_unknown(&storage), "the write may have reached other replicas");
+        assert!(outcome_unknown(&timeout));
+        assert!(outcome_unknown(&Error::Closed));
+    }
 }

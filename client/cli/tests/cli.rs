@@ -158,7 +158,7 @@ fn topics_produce_and_consume_through_the_command_line() {
     assert_eq!(out.lines().filter(|l| l.starts_with(char::is_numeric)).count(), 2, "{out}");
 
     // CSV: keys and timestamps from fields, a quoted field over two lines,
-    // one row whose time does not parse (skipped: the command fails).
+    // one row whose time does not parse (skipped and counted, as asked).
     let csv = "id,note,ts\n\
                s1,cold,2013-01-01T10:00:00Z\n\
                s2,\"two\nlines, quoted\",2013-01-01 10:30:00\n\
@@ -167,12 +167,27 @@ fn topics_produce_and_consume_through_the_command_line() {
                s2,late,2013-01-01T12:00:00+01:00\n";
     let file = write(c.dir.path(), "readings.csv", csv);
     let file = file.to_str().expect("utf-8 path");
-    let err = c.fails(
-        &["produce", "readings", "--file", file, "--key-field", "id", "--timestamp-field", "ts"],
+    let out = c.run(
+        &[
+            "produce",
+            "readings",
+            "--file",
+            file,
+            "--key-field",
+            "id",
+            "--timestamp-field",
+            "ts",
+            "--skip-bad-input",
+        ],
         None,
     );
-    assert!(err.contains("line 6: skipped") && err.contains("\"ts\""), "{err}");
-    assert!(err.contains("0 records failed and 1 input rows were skipped"), "{err}");
+    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{err}");
+    assert!(err.contains("warning: line 6: skipped bad input row 1") && err.contains("\"ts\""), "{err}");
+    assert!(
+        stdout.contains("4 records read: 4 stored, 0 refused, 0 unknown (may or may not be stored), 1 bad input rows skipped"),
+        "{stdout}"
+    );
 
     let records = json_lines(&c.ok(&["consume", "readings", "--output", "json"], None));
     assert_eq!(records.len(), 4, "{records:?}");
@@ -214,7 +229,8 @@ fn topics_produce_and_consume_through_the_command_line() {
 
     // Lines from stdin, keyless; values printed back as they were.
     let out = c.ok(&["produce", "readings"], Some("alpha\nbeta\r\n\ngamma"));
-    assert!(out.starts_with("4 records sent to readings"), "{out}");
+    assert!(out.starts_with("4 records read: 4 stored, 0 refused, 0 unknown"), "{out}");
+    assert!(out.contains("4 records sent to readings"), "{out}");
     let values = c.ok(&["consume", "readings"], None);
     for v in ["alpha", "beta", "gamma"] {
         assert!(values.lines().any(|l| l == v), "{v} missing from {values}");
@@ -233,4 +249,68 @@ fn topics_produce_and_consume_through_the_command_line() {
     let err = c.fails(&["produce", "nothing-here"], Some("x\n"));
     assert!(err.contains("does not exist"), "{err}");
     assert!(!c.ok(&["topic", "list"], None).contains("readings"));
+}
+
+/// Values of partition 0 of `topic`, in order, exactly as stored.
+fn values(c: &Brokers, topic: &str) -> Vec<String> {
+    json_lines(&c.ok(&["consume", topic, "-p", "0", "--output", "json"], None))
+        .iter()
+        .map(|r| r["value"].as_str().expect("a UTF-8 value").to_owned())
+        .collect()
+}
+
+#[test]
+fn bad_input_stops_produce_or_is_skipped_and_counted() {
+    let c = Brokers::start();
+    c.ok(&["topic", "create", "rows", "--partitions", "1", "--replication-factor", "3"], None);
+
+    // The second data row opens a quote that is never closed: the command
+    // stops there, naming the line, and nothing after it is merged or sent.
+    let csv = write(c.dir.path(), "rows.csv", "id,v\n1,a\n2,\"open\n3,c\n");
+    let csv = csv.to_str().expect("utf-8 path");
+    let out = c.run(&["produce", "rows", "--file", csv], None);
+    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{stdout}\n{err}");
+    assert!(
+        err.contains("line 3:") && err.contains("never closed") && err.contains("--skip-bad-input"),
+        "{err}"
+    );
+    assert!(stdout.contains("1 records read: 1 stored, 0 refused, 0 unknown"), "{stdout}");
+    assert_eq!(values(&c, "rows"), vec!["1,a"]);
+
+    // Asked to, it skips the row with a counted warning and reads on.
+    let out = c.run(&["produce", "rows", "--file", csv, "--skip-bad-input"], None);
+    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{err}");
+    assert!(
+        err.contains("warning: line 3: skipped bad input row 1") && err.contains("never closed"),
+        "{err}"
+    );
+    assert!(stdout.contains("2 records read: 2 stored, 0 refused, 0 unknown (may or may not be stored), 1 bad input rows skipped"), "{stdout}");
+    assert_eq!(values(&c, "rows"), vec!["1,a", "1,a", "3,c"]);
+
+    // A row with more fields than the header is bad input too.
+    let wide = write(c.dir.path(), "wide.csv", "id,v\n4,d,extra\n");
+    let err = c.fails(&["produce", "rows", "--file", wide.to_str().expect("utf-8 path")], None);
+    assert!(err.contains("line 2:") && err.contains("3 fields, the header 2"), "{err}");
+    assert_eq!(values(&c, "rows").len(), 3);
+
+    // Lines: `\n` or `\r\n` end a line and nothing else; an empty line is
+    // an empty record; a last line without `\n` is a record.
+    let out = c.ok(&["produce", "rows"], Some("a\r\r\nb\rc\n\nlast"));
+    assert!(out.starts_with("4 records read: 4 stored, 0 refused, 0 unknown"), "{out}");
+    assert_eq!(values(&c, "rows")[3..], ["a\r", "b\rc", "", "last"]);
+
+    // A line over max_record_bytes (1 MiB by default) is refused by name;
+    // the lines around it are stored; the command fails and says so.
+    let big = format!("before\n{}\nafter\n", "x".repeat(2 << 20));
+    let out = c.run(&["produce", "rows"], Some(&big));
+    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{stdout}\n{err}");
+    assert!(
+        err.contains("line 2: not stored") && err.contains("max_record_bytes") && err.contains("2097152"),
+        "{err}"
+    );
+    assert!(stdout.contains("3 records read: 2 stored, 1 refused, 0 unknown"), "{stdout}");
+    assert_eq!(values(&c, "rows")[7..], ["before", "after"]);
 }

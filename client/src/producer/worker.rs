@@ -13,9 +13,9 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use super::queue::{Batch, Failure, PartitionQueue, ProducerId, SendSpec, Waiter};
-use super::{BufferGauge, Command, ProducerConfig, record_size};
+use super::{BufferGauge, Command, ProducerConfig, record_payload_bytes, record_size};
 use crate::error::{Error, Op, Result};
-use crate::metadata::{ClusterMeta, MetadataCache, TopicMeta};
+use crate::metadata::{BrokerLimits, ClusterMeta, MetadataCache, TopicMeta};
 use crate::partitioner::{StickyPartitioner, partition_for_key};
 use crate::record::{Record, RecordMetadata};
 
@@ -90,6 +90,8 @@ impl Ledger {
 struct Worker {
     meta: Arc<MetadataCache>,
     config: ProducerConfig,
+    /// The brokers' size limits, from the latest metadata.
+    limits: BrokerLimits,
     commands: mpsc::UnboundedReceiver<Command>,
     commands_open: bool,
     events_tx: mpsc::UnboundedSender<Event>,
@@ -122,6 +124,7 @@ pub(super) fn spawn(
 ) {
     let (events_tx, events) = mpsc::unbounded_channel();
     let worker = Worker {
+        limits: meta.snapshot().limits,
         meta,
         config,
         commands,
@@ -146,9 +149,12 @@ pub(super) fn spawn(
     tokio::spawn(worker.run().instrument(tracing::info_span!("producer")));
 }
 
-/// A request too big for the broker's gRPC limit (about twice its
-/// `limits.max_batch_bytes`) is refused by its transport before the broker
-/// can answer `RECORD_TOO_LARGE`; report it as that.
+/// A request too big for a gRPC message limit (this client's
+/// `max_message_bytes`, or the broker's, about four times its
+/// `limits.max_batch_bytes`) is refused by the transport before the broker
+/// can answer `RECORD_TOO_LARGE`; report it as that, with the transport's
+/// message (which names its limit and the size). The producer's own check
+/// against the broker's `max_record_bytes` usually answers first.
 fn oversized_request(topic: &str, partition: u32, bytes: usize, e: Error) -> Error {
     match e {
         Error::Transport {
@@ -245,6 +251,28 @@ impl Worker {
             (None, Some(key)) => partition_for_key(key, partitions),
             (None, None) => self.sticky.partition(topic, partitions),
         };
+        if let Some(max) = self.limits.max_record_bytes {
+            let size = record_payload_bytes(&record);
+            if size > max {
+                let e = Error::RecordTooLarge {
+                    topic: topic.to_owned(),
+                    partition,
+                    bytes: size,
+                    message: format!(
+                        "the record is {size} bytes (key + value + headers); the limit, \
+                         limits.max_record_bytes, is {max} bytes"
+                    ),
+                };
+                self.ledger.resolve_one(record_id, bytes, waiter, Err(e));
+                return;
+            }
+        }
+        // Batches close at the broker's limit when it is lower (encoded
+        // bytes, which are never fewer than the key + value + headers it counts).
+        let batch_bytes_max = self
+            .limits
+            .max_batch_bytes
+            .map_or(self.config.batch_bytes_max, |b| b.min(self.config.batch_bytes_max));
         let queue = state
             .queues
             .entry(partition)
@@ -259,7 +287,7 @@ impl Worker {
                 *next_batch_id += 1;
                 Batch::new(*next_batch_id, now)
             },
-            self.config.batch_bytes_max,
+            batch_bytes_max,
         );
         if closed {
             self.sticky.batch_closed(topic, partition, partitions);
@@ -318,6 +346,7 @@ impl Worker {
                 self.refresh_in_flight = false;
                 match result {
                     Ok(cluster) => {
+                        self.limits = cluster.limits;
                         self.refresh_failures = 0;
                         self.refresh_not_before = Some(now + REFRESH_INTERVAL_MIN);
                         for (name, state) in &mut self.topics {
@@ -345,6 +374,7 @@ impl Worker {
                 match result {
                     Ok(t) if t.partition_count() > 0 => {
                         state.partitions = t.partition_count();
+                        self.limits = self.meta.snapshot().limits;
                         for w in waiting {
                             self.place(&topic, w.record, w.waiter, w.record_id, now);
                         }
