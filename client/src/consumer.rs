@@ -34,8 +34,9 @@ pub enum Seek {
     Latest,
     /// This offset.
     Offset(u64),
-    /// The first record whose batch's max timestamp is at or after this
-    /// time, ms since the Unix epoch; the high watermark when none is.
+    /// The first record, in offset order, whose timestamp is at or after
+    /// this time, ms since the Unix epoch (Kafka's rule, KIP-79, whatever
+    /// order timestamps come in); the high watermark when none is.
     Timestamp(i64),
 }
 
@@ -223,7 +224,27 @@ impl Consumer {
     /// # Errors
     /// Permanent errors, or [`Error::Deadline`] after `list_offsets_timeout_ms`.
     pub async fn list_offset(&self, topic: &str, partition: u32, seek: Seek) -> Result<u64> {
-        list_offset(&self.meta, &self.config, topic, partition, seek).await.map(|(offset, _)| offset)
+        list_offset(&self.meta, &self.config, topic, partition, seek).await.map(|(offset, _, _)| offset)
+    }
+
+    /// Kafka's ListOffsets by timestamp (KIP-79): the first committed record
+    /// of the partition, in offset order, whose timestamp is at or after
+    /// `timestamp_ms` (ms since the Unix epoch), as `(offset, its
+    /// timestamp)`; `None` when no committed record is that late. Retries
+    /// transient errors.
+    ///
+    /// # Errors
+    /// Permanent errors, or [`Error::Deadline`] after `list_offsets_timeout_ms`.
+    pub async fn offset_for_timestamp(
+        &self,
+        topic: &str,
+        partition: u32,
+        timestamp_ms: i64,
+    ) -> Result<Option<(u64, i64)>> {
+        let seek = Seek::Timestamp(timestamp_ms);
+        let (offset, found, ts) = list_offset(&self.meta, &self.config, topic, partition, seek).await?;
+        // A broker from before record granularity sends no timestamp.
+        Ok(found.then_some((offset, ts.unwrap_or(timestamp_ms))))
     }
 
     /// Returns records fetched since the last call, waiting up to `timeout`
@@ -287,7 +308,7 @@ impl Consumer {
                 let (topic, partition) = (&key2.0, key2.1);
                 let result = match position {
                     Position::Pending(seek) => {
-                        list_offset(&meta, &config, topic, partition, seek).await.map(|(offset, found)| {
+                        list_offset(&meta, &config, topic, partition, seek).await.map(|(offset, found, _)| {
                             let first_batch_min_timestamp_ms = match seek {
                                 Seek::Timestamp(t) if found => Some(t),
                                 _ => None,
@@ -376,9 +397,9 @@ async fn list_offset(
     topic: &str,
     partition: u32,
     seek: Seek,
-) -> Result<(u64, bool)> {
+) -> Result<(u64, bool, Option<i64>)> {
     let (spec, timestamp_ms) = match seek {
-        Seek::Offset(o) => return Ok((o, true)),
+        Seek::Offset(o) => return Ok((o, true, None)),
         Seek::Earliest => (pb::OffsetSpec::Earliest, 0),
         Seek::Latest => (pb::OffsetSpec::Latest, 0),
         Seek::Timestamp(t) => (pb::OffsetSpec::Timestamp, t),
@@ -390,7 +411,7 @@ async fn list_offset(
         let request =
             pb::ListOffsetsRequest { topic: topic.to_owned(), partition, spec: spec as i32, timestamp_ms };
         let r = meta.call(&op, &address, 0, |mut c| async move { c.list_offsets(request).await }).await;
-        let r = r.and_then(|r| Error::from_wire(&op, r.error).map(|()| (r.offset, r.found)));
+        let r = r.and_then(|r| Error::from_wire(&op, r.error).map(|()| (r.offset, r.found, r.timestamp_ms)));
         if let Err(e) = &r {
             meta.note_failure(topic, partition, e);
         }

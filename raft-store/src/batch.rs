@@ -16,7 +16,9 @@ pub const NO_PRODUCER_ID: i64 = -1;
 /// the batch's records (keys, values, headers, per-record timestamps), stored
 /// and returned byte for byte. The store only needs the record count, which
 /// fixes how many offsets the batch occupies, and the timestamps, which feed
-/// the time index.
+/// the time index; to answer a lookup by time at record granularity its
+/// caller decodes the per-record timestamps of the one batch it finds
+/// ([`PartitionLog::offset_for_timestamp`](crate::PartitionLog::offset_for_timestamp)).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecordBatch {
     /// Number of records in `records`; the batch occupies this many

@@ -642,18 +642,64 @@ impl PartitionLog {
         Ok(out)
     }
 
-    /// The first batch whose largest timestamp is ≥ `timestamp_ms`: its base
-    /// offset and that timestamp (Kafka ListOffsets by time, KIP-79), or
-    /// `None` if no stored batch is that late.
+    /// Kafka's ListOffsets by timestamp (KIP-79) at record granularity: the
+    /// first record, in offset order, whose timestamp is ≥ `timestamp_ms`,
+    /// among the stored records below `up_to_offset` (the high watermark),
+    /// as `(offset, record timestamp in ms)`; `None` if no such record is
+    /// stored.
+    ///
+    /// The store does not know how records are encoded: `record_timestamps`
+    /// decodes a batch's records (the frame payload) into their timestamps
+    /// in offset order. Only one batch is decoded: the first whose largest
+    /// timestamp is ≥ the target, found through the segments' largest
+    /// timestamps and the sparse index's "largest timestamp before this row"
+    /// (a running maximum, so the binary search is on a monotone quantity
+    /// whatever order the timestamps come in). No earlier batch holds a
+    /// record that late, and this one holds at least one.
     ///
     /// # Errors
-    /// [`StoreError::Corruption`]; [`StoreError::Io`].
-    pub fn offset_for_timestamp(&self, timestamp_ms: i64) -> Result<Option<(u64, i64)>> {
+    /// [`StoreError::Corruption`] for a frame that does not verify, for
+    /// records `record_timestamps` cannot decode, or whose count or
+    /// timestamps contradict the frame header (never a guessed answer);
+    /// [`StoreError::Io`].
+    pub fn offset_for_timestamp<E: std::fmt::Display>(
+        &self,
+        timestamp_ms: i64,
+        up_to_offset: u64,
+        mut record_timestamps: impl FnMut(Bytes) -> std::result::Result<Vec<i64>, E>,
+    ) -> Result<Option<(u64, i64)>> {
         for seg in self.segments.iter().filter(|s| s.max_timestamp_ms() >= timestamp_ms) {
             let pos = seg.position_of_timestamp(timestamp_ms)?;
-            if let Some((h, _)) = seg.read_frames(pos, 1, true, |_| true)?.0.into_iter().next() {
-                return Ok(Some((h.base_offset, h.max_timestamp_ms)));
+            let Some((h, frame)) = seg.read_frames(pos, 1, true, |_| true)?.0.into_iter().next() else {
+                continue;
+            };
+            if h.next_offset() > up_to_offset {
+                // Batches are committed whole, and every later one is later still.
+                return Ok(None);
             }
+            let bad = |detail: String| StoreError::Corruption {
+                path: seg.path().to_owned(),
+                position: pos,
+                source: format::DecodeError::Invalid { field: "record timestamps", detail },
+            };
+            let stamps = record_timestamps(frame.slice(format::FRAME_HEADER_BYTES..)).map_err(|e| {
+                bad(format!("the records of the batch at offset {} do not decode: {e}", h.base_offset))
+            })?;
+            if stamps.len() != h.record_count as usize {
+                return Err(bad(format!(
+                    "the batch at offset {} says {} records but holds {}",
+                    h.base_offset,
+                    h.record_count,
+                    stamps.len()
+                )));
+            }
+            return match stamps.iter().position(|t| *t >= timestamp_ms) {
+                Some(i) => Ok(Some((h.base_offset + i as u64, stamps[i]))),
+                None => Err(bad(format!(
+                    "the batch at offset {} says its largest timestamp is {} but no record is at or after {timestamp_ms}",
+                    h.base_offset, h.max_timestamp_ms
+                ))),
+            };
         }
         Ok(None)
     }

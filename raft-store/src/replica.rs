@@ -178,14 +178,22 @@ impl Replica {
         log.read(from_offset, max_bytes, hw)
     }
 
-    /// Earliest committed batch whose largest timestamp is ≥ `timestamp_ms`:
-    /// `(base offset, timestamp)`, or `None`.
+    /// Kafka's ListOffsets by timestamp (KIP-79) over committed records: the
+    /// first record in offset order whose timestamp is ≥ `timestamp_ms`, as
+    /// `(offset, record timestamp in ms)`, or `None` when no committed
+    /// record is that late. `record_timestamps` decodes a batch's records
+    /// into their timestamps (see [`PartitionLog::offset_for_timestamp`]).
     ///
     /// # Errors
-    /// [`StoreError::Corruption`]; [`StoreError::Io`].
-    pub fn offset_for_timestamp(&self, timestamp_ms: i64) -> Result<Option<(u64, i64)>> {
+    /// [`StoreError::Corruption`], also for records that do not decode or
+    /// contradict their frame header; [`StoreError::Io`].
+    pub fn offset_for_timestamp<E: std::fmt::Display>(
+        &self,
+        timestamp_ms: i64,
+        record_timestamps: impl FnMut(bytes::Bytes) -> std::result::Result<Vec<i64>, E>,
+    ) -> Result<Option<(u64, i64)>> {
         let hw = self.high_watermark();
-        Ok(self.log().offset_for_timestamp(timestamp_ms)?.filter(|(o, _)| *o < hw))
+        self.log().offset_for_timestamp(timestamp_ms, hw, record_timestamps)
     }
 
     /// Judges a batch about to be proposed against the idempotent producer

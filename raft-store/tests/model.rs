@@ -36,21 +36,44 @@ struct M {
     ts: i64,
 }
 
+/// Per-record timestamps of the batch at `index`: `m.ts` is the largest,
+/// at a position that depends on the index; the others are earlier, out of
+/// order.
+fn stamps(index: u64, m: &M) -> Vec<i64> {
+    let top = (index % u64::from(m.count.max(1))) as u32;
+    (0..m.count)
+        .map(|k| if k == top { m.ts } else { m.ts - i64::from((k * 13 + index as u32 * 7) % 50 + 1) })
+        .collect()
+}
+
+/// The records: a count (u32) and one i64 timestamp per record, little
+/// endian, then filler up to `m.len` bytes.
 fn make_entry(index: u64, m: &M) -> Entry {
     let payload = if m.count == 0 {
         EntryPayload::Blank
     } else {
+        let stamps = stamps(index, m);
+        let mut records = m.count.to_le_bytes().to_vec();
+        records.extend(stamps.iter().flat_map(|t| t.to_le_bytes()));
+        records.resize(records.len().max(m.len), (index % 251) as u8);
         EntryPayload::Normal(RecordBatch {
             record_count: m.count,
-            first_timestamp_ms: m.ts,
+            first_timestamp_ms: stamps[0],
             max_timestamp_ms: m.ts,
             producer_id: -1,
             producer_epoch: 0,
             base_sequence: 0,
-            records: Bytes::from(vec![(index % 251) as u8; m.len]),
+            records: Bytes::from(records),
         })
     };
     Entry { log_id: log_id(m.term, 1, index), payload }
+}
+
+/// Decodes [`make_entry`]'s records into their timestamps.
+fn record_stamps(records: Bytes) -> Result<Vec<i64>, String> {
+    let n = u32::from_le_bytes(records.get(..4).ok_or("short")?.try_into().map_err(|_| "short")?) as usize;
+    let body = records.get(4..4 + 8 * n).ok_or("short")?;
+    Ok(body.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
 }
 
 fn config() -> StoreConfig {
@@ -100,9 +123,26 @@ fn check(log: &PartitionLog, model: &[M], purged: Option<u64>) {
         let want: Vec<u64> = batches.iter().map(|(i, _, _)| *i).collect();
         assert_eq!(seen, want, "consumer with max_bytes {max_bytes}");
     }
-    for ts in [0i64, 1, 250, 500, 999, 1000] {
-        let want = batches.iter().find(|(_, _, m)| m.ts >= ts).map(|(_, b, m)| (*b, m.ts));
-        assert_eq!(log.offset_for_timestamp(ts).expect("ts"), want, "timestamp {ts}");
+    // Offsets for a timestamp: the first record in offset order at or
+    // after it (KIP-79), also below a high watermark.
+    let records: Vec<(u64, i64)> = batches
+        .iter()
+        .flat_map(|(i, base, m)| {
+            stamps(*i, m).into_iter().enumerate().map(move |(k, t)| (base + k as u64, t))
+        })
+        .collect();
+    for ts in [-60i64, 0, 1, 250, 500, 970, 999, 1000] {
+        for up_to in [u64::MAX, offset / 2] {
+            let want = records.iter().copied().find(|(o, t)| *t >= ts && *o < up_to);
+            // A batch is answered only when wholly below `up_to`.
+            let want = want.filter(|(o, _)| {
+                batches.iter().any(|(_, b, m)| {
+                    *b <= *o && *o < b + u64::from(m.count) && b + u64::from(m.count) <= up_to
+                })
+            });
+            let got = log.offset_for_timestamp(ts, up_to, record_stamps).expect("ts");
+            assert_eq!(got, want, "timestamp {ts} up to {up_to}");
+        }
     }
 }
 

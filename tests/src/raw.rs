@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use ferrolog_proto::client::{
-    CreateTopicRequest, ErrorCode, PartitionStatusRequest, PartitionStatusResponse, ProduceRequest,
-    ProduceResponse, Record,
+    CreateTopicRequest, ErrorCode, ListOffsetsRequest, ListOffsetsResponse, OffsetSpec,
+    PartitionStatusRequest, PartitionStatusResponse, ProduceRequest, ProduceResponse, Record,
 };
 
 use crate::{Cluster, connect, metadata};
@@ -125,6 +125,55 @@ pub async fn produce(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     bail!("produce not acknowledged within {timeout:?}: {last}")
+}
+
+/// ListOffsets by timestamp (`timestamp_ms`, ms since the epoch) for
+/// `topic`/`partition`, asked of whichever running broker leads, retrying
+/// `NOT_LEADER` and `UNAVAILABLE` until `timeout`. Returns the answer and
+/// the broker that gave it.
+///
+/// # Errors
+/// Another error code, or the timeout.
+pub async fn offsets_for_time(
+    c: &Cluster,
+    topic: &str,
+    partition: u32,
+    timestamp_ms: i64,
+    timeout: Duration,
+) -> anyhow::Result<(ListOffsetsResponse, u32)> {
+    let deadline = Instant::now() + timeout;
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        let id = match leader(c, topic, partition, Duration::from_millis(500)).await {
+            Ok(id) => id,
+            Err(e) => {
+                last = e.to_string();
+                continue;
+            }
+        };
+        let req = ListOffsetsRequest {
+            topic: topic.into(),
+            partition,
+            spec: OffsetSpec::Timestamp as i32,
+            timestamp_ms,
+        };
+        match connect(c.broker(id).client_addr).await {
+            Ok(mut client) => match client.list_offsets(req).await {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    match code(&r.error) {
+                        ErrorCode::None => return Ok((r, id)),
+                        ErrorCode::NotLeader | ErrorCode::Unavailable => last = format!("{:?}", r.error),
+                        _ => bail!("list offsets for {timestamp_ms}: {:?}", r.error),
+                    }
+                }
+                Err(e) => last = e.to_string(),
+            },
+            Err(e) => last = format!("{e:#}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bail!("no answer to list offsets for {timestamp_ms} within {timeout:?}: {last}")
 }
 
 /// Raft status of a partition as broker `id` sees it.

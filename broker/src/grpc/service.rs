@@ -235,17 +235,20 @@ impl Ferrolog for ClientService {
             let p = self.partition(&req.topic, req.partition)?;
             let (start, hw) = p.offsets().await?;
             match OffsetSpec::try_from(req.spec) {
-                Ok(OffsetSpec::Earliest) => Ok((start, true)),
-                Ok(OffsetSpec::Latest) => Ok((hw, true)),
-                Ok(OffsetSpec::Timestamp) => {
-                    Ok(p.offset_for_timestamp(req.timestamp_ms).await?.map_or((hw, false), |o| (o, true)))
-                }
+                Ok(OffsetSpec::Earliest) => Ok((start, true, None)),
+                Ok(OffsetSpec::Latest) => Ok((hw, true, None)),
+                Ok(OffsetSpec::Timestamp) => Ok(match p.offset_for_timestamp(req.timestamp_ms).await? {
+                    Some((offset, timestamp_ms)) => (offset, true, Some(timestamp_ms)),
+                    None => (hw, false, None),
+                }),
                 Err(_) => Err(ApiError::Invalid(format!("unknown offset spec {}", req.spec))),
             }
         }
         .await;
         Ok(Response::new(match result {
-            Ok((offset, found)) => ListOffsetsResponse { error: None, offset, found },
+            Ok((offset, found, timestamp_ms)) => {
+                ListOffsetsResponse { error: None, offset, found, timestamp_ms }
+            }
             Err(e) => ListOffsetsResponse { error: self.wire(&e), ..ListOffsetsResponse::default() },
         }))
     }

@@ -392,14 +392,19 @@ impl Partition {
         Ok((self.replica.log_start_offset(), self.replica.high_watermark()))
     }
 
-    /// First committed offset whose batch has a record at or after
-    /// `timestamp_ms`, if any.
+    /// Kafka's ListOffsets by timestamp (KIP-79): the first committed
+    /// record, in offset order, whose timestamp is ≥ `timestamp_ms` (ms
+    /// since the Unix epoch), as `(offset, its timestamp in ms)`; `None`
+    /// when no committed record is that late. Timestamps may go backwards
+    /// within and across batches; the answer is still the first such
+    /// record, not the start of its batch.
     ///
     /// # Errors
-    /// Not leader / unavailable; storage errors.
-    pub async fn offset_for_timestamp(&self, timestamp_ms: i64) -> Result<Option<u64>, ApiError> {
+    /// Not leader / unavailable; storage errors, including a stored batch
+    /// whose records do not decode or contradict its header.
+    pub async fn offset_for_timestamp(&self, timestamp_ms: i64) -> Result<Option<(u64, i64)>, ApiError> {
         self.ready_leader().await?;
-        Ok(self.replica.offset_for_timestamp(timestamp_ms).map_err(storage_error)?.map(|(o, _)| o))
+        self.replica.offset_for_timestamp(timestamp_ms, records::timestamps).map_err(storage_error)
     }
 
     /// The Raft state of this replica.
