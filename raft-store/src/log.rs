@@ -169,7 +169,10 @@ impl PartitionLog {
     fn check_reaches_purge_pointer(&mut self) -> Result<()> {
         let need = self.purged.map_or(0, |p| p.index + 1);
         let Some(first) = self.segments.first() else { return Ok(()) };
-        if first.base_index() <= need {
+        // A log replaced from a snapshot legitimately starts later; it
+        // starts at or before the point recorded before the replacement.
+        let replaced_at: Option<(u64, u64)> = self.meta.get(meta::KEY_EMPTY_START)?;
+        if first.base_index() <= need || replaced_at.is_some_and(|(i, _)| first.base_index() <= i) {
             return Ok(());
         }
         let error = StoreError::Corruption {
