@@ -133,6 +133,11 @@ pub struct ClusterMeta {
     pub controller: u32,
     /// Address of the broker that answered.
     pub answered_by: String,
+    /// Ids of the brokers the cluster consists of (the controller group's
+    /// members and every registered broker), sorted; one missing from
+    /// `brokers` has not registered yet. Empty when the answering broker
+    /// does not know.
+    pub cluster_brokers: Vec<u32>,
 }
 
 impl ClusterMeta {
@@ -168,7 +173,16 @@ impl ClusterMeta {
                 )
             })
             .collect();
-        ClusterMeta { brokers, topics, controller: r.controller, answered_by: answered_by.to_owned() }
+        let mut cluster_brokers = r.cluster_brokers;
+        cluster_brokers.sort_unstable();
+        cluster_brokers.dedup();
+        ClusterMeta {
+            brokers,
+            topics,
+            controller: r.controller,
+            answered_by: answered_by.to_owned(),
+            cluster_brokers,
+        }
     }
 
     /// The leader of a partition: broker id and client address, when known.
@@ -581,6 +595,7 @@ mod tests {
                 replication_factor: 2,
             }],
             controller: 1,
+            cluster_brokers: vec![2, 1],
         }
     }
 
@@ -592,6 +607,7 @@ mod tests {
         assert_eq!(c.leader("t", 1), None, "leader 0 is none");
         assert_eq!(c.leader("t", 9), None);
         assert_eq!(c.leader("u", 0), None);
+        assert_eq!(c.cluster_brokers, vec![1, 2], "sorted");
     }
 
     #[test]

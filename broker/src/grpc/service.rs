@@ -279,7 +279,8 @@ impl Ferrolog for ClientService {
             error = self.wire(&ApiError::UnknownTopic(missing.clone()));
         }
         let controller = self.controller.leader().unwrap_or(0);
-        Ok(Response::new(MetadataResponse { error, brokers, topics, controller }))
+        let cluster_brokers = self.controller.cluster_brokers().into_iter().collect();
+        Ok(Response::new(MetadataResponse { error, brokers, topics, controller, cluster_brokers }))
     }
 
     async fn create_topic(
