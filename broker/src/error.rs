@@ -59,7 +59,8 @@ pub enum ApiError {
     /// An earlier send of this batch is still replicating.
     #[error("an earlier send of this batch is still being replicated")]
     DuplicateInFlight,
-    /// Not enough brokers for the replication factor.
+    /// The cluster has fewer brokers than the replication factor (too few
+    /// registered or answering in a big enough cluster is `Unavailable`).
     #[error("invalid replication factor: {0}")]
     InvalidReplicationFactor(String),
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ferrolog_proto::client as pb;
 
-use crate::error::{Error, ErrorCode, Op, Result};
+use crate::error::{Error, ErrorCode, Op, Result, Retry};
 use crate::metadata::{BrokerMeta, ClusterMeta, MetadataCache, TopicMeta};
 
 /// Raft state of one partition as its leader reports it.
@@ -94,12 +94,87 @@ pub struct PartitionReport {
 pub struct ClusterStatus {
     /// Brokers by id, as the answering broker sees them.
     pub brokers: Vec<BrokerMeta>,
+    /// Ids of the brokers the cluster consists of (the controller group's
+    /// members, founded from `initial_cluster`, and every registered
+    /// broker), sorted; empty when the answering broker does not know.
+    pub cluster_brokers: Vec<u32>,
     /// Controller broker id, 0 when unknown.
     pub controller: u32,
     /// The broker that answered `Metadata`.
     pub answered_by: String,
     /// Every partition of every topic, by topic then partition.
     pub partitions: Vec<PartitionReport>,
+}
+
+/// Whether the cluster can take topics of any replication factor up to its
+/// size, as the broker that answered `Metadata` sees it: a controller is
+/// known, and every broker of the cluster has registered with it and
+/// answers pings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Readiness {
+    /// A controller (metadata group leader) is known.
+    pub controller_known: bool,
+    /// Ids of the brokers the cluster consists of; empty when unknown.
+    pub expected: Vec<u32>,
+    /// Of those, the ones that have registered.
+    pub registered: Vec<u32>,
+    /// Of those, the ones that have not registered yet.
+    pub unregistered: Vec<u32>,
+    /// Registered brokers that do not answer the answering broker's pings.
+    pub not_alive: Vec<u32>,
+}
+
+impl Readiness {
+    /// Every broker registered and alive, and a controller known.
+    pub fn is_ready(&self) -> bool {
+        self.controller_known
+            && !self.expected.is_empty()
+            && self.unregistered.is_empty()
+            && self.not_alive.is_empty()
+    }
+
+    /// One line for people: `yes (3 of 3 brokers registered and alive)` or
+    /// what is missing.
+    pub fn describe(&self) -> String {
+        let ids = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+        let counts = format!("{} of {} brokers registered", self.registered.len(), self.expected.len());
+        if self.is_ready() {
+            return format!("yes ({counts} and alive)");
+        }
+        let mut why = Vec::new();
+        if !self.controller_known {
+            why.push("no controller known".to_owned());
+        }
+        if self.expected.is_empty() {
+            why.push("the cluster's brokers are not known yet".to_owned());
+        } else {
+            why.push(counts);
+        }
+        if !self.unregistered.is_empty() {
+            why.push(format!("not registered yet: {}", ids(&self.unregistered)));
+        }
+        if !self.not_alive.is_empty() {
+            why.push(format!("not answering: {}", ids(&self.not_alive)));
+        }
+        format!("NO: {}", why.join("; "))
+    }
+}
+
+impl ClusterStatus {
+    /// Whether every broker of the cluster has registered and answers, and
+    /// a controller is known (see [`Readiness`]).
+    pub fn readiness(&self) -> Readiness {
+        let registered_ids: Vec<u32> = self.brokers.iter().map(|b| b.id).collect();
+        let (registered, unregistered) =
+            self.cluster_brokers.iter().partition(|id| registered_ids.contains(id));
+        Readiness {
+            controller_known: self.controller != 0,
+            expected: self.cluster_brokers.clone(),
+            registered,
+            unregistered,
+            not_alive: self.brokers.iter().filter(|b| !b.alive).map(|b| b.id).collect(),
+        }
+    }
 }
 
 /// Creates, deletes and describes topics; reports cluster status.
@@ -136,15 +211,35 @@ impl Admin {
     }
 
     /// Creates a topic with `partitions` partitions of `replication_factor`
-    /// replicas each.
+    /// replicas each. Transient refusals are retried for the admin timeout
+    /// ([`Admin::with_timeout`]): no controller yet, and too few brokers
+    /// registered or answering while the cluster has enough (a cluster that
+    /// has just started, a broker that is down).
     ///
     /// # Errors
-    /// `TOPIC_ALREADY_EXISTS`, `INVALID_REPLICATION_FACTOR`,
-    /// `INVALID_REQUEST` as [`Error::Broker`]; transport errors after
-    /// retrying. A retry after a lost answer may report
+    /// `TOPIC_ALREADY_EXISTS`, `INVALID_REPLICATION_FACTOR` (the cluster has
+    /// fewer brokers than that), `INVALID_REQUEST` as [`Error::Broker`];
+    /// [`Error::Deadline`] with the last refusal once the timeout has
+    /// passed. A retry after a lost answer may report
     /// `TOPIC_ALREADY_EXISTS` for a topic this call created.
     pub async fn create_topic(&self, name: &str, partitions: u32, replication_factor: u32) -> Result<()> {
+        self.create_topic_reporting(name, partitions, replication_factor, |_| {}).await
+    }
+
+    /// As [`Admin::create_topic`], calling `on_retry` with each transient
+    /// refusal before it is retried (to tell a user what is awaited).
+    ///
+    /// # Errors
+    /// As [`Admin::create_topic`].
+    pub async fn create_topic_reporting(
+        &self,
+        name: &str,
+        partitions: u32,
+        replication_factor: u32,
+        on_retry: impl FnMut(&Error) + Send,
+    ) -> Result<()> {
         let op = Op::new("create topic", name);
+        let on_retry = std::sync::Mutex::new(on_retry);
         self.meta
             .retrying("create topic", self.timeout, || async {
                 let address = self.any_broker().await?;
@@ -153,8 +248,14 @@ impl Admin {
                 let r = self
                     .meta
                     .call(&op, &address, 0, |mut c| async move { c.create_topic(request).await })
-                    .await?;
-                Error::from_wire(&op, r.error)
+                    .await
+                    .and_then(|r| Error::from_wire(&op, r.error));
+                if let Err(e) = &r
+                    && e.retry() == Retry::Yes
+                {
+                    (on_retry.lock().unwrap_or_else(std::sync::PoisonError::into_inner))(e);
+                }
+                r
             })
             .await
     }
@@ -287,6 +388,7 @@ impl Admin {
         partitions.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
         Ok(ClusterStatus {
             brokers: cluster.brokers.values().cloned().collect(),
+            cluster_brokers: cluster.cluster_brokers.clone(),
             controller: cluster.controller,
             answered_by: cluster.answered_by.clone(),
             partitions,
@@ -397,4 +499,47 @@ async fn partition_status(
             })
             .collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(cluster: &[u32], brokers: &[(u32, bool)], controller: u32) -> ClusterStatus {
+        ClusterStatus {
+            brokers: brokers
+                .iter()
+                .map(|(id, alive)| BrokerMeta {
+                    id: *id,
+                    address: format!("a{id}"),
+                    peer_address: format!("p{id}"),
+                    alive: *alive,
+                })
+                .collect(),
+            cluster_brokers: cluster.to_vec(),
+            controller,
+            answered_by: "a1".into(),
+            partitions: vec![],
+        }
+    }
+
+    #[test]
+    fn readiness_needs_every_broker_registered_and_alive() {
+        let r = status(&[1, 2, 3], &[(1, true), (2, true), (3, true)], 1).readiness();
+        assert!(r.is_ready());
+        assert_eq!(r.describe(), "yes (3 of 3 brokers registered and alive)");
+
+        let r = status(&[1, 2, 3], &[(1, true), (2, true)], 1).readiness();
+        assert!(!r.is_ready());
+        assert_eq!(r.unregistered, vec![3]);
+        assert_eq!(r.describe(), "NO: 2 of 3 brokers registered; not registered yet: 3");
+
+        let r = status(&[1, 2, 3], &[(1, true), (2, false), (3, true)], 0).readiness();
+        assert_eq!(r.describe(), "NO: no controller known; 3 of 3 brokers registered; not answering: 2");
+
+        // A broker that does not report the cluster's brokers: unknown, not ready.
+        let r = status(&[], &[(1, true)], 1).readiness();
+        assert!(!r.is_ready());
+        assert!(r.describe().contains("not known"), "{}", r.describe());
+    }
 }

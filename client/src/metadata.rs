@@ -133,6 +133,11 @@ pub struct ClusterMeta {
     pub controller: u32,
     /// Address of the broker that answered.
     pub answered_by: String,
+    /// Ids of the brokers the cluster consists of (the controller group's
+    /// members and every registered broker), sorted; one missing from
+    /// `brokers` has not registered yet. Empty when the answering broker
+    /// does not know.
+    pub cluster_brokers: Vec<u32>,
     /// The size limits of the broker that answered.
     pub limits: BrokerLimits,
 }
@@ -188,7 +193,17 @@ impl ClusterMeta {
             max_record_bytes: limit(r.max_record_bytes),
             max_batch_bytes: limit(r.max_batch_bytes),
         };
-        ClusterMeta { brokers, topics, controller: r.controller, answered_by: answered_by.to_owned(), limits }
+        let mut cluster_brokers = r.cluster_brokers;
+        cluster_brokers.sort_unstable();
+        cluster_brokers.dedup();
+        ClusterMeta {
+            brokers,
+            topics,
+            controller: r.controller,
+            answered_by: answered_by.to_owned(),
+            limits,
+            cluster_brokers,
+        }
     }
 
     /// The leader of a partition: broker id and client address, when known.
@@ -603,6 +618,7 @@ mod tests {
             controller: 1,
             max_record_bytes: 1000,
             max_batch_bytes: 0,
+            cluster_brokers: vec![2, 1],
         }
     }
 
@@ -615,6 +631,7 @@ mod tests {
         assert_eq!(c.leader("t", 9), None);
         assert_eq!(c.leader("u", 0), None);
         assert_eq!(c.limits, BrokerLimits { max_record_bytes: Some(1000), max_batch_bytes: None });
+        assert_eq!(c.cluster_brokers, vec![1, 2], "sorted");
     }
 
     #[test]

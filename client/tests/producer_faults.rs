@@ -194,6 +194,7 @@ impl Ferrolog for FakeBroker {
                 replication_factor: 1,
             }],
             controller: 1,
+            cluster_brokers: vec![1],
             ..pb::MetadataResponse::default()
         }))
     }

@@ -296,6 +296,7 @@ impl Ferrolog for ClientService {
             error = self.wire(&ApiError::UnknownTopic(missing.clone()));
         }
         let controller = self.controller.leader().unwrap_or(0);
+        let cluster_brokers = self.controller.cluster_brokers().into_iter().collect();
         Ok(Response::new(MetadataResponse {
             error,
             brokers,
@@ -303,6 +304,7 @@ impl Ferrolog for ClientService {
             controller,
             max_record_bytes: self.limits.max_record_bytes as u64,
             max_batch_bytes: self.limits.max_batch_bytes as u64,
+            cluster_brokers,
         }))
     }
 

@@ -100,6 +100,16 @@ impl Controller {
         self.image.borrow().clone()
     }
 
+    /// The brokers the cluster consists of, as this broker knows them: the
+    /// metadata group's members (founded from `initial_cluster`) and every
+    /// registered broker (see [`MetadataImage::cluster_brokers`]). Before
+    /// the metadata group has a membership, only the registered ones.
+    pub fn cluster_brokers(&self) -> std::collections::BTreeSet<BrokerId> {
+        let membership = self.raft.metrics().borrow_watched().membership_config.clone();
+        let members = membership.membership().nodes().map(|(n, node)| (*n, node.addr.as_str()));
+        self.image.borrow().cluster_brokers(members)
+    }
+
     /// The controller's broker id (the metadata group's leader), if known.
     pub fn leader(&self) -> Option<BrokerId> {
         let node = self.raft.metrics().borrow_watched().current_leader?;
@@ -123,6 +133,39 @@ impl Controller {
                 self.forward(&addr, &req).await
             }
         }
+    }
+
+    /// Why a topic of `rf` replicas cannot be placed on the `live` brokers.
+    /// Permanent (`INVALID_REPLICATION_FACTOR`) only when the cluster has
+    /// fewer than `rf` brokers at all; while enough brokers exist but some
+    /// have not registered yet (a cluster just started) or do not answer,
+    /// retriable (`UNAVAILABLE`), saying which.
+    fn too_few_brokers(&self, image: &MetadataImage, live: &[BrokerId], rf: u32) -> ApiError {
+        let cluster = self.cluster_brokers();
+        let registered = image.brokers.len();
+        let list = |ids: Vec<BrokerId>| ids.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+        if rf == 0 || cluster.len() < rf as usize {
+            return ApiError::InvalidReplicationFactor(format!(
+                "replication factor {rf} needs that many brokers; the cluster has {} ({registered} registered)",
+                cluster.len()
+            ));
+        }
+        if registered < rf as usize {
+            let missing = cluster.iter().copied().filter(|b| !image.brokers.contains_key(b)).collect();
+            return ApiError::Unavailable(format!(
+                "replication factor {rf} needs {rf} registered brokers; {registered} of the cluster's {} have \
+                 registered so far (not yet: {})",
+                cluster.len(),
+                list(missing)
+            ));
+        }
+        let silent = image.brokers.keys().copied().filter(|b| !live.contains(b)).collect();
+        ApiError::Unavailable(format!(
+            "replication factor {rf} needs {rf} live brokers; {} of the {registered} registered answer (not \
+             answering: {})",
+            live.len(),
+            list(silent)
+        ))
     }
 
     async fn forward(&self, addr: &str, req: &ControllerRequest) -> Result<ControllerReply, ApiError> {
@@ -224,20 +267,7 @@ impl Controller {
                     partitions,
                     replication_factor,
                 )
-                .ok_or_else(|| {
-                    let registered = image.brokers.len();
-                    if replication_factor == 0 || registered < replication_factor as usize {
-                        ApiError::InvalidReplicationFactor(format!(
-                            "replication factor {replication_factor} needs that many brokers; {registered} are registered"
-                        ))
-                    } else {
-                        // Enough brokers exist but too few answer now: retriable.
-                        ApiError::Unavailable(format!(
-                            "replication factor {replication_factor} needs that many live brokers; {} answer",
-                            brokers.len()
-                        ))
-                    }
-                })?;
+                .ok_or_else(|| self.too_few_brokers(&image, &brokers, replication_factor))?;
                 let (mut group, mut node) = (image.next_group_id, image.next_node_id);
                 let mut assignments = Vec::with_capacity(placed.len());
                 for brokers in placed {

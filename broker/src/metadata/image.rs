@@ -166,6 +166,38 @@ impl MetadataImage {
             .collect()
     }
 
+    /// The brokers the cluster consists of: every member (voter or learner)
+    /// of the metadata group, given as `(node id, peer address)`, as a
+    /// broker id, together with every registered broker. This is what
+    /// `initial_cluster` founded (the metadata group's membership is fixed
+    /// to it), so a broker in it but not in [`MetadataImage::brokers`] has
+    /// not registered yet.
+    ///
+    /// A member is the registered broker whose metadata node it is, else
+    /// the one registered at its peer address (a wiped broker's new node id
+    /// before this image records it), else a founding member that has not
+    /// registered yet, whose node id is its broker id. A node id that is no
+    /// broker id (above `u32::MAX`) and matches no broker is left out.
+    pub fn cluster_brokers<'a>(
+        &self,
+        members: impl IntoIterator<Item = (NodeId, &'a str)>,
+    ) -> std::collections::BTreeSet<BrokerId> {
+        let mut out: std::collections::BTreeSet<BrokerId> = self.brokers.keys().copied().collect();
+        for (node, addr) in members {
+            let known = self
+                .brokers
+                .iter()
+                .find(|(_, b)| b.metadata_node == node)
+                .or_else(|| self.brokers.iter().find(|(_, b)| b.peer_addr == addr))
+                .map(|(id, _)| *id)
+                .or_else(|| self.retired_metadata_nodes.get(&node).copied());
+            if let Some(id) = known.or_else(|| BrokerId::try_from(node).ok()) {
+                out.insert(id);
+            }
+        }
+        out
+    }
+
     /// The broker owning node `node` of group `group` (0: the metadata group).
     pub fn broker_of_node(&self, group: u64, node: NodeId) -> Option<BrokerId> {
         if group == 0 {
@@ -239,6 +271,51 @@ mod tests {
                 initial: vec![node],
             }],
         }
+    }
+
+    fn registered(id: BrokerId, peer: &str) -> MetadataCommand {
+        MetadataCommand::BrokerRegistered {
+            id,
+            client_addr: format!("c{id}"),
+            peer_addr: peer.into(),
+            incarnation: 1,
+        }
+    }
+
+    #[test]
+    fn cluster_brokers_are_the_metadata_members_and_the_registered() {
+        let mut m = MetadataImage::new();
+        let members = [(1u64, "p1"), (2, "p2"), (3, "p3")];
+        assert_eq!(
+            m.cluster_brokers(members).into_iter().collect::<Vec<_>>(),
+            vec![1, 2, 3],
+            "none registered"
+        );
+        m.apply(0, &registered(2, "p2"));
+        assert_eq!(m.cluster_brokers(members).len(), 3);
+        // Broker 2 wiped: its new metadata node (1005) is found by its peer
+        // address before the image records the replacement...
+        let during = [(1u64, "p1"), (2, "p2"), (3, "p3"), (1005, "p2")];
+        assert_eq!(m.cluster_brokers(during).into_iter().collect::<Vec<_>>(), vec![1, 2, 3]);
+        // ...and by its node id after.
+        m.apply(
+            1,
+            &MetadataCommand::BrokerReplaced {
+                id: 2,
+                incarnation: 9,
+                client_addr: "c2".into(),
+                peer_addr: "p2-new".into(),
+                metadata_node: 1005,
+                replicas: vec![],
+            },
+        );
+        let after = [(1u64, "p1"), (1005, "p2-new"), (3, "p3")];
+        assert_eq!(m.cluster_brokers(after).into_iter().collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert_eq!(
+            m.cluster_brokers([]).into_iter().collect::<Vec<_>>(),
+            vec![2],
+            "registered brokers count"
+        );
     }
 
     #[test]

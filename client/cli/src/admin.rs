@@ -14,6 +14,10 @@ use crate::table;
 #[derive(Subcommand, Debug)]
 pub enum TopicCommand {
     /// Create a topic and wait until every partition has a leader.
+    ///
+    /// While the cluster has enough brokers but too few have registered (it
+    /// has just started) or answer, waits for them, saying so on stderr,
+    /// for up to --timeout; then fails with the controller's last reason.
     Create {
         /// Topic name.
         name: String,
@@ -23,6 +27,11 @@ pub enum TopicCommand {
         /// Replicas per partition.
         #[arg(long, default_value_t = 3)]
         replication_factor: u32,
+        /// Seconds to wait for a controller and for enough brokers to
+        /// register and answer; then as long again, at most, for every
+        /// partition to have a leader.
+        #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+        timeout: u64,
     },
     /// List topics.
     List,
@@ -41,7 +50,8 @@ pub enum TopicCommand {
 /// Cluster commands.
 #[derive(Subcommand, Debug)]
 pub enum ClusterCommand {
-    /// Brokers, controller, and each partition's leader, term, replicas,
+    /// Brokers, controller, readiness (every broker of the cluster
+    /// registered and alive), and each partition's leader, term, replicas,
     /// commit index, high watermark and follower lag.
     Status,
 }
@@ -54,14 +64,37 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 pub async fn topic(bootstrap: &str, command: TopicCommand) -> anyhow::Result<()> {
     let admin = Admin::new(crate::connect(bootstrap)?).with_timeout(ADMIN_TIMEOUT);
     match command {
-        TopicCommand::Create { name, partitions, replication_factor } => {
-            match admin.create_topic(&name, partitions, replication_factor).await {
+        TopicCommand::Create { name, partitions, replication_factor, timeout } => {
+            let timeout = Duration::from_secs(timeout);
+            let mut last_reason = String::new();
+            let report = |e: &ferrolog_client::Error| {
+                // Say what is awaited, once per distinct reason.
+                let reason = e.to_string();
+                if reason != last_reason {
+                    eprintln!("waiting: {reason}");
+                    last_reason = reason;
+                }
+            };
+            let created = admin
+                .clone()
+                .with_timeout(timeout)
+                .create_topic_reporting(&name, partitions, replication_factor, report)
+                .await;
+            match created {
                 Err(e) if e.code() == Some(ErrorCode::TopicAlreadyExists) => {
                     anyhow::bail!("topic {name:?} already exists")
                 }
+                Err(e @ ferrolog_client::Error::Deadline { .. }) => {
+                    return Err(anyhow::Error::new(e)).with_context(|| {
+                        format!(
+                            "creating topic {name:?}: the cluster could not place it within --timeout {} s",
+                            timeout.as_secs()
+                        )
+                    });
+                }
                 other => other.with_context(|| format!("creating topic {name:?}"))?,
             }
-            admin.wait_for_leaders(&name, Duration::from_secs(30)).await.with_context(|| {
+            admin.wait_for_leaders(&name, timeout).await.with_context(|| {
                 format!("topic {name:?} was created, but not every partition has a leader yet")
             })?;
             println!(
@@ -130,8 +163,9 @@ fn render_status(s: &ClusterStatus) -> String {
     let mut out = String::new();
     let controller =
         if s.controller == 0 { "unknown".to_owned() } else { format!("broker {}", s.controller) };
-    out.push_str(&format!("controller: {controller} (metadata from {})\n\n", s.answered_by));
-    let brokers: Vec<Vec<String>> = s
+    out.push_str(&format!("controller: {controller} (metadata from {})\n", s.answered_by));
+    out.push_str(&format!("ready: {}\n\n", s.readiness().describe()));
+    let mut brokers: Vec<Vec<String>> = s
         .brokers
         .iter()
         .map(|b| {
@@ -139,6 +173,10 @@ fn render_status(s: &ClusterStatus) -> String {
             vec![id, b.address.clone(), b.peer_address.clone(), if b.alive { "yes" } else { "NO" }.to_owned()]
         })
         .collect();
+    for id in s.readiness().unregistered {
+        brokers.push(vec![id.to_string(), "-".into(), "-".into(), "not registered".into()]);
+    }
+    brokers.sort_by_key(|row| row[0].split(' ').next().and_then(|id| id.parse::<u32>().ok()));
     out.push_str(&table::render(&["BROKER", "ADDRESS", "PEER ADDRESS", "ALIVE"], &brokers));
     out.push_str("(* = controller)\n\n");
     if s.partitions.is_empty() {
