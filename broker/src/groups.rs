@@ -46,8 +46,11 @@ impl GroupRegistry {
         self.groups.write().unwrap_or_else(|p| p.into_inner()).remove(&group)
     }
 
-    /// Ids of the hosted groups whose replica here is the Raft leader and
-    /// is not handing over (see [`GroupRegistry::set_handing_over`]).
+    /// Ids of the hosted groups whose replica here is the Raft leader, is
+    /// running (a group stopped on an error, e.g. a full disk, keeps
+    /// reporting the leader state it stopped in, so it is left out: its
+    /// followers must not stay parked trusting it) and is not handing over
+    /// (see [`GroupRegistry::set_handing_over`]).
     pub fn leading(&self) -> Vec<GroupId> {
         use openraft::async_runtime::watch::WatchReceiver;
         let groups = self.groups.read().unwrap_or_else(|p| p.into_inner());
@@ -57,7 +60,7 @@ impl GroupRegistry {
             .filter(|(g, h)| {
                 let metrics = h.raft.metrics();
                 let m = metrics.borrow_watched();
-                m.state.is_leader() && handing_over.get(g) != Some(&m.current_term)
+                m.state.is_leader() && m.running_state.is_ok() && handing_over.get(g) != Some(&m.current_term)
             })
             .map(|(g, _)| *g)
             .collect()

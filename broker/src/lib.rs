@@ -36,3 +36,4 @@ pub mod partitions;
 pub mod quiesce;
 pub mod recovery;
 pub mod server;
+pub mod writable;

@@ -57,6 +57,21 @@ pub struct FailedReplica {
     pub retry_at: Instant,
     /// Since when it runs again, if it does.
     pub running_since: Option<Instant>,
+    /// Why its restart waits for the data directory (`crate::writable`), if it does.
+    pub waiting_for_disk: Option<String>,
+}
+
+impl std::fmt::Display for FailedReplica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (failure {})", self.error, self.attempts)?;
+        match &self.waiting_for_disk {
+            Some(why) => write!(f, "; restart waits for the disk: {why}"),
+            None => {
+                let ms = self.retry_at.saturating_duration_since(Instant::now()).as_millis();
+                write!(f, "; next start in {ms} ms")
+            }
+        }
+    }
 }
 
 /// How long a restarted replica must run before its failures are forgotten.
@@ -125,6 +140,7 @@ impl PartitionTable {
             attempts,
             retry_at: Instant::now() + restart_backoff(attempts),
             running_since: None,
+            waiting_for_disk: None,
         };
         failed.insert(group, f.clone());
         f
@@ -216,6 +232,7 @@ impl Reconciler {
                 }
             }
         }
+        let mut disk: Option<Result<(), String>> = None;
         for (group, (topic, partition, assignment)) in &wanted {
             if self.table.has_group(*group) {
                 if let Some(p) = self.table.get(topic, *partition) {
@@ -226,6 +243,20 @@ impl Reconciler {
             let previous = self.table.failures().get(group).cloned();
             if previous.as_ref().is_some_and(|f| f.running_since.is_none() && Instant::now() < f.retry_at) {
                 continue;
+            }
+            // A replica that failed is started again only on a disk that
+            // takes writes (crate::writable); checked once per pass.
+            if previous.as_ref().is_some_and(|f| f.running_since.is_none()) {
+                let verdict = disk.get_or_insert_with(|| crate::writable::probe(&self.root));
+                if let Err(why) = verdict {
+                    if let Some(f) = self.table.failures().get_mut(group) {
+                        if f.waiting_for_disk.is_none() {
+                            tracing::warn!(%topic, partition, group, "not restarting the replica yet: {why}");
+                        }
+                        f.waiting_for_disk = Some(why.clone());
+                    }
+                    continue;
+                }
             }
             let span = tracing::info_span!("partition", node = self.broker, partition = %format!("{topic}-{partition}"), group);
             // After a failure every segment is verified, not only the tail.

@@ -84,6 +84,16 @@ impl Cluster {
         Ok(c)
     }
 
+    /// As [`Cluster::start`] without starting anything: the data
+    /// directories are named but not created, for a test to prepare them
+    /// (e.g. mount a small file system there) before [`Cluster::launch`].
+    ///
+    /// # Errors
+    /// If the temporary directory cannot be made.
+    pub fn prepare(name: &str, binary: &str, n: u32, env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        Self::describe(name, binary, &[], n, env)
+    }
+
     /// As [`Cluster::start`], with every broker dialling its peers through
     /// a [`ProxyNet`] (returned, to cut and heal links between brokers).
     ///
@@ -135,7 +145,12 @@ impl Cluster {
         })
     }
 
-    async fn launch(&mut self) -> anyhow::Result<()> {
+    /// Starts every broker of a [prepared](Cluster::prepare) cluster and
+    /// waits until it forms.
+    ///
+    /// # Errors
+    /// As [`Cluster::start`].
+    pub async fn launch(&mut self) -> anyhow::Result<()> {
         let n = self.brokers.len() as u32;
         for id in 1..=n {
             self.spawn(id)?;

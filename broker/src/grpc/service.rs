@@ -353,15 +353,9 @@ impl Ferrolog for ClientService {
     ) -> Result<Response<PartitionStatusResponse>, Status> {
         let req = request.into_inner();
         if let Some(f) = self.table.failure(&req.topic, req.partition) {
-            let retry_in = f.retry_at.saturating_duration_since(std::time::Instant::now());
             return Ok(Response::new(PartitionStatusResponse {
                 replica_state: ReplicaState::Failed as i32,
-                replica_detail: format!(
-                    "{} (failure {}, next start in {} ms)",
-                    f.error,
-                    f.attempts,
-                    retry_in.as_millis()
-                ),
+                replica_detail: f.to_string(),
                 ..PartitionStatusResponse::default()
             }));
         }

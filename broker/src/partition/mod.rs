@@ -177,13 +177,19 @@ impl Partition {
 
     /// The leader's broker id as this replica knows it; `None` also when
     /// this replica leads but has [lost its quorum](Self::lost_quorum), so
-    /// that clients ask other brokers (which learn of the next leader first).
+    /// that clients ask other brokers (which learn of the next leader
+    /// first), and when its Raft group has stopped on an error.
     pub fn leader_broker(&self) -> Option<BrokerId> {
         if self.lost_quorum() {
             return None;
         }
-        let leader = self.raft.metrics().borrow_watched().current_leader;
-        leader.and_then(|n| self.broker_of(n))
+        let (leader, running) = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow_watched();
+            (m.current_leader, m.running_state.is_ok())
+        };
+        // A group stopped on an error knows no leader any more.
+        leader.filter(|_| running).and_then(|n| self.broker_of(n))
     }
 
     /// Whether this replica leads but has lost its quorum, as

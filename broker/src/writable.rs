@@ -1,0 +1,67 @@
+//! Whether a data directory can take writes again, before a replica that
+//! failed on it is restarted.
+//!
+//! A replica whose disk filled up (ENOSPC) or turned read-only (EROFS, as
+//! ext4 does after an error) stops on the storage error; its group elects a
+//! leader among the replicas that can write. Restarting it while the disk
+//! is still full would only have it fail again (and, if it won an election
+//! first, stall the partition for another election timeout). So the
+//! reconciler restarts such a replica only once this probe passes: at least
+//! [`RESTART_FREE_BYTES_MIN`] free, and a small file can be written,
+//! fsynced and removed. It needs no broker restart: the probe runs on every
+//! reconcile pass (each second) while a replica waits.
+
+use std::io::Write;
+use std::path::Path;
+
+/// Free space a data directory needs before a failed replica on it is
+/// started again, bytes (16 MiB: room for the metadata of a replica and
+/// some appends; below it a restart would fail again at once).
+pub const RESTART_FREE_BYTES_MIN: u64 = 16 << 20;
+
+/// Name of the probe file written in the directory.
+const PROBE_FILE: &str = ".ferrolog-write-probe";
+
+/// Checks that `dir` has at least [`RESTART_FREE_BYTES_MIN`] available to
+/// unprivileged writers and takes a durable write.
+///
+/// # Errors
+/// A message saying which check failed: too little space (with the bytes
+/// available), or the OS error of the write (e.g. read-only file system).
+pub fn probe(dir: &Path) -> Result<(), String> {
+    let st = rustix::fs::statvfs(dir).map_err(|e| format!("statvfs {}: {e}", dir.display()))?;
+    let available = st.f_bavail.saturating_mul(st.f_frsize);
+    if available < RESTART_FREE_BYTES_MIN {
+        return Err(format!(
+            "{} has {available} bytes available, below the {RESTART_FREE_BYTES_MIN} needed to restart a replica",
+            dir.display()
+        ));
+    }
+    let path = dir.join(PROBE_FILE);
+    let written = std::fs::File::create(&path).and_then(|mut f| {
+        f.write_all(&[0u8; 4096])?;
+        f.sync_all()
+    });
+    let _ = std::fs::remove_file(&path);
+    written.map_err(|e| format!("cannot write to {}: {e}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_writable_directory_with_space_passes_and_leaves_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        probe(dir.path()).expect("probe");
+        assert_eq!(std::fs::read_dir(dir.path()).expect("list").count(), 0, "the probe file was left behind");
+    }
+
+    #[test]
+    fn a_missing_directory_fails_with_its_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let gone = dir.path().join("gone");
+        let e = probe(&gone).expect_err("probe of a missing directory");
+        assert!(e.contains("gone"), "{e}");
+    }
+}
