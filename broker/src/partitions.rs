@@ -184,8 +184,14 @@ impl Reconciler {
     /// Starts and stops replicas to match the image, on every change and
     /// every second, until the image's sender is dropped.
     pub async fn run(self, mut image: watch::Receiver<Arc<MetadataImage>>) {
+        let mut addressed: Option<Arc<MetadataImage>> = None;
         loop {
             let current = image.borrow_and_update().clone();
+            if addressed.as_ref().is_none_or(|a| !Arc::ptr_eq(a, &current)) {
+                // Every group dials each node's broker where it now is.
+                self.peers.set_node_addresses(current.node_addresses());
+                addressed = Some(current.clone());
+            }
             self.reconcile(&current).await;
             tokio::select! {
                 changed = image.changed() => if changed.is_err() { return },

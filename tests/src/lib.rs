@@ -218,6 +218,15 @@ impl Cluster {
         self.brokers[(id - 1) as usize].child.is_some()
     }
 
+    /// Gives broker `id` a new peer address (used from its next
+    /// [`Cluster::spawn`]), and every broker's `--initial-cluster` entry for
+    /// it, as an operator moving a broker would.
+    pub fn set_peer_addr(&mut self, id: u32, addr: SocketAddr) {
+        self.brokers[(id - 1) as usize].peer_addr = addr;
+        self.initial_cluster =
+            self.brokers.iter().map(|b| format!("{}={}", b.id, b.peer_addr)).collect::<Vec<_>>().join(",");
+    }
+
     /// Kills broker `id` and deletes its data directory.
     pub fn wipe(&mut self, id: u32) {
         self.kill(id);

@@ -216,6 +216,27 @@ impl MetadataImage {
             .map(|r| r.broker)
     }
 
+    /// The current peer address of every Raft node's broker: the metadata
+    /// group's nodes and every partition replica's, from the brokers'
+    /// latest registrations (a broker that moved re-registers its new
+    /// address; see `crate::network::PeerAddresses::set_node_addresses`).
+    pub fn node_addresses(&self) -> std::collections::HashMap<NodeId, String> {
+        let mut out = std::collections::HashMap::new();
+        for b in self.brokers.values() {
+            out.insert(b.metadata_node, b.peer_addr.clone());
+        }
+        for t in self.topics.values() {
+            for p in &t.partitions {
+                for r in &p.replicas {
+                    if let Some(b) = self.brokers.get(&r.broker) {
+                        out.insert(r.node, b.peer_addr.clone());
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Every partition replica placed on `broker`: (topic, partition, assignment).
     pub fn replicas_on(&self, broker: BrokerId) -> Vec<(String, u32, PartitionAssignment)> {
         let mut out = Vec::new();
@@ -280,6 +301,17 @@ mod tests {
             peer_addr: peer.into(),
             incarnation: 1,
         }
+    }
+
+    #[test]
+    fn node_addresses_follow_a_broker_that_registers_a_new_address() {
+        let mut m = MetadataImage::new();
+        m.apply(0, &registered(1, "old:1"));
+        m.apply(1, &registered(2, "p2"));
+        assert_eq!(m.node_addresses().get(&1).map(String::as_str), Some("old:1"));
+        m.apply(2, &registered(1, "new:1"));
+        assert_eq!(m.node_addresses().get(&1).map(String::as_str), Some("new:1"), "the metadata node moved");
+        assert_eq!(m.node_addresses().get(&2).map(String::as_str), Some("p2"));
     }
 
     #[test]

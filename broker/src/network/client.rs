@@ -30,6 +30,9 @@ use crate::groups::GroupId;
 #[derive(Clone, Debug)]
 pub struct PeerAddresses {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// Raft node id → its broker's peer address as the metadata records it
+    /// now (see [`PeerAddresses::set_node_addresses`]).
+    nodes: Arc<std::sync::RwLock<Arc<HashMap<NodeId, String>>>>,
     /// Peer address → address dialled instead (`peer_routes` of the config).
     routes: Arc<HashMap<SocketAddr, SocketAddr>>,
     /// Shortest timeout of a Raft RPC, whatever openraft asks for; also the
@@ -53,7 +56,29 @@ impl PeerAddresses {
         routes: impl IntoIterator<Item = (SocketAddr, SocketAddr)>,
         min_rpc_timeout: std::time::Duration,
     ) -> Self {
-        Self { channels: Arc::default(), routes: Arc::new(routes.into_iter().collect()), min_rpc_timeout }
+        Self {
+            channels: Arc::default(),
+            nodes: Arc::default(),
+            routes: Arc::new(routes.into_iter().collect()),
+            min_rpc_timeout,
+        }
+    }
+
+    /// Replaces the map of Raft node ids to their brokers' current peer
+    /// addresses, built from the metadata image on every change. A group's
+    /// membership records each node's address when the node joined; a
+    /// broker that came back on another address re-registers it with the
+    /// controller, and every group dials the address recorded there, not
+    /// the one in its membership.
+    pub fn set_node_addresses(&self, nodes: HashMap<NodeId, String>) {
+        *self.nodes.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(nodes);
+    }
+
+    /// The address to dial for Raft node `target`: its broker's current
+    /// peer address, else `recorded` (the address in the group's membership).
+    pub fn address_of(&self, target: NodeId, recorded: &str) -> String {
+        let nodes = self.nodes.read().unwrap_or_else(|p| p.into_inner());
+        nodes.get(&target).cloned().unwrap_or_else(|| recorded.to_owned())
     }
 
     /// The channel to the peer at `addr` (`host:port`), created on first use.
@@ -104,7 +129,8 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
         PeerNetwork {
             group: self.group,
             target,
-            channel: self.peers.channel(&node.addr),
+            recorded_addr: node.addr.clone(),
+            peers: Some(self.peers.clone()),
             min_timeout: self.peers.min_rpc_timeout,
         }
     }
@@ -115,7 +141,12 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
 pub struct PeerNetwork {
     group: GroupId,
     target: NodeId,
-    channel: Result<Channel, Unreachable<TypeConfig>>,
+    /// The target's address in the group's membership.
+    recorded_addr: String,
+    /// Channels, and the target's current address (looked up on every RPC,
+    /// so a broker that moved is reached by links made before it moved).
+    /// `None` only in unit tests of the encoding.
+    peers: Option<PeerAddresses>,
     /// See [`PeerAddresses::new`].
     min_timeout: std::time::Duration,
 }
@@ -138,8 +169,9 @@ fn decode_reply<T: DeserializeOwned>(r: RaftResponse) -> Result<T, RPCError<Type
 
 impl PeerNetwork {
     fn client(&self) -> Result<RaftPeerClient<Channel>, RPCError<TypeConfig>> {
-        let channel = self.channel.as_ref().map_err(|e| RPCError::Unreachable(e.clone()))?;
-        Ok(RaftPeerClient::new(channel.clone()).max_decoding_message_size(usize::MAX))
+        let peers = self.peers.as_ref().ok_or_else(|| unreachable("no peer channels"))?;
+        let channel = peers.channel(&peers.address_of(self.target, &self.recorded_addr))?;
+        Ok(RaftPeerClient::new(channel).max_decoding_message_size(usize::MAX))
     }
 
     fn request(
@@ -245,7 +277,7 @@ mod tests {
     use super::*;
 
     fn network(min_timeout: Duration) -> PeerNetwork {
-        PeerNetwork { group: 1, target: 2, channel: Err(Unreachable::from_string("unused")), min_timeout }
+        PeerNetwork { group: 1, target: 2, recorded_addr: String::new(), peers: None, min_timeout }
     }
 
     /// The deadline a request carries on the wire (gRPC's `grpc-timeout`).
