@@ -12,6 +12,10 @@ use ferrolog_raft_store::types::NodeId;
 /// Identifies a Raft group across the cluster (a partition, or the metadata group).
 pub type GroupId = u64;
 
+/// The most up-to-date last log id (term, index) of all of a group's voters
+/// (`None`: none holds an entry); see `crate::recovery`.
+pub type VoteFloor = Option<(u64, u64)>;
+
 /// One replica hosted here.
 #[derive(Clone, Debug)]
 pub struct HostedGroup {
@@ -33,6 +37,9 @@ pub struct GroupRegistry {
     /// Groups whose leader here is handing over, with the term handed over
     /// (set by `crate::checkquorum`).
     handing_over: Arc<RwLock<HashMap<GroupId, u64>>>,
+    /// Recovering replicas' vote floors: the most up-to-date last log id
+    /// (term, index) of all the group's voters (set by `crate::recovery`).
+    vote_floors: Arc<RwLock<HashMap<GroupId, VoteFloor>>>,
 }
 
 impl GroupRegistry {
@@ -76,6 +83,22 @@ impl GroupRegistry {
             Some(t) => map.insert(group, t),
             None => map.remove(&group),
         };
+    }
+
+    /// Sets (`Some`) or clears the vote floor of a recovering replica of
+    /// `group` (see `crate::recovery`).
+    /// The floor itself is `None` when no voter holds any entry.
+    pub fn set_vote_floor(&self, group: GroupId, floor: Option<VoteFloor>) {
+        let mut map = self.vote_floors.write().unwrap_or_else(|p| p.into_inner());
+        match floor {
+            Some(f) => map.insert(group, f),
+            None => map.remove(&group),
+        };
+    }
+
+    /// The vote floor of `group`'s recovering replica here, if known.
+    pub fn vote_floor(&self, group: GroupId) -> Option<VoteFloor> {
+        self.vote_floors.read().unwrap_or_else(|p| p.into_inner()).get(&group).copied()
     }
 
     /// Every hosted group.

@@ -212,6 +212,9 @@ impl Reconciler {
     async fn reconcile(&self, image: &MetadataImage) {
         self.stop_failed_groups().await;
         self.release_recovered();
+        for p in self.table.all().into_iter().filter(|p| p.replica.is_recovering()) {
+            crate::recovery::seek_vote_floor(&p, &self.groups, &self.peers).await;
+        }
         if !self.image_usable(image) {
             return;
         }
@@ -308,8 +311,10 @@ impl Reconciler {
     /// Ends the recovery of hosted replicas (every group, the metadata
     /// group included) that a leader has brought back (`crate::recovery`).
     fn release_recovered(&self) {
-        for (_, h) in self.groups.all() {
-            crate::recovery::release_if_caught_up(&h.raft, &h.replica, h.node_id);
+        for (g, h) in self.groups.all() {
+            if crate::recovery::release_if_caught_up(&h.raft, &h.replica, h.node_id) {
+                self.groups.set_vote_floor(g, None);
+            }
         }
     }
 
@@ -400,8 +405,16 @@ impl Reconciler {
     async fn stop(&self, group: u64) {
         if let Some(p) = self.table.remove(group) {
             self.groups.remove(p.group);
-            if let Err(e) = p.raft.shutdown().await {
-                tracing::warn!(topic = %p.topic, partition = p.partition, "raft shutdown: {e}");
+            match p.raft.shutdown().await {
+                // Nothing writes the log any more: record that it stopped
+                // cleanly (under flush = interval an unclean stop makes the
+                // replica recovering when it opens again).
+                Ok(()) => {
+                    if let Err(e) = p.replica.close_cleanly() {
+                        tracing::warn!(topic = %p.topic, partition = p.partition, "cannot record a clean stop: {e}");
+                    }
+                }
+                Err(e) => tracing::warn!(topic = %p.topic, partition = p.partition, "raft shutdown: {e}"),
             }
         }
     }

@@ -14,18 +14,88 @@
 //!
 //! The one exception is a replica that is its group's only voter: no other
 //! copy exists to fetch from, so it goes on with its valid prefix (logged).
-//! If every voter of a group is recovering, the group has no leader until an
-//! operator acts; `ferrolog cluster status` shows each replica as recovering.
+//!
+//! Replicas are marked recovering when their log was found damaged, and
+//! under `flush = interval` after any unclean stop. Then a group can have no
+//! voter left that may elect (all lost power, or one lost its tail while the
+//! other lagged). As Kafka's unclean recovery (KIP-966) does, a recovering
+//! replica of a group asks every voter for its last log id
+//! ([`seek_vote_floor`], the `LogState` peer RPC) and, once *all* have
+//! answered, votes only for a candidate whose log is at least the most
+//! up-to-date of them ([`may_vote`]), and campaigns itself if it holds that
+//! log. So the longest log of all voters is elected, never a shorter one
+//! that a lagging replica and one that lost its tail would agree on. With a
+//! voter unreachable it waits.
 
 use ferrolog_raft_store::Replica;
+
+use crate::groups::GroupRegistry;
+use crate::network::PeerAddresses;
 use ferrolog_raft_store::state_machine::PartitionRaft;
 use ferrolog_raft_store::types::{LogId, NodeId};
 use openraft::async_runtime::watch::WatchReceiver;
 
-/// Whether a recovering replica has been brought back: it follows a leader
-/// (another node) of its current term and has applied an entry of that term.
-pub fn caught_up(me: NodeId, current_term: u64, leader: Option<NodeId>, last_applied: Option<LogId>) -> bool {
-    leader.is_some_and(|l| l != me) && last_applied.is_some_and(|l| l.leader_id.term == current_term)
+/// Whether a recovering replica has been brought back: a leader of its
+/// current term exists and it has applied an entry of that term. The leader
+/// may be itself only if it was elected under the vote floor, as the most
+/// up-to-date log of all voters.
+pub fn caught_up(current_term: u64, leader: Option<NodeId>, last_applied: Option<LogId>) -> bool {
+    leader.is_some() && last_applied.is_some_and(|l| l.leader_id.term == current_term)
+}
+
+/// Whether a replica may grant its vote to a candidate whose last log id is
+/// `candidate` (term, index): always when not recovering; when recovering,
+/// only once the vote floor is known (`floor`: the most up-to-date last log
+/// id of all voters) and the candidate's log reaches it.
+pub fn may_vote(recovering: bool, floor: Option<Option<(u64, u64)>>, candidate: Option<(u64, u64)>) -> bool {
+    !recovering || floor.is_some_and(|f| candidate >= f)
+}
+
+/// The vote floor: the most up-to-date of all voters' last log ids, once
+/// every voter has answered (`None` while one has not).
+pub fn vote_floor(answers: &[Option<Option<(u64, u64)>>]) -> Option<Option<(u64, u64)>> {
+    answers.iter().try_fold(None, |max, a| a.map(|last| max.max(last)))
+}
+
+/// Asks every other voter of the recovering replica `p` for its last log
+/// id and records the vote floor (or clears it while a voter does not
+/// answer). If this replica holds the most up-to-date log, it may campaign.
+pub async fn seek_vote_floor(p: &crate::partition::Partition, groups: &GroupRegistry, peers: &PeerAddresses) {
+    use ferrolog_proto::raft::LogStateRequest;
+    use ferrolog_proto::raft::raft_peer_client::RaftPeerClient;
+    let own = p.replica.last_log_id().map(|l| (l.leader_id.term, l.index));
+    // The voters as the metadata assigns them: a replica that lost its log
+    // may no longer know its group's membership from it.
+    let voters: Vec<NodeId> = p.replicas().iter().map(|r| r.node).collect();
+    if voters.len() < 2 {
+        return;
+    }
+    let mut answers = vec![Some(own)];
+    for node in voters.into_iter().filter(|n| *n != p.node_id) {
+        let addr = peers.address_of(node, "");
+        let answer = async {
+            let channel = peers.channel(&addr).ok()?;
+            let req = LogStateRequest { group_id: p.group, target_node: node };
+            let mut client = RaftPeerClient::new(channel);
+            let call = client.log_state(req);
+            let r =
+                tokio::time::timeout(std::time::Duration::from_secs(1), call).await.ok()?.ok()?.into_inner();
+            if r.error.is_some() {
+                return None;
+            }
+            Some(r.has_last.then_some((r.last_term, r.last_index)))
+        };
+        answers.push(answer.await);
+    }
+    let floor = vote_floor(&answers);
+    let before = groups.vote_floor(p.group);
+    groups.set_vote_floor(p.group, floor);
+    let may_campaign = floor.is_some_and(|f| own >= f);
+    if floor != before {
+        tracing::warn!(topic = %p.topic, partition = p.partition, ?floor, ?own, may_campaign,
+            "recovering replica: every voter answered; voting only for the most up-to-date log (KIP-966 unclean recovery)");
+    }
+    p.raft.runtime_config().elect(may_campaign);
 }
 
 /// Whether `me` is the only voter of the group.
@@ -63,7 +133,8 @@ pub fn release_if_caught_up(raft: &PartitionRaft, replica: &Replica, me: NodeId)
         let m = metrics.borrow_watched();
         (m.current_term, m.current_leader, m.last_applied)
     };
-    if !caught_up(me, term, leader, applied) {
+    let _ = me;
+    if !caught_up(term, leader, applied) {
         return false;
     }
     if let Err(e) = replica.finish_recovery() {
@@ -81,15 +152,30 @@ mod tests {
     use ferrolog_raft_store::types::log_id;
 
     #[test]
-    fn caught_up_needs_another_leader_and_an_applied_entry_of_its_term() {
-        assert!(caught_up(2, 5, Some(1), Some(log_id(5, 1, 10))));
-        assert!(
-            !caught_up(2, 5, Some(1), Some(log_id(4, 1, 10))),
-            "an entry of an earlier term proves nothing"
-        );
-        assert!(!caught_up(2, 5, None, Some(log_id(5, 1, 10))), "no leader known");
-        assert!(!caught_up(2, 5, Some(2), Some(log_id(5, 2, 10))), "itself as leader");
-        assert!(!caught_up(2, 5, Some(1), None));
+    fn caught_up_needs_a_leader_and_an_applied_entry_of_its_term() {
+        assert!(caught_up(5, Some(1), Some(log_id(5, 1, 10))));
+        assert!(!caught_up(5, Some(1), Some(log_id(4, 1, 10))), "an entry of an earlier term proves nothing");
+        assert!(!caught_up(5, None, Some(log_id(5, 1, 10))), "no leader known");
+        assert!(!caught_up(5, Some(1), None));
+    }
+
+    #[test]
+    fn a_recovering_replica_votes_only_for_the_most_up_to_date_log() {
+        assert!(may_vote(false, None, None), "not recovering: Raft's own rule");
+        assert!(!may_vote(true, None, Some((9, 9))), "floor unknown: no vote");
+        let floor = Some(Some((3, 55)));
+        assert!(may_vote(true, floor, Some((3, 55))));
+        assert!(may_vote(true, floor, Some((4, 1))), "a later term is more up to date");
+        assert!(!may_vote(true, floor, Some((3, 6))), "a shorter log would lose acknowledged entries");
+        assert!(!may_vote(true, floor, None));
+        assert!(may_vote(true, Some(None), None), "no voter holds anything");
+    }
+
+    #[test]
+    fn the_floor_waits_for_every_voter_and_takes_the_maximum() {
+        assert_eq!(vote_floor(&[Some(Some((3, 6))), Some(Some((3, 55))), Some(None)]), Some(Some((3, 55))));
+        assert_eq!(vote_floor(&[Some(Some((3, 6))), None]), None, "a voter that did not answer");
+        assert_eq!(vote_floor(&[Some(None), Some(None)]), Some(None));
     }
 
     #[test]

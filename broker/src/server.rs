@@ -179,7 +179,14 @@ impl Broker {
         let meta_dir = config.data_dir.join("metadata");
         let staging_dir = meta_dir.join("staging");
         std::fs::create_dir_all(&staging_dir)?;
-        let meta_replica = Replica::open(&meta_dir.join("replica"), config.storage.clone(), flusher.clone())
+        // The metadata log is always fsynced before it acknowledges, whatever
+        // storage.flush says: its writes are rare, and it must never need
+        // the unclean recovery of crate::recovery.
+        let meta_storage = ferrolog_raft_store::StoreConfig {
+            flush: ferrolog_raft_store::FlushPolicy::Always,
+            ..config.storage.clone()
+        };
+        let meta_replica = Replica::open(&meta_dir.join("replica"), meta_storage, flusher.clone())
             .context("opening the metadata log")?;
         let metadata = Raft::new(
             identity.metadata_node,
@@ -313,6 +320,7 @@ async fn register(
     incarnation: u64,
 ) {
     let (client_addr, peer_addr) = (c.client_addr.to_string(), c.peer_addr.to_string());
+    let mut failures = 0u64;
     loop {
         let registered = image.borrow().brokers.get(&c.node_id).is_some_and(|b| {
             b.client_addr == client_addr && b.peer_addr == peer_addr && b.incarnation == incarnation
@@ -324,10 +332,14 @@ async fn register(
                 peer_addr: peer_addr.clone(),
                 incarnation,
             };
-            match controller.handle(req).await {
+            match controller.handle_via_any(req).await {
                 Ok(_) => tracing::info!("registered with the controller"),
                 Err(e) => {
-                    tracing::debug!("registration: {e}");
+                    failures += 1;
+                    // Every 5 s of failing, not every attempt.
+                    if failures % 25 == 1 {
+                        tracing::warn!(failures, "cannot register with the controller yet: {e}");
+                    }
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }

@@ -17,7 +17,10 @@ pub enum FlushPolicy {
     /// every `interval_ms` milliseconds. **Unsafe against simultaneous power
     /// loss of a majority**: acknowledged records that were not yet flushed on
     /// a majority can be lost. Kafka's default (`flush.messages` unset)
-    /// carries the same caveat and relies on replication alone.
+    /// carries the same caveat and relies on replication alone. A replica
+    /// that reopens after an unclean stop under this policy is marked
+    /// recovering (see `PartitionLog::recovering`): it cannot prove it kept
+    /// what it acknowledged.
     Interval {
         /// Maximum time between fsyncs, ms.
         interval_ms: u64,

@@ -130,6 +130,11 @@ impl PartitionLog {
         bases.sort_unstable();
         let (segments, damage) = open_segments(dir, &bases, &config, rescan)?;
         let recovering = meta.get(meta::KEY_RECOVERING)?;
+        let clean_stop = meta.get::<bool>(meta::KEY_CLEAN_STOP)?.unwrap_or(false);
+        if clean_stop {
+            // From here on a crash is unclean again.
+            meta.put::<bool>(meta::KEY_CLEAN_STOP, None, Sync::Durable)?;
+        }
         let mut log = Self {
             dir: dir.to_owned(),
             cache: TailCache::new(config.tail_cache_bytes),
@@ -157,6 +162,18 @@ impl PartitionLog {
         if !log.damage.is_empty() {
             let reason = log.damage.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
             log.set_recovering(Some(reason))?;
+        } else if !clean_stop
+            && matches!(log.config.flush, FlushPolicy::Interval { .. })
+            && log.last_stored_log_id().is_some()
+            && log.recovering.is_none()
+        {
+            // Writes were acknowledged before they were fsynced; after a
+            // crash nothing proves they survived (Raft §5.4.1 needs voters
+            // that kept what they acknowledged).
+            log.set_recovering(Some(
+                "stopped uncleanly under flush = interval: entries acknowledged since the last fsync may be gone"
+                    .into(),
+            ))?;
         }
         log.lower_committed_to_end()?;
         Ok(log)
@@ -210,6 +227,18 @@ impl PartitionLog {
             self.committed = last;
         }
         Ok(())
+    }
+
+    /// Records a clean stop: fsyncs the active segment (sealed ones were
+    /// fsynced when sealed) and then, durably, that it was done, so the next
+    /// open knows nothing acknowledged was lost. The log must not be
+    /// written after this.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`], [`StoreError::Meta`].
+    pub fn mark_clean_stop(&self) -> Result<()> {
+        self.sync()?;
+        self.meta.put(meta::KEY_CLEAN_STOP, Some(&true), Sync::Durable)
     }
 
     /// What opening this log found damaged and set aside (empty normally).

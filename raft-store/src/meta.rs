@@ -26,6 +26,10 @@ pub const KEY_SNAPSHOT: &str = "snapshot";
 /// Key of the reason this replica may have lost acknowledged entries and
 /// must not vote until a leader has brought it back (absent: it has not).
 pub const KEY_RECOVERING: &str = "recovering";
+/// Key present (durably) only between a clean stop, with every segment
+/// fsynced, and the next open: its absence at open means the replica may
+/// have lost writes it had not fsynced.
+pub const KEY_CLEAN_STOP: &str = "clean_stop";
 
 /// How durable a metadata write must be when it returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

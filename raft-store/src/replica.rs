@@ -235,9 +235,24 @@ impl Replica {
         Ok(())
     }
 
+    /// Records a clean stop (see [`PartitionLog::mark_clean_stop`]); call
+    /// after the Raft node has shut down.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`], [`StoreError::Meta`].
+    pub fn close_cleanly(&self) -> Result<()> {
+        self.log().mark_clean_stop()
+    }
+
     /// What opening found damaged and set aside (see [`PartitionLog::damage`]).
     pub fn damage(&self) -> Vec<crate::log::Damage> {
         self.log().damage().to_vec()
+    }
+
+    /// Log id of the last entry in the log (or of the purge pointer when
+    /// the log holds none after it), for comparing logs (Raft §5.4.1).
+    pub fn last_log_id(&self) -> Option<LogId> {
+        self.log().log_state().last_log_id
     }
 
     /// Raft index of the last applied entry, if any.

@@ -415,3 +415,37 @@ fn a_snapshot_manifest_naming_a_path_is_refused() {
         assert!(err.is_err(), "a manifest naming a path was installed");
     });
 }
+
+#[test]
+fn an_unclean_stop_under_flush_interval_marks_the_replica_recovering() {
+    use ferrolog_raft_store::FlushPolicy;
+    let interval =
+        StoreConfig { flush: FlushPolicy::Interval { interval_ms: 60_000 }, ..StoreConfig::default() };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log_dir = dir.path().join("log");
+    // A new, empty log has nothing to lose.
+    drop(PartitionLog::open(&log_dir, interval.clone(), flusher()).expect("open"));
+    assert!(PartitionLog::open(&log_dir, interval.clone(), flusher()).expect("open").recovering().is_none());
+    write_entries(dir.path(), interval.clone(), 5);
+    let log = PartitionLog::open(&log_dir, interval.clone(), flusher()).expect("open");
+    let why = log.recovering().expect("a crash under interval may have lost acknowledged entries");
+    assert!(why.contains("interval"), "{why}");
+    // Recovered (a leader brought it back), then stopped cleanly: not recovering.
+    let mut log = log;
+    log.set_recovering(None).expect("recovered");
+    log.mark_clean_stop().expect("clean stop");
+    drop(log);
+    let log = PartitionLog::open(&log_dir, interval.clone(), flusher()).expect("open");
+    assert!(log.recovering().is_none(), "a clean stop was taken for a crash");
+    drop(log);
+    // The marker is consumed: the next crash counts again.
+    let log = PartitionLog::open(&log_dir, interval, flusher()).expect("open");
+    assert!(log.recovering().is_some(), "a crash after a clean start was taken for a clean stop");
+    drop(log);
+    // Under flush = always an acknowledged entry was fsynced: no mark.
+    let always = tempfile::tempdir().expect("tempdir");
+    write_entries(always.path(), StoreConfig::default(), 5);
+    let log =
+        PartitionLog::open(&always.path().join("log"), StoreConfig::default(), flusher()).expect("open");
+    assert!(log.recovering().is_none());
+}

@@ -253,7 +253,7 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        bail!("cluster not ready after {timeout:?}: {last}\n{}", self.logs_tail(20))
+        bail!("cluster not ready after {timeout:?}: {last}\n{}", self.logs_tail(60))
     }
 
     /// The last `n` lines of every broker log, for failure messages.

@@ -103,6 +103,7 @@ pub async fn produce(
     timeout: Duration,
 ) -> anyhow::Result<(ProduceResponse, u32)> {
     let deadline = Instant::now() + timeout;
+    let unknown_until = Instant::now() + Duration::from_secs(5).min(timeout);
     let mut last = String::new();
     while Instant::now() < deadline {
         let id = match leader(c, &req.topic, req.partition, Duration::from_millis(500)).await {
@@ -118,6 +119,9 @@ pub async fn produce(
                 ErrorCode::NotLeader | ErrorCode::Unavailable | ErrorCode::DuplicateInFlight => {
                     last = format!("{:?}", r.error);
                 }
+                // Right after the topic was created, a broker whose metadata
+                // has not applied the creation yet does not know it.
+                ErrorCode::UnknownTopic if Instant::now() < unknown_until => last = format!("{:?}", r.error),
                 _ => bail!("produce: {:?}", r.error),
             },
             Err(e) => last = format!("{e:#}"),

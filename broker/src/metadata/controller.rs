@@ -126,13 +126,48 @@ impl Controller {
         match self.raft.as_leader() {
             Ok(_) => self.execute(req).await,
             Err(fwd) => {
-                let addr = fwd
-                    .leader_node
-                    .map(|n| n.addr)
+                let (id, node) = fwd
+                    .leader_id
+                    .zip(fwd.leader_node)
                     .ok_or_else(|| ApiError::Unavailable("no controller elected yet".into()))?;
+                // Where the controller's broker is now, not where the
+                // membership recorded it.
+                let addr = self.peers.address_of(id, &node.addr);
                 self.forward(&addr, &req).await
             }
         }
+    }
+
+    /// As [`Controller::handle`], but when this broker knows no controller
+    /// (a broker that came back on a new peer address is not reached by the
+    /// controller until it has registered that address), asks every other
+    /// broker of the image in turn to forward `req`: they know the
+    /// controller. Only for requests this broker makes itself (a forwarded
+    /// request is never forwarded this way again).
+    ///
+    /// # Errors
+    /// As [`Controller::handle`], the last broker's error.
+    pub async fn handle_via_any(&self, req: ControllerRequest) -> Result<ControllerReply, ApiError> {
+        let first = self.handle(req.clone()).await;
+        if !matches!(&first, Err(ApiError::Unavailable(m)) if m.starts_with("no controller")) {
+            return first;
+        }
+        let others: Vec<String> = self
+            .image
+            .borrow()
+            .brokers
+            .iter()
+            .filter(|(b, _)| **b != self.me)
+            .map(|(_, e)| e.peer_addr.clone())
+            .collect();
+        let mut last = first;
+        for addr in others {
+            last = self.forward(&addr, &req).await;
+            if last.is_ok() {
+                break;
+            }
+        }
+        last
     }
 
     /// Why a topic of `rf` replicas cannot be placed on the `live` brokers.

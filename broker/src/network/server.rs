@@ -14,7 +14,9 @@ use crate::error::ApiError;
 use crate::groups::{GroupRegistry, HostedGroup};
 use crate::metadata::command::ControllerRequest;
 use crate::metadata::controller::Controller;
-use ferrolog_proto::raft::{ControllerAnswer, ControllerCall, PingRequest, PingResponse};
+use ferrolog_proto::raft::{
+    ControllerAnswer, ControllerCall, LogStateRequest, LogStateResponse, PingRequest, PingResponse,
+};
 use std::sync::{Arc, OnceLock};
 
 /// The `RaftPeer` service of a broker.
@@ -71,14 +73,24 @@ impl RaftPeerServer {
             Ok(h) => h,
             Err(r) => return r,
         };
-        if let Err(r) = refuse_if_recovering(&h) {
-            return r;
+        let v = match decode_vote(&req) {
+            Ok(v) => v,
+            Err(r) => return r,
+        };
+        // A recovering replica votes only for the most up-to-date log of
+        // all voters, once it knows it (crate::recovery).
+        let candidate = v.last_log_id.map(|l| (l.leader_id.term, l.index));
+        let floor = self.groups.vote_floor(req.group_id);
+        if !crate::recovery::may_vote(h.replica.is_recovering(), floor, candidate) {
+            return refuse(
+                PeerErrorCode::Recovering,
+                format!(
+                    "this replica may have lost acknowledged entries; it votes only for a log at least as \
+                     up to date as every voter's ({floor:?}), not {candidate:?}"
+                ),
+            );
         }
-        match decode_vote(&req) {
-            Ok(v) if pre_vote => reply(h.raft.pre_vote(v).await),
-            Ok(v) => reply(h.raft.vote(v).await),
-            Err(r) => r,
-        }
+        if pre_vote { reply(h.raft.pre_vote(v).await) } else { reply(h.raft.vote(v).await) }
     }
 }
 
@@ -192,6 +204,27 @@ impl RaftPeer for RaftPeerServer {
             };
         let result_json = serde_json::to_vec(&result).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(ControllerAnswer { result_json: result_json.into() }))
+    }
+
+    async fn log_state(
+        &self,
+        request: Request<LogStateRequest>,
+    ) -> Result<Response<LogStateResponse>, Status> {
+        let req = request.into_inner();
+        let h = match self.hosted(req.group_id, req.target_node) {
+            Ok(h) => h,
+            Err(r) => {
+                return Ok(Response::new(LogStateResponse { error: r.error, ..LogStateResponse::default() }));
+            }
+        };
+        let last_id = h.replica.last_log_id().map(|l| (l.leader_id.term, l.index));
+        Ok(Response::new(LogStateResponse {
+            error: None,
+            has_last: last_id.is_some(),
+            last_term: last_id.map_or(0, |l| l.0),
+            last_index: last_id.map_or(0, |l| l.1),
+            recovering: h.replica.is_recovering(),
+        }))
     }
 
     async fn ping(&self, request: Request<PingRequest>) -> Result<Response<PingResponse>, Status> {
