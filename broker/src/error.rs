@@ -63,4 +63,22 @@ pub enum ApiError {
     /// registered or answering in a big enough cluster is `Unavailable`).
     #[error("invalid replication factor: {0}")]
     InvalidReplicationFactor(String),
+    /// The request named a topic and its id (KIP-516), and the topic of
+    /// that name has another id (deleted and re-created) or is gone.
+    #[error("topic {topic:?} was deleted or re-created: it no longer has id {id}{}", current_suffix(current))]
+    UnknownTopicId {
+        /// Topic name.
+        topic: String,
+        /// The id the request carried (UUID text).
+        id: String,
+        /// The current incarnation's id (UUID text), if the name exists.
+        current: Option<String>,
+    },
+}
+
+fn current_suffix(current: &Option<String>) -> String {
+    current
+        .as_ref()
+        .map(|c| format!(" (its id is now {c})"))
+        .unwrap_or_else(|| " (it no longer exists)".into())
 }

@@ -12,11 +12,23 @@
 //! consumer does); `poll` returns what other partitions have meanwhile.
 //! `OFFSET_OUT_OF_RANGE` and malformed answers are returned by `poll` and
 //! pause the partition until the next [`Consumer::seek`].
+//!
+//! Topic identity (KIP-516): each partition remembers the id of the topic
+//! incarnation its position belongs to (from the metadata when it was
+//! assigned or when a seek was resolved) and sends it with every
+//! `ListOffsets` and `Fetch`. When the topic was deleted or re-created the
+//! broker answers `UNKNOWN_TOPIC_ID`: `poll` returns
+//! [`Error::TopicRecreated`] and pauses the partition
+//! ([`OnTopicRecreated::Fail`], the default), or the partition starts the
+//! new incarnation from its beginning ([`OnTopicRecreated::Restart`],
+//! reported by [`Consumer::take_restarts`]). An offset is never carried
+//! from one incarnation to another.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferrolog_proto::TopicId;
 use ferrolog_proto::client as pb;
 use prost::Message;
 use tokio::task::{AbortHandle, JoinSet};
@@ -40,6 +52,36 @@ pub enum Seek {
     Timestamp(i64),
 }
 
+/// What the consumer does with a partition whose topic was deleted or
+/// re-created (`UNKNOWN_TOPIC_ID`, KIP-516) under its position.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnTopicRecreated {
+    /// `poll` returns [`Error::TopicRecreated`] and the partition stops
+    /// until the next [`Consumer::seek`] (a seek to `Earliest`, `Latest` or
+    /// a time reads the topic now bearing the name).
+    #[default]
+    Fail,
+    /// The partition starts again at the beginning (log start offset) of
+    /// the topic now bearing the name, as soon as it exists; each restart
+    /// is logged as a warning and listed by [`Consumer::take_restarts`].
+    Restart,
+}
+
+/// A partition that started a new incarnation of its topic from the
+/// beginning ([`OnTopicRecreated::Restart`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicRestart {
+    /// Topic name.
+    pub topic: String,
+    /// Partition number.
+    pub partition: u32,
+    /// Where the partition was in the old incarnation: the offset of the
+    /// next record it would have read.
+    pub old_position: u64,
+    /// The broker's explanation (names the old and the current topic id).
+    pub reason: String,
+}
+
 /// Consumer settings.
 #[derive(Debug, Clone)]
 pub struct ConsumerConfig {
@@ -52,11 +94,20 @@ pub struct ConsumerConfig {
     pub fetch_max_bytes: u32,
     /// How long `list_offsets` retries transient errors.
     pub list_offsets_timeout_ms: u64,
+    /// When the topic is deleted or re-created under a partition's
+    /// position (KIP-516): fail (default) or restart from the beginning of
+    /// the new incarnation.
+    pub on_topic_recreated: OnTopicRecreated,
 }
 
 impl Default for ConsumerConfig {
     fn default() -> Self {
-        ConsumerConfig { fetch_max_wait_ms: 500, fetch_max_bytes: 1 << 20, list_offsets_timeout_ms: 30_000 }
+        ConsumerConfig {
+            fetch_max_wait_ms: 500,
+            fetch_max_bytes: 1 << 20,
+            list_offsets_timeout_ms: 30_000,
+            on_topic_recreated: OnTopicRecreated::Fail,
+        }
     }
 }
 
@@ -83,6 +134,9 @@ struct Assigned {
     /// before the first one at or after this time (the broker finds the
     /// batch; Kafka's `ListOffsets` names the record).
     first_batch_min_timestamp_ms: Option<i64>,
+    /// The id of the topic incarnation the position belongs to (KIP-516);
+    /// `None` until learned from the metadata by the first request.
+    topic_id: Option<TopicId>,
 }
 
 type Key = (String, u32);
@@ -91,11 +145,9 @@ type Key = (String, u32);
 enum Outcome {
     /// A seek resolved to an offset; for a timestamp seek that found a
     /// batch, the timestamp to skip to within that first batch.
-    Resolved {
-        offset: u64,
-        first_batch_min_timestamp_ms: Option<i64>,
-    },
+    Resolved { offset: u64, first_batch_min_timestamp_ms: Option<i64>, topic_id: Option<TopicId> },
     Fetched {
+        topic_id: Option<TopicId>,
         records: Vec<ConsumerRecord>,
         next_offset: u64,
         high_watermark: u64,
@@ -118,6 +170,7 @@ pub struct Consumer {
     tasks: JoinSet<Done>,
     task_keys: HashMap<tokio::task::Id, Key>,
     ready: VecDeque<ConsumerRecord>,
+    restarts: Vec<TopicRestart>,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -136,7 +189,15 @@ impl Consumer {
             tasks: JoinSet::new(),
             task_keys: HashMap::new(),
             ready: VecDeque::new(),
+            restarts: Vec::new(),
         }
+    }
+
+    /// The partitions that started a new incarnation of their topic from
+    /// the beginning since the last call ([`OnTopicRecreated::Restart`]),
+    /// for the caller to report.
+    pub fn take_restarts(&mut self) -> Vec<TopicRestart> {
+        std::mem::take(&mut self.restarts)
     }
 
     /// Assigns partitions of `topic`, each starting at `from`. Reassigning a
@@ -149,6 +210,9 @@ impl Consumer {
 
     /// Assigns every partition of `topic`, waiting up to `wait` for the
     /// topic to appear in the metadata; returns the partition numbers.
+    /// The partitions are bound to the topic's id as the metadata gave it
+    /// (KIP-516): if that incarnation is deleted before they are read,
+    /// they get `UNKNOWN_TOPIC_ID`.
     ///
     /// # Errors
     /// [`Error::UnknownTopic`] when it does not appear in time.
@@ -156,11 +220,30 @@ impl Consumer {
         let t = self.meta.topic(topic, wait).await?;
         let partitions: Vec<u32> = t.partitions.iter().map(|p| p.partition).collect();
         self.assign(topic, partitions.iter().copied(), from);
+        if let Some(id) = t.topic_id {
+            self.bind_topic_id(topic, id);
+        }
         Ok(partitions)
     }
 
+    /// Binds every assigned partition of `topic` to the topic incarnation
+    /// `topic_id` (KIP-516), e.g. the id in the metadata the caller used to
+    /// choose partitions: requests carry it, and if that incarnation is
+    /// gone they get `UNKNOWN_TOPIC_ID` rather than reading another one.
+    pub fn bind_topic_id(&mut self, topic: &str, topic_id: TopicId) {
+        for ((t, _), a) in &mut self.assigned {
+            if t == topic {
+                a.topic_id = Some(topic_id);
+            }
+        }
+    }
+
     /// Moves a partition's position (assigning it if needed); records
-    /// already fetched for it from the old position are dropped.
+    /// already fetched for it from the old position are dropped. A seek to
+    /// an offset keeps the topic id the partition is bound to (an offset
+    /// means something only in its incarnation); a seek to `Earliest`,
+    /// `Latest` or a time binds it to whichever incarnation bears the name
+    /// when the seek is resolved.
     pub fn seek(&mut self, topic: &str, partition: u32, to: Seek) {
         let key = (topic.to_owned(), partition);
         let position = match to {
@@ -177,7 +260,11 @@ impl Consumer {
             high_watermark: None,
             log_start_offset: None,
             first_batch_min_timestamp_ms: None,
+            topic_id: None,
         });
+        if !matches!(to, Seek::Offset(_)) {
+            a.topic_id = None;
+        }
         a.position = position;
         a.epoch += 1;
         a.paused = false;
@@ -224,7 +311,13 @@ impl Consumer {
     /// # Errors
     /// Permanent errors, or [`Error::Deadline`] after `list_offsets_timeout_ms`.
     pub async fn list_offset(&self, topic: &str, partition: u32, seek: Seek) -> Result<u64> {
-        list_offset(&self.meta, &self.config, topic, partition, seek).await.map(|(offset, _, _)| offset)
+        let id = self.bound_topic_id(topic, partition);
+        list_offset(&self.meta, &self.config, topic, partition, seek, id).await.map(|(offset, ..)| offset)
+    }
+
+    /// The topic id an assigned partition is bound to, if known.
+    fn bound_topic_id(&self, topic: &str, partition: u32) -> Option<TopicId> {
+        self.assigned.get(&(topic.to_owned(), partition)).and_then(|a| a.topic_id)
     }
 
     /// Kafka's ListOffsets by timestamp (KIP-79): the first committed record
@@ -242,7 +335,9 @@ impl Consumer {
         timestamp_ms: i64,
     ) -> Result<Option<(u64, i64)>> {
         let seek = Seek::Timestamp(timestamp_ms);
-        let (offset, found, ts) = list_offset(&self.meta, &self.config, topic, partition, seek).await?;
+        let id = self.bound_topic_id(topic, partition);
+        let (offset, found, ts, _) =
+            list_offset(&self.meta, &self.config, topic, partition, seek, id).await?;
         // A broker from before record granularity sends no timestamp.
         Ok(found.then_some((offset, ts.unwrap_or(timestamp_ms))))
     }
@@ -251,7 +346,9 @@ impl Consumer {
     /// for some to arrive. Records of one partition come in offset order.
     ///
     /// # Errors
-    /// [`Error::OffsetOutOfRange`] (with the partition's bounds) or
+    /// [`Error::OffsetOutOfRange`] (with the partition's bounds),
+    /// [`Error::TopicRecreated`] (the topic was deleted or re-created,
+    /// KIP-516; unless [`OnTopicRecreated::Restart`]) or
     /// [`Error::Protocol`] for one partition, which is paused until
     /// [`Consumer::seek`]; records of other partitions stay buffered for the
     /// next call.
@@ -296,27 +393,30 @@ impl Consumer {
             if a.in_flight.is_some() || a.paused || a.retry_at.is_some_and(|t| now < t) {
                 continue;
             }
-            let (meta, config, key2, epoch, position, min_ts) = (
+            let (meta, config, key2, epoch, position, min_ts, topic_id) = (
                 self.meta.clone(),
                 self.config.clone(),
                 key.clone(),
                 a.epoch,
                 a.position,
                 a.first_batch_min_timestamp_ms,
+                a.topic_id,
             );
             let handle = self.tasks.spawn(async move {
                 let (topic, partition) = (&key2.0, key2.1);
                 let result = match position {
-                    Position::Pending(seek) => {
-                        list_offset(&meta, &config, topic, partition, seek).await.map(|(offset, found, _)| {
+                    Position::Pending(seek) => list_offset(&meta, &config, topic, partition, seek, topic_id)
+                        .await
+                        .map(|(offset, found, _, topic_id)| {
                             let first_batch_min_timestamp_ms = match seek {
                                 Seek::Timestamp(t) if found => Some(t),
                                 _ => None,
                             };
-                            Outcome::Resolved { offset, first_batch_min_timestamp_ms }
-                        })
+                            Outcome::Resolved { offset, first_batch_min_timestamp_ms, topic_id }
+                        }),
+                    Position::Offset(offset) => {
+                        fetch(&meta, &config, topic, partition, offset, min_ts, topic_id).await
                     }
-                    Position::Offset(offset) => fetch(&meta, &config, topic, partition, offset, min_ts).await,
                 };
                 Done { key: key2, epoch, result }
             });
@@ -356,12 +456,14 @@ impl Consumer {
         a.in_flight = None;
         let (topic, partition) = (&done.key.0, done.key.1);
         match done.result {
-            Ok(Outcome::Resolved { offset, first_batch_min_timestamp_ms }) => {
+            Ok(Outcome::Resolved { offset, first_batch_min_timestamp_ms, topic_id }) => {
+                a.topic_id = a.topic_id.or(topic_id);
                 a.position = Position::Offset(offset);
                 a.first_batch_min_timestamp_ms = first_batch_min_timestamp_ms;
                 a.failures = 0;
             }
-            Ok(Outcome::Fetched { records, next_offset, high_watermark, log_start_offset }) => {
+            Ok(Outcome::Fetched { topic_id, records, next_offset, high_watermark, log_start_offset }) => {
+                a.topic_id = a.topic_id.or(topic_id);
                 a.failures = 0;
                 a.high_watermark = Some(high_watermark);
                 a.log_start_offset = Some(log_start_offset);
@@ -370,6 +472,30 @@ impl Consumer {
                     a.first_batch_min_timestamp_ms = None;
                 }
                 self.ready.extend(records);
+            }
+            Err(Error::TopicRecreated { message, .. })
+                if self.config.on_topic_recreated == OnTopicRecreated::Restart =>
+            {
+                self.meta.forget_leader(topic, partition);
+                let old_position = match a.position {
+                    Position::Offset(o) => o,
+                    Position::Pending(_) => 0,
+                };
+                tracing::warn!(%topic, partition, old_position, reason = %message,
+                    "topic was deleted or re-created: reading the new one from its beginning");
+                a.topic_id = None;
+                a.position = Position::Pending(Seek::Earliest);
+                a.first_batch_min_timestamp_ms = None;
+                a.high_watermark = None;
+                a.log_start_offset = None;
+                a.failures = 0;
+                a.retry_at = None;
+                self.restarts.push(TopicRestart {
+                    topic: topic.clone(),
+                    partition,
+                    old_position,
+                    reason: message,
+                });
             }
             Err(e) if e.retry() == Retry::Yes => {
                 self.meta.note_failure(topic, partition, &e);
@@ -383,6 +509,9 @@ impl Consumer {
                 }
             }
             Err(e) => {
+                if matches!(e, Error::TopicRecreated { .. }) {
+                    self.meta.forget_leader(topic, partition);
+                }
                 a.paused = true;
                 return Err(e);
             }
@@ -391,15 +520,22 @@ impl Consumer {
     }
 }
 
+/// The id to send for `topic`: the one the partition is bound to, else the
+/// one in the metadata now (which the answer then belongs to).
+fn topic_id_to_send(meta: &MetadataCache, topic: &str, bound: Option<TopicId>) -> Option<TopicId> {
+    bound.or_else(|| meta.snapshot().topics.get(topic).and_then(|t| t.topic_id))
+}
+
 async fn list_offset(
     meta: &MetadataCache,
     config: &ConsumerConfig,
     topic: &str,
     partition: u32,
     seek: Seek,
-) -> Result<(u64, bool, Option<i64>)> {
+    topic_id: Option<TopicId>,
+) -> Result<(u64, bool, Option<i64>, Option<TopicId>)> {
     let (spec, timestamp_ms) = match seek {
-        Seek::Offset(o) => return Ok((o, true, None)),
+        Seek::Offset(o) => return Ok((o, true, None, topic_id)),
         Seek::Earliest => (pb::OffsetSpec::Earliest, 0),
         Seek::Latest => (pb::OffsetSpec::Latest, 0),
         Seek::Timestamp(t) => (pb::OffsetSpec::Timestamp, t),
@@ -408,10 +544,17 @@ async fn list_offset(
     let timeout = Duration::from_millis(config.list_offsets_timeout_ms);
     meta.retrying("list offsets", timeout, || async {
         let address = meta.leader_address(topic, partition).await?;
-        let request =
-            pb::ListOffsetsRequest { topic: topic.to_owned(), partition, spec: spec as i32, timestamp_ms };
+        let id = topic_id_to_send(meta, topic, topic_id);
+        let request = pb::ListOffsetsRequest {
+            topic: topic.to_owned(),
+            partition,
+            spec: spec as i32,
+            timestamp_ms,
+            topic_id: id.map(TopicId::to_wire).unwrap_or_default(),
+        };
         let r = meta.call(&op, &address, 0, |mut c| async move { c.list_offsets(request).await }).await;
-        let r = r.and_then(|r| Error::from_wire(&op, r.error).map(|()| (r.offset, r.found, r.timestamp_ms)));
+        let r =
+            r.and_then(|r| Error::from_wire(&op, r.error).map(|()| (r.offset, r.found, r.timestamp_ms, id)));
         if let Err(e) = &r {
             meta.note_failure(topic, partition, e);
         }
@@ -427,15 +570,18 @@ async fn fetch(
     partition: u32,
     offset: u64,
     first_batch_min_timestamp_ms: Option<i64>,
+    topic_id: Option<TopicId>,
 ) -> Result<Outcome> {
     let address = meta.leader_address(topic, partition).await?;
     let op = Op { offset, ..Op::partition("fetch from", topic, partition) };
+    let topic_id = topic_id_to_send(meta, topic, topic_id);
     let request = pb::FetchRequest {
         topic: topic.to_owned(),
         partition,
         offset,
         max_bytes: config.fetch_max_bytes,
         max_wait_ms: config.fetch_max_wait_ms,
+        topic_id: topic_id.map(TopicId::to_wire).unwrap_or_default(),
     };
     let wait = u64::from(config.fetch_max_wait_ms);
     let r = meta.call(&op, &address, wait, |mut c| async move { c.fetch(request).await }).await?;
@@ -443,6 +589,7 @@ async fn fetch(
     let (records, next_offset) =
         decode_batches(topic, partition, offset, r.batches, first_batch_min_timestamp_ms)?;
     Ok(Outcome::Fetched {
+        topic_id,
         records,
         next_offset,
         high_watermark: r.high_watermark,

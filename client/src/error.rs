@@ -181,6 +181,22 @@ pub enum Error {
     /// A configuration value that cannot work.
     #[error("invalid client configuration: {0}")]
     Config(String),
+    /// `UNKNOWN_TOPIC_ID` (KIP-516): the topic this client started on was
+    /// deleted, or deleted and re-created under the same name (a new
+    /// incarnation with a new id). Offsets and records of the old
+    /// incarnation mean nothing in the new one, so this is never retried:
+    /// the consumer stops the partition (or, with
+    /// [`crate::consumer::OnTopicRecreated::Restart`], starts the new
+    /// incarnation from its beginning) and the producer fails the records.
+    #[error("{operation}: topic {topic:?} was deleted or re-created (UNKNOWN_TOPIC_ID): {message}")]
+    TopicRecreated {
+        /// What was asked, e.g. `fetch from orders/3`.
+        operation: String,
+        /// Topic name.
+        topic: String,
+        /// The broker's explanation (names the old and the current id).
+        message: String,
+    },
 }
 
 fn code_name(code: i32) -> String {
@@ -251,6 +267,12 @@ impl Error {
             Ok(ErrorCode::RecordTooLarge) => {
                 Err(Error::RecordTooLarge { topic, partition, bytes: op.bytes, message: e.message })
             }
+            Ok(ErrorCode::UnknownTopicId) => {
+                // Our brokers' message starts with what Display says already.
+                let said = format!("topic {topic:?} was deleted or re-created: ");
+                let message = e.message.strip_prefix(&said).map_or(e.message.clone(), str::to_owned);
+                Err(Error::TopicRecreated { operation: op.describe(), topic, message })
+            }
             _ => Err(Error::Broker {
                 operation: op.describe(),
                 code: e.code,
@@ -280,6 +302,7 @@ impl Error {
             Error::Broker { code, .. } => ErrorCode::try_from(*code).ok(),
             Error::OffsetOutOfRange { .. } => Some(ErrorCode::OffsetOutOfRange),
             Error::RecordTooLarge { .. } => Some(ErrorCode::RecordTooLarge),
+            Error::TopicRecreated { .. } => Some(ErrorCode::UnknownTopicId),
             _ => None,
         }
     }
@@ -298,7 +321,10 @@ impl Error {
     /// `UNKNOWN_TOPIC` (metadata of a new topic reaches brokers at different
     /// times; Kafka retries `UNKNOWN_TOPIC_OR_PARTITION` too), transport
     /// failures and timeouts. `OUT_OF_ORDER_SEQUENCE` is
-    /// [`Retry::AfterEarlierFailure`]. Everything else is permanent.
+    /// [`Retry::AfterEarlierFailure`]. Everything else is permanent,
+    /// `UNKNOWN_TOPIC_ID` ([`Error::TopicRecreated`]) included: retrying
+    /// with the same topic id cannot succeed, and without it would carry
+    /// offsets or records into another incarnation of the topic.
     pub fn retry(&self) -> Retry {
         match self {
             Error::Broker { code, .. } => match ErrorCode::try_from(*code) {
@@ -336,9 +362,10 @@ impl Error {
     }
 
     /// Whether the client's idea of who leads what may be stale: leadership
-    /// errors, unknown topics and any failure to reach a broker.
+    /// errors, unknown topics (or topic ids) and any failure to reach a broker.
     pub fn needs_metadata_refresh(&self) -> bool {
         match self {
+            Error::TopicRecreated { .. } => true,
             Error::Broker { .. } => {
                 matches!(
                     self.code(),
@@ -377,6 +404,12 @@ mod tests {
         assert_eq!(retry(ErrorCode::RecordTooLarge), Retry::No);
         assert_eq!(retry(ErrorCode::InvalidRequest), Retry::No);
         assert_eq!(retry(ErrorCode::ProducerFenced), Retry::No);
+        assert_eq!(retry(ErrorCode::UnknownTopicId), Retry::No);
+        let recreated = Error::from_wire(&op, wire(ErrorCode::UnknownTopicId)).expect_err("error");
+        assert!(matches!(&recreated, Error::TopicRecreated { topic, .. } if topic == "t"));
+        assert_eq!(recreated.code(), Some(ErrorCode::UnknownTopicId));
+        assert!(recreated.needs_metadata_refresh());
+        assert!(recreated.to_string().contains("topic \"t\" was deleted or re-created"), "{recreated}");
         let unavailable = Error::transport(&op, "a:1", tonic::Status::unavailable("down"));
         assert!(unavailable.is_retriable());
         assert!(unavailable.needs_metadata_refresh());

@@ -59,8 +59,9 @@ pub mod record;
 pub mod retry;
 
 pub use admin::Admin;
-pub use consumer::{Consumer, ConsumerConfig, Seek};
+pub use consumer::{Consumer, ConsumerConfig, OnTopicRecreated, Seek, TopicRestart};
 pub use error::{Error, Result};
+pub use ferrolog_proto::TopicId;
 pub use metadata::{ClientConfig, MetadataCache};
 pub use producer::{Delivery, Producer, ProducerConfig};
 pub use record::{ConsumerRecord, Header, Record, RecordMetadata};

@@ -14,6 +14,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ferrolog_proto::TopicId;
 use ferrolog_proto::client as pb;
 use ferrolog_proto::client::ferrolog_client::FerrologClient;
 use tonic::transport::{Channel, Endpoint};
@@ -109,6 +110,10 @@ pub struct PartitionMeta {
 pub struct TopicMeta {
     /// Topic name.
     pub name: String,
+    /// The topic's id (KIP-516): differs between a topic and one deleted
+    /// and re-created under its name. `None` from a broker without topic
+    /// ids (or one that sent a malformed id).
+    pub topic_id: Option<TopicId>,
     /// Partitions, sorted by number.
     pub partitions: Vec<PartitionMeta>,
     /// Replicas per partition.
@@ -182,9 +187,15 @@ impl ClusterMeta {
                     })
                     .collect();
                 partitions.sort_by_key(|p| p.partition);
+                let topic_id = TopicId::from_wire(&t.topic_id).ok().flatten();
                 (
                     t.name.clone(),
-                    TopicMeta { name: t.name, partitions, replication_factor: t.replication_factor },
+                    TopicMeta {
+                        name: t.name,
+                        topic_id,
+                        partitions,
+                        replication_factor: t.replication_factor,
+                    },
                 )
             })
             .collect();
@@ -614,6 +625,7 @@ mod tests {
                     pb::PartitionInfo { partition: 0, group_id: 10, leader: 2, replicas: vec![1, 2] },
                 ],
                 replication_factor: 2,
+                topic_id: TopicId(77).to_wire(),
             }],
             controller: 1,
             max_record_bytes: 1000,
@@ -626,6 +638,7 @@ mod tests {
     fn decodes_and_finds_leaders() {
         let c = ClusterMeta::from_wire("127.0.0.1:9401", sample());
         assert_eq!(c.topics["t"].partitions[0].partition, 0, "sorted by partition");
+        assert_eq!(c.topics["t"].topic_id, Some(TopicId(77)));
         assert_eq!(c.leader("t", 0), Some((2, "127.0.0.1:9402".into())));
         assert_eq!(c.leader("t", 1), None, "leader 0 is none");
         assert_eq!(c.leader("t", 9), None);

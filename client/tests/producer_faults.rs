@@ -192,6 +192,8 @@ impl Ferrolog for FakeBroker {
                     })
                     .collect(),
                 replication_factor: 1,
+                // A broker from before topic ids (KIP-516): none sent.
+                topic_id: Default::default(),
             }],
             controller: 1,
             cluster_brokers: vec![1],

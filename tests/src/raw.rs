@@ -160,6 +160,7 @@ pub async fn offsets_for_time(
             partition,
             spec: OffsetSpec::Timestamp as i32,
             timestamp_ms,
+            ..ListOffsetsRequest::default()
         };
         match connect(c.broker(id).client_addr).await {
             Ok(mut client) => match client.list_offsets(req).await {
@@ -209,6 +210,7 @@ pub async fn read_values(addr: SocketAddr, topic: &str) -> anyhow::Result<Vec<St
         offset: 0,
         max_bytes: 1 << 20,
         max_wait_ms: 0,
+        ..Default::default()
     };
     values(&connect(addr).await?.fetch(req).await?.into_inner())
 }
@@ -237,6 +239,7 @@ pub fn batch(topic: &str, pid: i64, seq: i32, value: &str) -> ProduceRequest {
         producer_id: pid,
         producer_epoch: 0,
         base_sequence: seq,
+        ..ProduceRequest::default()
     }
 }
 

@@ -114,6 +114,7 @@ async fn produce_fetch_and_bad_input() -> anyhow::Result<()> {
             offset: 1,
             max_bytes: 1 << 20,
             max_wait_ms: 0,
+            ..Default::default()
         })
         .await?
         .into_inner();
@@ -129,6 +130,7 @@ async fn produce_fetch_and_bad_input() -> anyhow::Result<()> {
             partition: 0,
             offset: 2,
             max_bytes: 1 << 20,
+            ..Default::default()
         })
         .await?
         .into_inner();
@@ -153,6 +155,7 @@ async fn produce_fetch_and_bad_input() -> anyhow::Result<()> {
             offset: 99,
             max_bytes: 1024,
             max_wait_ms: 0,
+            ..Default::default()
         })
         .await?
         .into_inner();
@@ -232,6 +235,7 @@ async fn produce_fetch_and_bad_input() -> anyhow::Result<()> {
             partition: 0,
             spec: OffsetSpec::Latest as i32,
             timestamp_ms: 0,
+            ..Default::default()
         })
         .await?
         .into_inner();

@@ -44,7 +44,14 @@ async fn value_lengths(
     let mut out = Vec::new();
     while out.len() < count {
         let f = client
-            .fetch(FetchRequest { topic: topic.into(), partition: 0, offset, max_bytes: 1, max_wait_ms: 0 })
+            .fetch(FetchRequest {
+                topic: topic.into(),
+                partition: 0,
+                offset,
+                max_bytes: 1,
+                max_wait_ms: 0,
+                ..Default::default()
+            })
             .await?
             .into_inner();
         anyhow::ensure!(f.error.is_none(), "fetch: {:?}", f.error);

@@ -29,6 +29,7 @@ fn stamped(topic: &str, stamps: &[i64]) -> ProduceRequest {
         producer_id: -1,
         producer_epoch: 0,
         base_sequence: 0,
+        ..ProduceRequest::default()
     }
 }
 

@@ -21,6 +21,7 @@ pub fn to_wire(e: &ApiError, image: &MetadataImage) -> Error {
         ApiError::Storage(_) => ErrorCode::StorageError,
         ApiError::DuplicateInFlight => ErrorCode::DuplicateInFlight,
         ApiError::InvalidReplicationFactor(_) => ErrorCode::InvalidReplicationFactor,
+        ApiError::UnknownTopicId { .. } => ErrorCode::UnknownTopicId,
     };
     let mut wire = Error { code: code as i32, message: e.to_string(), ..Error::default() };
     match e {

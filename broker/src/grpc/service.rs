@@ -4,6 +4,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferrolog_proto::TopicId;
 use ferrolog_proto::client::ferrolog_server::{Ferrolog, FerrologServer};
 use ferrolog_proto::client::{
     AdminResponse, BrokerInfo, CreateTopicRequest, DeleteTopicRequest, Error, FetchRequest, FetchResponse,
@@ -75,22 +76,53 @@ impl ClientService {
         Some(to_wire(e, &self.controller.image()))
     }
 
-    /// The hosted partition, or the reason it cannot be served here.
-    fn partition(&self, topic: &str, partition: u32) -> Result<Arc<Partition>, ApiError> {
-        if let Some(p) = self.table.get(topic, partition) {
-            return Ok(p);
-        }
+    /// The hosted replica of the current incarnation of `topic`, or the
+    /// reason it cannot be served here. With `topic_id` (KIP-516), a topic
+    /// of that name with another id, or none at all, is
+    /// [`ApiError::UnknownTopicId`] (`Unavailable` while this broker's
+    /// image may still be behind the controller: the id may be newer than
+    /// what it knows). A hosted replica of an older incarnation (not
+    /// stopped yet by the reconciler) is never served.
+    fn partition(
+        &self,
+        topic: &str,
+        partition: u32,
+        topic_id: Option<TopicId>,
+    ) -> Result<Arc<Partition>, ApiError> {
         let image = self.controller.image();
+        let catching_up = || ApiError::Unavailable("this broker's metadata is catching up".into());
         let Some(t) = image.topics.get(topic) else {
             if !self.controller.image_caught_up() {
                 // After a restart the image may be behind the controller.
-                return Err(ApiError::Unavailable("this broker's metadata is catching up".into()));
+                return Err(catching_up());
             }
-            return Err(ApiError::UnknownTopic(topic.to_owned()));
+            return Err(match topic_id {
+                Some(id) => {
+                    ApiError::UnknownTopicId { topic: topic.to_owned(), id: id.to_string(), current: None }
+                }
+                None => ApiError::UnknownTopic(topic.to_owned()),
+            });
         };
+        if let Some(id) = topic_id
+            && id != t.topic_id
+        {
+            if !self.controller.image_caught_up() {
+                return Err(catching_up());
+            }
+            return Err(ApiError::UnknownTopicId {
+                topic: topic.to_owned(),
+                id: id.to_string(),
+                current: Some(t.topic_id.to_string()),
+            });
+        }
         let Some(a) = t.partitions.get(partition as usize) else {
             return Err(ApiError::UnknownTopic(format!("{topic} has no partition {partition}")));
         };
+        if let Some(p) = self.table.get(topic, partition)
+            && p.group == a.group
+        {
+            return Ok(p);
+        }
         // Not hosted here (or not started yet): point at a replica.
         let other = a.replicas.iter().map(|r| r.broker).find(|b| *b != self.broker);
         Err(ApiError::NotLeader { leader: other })
@@ -147,7 +179,8 @@ impl Ferrolog for ClientService {
         let req = request.into_inner();
         let span = tracing::debug_span!("produce", node = self.broker, partition = %format!("{}-{}", req.topic, req.partition));
         let result = async {
-            let partition = self.partition(&req.topic, req.partition)?;
+            let topic_id = TopicId::from_wire(&req.topic_id).map_err(ApiError::Invalid)?;
+            let partition = self.partition(&req.topic, req.partition, topic_id)?;
             let epoch = i16::try_from(req.producer_epoch).map_err(|_| {
                 ApiError::Invalid(format!("producer epoch {} out of range", req.producer_epoch))
             })?;
@@ -181,7 +214,10 @@ impl Ferrolog for ClientService {
         let req = request.into_inner();
         let wait = Duration::from_millis(u64::from(req.max_wait_ms).min(self.limits.max_fetch_wait_ms));
         let span = tracing::debug_span!("fetch", node = self.broker, partition = %format!("{}-{}", req.topic, req.partition));
-        let result = match self.partition(&req.topic, req.partition) {
+        let result = match TopicId::from_wire(&req.topic_id)
+            .map_err(ApiError::Invalid)
+            .and_then(|id| self.partition(&req.topic, req.partition, id))
+        {
             Ok(p) => p.fetch(req.offset, self.max_bytes(req.max_bytes), wait).instrument(span).await,
             Err(e) => Err(e),
         };
@@ -197,11 +233,22 @@ impl Ferrolog for ClientService {
         let req = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<FetchResponse, Status>>(4);
         let this = self.clone();
+        // A stream without an id is pinned to the incarnation it starts on,
+        // so it never goes on reading a topic re-created under the name.
+        let topic_id = match TopicId::from_wire(&req.topic_id) {
+            Ok(Some(id)) => Ok(Some(id)),
+            Ok(None) => Ok(self.controller.image().topics.get(&req.topic).map(|t| t.topic_id)),
+            Err(e) => Err(ApiError::Invalid(e)),
+        };
         tokio::spawn(async move {
             let mut offset = req.offset;
             let max_bytes = this.max_bytes(req.max_bytes);
             loop {
-                let result = match this.partition(&req.topic, req.partition) {
+                let partition = match &topic_id {
+                    Ok(id) => this.partition(&req.topic, req.partition, *id),
+                    Err(e) => Err(e.clone()),
+                };
+                let result = match partition {
                     Ok(p) => p.fetch(offset, max_bytes, SUBSCRIBE_WAIT).await,
                     Err(e) => Err(e),
                 };
@@ -232,7 +279,8 @@ impl Ferrolog for ClientService {
     ) -> Result<Response<ListOffsetsResponse>, Status> {
         let req = request.into_inner();
         let result = async {
-            let p = self.partition(&req.topic, req.partition)?;
+            let topic_id = TopicId::from_wire(&req.topic_id).map_err(ApiError::Invalid)?;
+            let p = self.partition(&req.topic, req.partition, topic_id)?;
             let (start, hw) = p.offsets().await?;
             match OffsetSpec::try_from(req.spec) {
                 Ok(OffsetSpec::Earliest) => Ok((start, true, None)),
@@ -287,6 +335,7 @@ impl Ferrolog for ClientService {
                 })
                 .collect();
             topics.push(TopicInfo {
+                topic_id: t.topic_id.to_wire(),
                 name: name.clone(),
                 partitions,
                 replication_factor: t.replication_factor,
@@ -359,7 +408,7 @@ impl Ferrolog for ClientService {
                 ..PartitionStatusResponse::default()
             }));
         }
-        Ok(Response::new(match self.partition(&req.topic, req.partition) {
+        Ok(Response::new(match self.partition(&req.topic, req.partition, None) {
             Ok(p) => {
                 let s = p.status();
                 let (replica_state, replica_detail) = match p.replica.recovering() {

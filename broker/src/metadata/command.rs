@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::BrokerId;
+use ferrolog_proto::TopicId;
 use ferrolog_raft_store::types::NodeId;
 
 /// One replica of a partition: the broker that hosts it and its Raft node
@@ -65,6 +66,12 @@ pub enum MetadataCommand {
     TopicCreated {
         /// Topic name.
         name: String,
+        /// The topic's id (KIP-516), chosen by the controller: a random
+        /// version-4 UUID, stored as its text. Absent in commands written
+        /// before topic ids: the image then uses the first partition's
+        /// group id ([`super::image::fallback_topic_id`]).
+        #[serde(default, skip_serializing_if = "Option::is_none", with = "topic_id_text")]
+        topic_id: Option<TopicId>,
         /// Replicas per partition.
         replication_factor: u32,
         /// Placement of each partition.
@@ -132,4 +139,25 @@ pub enum ControllerReply {
         /// The id.
         producer_id: i64,
     },
+}
+
+/// Serde for an optional [`TopicId`] as its UUID text (`"6f1c...-..."`),
+/// readable in logs and `dump-log` output.
+mod topic_id_text {
+    use ferrolog_proto::TopicId;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(id: &Option<TopicId>, s: S) -> Result<S::Ok, S::Error> {
+        match id {
+            Some(id) => s.serialize_str(&id.to_string()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<TopicId>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            Some(text) => text.parse().map(Some).map_err(serde::de::Error::custom),
+            None => Ok(None),
+        }
+    }
 }

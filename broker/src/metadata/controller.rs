@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use ferrolog_proto::TopicId;
 use ferrolog_proto::client::{Record, RecordSet};
 use ferrolog_proto::raft::ControllerCall;
 use ferrolog_proto::raft::raft_peer_client::RaftPeerClient;
@@ -317,9 +318,14 @@ impl Controller {
                     assignments.push(PartitionAssignment { group, replicas, initial });
                     group += 1;
                 }
+                // KIP-516: a random 128-bit id per incarnation. A collision
+                // with a live topic's id (2^-122 per pair) is refused by the
+                // image and answered TOPIC_ALREADY_EXISTS; retrying draws anew.
+                let topic_id = TopicId::v4_from_random(rand::random::<u128>());
                 let offset = self
                     .propose(MetadataCommand::TopicCreated {
                         name: name.clone(),
+                        topic_id: Some(topic_id),
                         replication_factor,
                         partitions: assignments,
                     })

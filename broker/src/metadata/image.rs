@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::command::{MetadataCommand, PartitionAssignment};
 use crate::config::BrokerId;
+use ferrolog_proto::TopicId;
 use ferrolog_raft_store::types::NodeId;
 
 /// A registered broker.
@@ -26,6 +27,10 @@ pub struct BrokerEntry {
 /// A topic and its partitions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopicEntry {
+    /// The topic's id (KIP-516): from its `TopicCreated` command, or
+    /// [`fallback_topic_id`] for a command written before topic ids.
+    #[serde(with = "topic_id_text")]
+    pub topic_id: TopicId,
     /// Replicas per partition.
     pub replication_factor: u32,
     /// Placement of each partition, by partition number.
@@ -55,6 +60,29 @@ pub struct MetadataImage {
     pub retired_metadata_nodes: BTreeMap<NodeId, BrokerId>,
 }
 
+/// The id of a topic whose `TopicCreated` command carries none (written
+/// before topic ids): its first partition's Raft group id, deterministic on
+/// every broker and on every replay, and never another topic's (group ids
+/// are never reused; controller-assigned ids are version-4 UUIDs, above
+/// 2^64). A command without partitions (never written) gets 0.
+pub fn fallback_topic_id(partitions: &[PartitionAssignment]) -> TopicId {
+    TopicId(partitions.first().map_or(0, |p| u128::from(p.group)))
+}
+
+/// Serde for a [`TopicId`] as its UUID text.
+mod topic_id_text {
+    use ferrolog_proto::TopicId;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(id: &TopicId, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&id.to_string())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TopicId, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// Partition group ids start here; 0 is the metadata group.
 pub const FIRST_GROUP_ID: u64 = 1;
 /// Partition replica node ids start here, far from broker ids (which are
@@ -69,7 +97,8 @@ impl MetadataImage {
 
     /// Applies the command stored at `offset`. Commands that no longer make
     /// sense (a topic created twice by racing requests, deleting a missing
-    /// topic) change nothing: the first one in the log wins.
+    /// topic, a topic id some live topic already has) change nothing: the
+    /// first one in the log wins.
     pub fn apply(&mut self, offset: u64, command: &MetadataCommand) {
         match command {
             MetadataCommand::BrokerRegistered { id, client_addr, peer_addr, incarnation } => {
@@ -119,11 +148,13 @@ impl MetadataImage {
                     }
                 }
             }
-            MetadataCommand::TopicCreated { name, replication_factor, partitions } => {
+            MetadataCommand::TopicCreated { name, topic_id, replication_factor, partitions } => {
                 let ids_fresh = partitions.iter().all(|p| {
                     p.group >= self.next_group_id && p.replicas.iter().all(|r| r.node >= self.next_node_id)
                 });
-                if !self.topics.contains_key(name) && ids_fresh {
+                let topic_id = topic_id.unwrap_or_else(|| fallback_topic_id(partitions));
+                let id_unused = self.topics.values().all(|t| t.topic_id != topic_id);
+                if !self.topics.contains_key(name) && ids_fresh && id_unused {
                     for p in partitions {
                         self.next_group_id = self.next_group_id.max(p.group + 1);
                         for r in &p.replicas {
@@ -133,6 +164,7 @@ impl MetadataImage {
                     self.topics.insert(
                         name.clone(),
                         TopicEntry {
+                            topic_id,
                             replication_factor: *replication_factor,
                             partitions: partitions.clone(),
                             created_at_offset: offset,
@@ -285,6 +317,7 @@ mod tests {
     fn topic(name: &str, group: u64, node: u64) -> MetadataCommand {
         MetadataCommand::TopicCreated {
             name: name.into(),
+            topic_id: None,
             replication_factor: 1,
             partitions: vec![PartitionAssignment {
                 group,
@@ -364,5 +397,78 @@ mod tests {
         assert_eq!(m.next_group_id, 3);
         assert_eq!(m.next_node_id, 1002);
         assert_eq!(m.applied_offset, 5);
+    }
+
+    fn with_id(command: MetadataCommand, id: u128) -> MetadataCommand {
+        match command {
+            MetadataCommand::TopicCreated { name, replication_factor, partitions, .. } => {
+                MetadataCommand::TopicCreated {
+                    name,
+                    topic_id: Some(TopicId(id)),
+                    replication_factor,
+                    partitions,
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// The commands as they travel in the metadata log (JSON), folded into
+    /// a fresh image: what a broker does on every start.
+    fn replay(log: &[MetadataCommand]) -> MetadataImage {
+        let mut m = MetadataImage::new();
+        for (offset, c) in log.iter().enumerate() {
+            let json = serde_json::to_vec(c).expect("encode");
+            let decoded: MetadataCommand = serde_json::from_slice(&json).expect("decode");
+            assert_eq!(&decoded, c);
+            m.apply(offset as u64, &decoded);
+        }
+        m
+    }
+
+    #[test]
+    fn topic_ids_come_from_the_command_and_survive_replay() {
+        let a = TopicId::v4_from_random(7 << 90);
+        let b = TopicId::v4_from_random(9 << 90);
+        let log = vec![
+            with_id(topic("t", 1, 1000), a.0),
+            MetadataCommand::TopicDeleted { name: "t".into() },
+            with_id(topic("t", 2, 1001), b.0),
+        ];
+        let m = replay(&log[..1]);
+        assert_eq!(m.topics["t"].topic_id, a);
+        let m = replay(&log);
+        assert_eq!(m.topics["t"].topic_id, b, "the re-created topic has the new id");
+        assert_eq!(replay(&log), m, "a restart (replay) gives the same ids");
+    }
+
+    #[test]
+    fn commands_without_an_id_decode_and_get_the_first_group_as_id() {
+        // A TopicCreated command as written before topic ids.
+        let old = br#"{"type":"topic_created","name":"old","replication_factor":1,
+            "partitions":[{"group":5,"replicas":[{"broker":1,"node":1000}],"initial":[1000]},
+                          {"group":6,"replicas":[{"broker":1,"node":1001}],"initial":[1001]}]}"#;
+        let command: MetadataCommand = serde_json::from_slice(old).expect("old commands decode");
+        let mut m = MetadataImage::new();
+        m.apply(0, &command);
+        assert_eq!(m.topics["old"].topic_id, TopicId(5));
+        // The same topic re-created after an upgrade gets a controller id.
+        m.apply(1, &MetadataCommand::TopicDeleted { name: "old".into() });
+        m.apply(2, &with_id(topic("old", 7, 1002), TopicId::v4_from_random(1).0));
+        assert_ne!(m.topics["old"].topic_id, TopicId(5));
+        assert_ne!(m.topics["old"].topic_id, TopicId(7));
+    }
+
+    #[test]
+    fn a_topic_id_held_by_a_live_topic_is_refused() {
+        let mut m = MetadataImage::new();
+        m.apply(0, &with_id(topic("a", 1, 1000), 1 << 100));
+        m.apply(1, &with_id(topic("b", 2, 1001), 1 << 100));
+        assert!(!m.topics.contains_key("b"));
+        // Nor one that an old command's fallback gave a live topic.
+        m.apply(2, &topic("c", 3, 1002));
+        assert_eq!(m.topics["c"].topic_id, TopicId(3));
+        m.apply(3, &with_id(topic("d", 4, 1003), 3));
+        assert!(!m.topics.contains_key("d"));
     }
 }

@@ -106,19 +106,25 @@ pub async fn topic(bootstrap: &str, command: TopicCommand) -> anyhow::Result<()>
             let rows: Vec<Vec<String>> = topics
                 .iter()
                 .map(|t| {
-                    vec![t.name.clone(), t.partition_count().to_string(), t.replication_factor.to_string()]
+                    vec![
+                        t.name.clone(),
+                        topic_id_text(t.topic_id),
+                        t.partition_count().to_string(),
+                        t.replication_factor.to_string(),
+                    ]
                 })
                 .collect();
-            print!("{}", table::render(&["TOPIC", "PARTITIONS", "REPLICATION"], &rows));
+            print!("{}", table::render(&["TOPIC", "TOPIC ID", "PARTITIONS", "REPLICATION"], &rows));
         }
         TopicCommand::Describe { name } => {
             let (t, cluster) =
                 admin.describe_topic(&name).await.with_context(|| format!("describing {name:?}"))?;
             println!(
-                "topic {}: {} partitions, replication factor {}",
+                "topic {}: {} partitions, replication factor {}, id {}",
                 t.name,
                 t.partition_count(),
-                t.replication_factor
+                t.replication_factor,
+                topic_id_text(t.topic_id)
             );
             let rows: Vec<Vec<String>> = t
                 .partitions
@@ -255,4 +261,10 @@ fn render_status(s: &ClusterStatus) -> String {
         }
     }
     out
+}
+
+/// A topic id as printed (KIP-516): its UUID form, or `-` from a broker
+/// that sends none.
+fn topic_id_text(id: Option<ferrolog_client::TopicId>) -> String {
+    id.map_or_else(|| "-".to_owned(), |id| id.to_string())
 }

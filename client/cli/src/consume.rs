@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use ferrolog_client::{Consumer, ConsumerConfig, Seek};
+use ferrolog_client::{Consumer, ConsumerConfig, OnTopicRecreated, Seek};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::output::record_json;
@@ -46,6 +46,21 @@ pub struct ConsumeArgs {
     /// Stop after this many records.
     #[arg(long)]
     max_records: Option<u64>,
+    /// When the topic is deleted or re-created while reading (KIP-516
+    /// topic ids): `fail` stops with an error (exit status 1); `restart`
+    /// warns on stderr and reads the new topic from its beginning. An
+    /// offset is never carried into the new topic.
+    #[arg(long, value_enum, default_value_t = OnRecreated::Fail)]
+    on_topic_recreated: OnRecreated,
+}
+
+/// `--on-topic-recreated`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnRecreated {
+    /// Stop with an error naming the topic.
+    Fail,
+    /// Warn and read the new topic from its beginning.
+    Restart,
 }
 
 /// Parses `--from`: `earliest`, `latest`, an offset, or a time.
@@ -89,7 +104,18 @@ pub async fn run(bootstrap: &str, args: ConsumeArgs) -> anyhow::Result<()> {
         }
         args.partitions.clone()
     };
-    let mut consumer = Consumer::new(meta, ConsumerConfig::default());
+    let on_topic_recreated = match args.on_topic_recreated {
+        OnRecreated::Fail => OnTopicRecreated::Fail,
+        OnRecreated::Restart => OnTopicRecreated::Restart,
+    };
+    let mut consumer =
+        Consumer::new(meta, ConsumerConfig { on_topic_recreated, ..ConsumerConfig::default() });
+    // Every request carries the id of the topic found above: its offsets
+    // are never applied to a topic re-created under the name.
+    consumer.assign(&args.topic, partitions.iter().copied(), args.from);
+    if let Some(id) = topic.topic_id {
+        consumer.bind_topic_id(&args.topic, id);
+    }
 
     // Without --follow: the end of each partition now is where reading stops.
     let mut ends: BTreeMap<u32, u64> = BTreeMap::new();
@@ -110,14 +136,13 @@ pub async fn run(bootstrap: &str, args: ConsumeArgs) -> anyhow::Result<()> {
             starts.insert(p, start.min(end));
         }
     }
-    consumer.assign(&args.topic, partitions.iter().copied(), args.from);
 
     let stdout = std::io::stdout();
     let bar = progress_bar(&args, &starts, &ends, stdout.is_terminal());
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut printed = 0u64;
     let max = args.max_records.unwrap_or(u64::MAX);
-    let done = |c: &Consumer| {
+    let done = |c: &Consumer, ends: &BTreeMap<u32, u64>| {
         !args.follow
             && ends
                 .iter()
@@ -125,11 +150,26 @@ pub async fn run(bootstrap: &str, args: ConsumeArgs) -> anyhow::Result<()> {
     };
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
-    while printed < max && !done(&consumer) {
+    while printed < max && !done(&consumer, &ends) {
         let records = tokio::select! {
             r = consumer.poll(Duration::from_millis(500)) => r.with_context(|| format!("reading {}", args.topic))?,
             _ = &mut ctrl_c => break,
         };
+        for restart in consumer.take_restarts() {
+            eprintln!(
+                "warning: topic {} was deleted or re-created; partition {} was at offset {} of the old \
+                 topic and now reads the new one from its beginning ({})",
+                restart.topic, restart.partition, restart.old_position, restart.reason
+            );
+            if !args.follow {
+                // Stop at the new topic's end as it is now.
+                let end = consumer
+                    .list_offset(&args.topic, restart.partition, Seek::Latest)
+                    .await
+                    .with_context(|| format!("finding the end of partition {}", restart.partition))?;
+                ends.insert(restart.partition, end);
+            }
+        }
         let mut newly = 0;
         for r in records {
             if !args.follow && ends.get(&r.partition).is_none_or(|end| r.offset >= *end) {

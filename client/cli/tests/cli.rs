@@ -314,3 +314,117 @@ fn bad_input_stops_produce_or_is_skipped_and_counted() {
     assert!(stdout.contains("3 records read: 2 stored, 1 refused, 0 unknown"), "{stdout}");
     assert_eq!(values(&c, "rows")[7..], ["before", "after"]);
 }
+
+/// A `consume --follow` process stopped with SIGSTOP or SIGCONT (`kill`).
+fn signal(child: &Child, sig: &str) {
+    let status = Command::new("kill").args([sig, &child.id().to_string()]).status().expect("run kill");
+    assert!(status.success(), "kill {sig}");
+}
+
+/// `ferrolog consume ... --follow` running, its stdout lines arriving on a
+/// channel, its stderr collected.
+fn follow(c: &Brokers, args: &[&str]) -> (Child, std::sync::mpsc::Receiver<String>) {
+    let mut child = Command::new(BIN)
+        .arg("--bootstrap")
+        .arg(&c.bootstrap)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ferrolog consume");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// The next `n` lines, each within 30 s.
+fn lines(rx: &std::sync::mpsc::Receiver<String>, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|e| panic!("line {i} of {n}: {e}")))
+        .collect()
+}
+
+/// Deletes and re-creates `topic` with 1 partition, then produces `new-0`..`new-29`.
+fn recreate_with_30(c: &Brokers, topic: &str) {
+    c.ok(&["topic", "delete", topic], None);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = c.run(&["topic", "create", topic, "--partitions", "1", "--replication-factor", "3"], None);
+        if out.status.success() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "create again: {}", String::from_utf8_lossy(&out.stderr));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let new: String = (0..30).map(|i| format!("new-{i}\n")).collect();
+    c.ok(&["produce", topic], Some(&new));
+}
+
+/// Issue 9, item 3: a paused `consume --follow` whose topic is deleted and
+/// re-created under it stops with an error naming the topic (it used to
+/// print the new topic from offset 20 on, skipping its first 20 records);
+/// with `--on-topic-recreated restart` it warns and prints every new record.
+#[test]
+fn consume_follow_never_carries_an_offset_into_a_recreated_topic() {
+    let c = Brokers::start();
+    c.ok(&["topic", "create", "t", "--partitions", "1", "--replication-factor", "3"], None);
+    let id_line = |out: &str| out.lines().find(|l| l.starts_with("t ")).unwrap_or_default().to_owned();
+    let listed = id_line(&c.ok(&["topic", "list"], None));
+    let described = c.ok(&["topic", "describe", "t"], None);
+    let id = described.split(", id ").nth(1).and_then(|s| s.lines().next()).expect("an id").to_owned();
+    assert_eq!(id.len(), 36, "a UUID: {described}");
+    assert!(listed.contains(&id), "topic list shows the id: {listed}");
+    let old: String = (0..20).map(|i| format!("old-{i}\n")).collect();
+    c.ok(&["produce", "t"], Some(&old));
+
+    let (mut fail, fail_out) = follow(&c, &["consume", "t", "--from", "earliest", "--follow"]);
+    let (mut restart, restart_out) =
+        follow(&c, &["consume", "t", "--from", "earliest", "--follow", "--on-topic-recreated", "restart"]);
+    assert_eq!(lines(&fail_out, 20).last().map(String::as_str), Some("old-19"));
+    assert_eq!(lines(&restart_out, 20).last().map(String::as_str), Some("old-19"));
+    signal(&fail, "-STOP");
+    signal(&restart, "-STOP");
+    recreate_with_30(&c, "t");
+    let new_id = c.ok(&["topic", "describe", "t"], None);
+    assert!(!new_id.contains(&id), "a new id: {new_id}");
+    signal(&fail, "-CONT");
+    signal(&restart, "-CONT");
+
+    // fail (the default): exits non-zero naming the topic, printing nothing more.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = fail.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = fail.kill();
+            let printed: Vec<String> = fail_out.try_iter().collect();
+            panic!("consume --follow did not stop; it printed {printed:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut fail.stderr.take().expect("stderr"), &mut stderr).expect("stderr");
+    let printed: Vec<String> = fail_out.try_iter().collect();
+    assert!(printed.is_empty(), "nothing of the new topic: {printed:?}");
+    assert!(!status.success(), "exit status {status}");
+    assert!(stderr.contains("topic \"t\" was deleted or re-created"), "{stderr}");
+
+    // restart: every new record, from the first.
+    let new = lines(&restart_out, 30);
+    assert_eq!(new, (0..30).map(|i| format!("new-{i}")).collect::<Vec<_>>());
+    let _ = restart.kill();
+    let _ = restart.wait();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut restart.stderr.take().expect("stderr"), &mut stderr).expect("stderr");
+    assert!(stderr.contains("warning: topic t was deleted or re-created"), "{stderr}");
+}

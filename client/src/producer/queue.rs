@@ -24,6 +24,7 @@
 //!   producer id and renumbers them from 0
 //!   ([`PartitionQueue::reset_if_drained`]).
 
+use ferrolog_proto::TopicId;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -84,6 +85,10 @@ pub(crate) struct Batch {
     pub attempts: u32,
     /// The last failure, reported if the batch times out.
     pub last_error: Option<Error>,
+    /// The id of the topic incarnation its records were sent to (KIP-516),
+    /// fixed when the batch is created and sent with every attempt: a
+    /// batch is never delivered to another incarnation of its topic.
+    pub topic_id: Option<TopicId>,
 }
 
 impl Batch {
@@ -102,6 +107,7 @@ impl Batch {
             maybe_stored: false,
             attempts: 0,
             last_error: None,
+            topic_id: None,
         }
     }
 
@@ -153,6 +159,7 @@ pub(crate) struct SendSpec {
     pub bytes: usize,
     pub producer: ProducerId,
     pub base_sequence: i32,
+    pub topic_id: Option<TopicId>,
 }
 
 /// One partition's queue. See the module documentation for the rules.
@@ -295,6 +302,7 @@ impl PartitionQueue {
             bytes: batch.bytes,
             producer,
             base_sequence,
+            topic_id: batch.topic_id,
         })
     }
 

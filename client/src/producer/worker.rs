@@ -18,6 +18,7 @@ use crate::error::{Error, Op, Result};
 use crate::metadata::{BrokerLimits, ClusterMeta, MetadataCache, TopicMeta};
 use crate::partitioner::{StickyPartitioner, partition_for_key};
 use crate::record::{Record, RecordMetadata};
+use ferrolog_proto::TopicId;
 
 /// Commands handled per wake-up before driving the queues, so a burst of
 /// sends is batched without starving events.
@@ -31,7 +32,7 @@ const PRODUCER_ID_RETRY: Duration = Duration::from_secs(1);
 
 /// Results that request tasks send back to the worker.
 enum Event {
-    Produced { topic: String, partition: u32, batch_id: u64, result: Result<u64> },
+    Produced { topic: String, partition: u32, batch_id: u64, topic_id: Option<TopicId>, result: Result<u64> },
     ProducerId { target: Option<(String, u32)>, result: Result<ProducerId> },
     Metadata(Result<Arc<ClusterMeta>>),
     Topic { topic: String, result: Result<TopicMeta> },
@@ -48,8 +49,16 @@ struct Waiting {
 struct TopicState {
     /// Partition count; 0 while unknown.
     partitions: u32,
+    /// The id of the topic incarnation new batches go to (KIP-516), from
+    /// the lookup; forgotten (with the partition count) when a broker
+    /// answers `UNKNOWN_TOPIC_ID` for it, so that records sent afterwards
+    /// wait for a fresh lookup.
+    topic_id: Option<TopicId>,
     waiting: Vec<Waiting>,
     lookup_in_flight: bool,
+    /// The topic id was forgotten after `UNKNOWN_TOPIC_ID`: the next
+    /// lookup refreshes the metadata first.
+    recreated: bool,
     queues: BTreeMap<u32, PartitionQueue>,
 }
 
@@ -220,7 +229,11 @@ impl Worker {
                     state.waiting.push(Waiting { record, waiter, record_id });
                     if !state.lookup_in_flight {
                         state.lookup_in_flight = true;
-                        self.lookup_topic(topic);
+                        // After UNKNOWN_TOPIC_ID the cached metadata still
+                        // names the old incarnation: refresh it first.
+                        let fresh = state.recreated;
+                        state.recreated = false;
+                        self.lookup_topic(topic, fresh);
                     }
                 } else {
                     self.place(&topic, record, waiter, record_id, Instant::now());
@@ -240,6 +253,7 @@ impl Worker {
     fn place(&mut self, topic: &str, record: Record, waiter: Waiter, record_id: u64, now: Instant) {
         let Some(state) = self.topics.get_mut(topic) else { return };
         let partitions = state.partitions;
+        let topic_id = state.topic_id;
         let bytes = record_size(&record);
         let partition = match (record.partition, &record.key) {
             (Some(p), _) if p >= partitions => {
@@ -285,7 +299,9 @@ impl Worker {
             waiter,
             || {
                 *next_batch_id += 1;
-                Batch::new(*next_batch_id, now)
+                let mut batch = Batch::new(*next_batch_id, now);
+                batch.topic_id = topic_id;
+                batch
             },
             batch_bytes_max,
         );
@@ -297,7 +313,10 @@ impl Worker {
     fn event(&mut self, event: Event) {
         let now = Instant::now();
         match event {
-            Event::Produced { topic, partition, batch_id, result } => {
+            Event::Produced { topic, partition, batch_id, topic_id, result } => {
+                if let Err(Error::TopicRecreated { .. }) = &result {
+                    self.topic_recreated(&topic, topic_id);
+                }
                 let Some(queue) = self.topics.get_mut(&topic).and_then(|t| t.queues.get_mut(&partition))
                 else {
                     return;
@@ -374,6 +393,7 @@ impl Worker {
                 match result {
                     Ok(t) if t.partition_count() > 0 => {
                         state.partitions = t.partition_count();
+                        state.topic_id = t.topic_id;
                         self.limits = self.meta.snapshot().limits;
                         for w in waiting {
                             self.place(&topic, w.record, w.waiter, w.record_id, now);
@@ -390,6 +410,28 @@ impl Worker {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// A broker answered `UNKNOWN_TOPIC_ID` for a batch sent to incarnation
+    /// `topic_id` of `topic`: if new batches still go there, forget it and
+    /// close the open batches, so that records sent from now on wait for a
+    /// fresh lookup and go to the topic now bearing the name. Batches
+    /// already made keep their id and fail the same way (KIP-516: records
+    /// are never moved to another incarnation).
+    fn topic_recreated(&mut self, topic: &str, topic_id: Option<TopicId>) {
+        let Some(state) = self.topics.get_mut(topic) else { return };
+        if state.topic_id != topic_id || state.partitions == 0 {
+            return;
+        }
+        tracing::warn!(%topic, "topic was deleted or re-created: failing the records sent to the old one");
+        state.topic_id = None;
+        state.partitions = 0;
+        state.recreated = true;
+        for q in state.queues.values_mut() {
+            if q.open.is_some() {
+                q.close_open();
             }
         }
     }
@@ -508,21 +550,32 @@ impl Worker {
                 producer_id: spec.producer.id,
                 producer_epoch: spec.producer.epoch,
                 base_sequence: spec.base_sequence,
+                topic_id: spec.topic_id.map(TopicId::to_wire).unwrap_or_default(),
             };
             let result = meta
                 .call(&op, &address, 0, |mut c| async move { c.produce(request).await })
                 .await
                 .map_err(|e| oversized_request(&topic, partition, spec.bytes, e))
                 .and_then(|r| Error::from_wire(&op, r.error).map(|()| r.base_offset));
-            let _ = events.send(Event::Produced { topic, partition, batch_id: spec.batch_id, result });
+            let _ = events.send(Event::Produced {
+                topic,
+                partition,
+                batch_id: spec.batch_id,
+                topic_id: spec.topic_id,
+                result,
+            });
         };
         tokio::spawn(task.in_current_span());
     }
 
-    fn lookup_topic(&self, topic: String) {
+    /// Looks `topic` up in the metadata (refreshed first when `fresh`).
+    fn lookup_topic(&self, topic: String, fresh: bool) {
         let (meta, events) = (self.meta.clone(), self.events_tx.clone());
         let wait = Duration::from_millis(self.config.topic_wait_ms);
         tokio::spawn(async move {
+            if fresh && let Err(e) = meta.refresh().await {
+                tracing::debug!(error = %e, "metadata refresh failed");
+            }
             let result = meta.topic(&topic, wait).await;
             let _ = events.send(Event::Topic { topic, result });
         });
