@@ -312,7 +312,7 @@ impl Reconciler {
     /// group included) that a leader has brought back (`crate::recovery`).
     fn release_recovered(&self) {
         for (g, h) in self.groups.all() {
-            if crate::recovery::release_if_caught_up(&h.raft, &h.replica, h.node_id) {
+            if crate::recovery::release_if_caught_up(&h.raft, &h.replica) {
                 self.groups.set_vote_floor(g, None);
             }
         }

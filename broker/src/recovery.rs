@@ -124,7 +124,7 @@ pub fn hold_if_recovering(raft: &PartitionRaft, replica: &Replica, me: NodeId) -
 
 /// Ends the recovery of `replica` once [`caught_up`]: records it durably
 /// and switches elections back on. Returns whether it ended now.
-pub fn release_if_caught_up(raft: &PartitionRaft, replica: &Replica, me: NodeId) -> bool {
+pub fn release_if_caught_up(raft: &PartitionRaft, replica: &Replica) -> bool {
     if !replica.is_recovering() {
         return false;
     }
@@ -133,7 +133,6 @@ pub fn release_if_caught_up(raft: &PartitionRaft, replica: &Replica, me: NodeId)
         let m = metrics.borrow_watched();
         (m.current_term, m.current_leader, m.last_applied)
     };
-    let _ = me;
     if !caught_up(term, leader, applied) {
         return false;
     }
