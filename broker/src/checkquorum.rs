@@ -262,7 +262,14 @@ pub async fn run(c: Checker, period: Duration) {
         last_round = now;
         let partitions = c.table.all();
         let hosted: BTreeSet<u64> = partitions.iter().map(|p| p.group).collect();
-        judged.retain(|group, _| *group == METADATA_GROUP || hosted.contains(group));
+        judged.retain(|group, j| {
+            let keep = *group == METADATA_GROUP || hosted.contains(group);
+            if !keep && j.handing_over().is_some() {
+                // Stopped while handing over: its registry entry goes too.
+                c.groups.set_handing_over(*group, None);
+            }
+            keep
+        });
         if stalled {
             judged.values_mut().for_each(Judgement::restart_confirmation);
             continue;

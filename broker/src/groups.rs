@@ -48,8 +48,11 @@ impl GroupRegistry {
         self.groups.write().unwrap_or_else(|p| p.into_inner()).insert(group, hosted);
     }
 
-    /// Removes the replica of `group`, returning it.
+    /// Removes the replica of `group`, returning it, and forgets its
+    /// hand-over (a stopped group's entry would otherwise stay forever:
+    /// `crate::checkquorum` only updates the groups it still examines).
     pub fn remove(&self, group: GroupId) -> Option<HostedGroup> {
+        self.handing_over.write().unwrap_or_else(|p| p.into_inner()).remove(&group);
         self.groups.write().unwrap_or_else(|p| p.into_inner()).remove(&group)
     }
 

@@ -16,7 +16,8 @@
 //!   snapshot streaming), many groups multiplexed on one connection per peer.
 //! - [`partitions`]: hosted replicas and the reconciler, which also restarts a
 //!   group that stopped on an error; [`recovery`]: a replica whose log was found
-//!   damaged does not vote until a leader has brought it back.
+//!   damaged does not vote until a leader has brought it back; [`memory`]:
+//!   the memory of stopped replicas is given back to the operating system.
 
 pub mod checkquorum;
 pub mod cli;
@@ -29,6 +30,7 @@ pub mod identity;
 pub mod listener;
 pub mod liveness;
 pub mod membership;
+pub mod memory;
 pub mod metadata;
 pub mod network;
 pub mod partition;

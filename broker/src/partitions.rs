@@ -74,6 +74,11 @@ impl std::fmt::Display for FailedReplica {
     }
 }
 
+/// How long after the last replica was stopped the reconciler gives freed
+/// memory back to the operating system even if some stopped replica is
+/// still held (see [`Reconciler::run`]).
+pub const RELEASE_MEMORY_AFTER: Duration = Duration::from_secs(30);
+
 /// How long a restarted replica must run before its failures are forgotten.
 pub const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 
@@ -183,8 +188,17 @@ pub fn partition_dir(root: &Path, topic: &str, partition: u32, group: u64) -> Pa
 impl Reconciler {
     /// Starts and stops replicas to match the image, on every change and
     /// every second, until the image's sender is dropped.
+    ///
+    ///
+    /// Once replicas were stopped, the first pass that finds every stopped
+    /// replica dropped (by openraft's remaining tasks and by requests and
+    /// rounds of `crate::quiesce` and `crate::checkquorum` that still held
+    /// one), or [`RELEASE_MEMORY_AFTER`] after the last stop otherwise,
+    /// gives the freed memory back to the operating system
+    /// ([`crate::memory::release_freed`]).
     pub async fn run(self, mut image: watch::Receiver<Arc<MetadataImage>>) {
         let mut addressed: Option<Arc<MetadataImage>> = None;
+        let mut stopped_at: Option<Instant> = None;
         loop {
             let current = image.borrow_and_update().clone();
             if addressed.as_ref().is_none_or(|a| !Arc::ptr_eq(a, &current)) {
@@ -192,12 +206,27 @@ impl Reconciler {
                 self.peers.set_node_addresses(current.node_addresses());
                 addressed = Some(current.clone());
             }
-            self.reconcile(&current).await;
+            if self.reconcile(&current).await > 0 {
+                stopped_at = Some(Instant::now());
+            } else if let Some(t) = stopped_at
+                && (self.stopped_replicas_dropped() || t.elapsed() >= RELEASE_MEMORY_AFTER)
+            {
+                stopped_at = None;
+                crate::memory::release_freed().await;
+            }
             tokio::select! {
                 changed = image.changed() => if changed.is_err() { return },
                 _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
             }
         }
+    }
+
+    /// Whether no stopped replica is alive any more: no more partitions and
+    /// open replicas in this process than hosted (the registry also holds
+    /// the metadata group's replica).
+    fn stopped_replicas_dropped(&self) -> bool {
+        Partition::live_count() as usize <= self.table.all().len()
+            && Replica::open_count() <= self.groups.all().len()
     }
 
     /// Whether the image may be acted on: it has caught up with the
@@ -209,17 +238,19 @@ impl Reconciler {
             && image.brokers.get(&self.broker).is_some_and(|b| b.incarnation == self.incarnation)
     }
 
-    async fn reconcile(&self, image: &MetadataImage) {
-        self.stop_failed_groups().await;
+    /// One pass; returns how many replicas it stopped.
+    async fn reconcile(&self, image: &MetadataImage) -> usize {
+        let failed = self.stop_failed_groups().await;
         self.release_recovered();
         for p in self.table.all().into_iter().filter(|p| p.replica.is_recovering()) {
             crate::recovery::seek_vote_floor(&p, &self.groups, &self.peers).await;
         }
         if !self.image_usable(image) {
-            return;
+            return failed;
         }
         let wanted: BTreeMap<u64, (String, u32, PartitionAssignment)> =
             image.replicas_on(self.broker).into_iter().map(|(t, p, a)| (a.group, (t, p, a))).collect();
+        let (mut removed, mut reassigned) = (0usize, 0usize);
         for p in self.table.all() {
             let keep = wanted
                 .get(&p.group)
@@ -232,14 +263,26 @@ impl Reconciler {
                     self.stop(p.group).await;
                     let _ =
                         std::fs::remove_dir_all(partition_dir(&self.root, &p.topic, p.partition, p.group));
+                    reassigned += 1;
                 }
                 None => {
                     tracing::info!(topic = %p.topic, partition = p.partition, group = p.group, "topic deleted: removing replica");
                     self.stop(p.group).await;
                     let _ =
                         std::fs::remove_dir_all(partition_dir(&self.root, &p.topic, p.partition, p.group));
+                    removed += 1;
                 }
             }
+        }
+        if removed > 0 {
+            tracing::info!(
+                removed,
+                hosted = self.table.all().len(),
+                live_partitions = Partition::live_count(),
+                open_replicas = Replica::open_count(),
+                tasks = tokio::runtime::Handle::current().metrics().num_alive_tasks(),
+                "replicas of deleted topics removed"
+            );
         }
         let mut disk: Option<Result<(), String>> = None;
         for (group, (topic, partition, assignment)) in &wanted {
@@ -287,12 +330,15 @@ impl Reconciler {
             wanted.contains_key(g) && f.running_since.is_none_or(|t| t.elapsed() < HEALTHY_AFTER)
         });
         self.sweep_orphans(image, &wanted);
+        failed + removed + reassigned
     }
 
     /// Stops every hosted partition whose Raft group has stopped on an
     /// error, recording the failure so that it is started again (repaired)
     /// after a back-off: a group is never silently dead while its broker runs.
-    async fn stop_failed_groups(&self) {
+    /// Returns how many it stopped.
+    async fn stop_failed_groups(&self) -> usize {
+        let mut stopped = 0;
         for p in self.table.all() {
             let fatal = {
                 use openraft::async_runtime::watch::WatchReceiver;
@@ -305,7 +351,9 @@ impl Reconciler {
                 retry_in_ms = restart_backoff(f.attempts).as_millis() as u64,
                 "replica stopped on an error; restarting it after repair: {fatal}");
             self.stop(p.group).await;
+            stopped += 1;
         }
+        stopped
     }
 
     /// Ends the recovery of hosted replicas (every group, the metadata

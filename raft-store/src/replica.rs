@@ -51,6 +51,15 @@ pub(crate) struct Inner {
     pub recovering: std::sync::atomic::AtomicBool,
 }
 
+/// Replicas open in this process (an `Inner` not dropped yet).
+static OPEN_REPLICAS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        OPEN_REPLICAS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Storage of one partition replica. Cheap to clone; clones share state.
 #[derive(Clone, Debug)]
 pub struct Replica {
@@ -102,6 +111,7 @@ impl Replica {
         };
         let applied = Applied { last_applied, membership, next_offset, snapshot: record, producers };
         let recovering = std::sync::atomic::AtomicBool::new(log.recovering().is_some());
+        OPEN_REPLICAS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(Self {
             inner: Arc::new(Inner {
                 log: Mutex::new(log),
@@ -112,6 +122,14 @@ impl Replica {
                 recovering,
             }),
         })
+    }
+
+    /// How many replicas are open in this process: opened and not yet
+    /// dropped by every holder (openraft's tasks, the broker's tables). A
+    /// count that does not fall back after replicas are stopped means
+    /// something still holds one, and its log, caches and state.
+    pub fn open_count() -> usize {
+        OPEN_REPLICAS.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The log half, for `openraft::Raft::new`.

@@ -280,6 +280,32 @@ impl Cluster {
     pub fn data_dir(&self, id: u32) -> &Path {
         &self.brokers[(id - 1) as usize].data_dir
     }
+
+    /// Resident memory of broker `id`'s process, bytes (see [`rss_bytes`]),
+    /// if it runs.
+    pub fn rss(&self, id: u32) -> Option<u64> {
+        self.pid(id).and_then(rss_bytes)
+    }
+
+    /// Names of the replica directories in broker `id`'s data directory
+    /// (`<data_dir>/partitions/<topic>-<partition>.g<group>`) whose name
+    /// starts with `prefix`.
+    pub fn replica_dirs(&self, id: u32, prefix: &str) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(self.data_dir(id).join("partitions")) else { return Vec::new() };
+        entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(prefix))
+            .collect()
+    }
+}
+
+/// Resident memory of process `pid` (`VmRSS` of `/proc/<pid>/status`), bytes.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 impl Drop for Cluster {

@@ -5,10 +5,12 @@
 //!   library's producer (pipelined, or one batch in flight);
 //! - `consume`: how fast a consumer reads the topic back from the start;
 //! - `e2e`: both for 100 B and 1 KiB records, printing a table;
-//! - `idle`: CPU used by a cluster hosting many idle partitions.
+//! - `idle`: CPU used by a cluster hosting many idle partitions;
+//! - `churn`: brokers' resident memory across create/delete loops of a topic.
 //!
 //! Every figure printed is measured in that run; nothing is extrapolated.
 
+mod churn;
 mod cluster;
 mod idle;
 mod load;
@@ -35,6 +37,8 @@ enum Cmd {
     E2e(load::E2eArgs),
     /// CPU of a cluster hosting idle partitions.
     Idle(idle::IdleArgs),
+    /// Resident memory of the brokers across topic create/delete loops.
+    Churn(churn::ChurnArgs),
 }
 
 #[tokio::main]
@@ -49,5 +53,6 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Consume(a) => load::produce_and_consume(a).await,
         Cmd::E2e(a) => load::e2e(a).await,
         Cmd::Idle(a) => idle::run(a).await,
+        Cmd::Churn(a) => churn::run(a).await,
     }
 }

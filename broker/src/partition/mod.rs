@@ -64,6 +64,15 @@ pub struct Partition {
     quorum_lost: AtomicBool,
 }
 
+/// [`Partition`]s alive in this process.
+static LIVE_PARTITIONS: AtomicU64 = AtomicU64::new(0);
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        LIVE_PARTITIONS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Committed records read by a fetch.
 #[derive(Debug)]
 pub struct FetchOutcome {
@@ -116,6 +125,7 @@ impl Partition {
         replica: Replica,
         replicas: Vec<ReplicaAssignment>,
     ) -> Self {
+        LIVE_PARTITIONS.fetch_add(1, Ordering::Relaxed);
         Self {
             topic,
             partition,
@@ -132,6 +142,14 @@ impl Partition {
             ticking_since_ms: AtomicU64::new(0),
             quorum_lost: AtomicBool::new(false),
         }
+    }
+
+    /// How many [`Partition`]s are alive in this process: created and not
+    /// yet dropped by every holder (the partition table, requests, produce
+    /// tasks). After replicas are stopped it falls back unless something
+    /// still holds one.
+    pub fn live_count() -> u64 {
+        LIVE_PARTITIONS.load(Ordering::Relaxed)
     }
 
     /// The current replica list.
