@@ -126,6 +126,14 @@ fn dumped_values(c: &Cluster, id: u32) -> anyhow::Result<Vec<String>> {
     Ok(values)
 }
 
+/// One more record after a follower restarted. An idle leader parks its
+/// heartbeats once it believes every follower matched its log, and a
+/// follower that came back with a shorter log is only noticed at the next
+/// append (a known gap: see the README's Guarantees).
+async fn wake(c: &Cluster) -> anyhow::Result<Vec<String>> {
+    write(c, "wake", 1).await
+}
+
 fn count(log: &Path, needle: &str) -> usize {
     fs::read_to_string(log).unwrap_or_default().matches(needle).count()
 }
@@ -148,6 +156,7 @@ async fn a_damaged_follower_keeps_its_valid_prefix_and_catches_up() -> anyhow::R
     assert_eq!(segs.len(), 1, "{segs:?}");
     cut_end(&segs[0], 10)?;
     c.spawn(f)?;
+    written.extend(wake(&c).await?);
     back_in_sync(&c, f, "torn last entry").await?;
 
     // 2. A byte flipped in the middle of a segment, valid entries after it.
@@ -159,6 +168,7 @@ async fn a_damaged_follower_keeps_its_valid_prefix_and_catches_up() -> anyhow::R
     let len = fs::metadata(victim)?.len();
     flip_byte(victim, len / 2)?;
     c.spawn(f)?;
+    written.extend(wake(&c).await?);
     back_in_sync(&c, f, "flipped byte").await?;
 
     // 3. A sealed segment lost, and 4. one cut in half.
@@ -169,6 +179,7 @@ async fn a_damaged_follower_keeps_its_valid_prefix_and_catches_up() -> anyhow::R
     assert!(segs.len() >= 4, "want several segments: {segs:?}");
     fs::remove_file(&segs[1])?;
     c.spawn(f)?;
+    written.extend(wake(&c).await?);
     back_in_sync(&c, f, "missing segment").await?;
     written.extend(write(&c, "d", 60).await?);
     back_in_sync(&c, f, "after more writes").await?;
@@ -178,6 +189,7 @@ async fn a_damaged_follower_keeps_its_valid_prefix_and_catches_up() -> anyhow::R
     let half = fs::metadata(&segs[1])?.len() / 2;
     cut_end(&segs[1], half)?;
     c.spawn(f)?;
+    written.extend(wake(&c).await?);
     back_in_sync(&c, f, "segment cut in half").await?;
 
     // The damage was found, set aside and recovered from, each time it
