@@ -119,13 +119,12 @@ pub async fn run(args: BrokerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Installs the tracing subscriber used by broker processes: `RUST_LOG`
-/// filters, default `info`; colours only when stderr is a terminal.
+/// Installs the tracing subscriber used by broker processes (see
+/// [`crate::logging::init`]): `RUST_LOG` filters, default
+/// `info,openraft=warn`; repeated warnings are rate-limited; colours only
+/// when stderr is a terminal.
 pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_ansi(ansi).try_init();
+    crate::logging::init();
 }
 
 /// The whole `ferrolog-broker` program: parses the command line, then runs

@@ -40,6 +40,9 @@ pub struct GroupRegistry {
     /// Recovering replicas' vote floors: the most up-to-date last log id
     /// (term, index) of all the group's voters (set by `crate::recovery`).
     vote_floors: Arc<RwLock<HashMap<GroupId, VoteFloor>>>,
+    /// The reconciler has opened every replica the metadata assigns this
+    /// broker at least once since it started (reported in pings).
+    replicas_open: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl GroupRegistry {
@@ -54,6 +57,21 @@ impl GroupRegistry {
     pub fn remove(&self, group: GroupId) -> Option<HostedGroup> {
         self.handing_over.write().unwrap_or_else(|p| p.into_inner()).remove(&group);
         self.groups.write().unwrap_or_else(|p| p.into_inner()).remove(&group)
+    }
+
+    /// Records that every replica the metadata assigns this broker has been
+    /// opened once since the broker started (see [`GroupRegistry::replicas_open`]).
+    pub fn set_replicas_open(&self) {
+        self.replicas_open.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether every replica the metadata assigns this broker has been
+    /// opened once since it started: until then a leader's heartbeat to a
+    /// group not yet open here fails, so leaders elsewhere wait for this
+    /// (reported in pings, `crate::liveness`) before waking to catch up
+    /// their followers here.
+    pub fn replicas_open(&self) -> bool {
+        self.replicas_open.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Ids of the hosted groups whose replica here is the Raft leader, is

@@ -31,6 +31,11 @@ pub struct Identity {
 
 /// A random non-zero incarnation from the clock and process id.
 fn new_incarnation() -> u64 {
+    random_id()
+}
+
+/// A random non-zero id from the clock and process id (incarnations, boot ids).
+pub fn random_id() -> u64 {
     let nanos =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let mixed = (nanos ^ (u64::from(std::process::id()) << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);

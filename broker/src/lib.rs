@@ -18,6 +18,10 @@
 //!   group that stopped on an error; [`recovery`]: a replica whose log was found
 //!   damaged does not vote until a leader has brought it back; [`memory`]:
 //!   the memory of stopped replicas is given back to the operating system.
+//! - [`liveness`], [`quiesce`]: one ping per broker pair detects failures;
+//!   idle groups park their tickers, and elections are scheduled here (spread
+//!   out, with back-off) instead of by per-group timers.
+//! - [`logging`]: log output, with repeated warnings rate-limited and summarised.
 
 pub mod checkquorum;
 pub mod cli;
@@ -29,6 +33,7 @@ pub mod grpc;
 pub mod identity;
 pub mod listener;
 pub mod liveness;
+pub mod logging;
 pub mod membership;
 pub mod memory;
 pub mod metadata;

@@ -82,6 +82,9 @@ pub const RELEASE_MEMORY_AFTER: Duration = Duration::from_secs(30);
 /// How long a restarted replica must run before its failures are forgotten.
 pub const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 
+/// Replicas [`Reconciler::stop_all`] stops concurrently.
+pub const STOPS_AT_ONCE: usize = 64;
+
 /// Wait before the `attempts`-th restart of a failed replica: 1 s, doubling,
 /// at most 60 s.
 pub fn restart_backoff(attempts: u32) -> Duration {
@@ -114,6 +117,10 @@ impl PartitionTable {
             t.by_name.remove(&key);
         }
         Some(p)
+    }
+
+    fn by_group(&self, group: u64) -> Option<Arc<Partition>> {
+        self.tables.read().unwrap_or_else(|p| p.into_inner()).by_group.get(&group).cloned()
     }
 
     fn has_group(&self, group: u64) -> bool {
@@ -330,6 +337,7 @@ impl Reconciler {
             wanted.contains_key(g) && f.running_since.is_none_or(|t| t.elapsed() < HEALTHY_AFTER)
         });
         self.sweep_orphans(image, &wanted);
+        self.groups.set_replicas_open();
         failed + removed + reassigned
     }
 
@@ -360,8 +368,14 @@ impl Reconciler {
     /// group included) that a leader has brought back (`crate::recovery`).
     fn release_recovered(&self) {
         for (g, h) in self.groups.all() {
-            if crate::recovery::release_if_caught_up(&h.raft, &h.replica) {
+            // Partition groups' elections are scheduled by crate::quiesce;
+            // the metadata group's by openraft's own timer.
+            let partition = self.table.by_group(g);
+            if crate::recovery::release_if_caught_up(&h.raft, &h.replica, partition.is_none()) {
                 self.groups.set_vote_floor(g, None);
+                if let Some(p) = partition {
+                    p.campaign.set_allowed(true);
+                }
             }
         }
     }
@@ -413,6 +427,9 @@ impl Reconciler {
             replica.state_machine(),
         )
         .await?;
+        // Elections of partition groups are started by crate::quiesce
+        // (spread out, with back-off), never by openraft's per-group timer.
+        raft.runtime_config().elect(false);
         self.groups.insert(
             a.group,
             HostedGroup { node_id: me.node, raft: raft.clone(), replica: replica.clone(), staging_dir },
@@ -436,17 +453,12 @@ impl Reconciler {
                 let _ = raft.trigger().elect(false).await;
             }
         }
-        crate::recovery::hold_if_recovering(&raft, &replica, me.node);
+        let held = crate::recovery::hold_if_recovering(&raft, &replica, me.node);
         tracing::info!(group = a.group, node = me.node, "replica started");
-        self.table.insert(Arc::new(Partition::new(
-            topic.to_owned(),
-            partition,
-            a.group,
-            me.node,
-            raft,
-            replica,
-            a.replicas.clone(),
-        )));
+        let p =
+            Partition::new(topic.to_owned(), partition, a.group, me.node, raft, replica, a.replicas.clone());
+        p.campaign.set_allowed(!held);
+        self.table.insert(Arc::new(p));
         Ok(())
     }
 
@@ -456,9 +468,12 @@ impl Reconciler {
             match p.raft.shutdown().await {
                 // Nothing writes the log any more: record that it stopped
                 // cleanly (under flush = interval an unclean stop makes the
-                // replica recovering when it opens again).
+                // replica recovering when it opens again). The record is
+                // fsynced: off the runtime's threads.
                 Ok(()) => {
-                    if let Err(e) = p.replica.close_cleanly() {
+                    let replica = p.replica.clone();
+                    let marked = tokio::task::spawn_blocking(move || replica.close_cleanly()).await;
+                    if let Ok(Err(e)) = marked {
                         tracing::warn!(topic = %p.topic, partition = p.partition, "cannot record a clean stop: {e}");
                     }
                 }
@@ -467,10 +482,13 @@ impl Reconciler {
         }
     }
 
-    /// Stops every hosted replica.
+    /// Stops every hosted replica, [`STOPS_AT_ONCE`] at a time (each stop
+    /// waits for its group's tasks and one fsync, so one at a time took
+    /// seconds per thousand replicas).
     pub async fn stop_all(&self) {
-        for p in self.table.all() {
-            self.stop(p.group).await;
-        }
+        use futures::StreamExt;
+        futures::stream::iter(self.table.all())
+            .for_each_concurrent(STOPS_AT_ONCE, |p| async move { self.stop(p.group).await })
+            .await;
     }
 }

@@ -1,25 +1,43 @@
-//! Quiescing idle partitions, so a broker hosting thousands of Raft groups
-//! does not spend its CPU on heartbeats (as CockroachDB quiesces ranges).
+//! Quiescing idle partitions and scheduling elections, so a broker hosting
+//! thousands of Raft groups spends its CPU neither on idle heartbeats (as
+//! CockroachDB quiesces ranges) nor on election storms.
 //!
 //! With openraft's per-group ticker, 1,000 idle groups at a 100 ms heartbeat
 //! keep two cores busy. Instead, failure detection is done once per broker
-//! pair ([`crate::liveness`]), and each group's ticker (which drives its
-//! heartbeats and election timeouts) runs only while it is needed:
+//! pair ([`crate::liveness`]), and each group's ticker (which drives a
+//! leader's heartbeats) runs only while it is needed:
 //!
-//! - a **leader** ticks while it wrote within [`ACTIVE_AFTER_WRITE`] or a
-//!   follower has not matched its log yet; otherwise it parks its ticker;
-//! - a **follower** parks its ticker while its leader's broker answers
-//!   pings and lists the group among those it leads. Otherwise (the broker
-//!   stopped answering, or restarted and no longer leads) the ticker runs
-//!   again (so it elects after its election timeout), and the first live
-//!   replica in node-id order starts an election at once (with pre-vote, so
-//!   a leader that is still healthy for a quorum is not disrupted).
+//! - a **leader** ticks while it wrote within [`ACTIVE_AFTER_WRITE`], while a
+//!   follower has not matched its log yet, or while a follower's broker came
+//!   back (restarted) and that follower has not acknowledged a heartbeat
+//!   since: the heartbeat tells the leader where the follower's log really
+//!   ends, so one that lost its tail is caught up without waiting for the
+//!   next write. Otherwise it parks its ticker.
+//! - a **follower** never ticks: openraft's own election timer is switched
+//!   off for partition groups (`enable_elect = false`) and this module
+//!   decides every election. A follower stays quiet while some live broker
+//!   says it leads the group (its own idea of the leader, or, after a
+//!   restart when it knows none yet, any replica's broker that claims it).
+//!
+//! When no live leader is left, one replica campaigns (with pre-vote, so a
+//! leader still healthy for a quorum is not disrupted): the first live
+//! replica in assignment order (the preferred leader first) at once, any
+//! other live replica only after
+//! [`FALLBACK_AFTER`] (for when the first cannot win, e.g. its log is
+//! shorter). Campaigns are spread out: each group waits a randomised
+//! back-off that doubles with each campaign that did not make it leader
+//! (up to [`BACKOFF_MAX`]); a broker starts at most [`CAMPAIGNS_PER_ROUND`]
+//! per round and keeps at most [`CAMPAIGNS_IN_FLIGHT`] unresolved, so a
+//! broker's restart among thousands of partitions costs one election per
+//! partition it led, batched, instead of a storm of timed-out votes.
+//! Nothing is concluded from silence until every broker has had time to
+//! answer a ping ([`Liveness::settled`]).
 //!
 //! Safety does not depend on this: it only decides when openraft's timers
-//! run; votes and commits are Raft's (§5.2, §5.4).
+//! run and when elections start; votes and commits are Raft's (§5.2, §5.4).
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use openraft::async_runtime::watch::WatchReceiver;
 
@@ -31,15 +49,131 @@ use crate::partitions::PartitionTable;
 /// the final commit index from heartbeats.
 pub const ACTIVE_AFTER_WRITE: Duration = Duration::from_secs(2);
 
-/// What a group's ticker should do now.
+/// How long a replica that is not the first live one waits, without a live
+/// leader, before it campaigns too.
+pub const FALLBACK_AFTER: Duration = Duration::from_secs(5);
+
+/// Longest back-off between two campaigns of one group.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(8);
+
+/// Most campaigns a broker starts per round (a round is one heartbeat
+/// interval, 100 ms by default: 320 per second).
+pub const CAMPAIGNS_PER_ROUND: usize = 32;
+
+/// Most campaigns a broker keeps unresolved (started within the last
+/// election timeout and not leader yet).
+pub const CAMPAIGNS_IN_FLIGHT: usize = 256;
+
+/// How long a leader wakes for a follower whose broker came back, at most,
+/// if that follower never acknowledges a heartbeat.
+pub const RETURN_WINDOW: Duration = Duration::from_secs(30);
+
+/// One group's election bookkeeping on this replica.
+#[derive(Debug)]
+pub struct Campaign {
+    origin: Instant,
+    /// Campaigns since this replica last knew a live leader.
+    attempts: AtomicU32,
+    /// No campaign before this, ms since `origin`.
+    not_before_ms: AtomicU64,
+    /// The last campaign started, ms since `origin` (0: none).
+    started_ms: AtomicU64,
+    /// Since when this replica has known no live leader, ms since `origin`
+    /// (0: it knows one).
+    leaderless_since_ms: AtomicU64,
+    /// Whether this replica may campaign at all (`crate::recovery` clears it
+    /// while a recovering replica's log may be behind what was acknowledged).
+    allowed: AtomicBool,
+}
+
+impl Default for Campaign {
+    fn default() -> Self {
+        Self {
+            origin: Instant::now(),
+            attempts: AtomicU32::new(0),
+            not_before_ms: AtomicU64::new(0),
+            started_ms: AtomicU64::new(0),
+            leaderless_since_ms: AtomicU64::new(0),
+            allowed: AtomicBool::new(true),
+        }
+    }
+}
+
+impl Campaign {
+    fn now_ms(&self) -> u64 {
+        (self.origin.elapsed().as_millis() as u64).max(1)
+    }
+
+    /// Allows or forbids campaigning (see `crate::recovery`).
+    pub fn set_allowed(&self, allowed: bool) {
+        self.allowed.store(allowed, Ordering::Relaxed);
+    }
+
+    /// Whether campaigning is allowed.
+    pub fn allowed(&self) -> bool {
+        self.allowed.load(Ordering::Relaxed)
+    }
+
+    /// Records that a live leader is known (or this replica leads).
+    fn led(&self) {
+        self.attempts.store(0, Ordering::Relaxed);
+        self.leaderless_since_ms.store(0, Ordering::Relaxed);
+        self.not_before_ms.store(0, Ordering::Relaxed);
+    }
+
+    /// Records that no live leader is known; returns for how long.
+    fn leaderless(&self) -> Duration {
+        let now = self.now_ms();
+        let since =
+            match self.leaderless_since_ms.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => now,
+                Err(t) => t,
+            };
+        Duration::from_millis(now.saturating_sub(since))
+    }
+
+    /// Whether the back-off since the last campaign has passed.
+    fn due(&self) -> bool {
+        self.now_ms() >= self.not_before_ms.load(Ordering::Relaxed)
+    }
+
+    /// Whether a campaign started within `window` (and may still win).
+    fn in_flight(&self, window: Duration) -> bool {
+        let started = self.started_ms.load(Ordering::Relaxed);
+        started != 0 && self.now_ms().saturating_sub(started) < window.as_millis() as u64
+    }
+
+    /// Records a campaign started now; the next one waits a randomised
+    /// back-off of `base` × 2^attempts (capped at [`BACKOFF_MAX`]), between
+    /// half and all of it.
+    fn started(&self, base: Duration) {
+        let now = self.now_ms();
+        let attempts = self.attempts.fetch_add(1, Ordering::Relaxed);
+        let full = base.saturating_mul(1 << attempts.min(8)).min(BACKOFF_MAX).as_millis() as u64;
+        let wait = full / 2 + jitter(full / 2 + 1);
+        self.started_ms.store(now, Ordering::Relaxed);
+        self.not_before_ms.store(now + wait, Ordering::Relaxed);
+    }
+}
+
+/// A pseudo-random number below `n` (back-off jitter only).
+fn jitter(n: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(n);
+    h.finish() % n.max(1)
+}
+
+/// What a group should do now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Run the ticker.
+    /// Run the ticker (a leader's heartbeats).
     Tick,
     /// Park it.
     Park,
-    /// Run it and start an election now.
-    TickAndElect,
+    /// Start a campaign (pre-vote, then vote), if the back-off and the
+    /// broker's budget allow.
+    Campaign,
 }
 
 /// Inputs of the decision for one group, all read from local state.
@@ -51,28 +185,35 @@ pub struct GroupView {
     pub recently_written: bool,
     /// Leader: every follower matched the last log index.
     pub followers_caught_up: bool,
-    /// Follower: the leader's broker answers pings and says it leads the
-    /// group (after a restart a node may still name an old leader that no
-    /// longer leads).
+    /// Leader: a follower's broker came back and that follower has not
+    /// acknowledged a heartbeat since.
+    pub follower_returned: bool,
+    /// Follower: a live broker says it leads the group.
     pub leader_alive: bool,
-    /// Follower: this is the first live replica in node-id order (it starts
-    /// the election when the leader dies).
+    /// Follower: this is the first live replica in assignment order (it
+    /// campaigns when the leader dies).
     pub first_live_follower: bool,
-    /// The ticker is running now.
-    pub ticking: bool,
+    /// Follower: how long it has known no live leader.
+    pub leaderless_for: Duration,
+    /// Every broker has had time to answer a ping ([`Liveness::settled`]).
+    pub settled: bool,
+    /// Campaigning is allowed ([`Campaign::allowed`]).
+    pub may_campaign: bool,
 }
 
-/// The quiescence rule, a pure function.
+/// The quiescence and election rule, a pure function.
 pub fn decide(v: GroupView) -> Decision {
     if v.is_leader {
-        return if v.recently_written || !v.followers_caught_up { Decision::Tick } else { Decision::Park };
+        let busy = v.recently_written || !v.followers_caught_up || v.follower_returned;
+        return if busy { Decision::Tick } else { Decision::Park };
     }
-    if v.leader_alive {
-        Decision::Park
-    } else if !v.ticking && v.first_live_follower {
-        Decision::TickAndElect
+    if v.leader_alive || !v.settled || !v.may_campaign {
+        return Decision::Park;
+    }
+    if v.first_live_follower || v.leaderless_for >= FALLBACK_AFTER {
+        Decision::Campaign
     } else {
-        Decision::Tick
+        Decision::Park
     }
 }
 
@@ -82,45 +223,89 @@ fn view(p: &Partition, liveness: &Liveness, me: u32) -> GroupView {
     let last = m.last_log_index;
     let followers_caught_up =
         m.replication.as_ref().is_some_and(|r| r.iter().all(|(_, matched)| matched.map(|l| l.index) == last));
-    let leader_broker = m.current_leader.and_then(|n| p.broker_of(n));
-    let leader_alive = leader_broker.is_some_and(|b| b != me && liveness.leads(b, p.group));
-    let first_live_follower = p
-        .replicas()
+    let follower_returned = is_leader
+        && m.heartbeat.as_ref().is_some_and(|acks| {
+            acks.iter().filter(|(node, _)| **node != p.node_id).any(|(node, acked)| {
+                let Some(back) = p.broker_of(*node).and_then(|b| liveness.returned_at(b)) else {
+                    return false;
+                };
+                // Acknowledged after it came back: acknowledged more recently.
+                let acked_ago = acked.as_ref().map(|a| openraft::Instant::elapsed(&**a));
+                back.elapsed() < RETURN_WINDOW && acked_ago.is_none_or(|ago| ago >= back.elapsed())
+            })
+        });
+    let replicas = p.replicas();
+    let own_idea = m.current_leader.and_then(|n| p.broker_of(n)).filter(|b| *b != me);
+    let leader_broker = own_idea
+        .filter(|b| liveness.leads(*b, p.group))
+        .or_else(|| replicas.iter().map(|r| r.broker).find(|b| *b != me && liveness.leads(*b, p.group)));
+    let leader_alive = leader_broker.is_some();
+    if is_leader || leader_alive {
+        p.campaign.led();
+    }
+    // In assignment order: the first replica is the preferred leader.
+    let first_live_follower = replicas
         .iter()
-        .filter(|r| Some(r.broker) != leader_broker && (r.broker == me || liveness.is_alive(r.broker)))
-        .min_by_key(|r| r.node)
+        .find(|r| Some(r.broker) != own_idea && (r.broker == me || liveness.is_alive(r.broker)))
         .is_some_and(|r| r.node == p.node_id);
+    let leaderless_for = if is_leader || leader_alive { Duration::ZERO } else { p.campaign.leaderless() };
     GroupView {
         is_leader,
         recently_written: p.written_within(ACTIVE_AFTER_WRITE),
         followers_caught_up,
+        follower_returned,
         leader_alive,
         first_live_follower,
-        ticking: p.is_ticking(),
+        leaderless_for,
+        settled: liveness.settled(),
+        may_campaign: p.campaign.allowed(),
     }
 }
 
 /// Applies [`decide`] to every hosted partition every `period`, forever.
-pub async fn run(me: u32, table: PartitionTable, liveness: Liveness, period: Duration) {
+/// `election_timeout` is the base of the campaigns' back-off and how long a
+/// campaign counts as in flight.
+pub async fn run(
+    me: u32,
+    table: PartitionTable,
+    liveness: Liveness,
+    period: Duration,
+    election_timeout: Duration,
+) {
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        for p in table.all() {
-            apply(&p, decide(view(&p, &liveness, me))).await;
+        let all = table.all();
+        let mut in_flight =
+            all.iter().filter(|p| !p.raft.is_leader() && p.campaign.in_flight(election_timeout)).count();
+        let mut started = 0usize;
+        let mut deferred = 0usize;
+        for p in all {
+            match decide(view(&p, &liveness, me)) {
+                Decision::Tick => p.set_ticking(true),
+                Decision::Park => p.set_ticking(false),
+                Decision::Campaign if !p.campaign.due() => {}
+                Decision::Campaign if started >= CAMPAIGNS_PER_ROUND || in_flight >= CAMPAIGNS_IN_FLIGHT => {
+                    deferred += 1;
+                }
+                Decision::Campaign => {
+                    started += 1;
+                    in_flight += 1;
+                    p.campaign.started(election_timeout);
+                    tracing::debug!(topic = %p.topic, partition = p.partition, "no live leader: campaigning");
+                    let _ = p.raft.trigger().elect(true).await;
+                }
+            }
         }
-    }
-}
-
-async fn apply(p: &Arc<Partition>, d: Decision) {
-    match d {
-        Decision::Tick => p.set_ticking(true),
-        Decision::Park => p.set_ticking(false),
-        Decision::TickAndElect if p.replica.is_recovering() => p.set_ticking(true),
-        Decision::TickAndElect => {
-            p.set_ticking(true);
-            tracing::info!(topic = %p.topic, partition = p.partition, "leader's broker is not answering: starting an election");
-            let _ = p.raft.trigger().elect(true).await;
+        if started > 0 || deferred > 0 {
+            crate::logging::every(
+                "quiesce.campaigns",
+                Duration::from_secs(5),
+                format_args!(
+                    "no live leader: started {started} campaigns this round, {deferred} wait for the budget"
+                ),
+            );
         }
     }
 }
@@ -129,25 +314,66 @@ async fn apply(p: &Arc<Partition>, d: Decision) {
 mod tests {
     use super::*;
 
-    const BASE: GroupView = GroupView {
+    const FOLLOWER: GroupView = GroupView {
         is_leader: false,
         recently_written: false,
         followers_caught_up: true,
+        follower_returned: false,
         leader_alive: true,
         first_live_follower: false,
-        ticking: true,
+        leaderless_for: Duration::ZERO,
+        settled: true,
+        may_campaign: true,
     };
 
     #[test]
-    fn idle_groups_park_and_dead_leaders_trigger_one_election() {
-        let leader = GroupView { is_leader: true, ..BASE };
+    fn idle_leaders_park_and_wake_for_writes_lagging_or_returned_followers() {
+        let leader = GroupView { is_leader: true, ..FOLLOWER };
         assert_eq!(decide(leader), Decision::Park);
         assert_eq!(decide(GroupView { recently_written: true, ..leader }), Decision::Tick);
         assert_eq!(decide(GroupView { followers_caught_up: false, ..leader }), Decision::Tick);
-        assert_eq!(decide(BASE), Decision::Park);
-        let dead = GroupView { leader_alive: false, ticking: false, ..BASE };
-        assert_eq!(decide(dead), Decision::Tick);
-        assert_eq!(decide(GroupView { first_live_follower: true, ..dead }), Decision::TickAndElect);
-        assert_eq!(decide(GroupView { first_live_follower: true, ticking: true, ..dead }), Decision::Tick);
+        assert_eq!(decide(GroupView { follower_returned: true, ..leader }), Decision::Tick);
+    }
+
+    #[test]
+    fn followers_never_tick_and_only_one_campaigns_at_first() {
+        assert_eq!(decide(FOLLOWER), Decision::Park);
+        let dead = GroupView { leader_alive: false, ..FOLLOWER };
+        assert_eq!(decide(dead), Decision::Park, "not the first live replica: waits");
+        assert_eq!(decide(GroupView { first_live_follower: true, ..dead }), Decision::Campaign);
+        assert_eq!(
+            decide(GroupView { leaderless_for: FALLBACK_AFTER, ..dead }),
+            Decision::Campaign,
+            "fallback"
+        );
+    }
+
+    #[test]
+    fn nothing_is_concluded_before_pings_settle_or_while_recovering() {
+        let dead_first = GroupView { leader_alive: false, first_live_follower: true, ..FOLLOWER };
+        assert_eq!(decide(GroupView { settled: false, ..dead_first }), Decision::Park);
+        assert_eq!(decide(GroupView { may_campaign: false, ..dead_first }), Decision::Park);
+    }
+
+    #[test]
+    fn backoff_doubles_with_attempts_within_bounds() {
+        let c = Campaign::default();
+        assert!(c.due());
+        c.started(Duration::from_millis(1000));
+        assert!(!c.due(), "waits at least half the base");
+        assert!(c.in_flight(Duration::from_secs(1)));
+        let first = c.not_before_ms.load(Ordering::Relaxed);
+        assert!((500..=1001 + c.now_ms()).contains(&first), "{first}");
+        for _ in 0..20 {
+            c.started(Duration::from_millis(1000));
+        }
+        let wait = c.not_before_ms.load(Ordering::Relaxed) - c.started_ms.load(Ordering::Relaxed);
+        assert!(
+            wait >= BACKOFF_MAX.as_millis() as u64 / 2 && wait <= BACKOFF_MAX.as_millis() as u64 + 1,
+            "{wait}"
+        );
+        c.led();
+        assert!(c.due());
+        assert_eq!(c.attempts.load(Ordering::Relaxed), 0);
     }
 }

@@ -95,7 +95,7 @@ pub async fn seek_vote_floor(p: &crate::partition::Partition, groups: &GroupRegi
         tracing::warn!(topic = %p.topic, partition = p.partition, ?floor, ?own, may_campaign,
             "recovering replica: every voter answered; voting only for the most up-to-date log (KIP-966 unclean recovery)");
     }
-    p.raft.runtime_config().elect(may_campaign);
+    p.campaign.set_allowed(may_campaign);
 }
 
 /// Whether `me` is the only voter of the group.
@@ -123,8 +123,11 @@ pub fn hold_if_recovering(raft: &PartitionRaft, replica: &Replica, me: NodeId) -
 }
 
 /// Ends the recovery of `replica` once [`caught_up`]: records it durably
-/// and switches elections back on. Returns whether it ended now.
-pub fn release_if_caught_up(raft: &PartitionRaft, replica: &Replica) -> bool {
+/// and, if `timer_elections` (the group's elections are openraft's own, as
+/// the metadata group's), switches its election timer back on; a partition
+/// group's campaigns are the caller's to allow again (`crate::quiesce`).
+/// Returns whether it ended now.
+pub fn release_if_caught_up(raft: &PartitionRaft, replica: &Replica, timer_elections: bool) -> bool {
     if !replica.is_recovering() {
         return false;
     }
@@ -140,7 +143,9 @@ pub fn release_if_caught_up(raft: &PartitionRaft, replica: &Replica) -> bool {
         tracing::error!("cannot record the end of recovery: {e}");
         return false;
     }
-    raft.runtime_config().elect(true);
+    if timer_elections {
+        raft.runtime_config().elect(true);
+    }
     tracing::info!(term, applied = ?applied, "replica recovered: brought back by the leader, votes again");
     true
 }

@@ -43,9 +43,17 @@ pub fn peer_message_bytes_max(max_batch_bytes: usize) -> usize {
         + (1 << 20)
 }
 
+/// How long a broker's shutdown waits for its replicas to stop.
+const STOP_REPLICAS_WITHIN: Duration = Duration::from_secs(10);
+
 /// Connections the peer listener accepts at once (brokers use one each,
 /// plus short-lived ones while joining).
 const PEER_CONNECTIONS_MAX: usize = 4096;
+
+/// Streams a peer may reset before the server accepted them, per
+/// connection, before the connection is closed (h2's default is 20; see
+/// where the peer server is built).
+const PEER_PENDING_RESETS_MAX: usize = 100_000;
 
 /// A running broker.
 #[derive(Debug)]
@@ -143,7 +151,17 @@ impl Broker {
         let controller_slot = peer_server.controller_slot();
         let mut stop = Vec::new();
         let mut servers = Vec::new();
-        let router = tonic::transport::Server::builder().add_service(peer_server.into_service());
+        // One HTTP/2 connection carries every group's RPCs between two
+        // brokers, and a peer cancels (resets) a stream whenever a Raft RPC
+        // times out. h2's guard against "rapid reset" floods (CVE-2023-44487)
+        // closes a connection after 20 streams were reset before the server
+        // accepted them: under an election storm that killed every in-flight
+        // RPC of the pair at once, which timed out more RPCs, and so on.
+        // Peers are brokers of the cluster, so the guard is raised here (the
+        // client listener keeps the default).
+        let router = tonic::transport::Server::builder()
+            .http2_max_pending_accept_reset_streams(Some(PEER_PENDING_RESETS_MAX))
+            .add_service(peer_server.into_service());
         let (tx, server) = serve(router, peer_listener, PEER_CONNECTIONS_MAX, "peer");
         stop.push(tx);
         servers.push(server);
@@ -250,7 +268,14 @@ impl Broker {
         let ping_every = Duration::from_millis(config.raft.heartbeat_interval_ms);
         let dead_after = Duration::from_millis(config.raft.election_timeout_min_ms);
         tasks.push(tokio::spawn(liveness.clone().run(me, image_rx.clone(), peers, ping_every, dead_after)));
-        tasks.push(tokio::spawn(crate::quiesce::run(me, table.clone(), liveness.clone(), ping_every)));
+        let election_timeout = Duration::from_millis(config.raft.election_timeout_max_ms);
+        tasks.push(tokio::spawn(crate::quiesce::run(
+            me,
+            table.clone(),
+            liveness.clone(),
+            ping_every,
+            election_timeout,
+        )));
         let checker = crate::checkquorum::Checker {
             metadata: crate::checkquorum::MetadataGroup {
                 raft: metadata.clone(),
@@ -296,17 +321,34 @@ impl Broker {
 
     /// Stops serving, stops every Raft group, and waits for the servers.
     pub async fn shutdown(self) {
+        let t0 = std::time::Instant::now();
+        let hosted = self.reconciler.table.all().len();
         for s in self.stop {
             let _ = s.send(());
         }
         for t in &self.tasks {
             t.abort();
         }
-        self.reconciler.stop_all().await;
-        let _ = self.metadata.shutdown().await;
+        // Prompt whatever the load: replicas not stopped in time are left
+        // to the process exit (not marked as cleanly stopped, which is safe:
+        // they are treated as after a crash when opened again).
+        if tokio::time::timeout(STOP_REPLICAS_WITHIN, self.reconciler.stop_all()).await.is_err() {
+            tracing::warn!(
+                left = self.reconciler.table.all().len(),
+                "replicas not stopped within {STOP_REPLICAS_WITHIN:?}: leaving them to the process exit"
+            );
+        }
+        let replicas_stopped = t0.elapsed();
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.metadata.shutdown()).await;
         for s in self.servers {
             let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
         }
+        tracing::info!(
+            replicas = hosted,
+            replicas_ms = replicas_stopped.as_millis() as u64,
+            total_ms = t0.elapsed().as_millis() as u64,
+            "broker stopped"
+        );
     }
 }
 

@@ -117,7 +117,13 @@ impl Cluster {
         n: u32,
         env: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
-        let root = tempfile::Builder::new().prefix(&format!("ferrolog-{name}-")).tempdir()?;
+        let mut root = tempfile::Builder::new().prefix(&format!("ferrolog-{name}-")).tempdir()?;
+        // FERROLOG_KEEP_DATA=1 keeps the data directories and logs for a
+        // post-mortem (their path is printed).
+        if std::env::var_os("FERROLOG_KEEP_DATA").is_some() {
+            root.disable_cleanup(true);
+            eprintln!("cluster {name}: data and logs kept in {}", root.path().display());
+        }
         let base = port_base(name);
         let brokers: Vec<BrokerProc> = (1..=n)
             .map(|id| {
@@ -211,6 +217,35 @@ impl Cluster {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Sends SIGINT to broker `id` and waits up to `wait` for it to exit,
+    /// then SIGKILLs it. Returns how long it took to exit by itself, or
+    /// `None` if it had to be killed (or was not running).
+    pub fn interrupt(&mut self, id: u32, wait: Duration) -> Option<Duration> {
+        let mut c = self.brokers[(id - 1) as usize].child.take()?;
+        // SAFETY: kill(2) with a pid this harness spawned and has not reaped.
+        unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGINT) };
+        let t0 = Instant::now();
+        while t0.elapsed() < wait {
+            if let Ok(Some(_)) = c.try_wait() {
+                return Some(t0.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        None
+    }
+
+    /// Size of broker `id`'s log file, bytes (all its runs appended).
+    pub fn log_bytes(&self, id: u32) -> u64 {
+        std::fs::metadata(&self.brokers[(id - 1) as usize].log).map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// Number of brokers.
+    pub fn size(&self) -> u32 {
+        self.brokers.len() as u32
     }
 
     /// Whether broker `id` is running.

@@ -255,3 +255,46 @@ pub async fn init_producer_id(addr: SocketAddr) -> anyhow::Result<i64> {
         .into_inner()
         .producer_id)
 }
+
+/// The leader of each partition of `topic` (index = partition), counting
+/// only leadership a broker claims for itself: broker `b` leads partition
+/// `p` when `b`'s own Metadata answer names `b` (a leader that lost its
+/// quorum names nobody). A follower's idea of its leader can be stale; a
+/// leader's own claim is not. Brokers that do not answer claim nothing.
+///
+/// # Errors
+/// When no running broker knows `topic`.
+pub async fn self_claimed_leaders(c: &Cluster, topic: &str) -> anyhow::Result<Vec<Option<u32>>> {
+    let mut leaders: Vec<Option<u32>> = Vec::new();
+    let mut known = false;
+    for id in (1..=c.size()).filter(|id| c.is_running(*id)) {
+        let Ok(m) = metadata(c.broker(id).client_addr).await else { continue };
+        let Some(t) = m.topics.iter().find(|t| t.name == topic) else { continue };
+        known = true;
+        leaders.resize(leaders.len().max(t.partitions.len()), None);
+        for p in &t.partitions {
+            if p.leader == id {
+                leaders[p.partition as usize] = Some(id);
+            }
+        }
+    }
+    if !known {
+        bail!("no running broker knows topic {topic}");
+    }
+    Ok(leaders)
+}
+
+/// The Raft term of every partition of `topic` (index = partition), as
+/// broker `id` sees it (`None` where it does not answer).
+///
+/// # Errors
+/// Transport errors connecting to broker `id`.
+pub async fn terms(c: &Cluster, id: u32, topic: &str, partitions: u32) -> anyhow::Result<Vec<Option<u64>>> {
+    let mut client = connect(c.broker(id).client_addr).await?;
+    let mut out = Vec::with_capacity(partitions as usize);
+    for partition in 0..partitions {
+        let r = client.partition_status(PartitionStatusRequest { topic: topic.into(), partition }).await;
+        out.push(r.ok().map(|r| r.into_inner()).filter(|r| r.error.is_none()).map(|r| r.term));
+    }
+    Ok(out)
+}

@@ -6,7 +6,9 @@
 //! - `consume`: how fast a consumer reads the topic back from the start;
 //! - `e2e`: both for 100 B and 1 KiB records, printing a table;
 //! - `idle`: CPU used by a cluster hosting many idle partitions;
-//! - `churn`: brokers' resident memory across create/delete loops of a topic.
+//! - `churn`: brokers' resident memory across create/delete loops of a topic;
+//! - `restart`: leaders, elections, CPU and logs when one broker of a cluster
+//!   with many partitions is SIGKILLed and restarted.
 //!
 //! Every figure printed is measured in that run; nothing is extrapolated.
 
@@ -14,6 +16,7 @@ mod churn;
 mod cluster;
 mod idle;
 mod load;
+mod restart;
 
 use clap::{Parser, Subcommand};
 
@@ -39,6 +42,8 @@ enum Cmd {
     Idle(idle::IdleArgs),
     /// Resident memory of the brokers across topic create/delete loops.
     Churn(churn::ChurnArgs),
+    /// Time until every partition has a leader after one broker's restart.
+    Restart(restart::RestartArgs),
 }
 
 #[tokio::main]
@@ -54,5 +59,6 @@ async fn main() -> anyhow::Result<()> {
         Cmd::E2e(a) => load::e2e(a).await,
         Cmd::Idle(a) => idle::run(a).await,
         Cmd::Churn(a) => churn::run(a).await,
+        Cmd::Restart(a) => restart::run(a).await,
     }
 }

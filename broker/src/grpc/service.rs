@@ -132,10 +132,18 @@ impl ClientService {
     /// partition not hosted here, the replica's broker whose last ping
     /// listed the group among those it leads. 0 when unknown.
     fn leader_of(&self, topic: &str, partition: u32, a: &PartitionAssignment) -> BrokerId {
-        if let Some(p) = self.table.get(topic, partition) {
-            return p.leader_broker().unwrap_or(0);
+        // A replica that knows its leader says so; one that does not (just
+        // restarted, its idle leader has not sent a heartbeat yet), and a
+        // broker without a replica, name the replica's broker that says in
+        // its pings that it leads.
+        if let Some(b) = self.table.get(topic, partition).and_then(|p| p.leader_broker()) {
+            return b;
         }
-        a.replicas.iter().map(|r| r.broker).find(|b| self.liveness.leads(*b, a.group)).unwrap_or(0)
+        a.replicas
+            .iter()
+            .map(|r| r.broker)
+            .find(|b| *b != self.broker && self.liveness.leads(*b, a.group))
+            .unwrap_or(0)
     }
 
     fn batches(out: &FetchOutcome) -> Vec<WireBatch> {

@@ -19,6 +19,10 @@ use ferrolog_proto::raft::{
 };
 use std::sync::{Arc, OnceLock};
 
+/// This process's boot id (see `PingResponse.boot_id`): random, non-zero,
+/// fixed until the process exits.
+static BOOT_ID: std::sync::LazyLock<u64> = std::sync::LazyLock::new(crate::identity::random_id);
+
 /// The `RaftPeer` service of a broker.
 #[derive(Clone, Debug)]
 pub struct RaftPeerServer {
@@ -248,6 +252,8 @@ impl RaftPeer for RaftPeerServer {
             your_incarnation,
             image_caught_up,
             metadata_last_index,
+            boot_id: *BOOT_ID,
+            replicas_open: self.groups.replicas_open(),
         }))
     }
 }

@@ -62,6 +62,8 @@ pub struct Partition {
     ticking_since_ms: AtomicU64,
     /// Set by [`crate::checkquorum`]: this replica leads without a quorum.
     quorum_lost: AtomicBool,
+    /// When this replica may campaign ([`crate::quiesce`]).
+    pub campaign: crate::quiesce::Campaign,
 }
 
 /// [`Partition`]s alive in this process.
@@ -141,6 +143,7 @@ impl Partition {
             ticking: AtomicBool::new(true),
             ticking_since_ms: AtomicU64::new(0),
             quorum_lost: AtomicBool::new(false),
+            campaign: crate::quiesce::Campaign::default(),
         }
     }
 
