@@ -3,6 +3,14 @@
 //! recent than the minimum election timeout. One ping per broker pair
 //! replaces per-group heartbeats for failure detection (`crate::quiesce`).
 //!
+//! A broker is silent too long when its last answer is older than
+//! `dead_after` (the minimum election timeout), or, under load, than
+//! [`RTT_FACTOR`] times its recent ping round trip, whichever is longer (at
+//! most [`SILENCE_MAX`]): a broker that answers slowly because the machine
+//! is saturated is not declared dead (which would start elections and
+//! hand-overs, adding load: the storm this avoids), while one whose
+//! connection is refused (a killed process) is dead at once.
+//!
 //! Pings also say which groups the answering broker leads, and when it came
 //! back: a broker that restarted (a new boot id) or answers again after
 //! being silent is *returned* once it reports its replicas open, and
@@ -21,11 +29,21 @@ use crate::config::BrokerId;
 use crate::metadata::image::MetadataImage;
 use crate::network::PeerAddresses;
 
+/// How many round trips of silence, at least, make a broker dead.
+pub const RTT_FACTOR: u32 = 4;
+
+/// The longest silence tolerated however slow the round trips.
+pub const SILENCE_MAX: Duration = Duration::from_secs(5);
+
 /// What the last answer of one broker said.
 #[derive(Debug)]
 struct Heard {
     /// When it answered.
     at: Instant,
+    /// Smoothed ping round trip (7/8 old + 1/8 new, as TCP's SRTT, RFC 6298).
+    rtt: Duration,
+    /// A ping was refused (connection refused or reset) after `at`.
+    refused: bool,
     /// The groups it leads.
     leading: HashSet<u64>,
     /// Its boot id (`PingResponse.boot_id`).
@@ -59,18 +77,37 @@ impl Liveness {
         *self.dead_after.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether `h` is recent enough (see the module comment).
+    fn fresh(h: &Heard, dead_after: Duration) -> bool {
+        !h.refused && h.at.elapsed() < silence_allowed(dead_after, h.rtt)
+    }
+
     /// Whether `broker` answered recently enough.
     pub fn is_alive(&self, broker: BrokerId) -> bool {
         let dead_after = self.dead_after();
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        seen.get(&broker).is_some_and(|h| h.at.elapsed() < dead_after)
+        seen.get(&broker).is_some_and(|h| Self::fresh(h, dead_after))
     }
 
     /// Whether `broker` answered recently and said it leads `group`.
     pub fn leads(&self, broker: BrokerId, group: u64) -> bool {
         let dead_after = self.dead_after();
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        seen.get(&broker).is_some_and(|h| h.at.elapsed() < dead_after && h.leading.contains(&group))
+        seen.get(&broker).is_some_and(|h| Self::fresh(h, dead_after) && h.leading.contains(&group))
+    }
+
+    /// How long a ping to `broker` may take before it is given up.
+    fn ping_timeout(&self, broker: BrokerId) -> Duration {
+        let dead_after = self.dead_after();
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        silence_allowed(dead_after, seen.get(&broker).map_or(Duration::ZERO, |h| h.rtt))
+    }
+
+    /// Records that a ping to `broker` was refused: it is dead now.
+    fn refused(&self, broker: BrokerId) {
+        if let Some(h) = self.seen.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&broker) {
+            h.refused = true;
+        }
     }
 
     /// Whether every broker has had time to answer since pinging started
@@ -81,29 +118,38 @@ impl Liveness {
         self.started.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|t| t.elapsed() >= dead_after)
     }
 
+    /// Whether `broker` is alive and has opened the replicas its metadata
+    /// assigns it (so it can campaign for them).
+    pub fn is_ready(&self, broker: BrokerId) -> bool {
+        self.returned_at(broker).is_some()
+    }
+
     /// When `broker` came back (see the module comment), if it is alive.
     pub fn returned_at(&self, broker: BrokerId) -> Option<Instant> {
         let dead_after = self.dead_after();
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        seen.get(&broker).filter(|h| h.at.elapsed() < dead_after).and_then(|h| h.returned_at)
+        seen.get(&broker).filter(|h| Self::fresh(h, dead_after)).and_then(|h| h.returned_at)
     }
 
-    fn mark(&self, broker: BrokerId, leading: Vec<u64>, boot_id: u64, replicas_open: bool) {
+    fn mark(&self, broker: BrokerId, leading: Vec<u64>, boot_id: u64, replicas_open: bool, rtt: Duration) {
         let dead_after = self.dead_after();
         let now = Instant::now();
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let previous = seen.get(&broker);
-        let continuous = previous.is_some_and(|h| h.boot_id == boot_id && h.at.elapsed() < dead_after);
+        let continuous = previous.is_some_and(|h| h.boot_id == boot_id && Self::fresh(h, dead_after));
         let returned_at = match previous {
             _ if !replicas_open => None,
             Some(h) if continuous => h.returned_at.or(Some(now)),
             _ => Some(now),
         };
-        seen.insert(broker, Heard { at: now, leading: leading.into_iter().collect(), boot_id, returned_at });
+        let rtt = previous.filter(|_| continuous).map_or(rtt, |h| (h.rtt * 7 + rtt) / 8);
+        let leading = leading.into_iter().collect();
+        seen.insert(broker, Heard { at: now, rtt, refused: false, leading, boot_id, returned_at });
     }
 
     /// Pings every registered broker (itself included, through its own
-    /// listener) every `every`, reporting one silent for `dead_after` as
+    /// listener) every `every`, reporting one silent for `dead_after` (or
+    /// longer under load, [`silence_allowed`]) or refusing the connection as
     /// dead, until the image's sender is dropped.
     pub async fn run(
         self,
@@ -129,15 +175,52 @@ impl Liveness {
                 let this = self.clone();
                 tokio::spawn(async move {
                     let mut req = tonic::Request::new(PingRequest { from_broker: me });
-                    req.set_timeout(dead_after);
-                    if let Ok(r) = RaftPeerClient::new(channel).ping(req).await {
-                        let r = r.into_inner();
-                        if r.broker_id == id {
-                            this.mark(id, r.leading_groups, r.boot_id, r.replicas_open);
+                    req.set_timeout(this.ping_timeout(id));
+                    let sent = Instant::now();
+                    match RaftPeerClient::new(channel).ping(req).await {
+                        Ok(r) => {
+                            let r = r.into_inner();
+                            if r.broker_id == id {
+                                this.mark(id, r.leading_groups, r.boot_id, r.replicas_open, sent.elapsed());
+                            }
                         }
+                        // No connection (refused, reset): not merely slow.
+                        Err(s) if s.code() == tonic::Code::Unavailable => this.refused(id),
+                        Err(_) => {}
                     }
                 });
             }
         }
+    }
+}
+
+/// How long a broker may be silent before it counts as dead: `dead_after`,
+/// or [`RTT_FACTOR`] round trips when that is longer, at most
+/// [`SILENCE_MAX`] (and never less than `dead_after`).
+pub fn silence_allowed(dead_after: Duration, rtt: Duration) -> Duration {
+    rtt.saturating_mul(RTT_FACTOR).min(SILENCE_MAX).max(dead_after)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slow_answers_stretch_the_allowed_silence_within_bounds() {
+        let d = Duration::from_millis(500);
+        assert_eq!(silence_allowed(d, Duration::from_millis(1)), d, "an idle cluster keeps dead_after");
+        assert_eq!(silence_allowed(d, Duration::from_millis(400)), Duration::from_millis(1600));
+        assert_eq!(silence_allowed(d, Duration::from_secs(10)), SILENCE_MAX);
+    }
+
+    #[test]
+    fn a_refused_ping_kills_at_once_and_an_answer_revives() {
+        let l = Liveness::default();
+        l.mark(2, vec![7], 1, true, Duration::from_millis(1));
+        assert!(l.is_alive(2) && l.leads(2, 7));
+        l.refused(2);
+        assert!(!l.is_alive(2) && !l.leads(2, 7));
+        l.mark(2, vec![], 2, true, Duration::from_millis(1));
+        assert!(l.is_alive(2) && !l.leads(2, 7));
     }
 }

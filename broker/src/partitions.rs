@@ -83,7 +83,7 @@ pub const RELEASE_MEMORY_AFTER: Duration = Duration::from_secs(30);
 pub const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 
 /// Replicas [`Reconciler::stop_all`] stops concurrently.
-pub const STOPS_AT_ONCE: usize = 64;
+pub const STOPS_AT_ONCE: usize = 256;
 
 /// Wait before the `attempts`-th restart of a failed replica: 1 s, doubling,
 /// at most 60 s.
@@ -444,13 +444,10 @@ impl Reconciler {
                     .ok_or_else(|| anyhow::anyhow!("broker {} is not registered", r.broker))?;
                 members.insert(r.node, Node { addr });
             }
+            // The placement's preferred leader (first replica) campaigns
+            // first (crate::quiesce), so new partitions start balanced.
             if let Err(e) = raft.initialize(members).await {
                 tracing::debug!("initialize: {e}");
-            }
-            // The placement's preferred leader (first replica) campaigns at
-            // once, so new partitions start balanced.
-            if a.replicas.first().map(|r| r.node) == Some(me.node) && !replica.is_recovering() {
-                let _ = raft.trigger().elect(false).await;
             }
         }
         let held = crate::recovery::hold_if_recovering(&raft, &replica, me.node);

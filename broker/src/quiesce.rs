@@ -60,8 +60,8 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(8);
 /// interval, 100 ms by default: 320 per second).
 pub const CAMPAIGNS_PER_ROUND: usize = 32;
 
-/// Most campaigns a broker keeps unresolved (started within the last
-/// election timeout and not leader yet).
+/// Most campaigns a broker keeps unresolved (see [`Campaign`]: started,
+/// not leader, back-off not over).
 pub const CAMPAIGNS_IN_FLIGHT: usize = 256;
 
 /// How long a leader wakes for a follower whose broker came back, at most,
@@ -137,10 +137,12 @@ impl Campaign {
         self.now_ms() >= self.not_before_ms.load(Ordering::Relaxed)
     }
 
-    /// Whether a campaign started within `window` (and may still win).
-    fn in_flight(&self, window: Duration) -> bool {
-        let started = self.started_ms.load(Ordering::Relaxed);
-        started != 0 && self.now_ms().saturating_sub(started) < window.as_millis() as u64
+    /// Whether a campaign was started and its back-off has not passed yet
+    /// (it may still win, or it failed and waits): such groups count
+    /// against the broker's [`CAMPAIGNS_IN_FLIGHT`], so when campaigns fail
+    /// under load, fewer new ones start.
+    fn in_flight(&self) -> bool {
+        self.started_ms.load(Ordering::Relaxed) != 0 && !self.due()
     }
 
     /// Records a campaign started now; the next one waits a randomised
@@ -190,8 +192,8 @@ pub struct GroupView {
     pub follower_returned: bool,
     /// Follower: a live broker says it leads the group.
     pub leader_alive: bool,
-    /// Follower: this is the first live replica in assignment order (it
-    /// campaigns when the leader dies).
+    /// Follower: this is the first live replica in assignment order whose
+    /// broker has opened its replicas (it campaigns when the leader dies).
     pub first_live_follower: bool,
     /// Follower: how long it has known no live leader.
     pub leaderless_for: Duration,
@@ -243,10 +245,11 @@ fn view(p: &Partition, liveness: &Liveness, me: u32) -> GroupView {
     if is_leader || leader_alive {
         p.campaign.led();
     }
-    // In assignment order: the first replica is the preferred leader.
+    // In assignment order: the first replica is the preferred leader. A
+    // broker still opening its replicas after a restart cannot campaign yet.
     let first_live_follower = replicas
         .iter()
-        .find(|r| Some(r.broker) != own_idea && (r.broker == me || liveness.is_alive(r.broker)))
+        .find(|r| Some(r.broker) != own_idea && (r.broker == me || liveness.is_ready(r.broker)))
         .is_some_and(|r| r.node == p.node_id);
     let leaderless_for = if is_leader || leader_alive { Duration::ZERO } else { p.campaign.leaderless() };
     GroupView {
@@ -263,8 +266,7 @@ fn view(p: &Partition, liveness: &Liveness, me: u32) -> GroupView {
 }
 
 /// Applies [`decide`] to every hosted partition every `period`, forever.
-/// `election_timeout` is the base of the campaigns' back-off and how long a
-/// campaign counts as in flight.
+/// `election_timeout` is the base of the campaigns' back-off.
 pub async fn run(
     me: u32,
     table: PartitionTable,
@@ -277,8 +279,7 @@ pub async fn run(
     loop {
         tick.tick().await;
         let all = table.all();
-        let mut in_flight =
-            all.iter().filter(|p| !p.raft.is_leader() && p.campaign.in_flight(election_timeout)).count();
+        let mut in_flight = all.iter().filter(|p| p.campaign.in_flight() && !p.raft.is_leader()).count();
         let mut started = 0usize;
         let mut deferred = 0usize;
         for p in all {
@@ -361,7 +362,7 @@ mod tests {
         assert!(c.due());
         c.started(Duration::from_millis(1000));
         assert!(!c.due(), "waits at least half the base");
-        assert!(c.in_flight(Duration::from_secs(1)));
+        assert!(c.in_flight());
         let first = c.not_before_ms.load(Ordering::Relaxed);
         assert!((500..=1001 + c.now_ms()).contains(&first), "{first}");
         for _ in 0..20 {

@@ -44,15 +44,20 @@ pub fn peer_message_bytes_max(max_batch_bytes: usize) -> usize {
 }
 
 /// How long a broker's shutdown waits for its replicas to stop.
-const STOP_REPLICAS_WITHIN: Duration = Duration::from_secs(10);
+const STOP_REPLICAS_WITHIN: Duration = Duration::from_secs(6);
+
+/// How long a broker's whole shutdown may take (replicas, the metadata
+/// group, then the servers' requests in flight), give or take 1 s.
+const STOP_WITHIN: Duration = Duration::from_secs(8);
 
 /// Connections the peer listener accepts at once (brokers use one each,
 /// plus short-lived ones while joining).
 const PEER_CONNECTIONS_MAX: usize = 4096;
 
-/// Streams a peer may reset before the server accepted them, per
-/// connection, before the connection is closed (h2's default is 20; see
-/// where the peer server is built).
+/// Streams a peer may reset before the server accepted them, and streams
+/// the server may reset on errors, per connection, before the connection is
+/// closed (h2's defaults are 20 and 1,024; see where the peer server is
+/// built).
 const PEER_PENDING_RESETS_MAX: usize = 100_000;
 
 /// A running broker.
@@ -161,6 +166,7 @@ impl Broker {
         // client listener keeps the default).
         let router = tonic::transport::Server::builder()
             .http2_max_pending_accept_reset_streams(Some(PEER_PENDING_RESETS_MAX))
+            .http2_max_local_error_reset_streams(Some(PEER_PENDING_RESETS_MAX))
             .add_service(peer_server.into_service());
         let (tx, server) = serve(router, peer_listener, PEER_CONNECTIONS_MAX, "peer");
         stop.push(tx);
@@ -319,7 +325,11 @@ impl Broker {
         &self.config
     }
 
-    /// Stops serving, stops every Raft group, and waits for the servers.
+    /// Stops serving, stops every Raft group, and waits for the servers,
+    /// within about 8 s whatever the load: what is not
+    /// done by then is left to the process exit, which is safe (a replica
+    /// not marked as cleanly stopped is treated as after a crash when it is
+    /// opened again).
     pub async fn shutdown(self) {
         let t0 = std::time::Instant::now();
         let hosted = self.reconciler.table.all().len();
@@ -339,10 +349,10 @@ impl Broker {
             );
         }
         let replicas_stopped = t0.elapsed();
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.metadata.shutdown()).await;
-        for s in self.servers {
-            let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
-        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.metadata.shutdown()).await;
+        // The servers finish the requests in flight, within what is left.
+        let left = STOP_WITHIN.saturating_sub(t0.elapsed()).max(Duration::from_millis(500));
+        let _ = tokio::time::timeout(left, futures::future::join_all(self.servers)).await;
         tracing::info!(
             replicas = hosted,
             replicas_ms = replicas_stopped.as_millis() as u64,
