@@ -283,9 +283,12 @@ pub async fn run(
         let mut started = 0usize;
         let mut deferred = 0usize;
         for p in all {
-            match decide(view(&p, &liveness, me)) {
-                Decision::Tick => p.set_ticking(true),
-                Decision::Park => p.set_ticking(false),
+            let decision = decide(view(&p, &liveness, me));
+            // Only a leader's ticker does anything (heartbeats): elections
+            // are started here, openraft's timer is off.
+            p.set_ticking(decision == Decision::Tick);
+            match decision {
+                Decision::Tick | Decision::Park => {}
                 Decision::Campaign if !p.campaign.due() => {}
                 Decision::Campaign if started >= CAMPAIGNS_PER_ROUND || in_flight >= CAMPAIGNS_IN_FLIGHT => {
                     deferred += 1;

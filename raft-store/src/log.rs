@@ -232,11 +232,18 @@ impl PartitionLog {
     /// Records a clean stop: fsyncs the active segment (sealed ones were
     /// fsynced when sealed) and then, durably, that it was done, so the next
     /// open knows nothing acknowledged was lost. The log must not be
-    /// written after this.
+    /// written after this. Under `flush = always` nothing is written: every
+    /// entry was fsynced before it was acknowledged, and only an open under
+    /// `interval` reads the mark (which then treats the stop as unclean:
+    /// safe, it costs a catch-up). That spares two fsyncs per replica when a
+    /// broker hosting thousands stops.
     ///
     /// # Errors
     /// [`StoreError::Io`], [`StoreError::Meta`].
     pub fn mark_clean_stop(&self) -> Result<()> {
+        if matches!(self.config.flush, FlushPolicy::Always) {
+            return Ok(());
+        }
         self.sync()?;
         self.meta.put(meta::KEY_CLEAN_STOP, Some(&true), Sync::Durable)
     }

@@ -448,4 +448,17 @@ fn an_unclean_stop_under_flush_interval_marks_the_replica_recovering() {
     let log =
         PartitionLog::open(&always.path().join("log"), StoreConfig::default(), flusher()).expect("open");
     assert!(log.recovering().is_none());
+    // A clean stop under always writes no mark (nothing to lose), so the
+    // same replica opened under interval is treated as after a crash: safe.
+    log.mark_clean_stop().expect("clean stop");
+    drop(log);
+    let log = PartitionLog::open(&always.path().join("log"), interval_config(), flusher()).expect("open");
+    assert!(log.recovering().is_some(), "no mark under always, so interval must assume the worst");
+}
+
+fn interval_config() -> StoreConfig {
+    StoreConfig {
+        flush: ferrolog_raft_store::FlushPolicy::Interval { interval_ms: 60_000 },
+        ..StoreConfig::default()
+    }
 }
