@@ -181,13 +181,17 @@ fn topic_create_waits_for_registration_and_gives_up_clearly() {
             }
         }
     });
-    // The create is refused for want of registered brokers and says it waits.
+    // The create is refused for want of registered brokers and says it
+    // waits, once per distinct reason: right after start-up brokers 1 and 2
+    // may not have registered either, so wait for the reason naming only 3.
     let mut seen = Vec::new();
     let deadline = Instant::now() + PATIENCE;
     loop {
         match rx.recv_timeout(Duration::from_millis(500)) {
             Ok(line) => {
-                let waits_for_registration = line.starts_with("waiting:") && line.contains("registered");
+                let waits_for_registration = line.starts_with("waiting:")
+                    && line.contains("registered")
+                    && line.contains("not yet: 3)");
                 seen.push(line);
                 if waits_for_registration {
                     break;
