@@ -254,7 +254,8 @@ impl Broker {
             me,
             liveness.clone(),
             meta_replica.clone(),
-        );
+        )
+        .with_seeds(config.initial_cluster.iter().map(|(id, addr)| (*id, addr.to_string())));
         let _ = controller_slot.set(controller.clone());
 
         let table = PartitionTable::default();

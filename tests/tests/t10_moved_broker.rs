@@ -2,6 +2,11 @@
 //! it belongs to reaches it at the address it registered, so it catches up
 //! and counts toward the majority — the cluster keeps a controller and a
 //! partition leader when another broker is then killed.
+//!
+//! It failed about one run in four until the moved broker's registration
+//! also asked the configured founding brokers: after the restart its
+//! metadata image can be empty (nothing applied yet), so it had no one to
+//! ask, and the controller cannot reach it before it registers.
 
 use std::time::{Duration, Instant};
 
@@ -28,7 +33,6 @@ async fn write(c: &Cluster, tag: &str, n: usize, written: &mut Vec<String>) -> a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails about 1 run in 4: broker 2 sometimes cannot register its new address (no controller known on any broker); run with --ignored"]
 async fn a_broker_on_a_new_peer_address_is_reached_and_counts() -> anyhow::Result<()> {
     let mut c = Cluster::start("moved", BIN, 3, &[]).await?;
     create_topic(&c, "t", 1, 3).await?;

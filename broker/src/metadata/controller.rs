@@ -65,6 +65,10 @@ pub struct Controller {
     me: BrokerId,
     liveness: Liveness,
     replica: Replica,
+    /// The founding brokers' peer addresses from the configuration
+    /// (`initial_cluster`), asked by [`Controller::handle_via_any`] when
+    /// the image does not list them (yet).
+    seeds: Arc<Vec<(BrokerId, String)>>,
 }
 
 impl Controller {
@@ -80,7 +84,15 @@ impl Controller {
         liveness: Liveness,
         replica: Replica,
     ) -> Self {
-        Self { raft, image, peers, limits, serial: Arc::new(Mutex::new(())), me, liveness, replica }
+        let seeds = Arc::default();
+        Self { raft, image, peers, limits, serial: Arc::new(Mutex::new(())), me, liveness, replica, seeds }
+    }
+
+    /// Gives the founding brokers' peer addresses (`initial_cluster`), which
+    /// [`Controller::handle_via_any`] also asks.
+    pub fn with_seeds(mut self, seeds: impl IntoIterator<Item = (BrokerId, String)>) -> Self {
+        self.seeds = Arc::new(seeds.into_iter().collect());
+        self
     }
 
     /// Whether this broker's image reflects everything the controller has
@@ -150,17 +162,27 @@ impl Controller {
     /// As [`Controller::handle`], the last broker's error.
     pub async fn handle_via_any(&self, req: ControllerRequest) -> Result<ControllerReply, ApiError> {
         let first = self.handle(req.clone()).await;
-        if !matches!(&first, Err(ApiError::Unavailable(m)) if m.starts_with("no controller")) {
+        // No leader known here: none elected, or the one a write was sent
+        // to stepped down without naming a successor.
+        let unknown = |m: &str| m.starts_with("no controller") || m.contains("forward request to: None");
+        if !matches!(&first, Err(ApiError::Unavailable(m)) if unknown(m)) {
             return first;
         }
-        let others: Vec<String> = self
-            .image
-            .borrow()
-            .brokers
-            .iter()
-            .filter(|(b, _)| **b != self.me)
-            .map(|(_, e)| e.peer_addr.clone())
-            .collect();
+        // The image's addresses, then the configured founding brokers the
+        // image does not list: after a restart the image may be empty until
+        // this replica hears from the leader, which cannot reach it before it
+        // registers a new address.
+        let others: Vec<String> = {
+            let image = self.image.borrow();
+            let listed =
+                image.brokers.iter().filter(|(b, _)| **b != self.me).map(|(_, e)| e.peer_addr.clone());
+            let seeds = self
+                .seeds
+                .iter()
+                .filter(|(b, _)| *b != self.me && !image.brokers.contains_key(b))
+                .map(|(_, a)| a.clone());
+            listed.chain(seeds).collect()
+        };
         let mut last = first;
         for addr in others {
             last = self.forward(&addr, &req).await;
