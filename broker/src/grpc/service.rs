@@ -91,8 +91,18 @@ impl ClientService {
     ) -> Result<Arc<Partition>, ApiError> {
         let image = self.controller.image();
         let catching_up = || ApiError::Unavailable("this broker's metadata is catching up".into());
+        // Declaring a topic id gone is final for the client (it stops), so
+        // it needs an image known to be current: this broker leads the
+        // metadata group or has heard from its leader since it started
+        // (a leader restored from the persisted vote proves nothing).
+        let id_unsure = || {
+            !self.controller.image_caught_up()
+                || !(self.controller.leads()
+                    || crate::network::server::METADATA_LEADER_HEARD
+                        .load(std::sync::atomic::Ordering::Relaxed))
+        };
         let Some(t) = image.topics.get(topic) else {
-            if !self.controller.image_caught_up() {
+            if !self.controller.image_caught_up() || (topic_id.is_some() && id_unsure()) {
                 // After a restart the image may be behind the controller.
                 return Err(catching_up());
             }
@@ -106,7 +116,7 @@ impl ClientService {
         if let Some(id) = topic_id
             && id != t.topic_id
         {
-            if !self.controller.image_caught_up() {
+            if id_unsure() {
                 return Err(catching_up());
             }
             return Err(ApiError::UnknownTopicId {

@@ -108,6 +108,12 @@ impl Controller {
             && self.image.borrow().applied_offset >= self.replica.high_watermark()
     }
 
+    /// Whether this broker's metadata replica is the Raft leader now (the
+    /// controller), as opposed to naming itself from a restored vote.
+    pub fn leads(&self) -> bool {
+        self.raft.metrics().borrow_watched().state.is_leader()
+    }
+
     /// The current image.
     pub fn image(&self) -> Arc<MetadataImage> {
         self.image.borrow().clone()

@@ -19,6 +19,12 @@ use ferrolog_proto::raft::{
 };
 use std::sync::{Arc, OnceLock};
 
+/// Whether this process has accepted an AppendEntries of the metadata group
+/// from its leader. Until then the leader and commit index its replica
+/// knows were restored from disk and may be stale, so its image may lack
+/// topics created meanwhile (see `crate::grpc::service`).
+pub static METADATA_LEADER_HEARD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// This process's boot id (see `PingResponse.boot_id`): random, non-zero,
 /// fixed until the process exits.
 static BOOT_ID: std::sync::LazyLock<u64> = std::sync::LazyLock::new(crate::identity::random_id);
@@ -140,7 +146,11 @@ impl RaftPeer for RaftPeerServer {
             Ok(r) => r,
             Err(e) => return Ok(Response::new(refuse(PeerErrorCode::InvalidRequest, e.to_string()))),
         };
-        Ok(Response::new(reply(h.raft.append_entries(rpc).await)))
+        let r = h.raft.append_entries(rpc).await;
+        if req.group_id == crate::metadata::METADATA_GROUP && r.as_ref().is_ok_and(|a| a.is_success()) {
+            METADATA_LEADER_HEARD.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(Response::new(reply(r)))
     }
 
     async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftResponse>, Status> {
