@@ -29,11 +29,6 @@ pub struct Identity {
     pub founder: bool,
 }
 
-/// A random non-zero incarnation from the clock and process id.
-fn new_incarnation() -> u64 {
-    random_id()
-}
-
 /// A random non-zero id from the clock and process id (incarnations, boot ids).
 pub fn random_id() -> u64 {
     let nanos =
@@ -69,12 +64,7 @@ pub fn load(data_dir: &Path, broker_id: BrokerId) -> anyhow::Result<Option<Ident
 /// A new identity for `broker_id` (not stored: the caller stores it once it
 /// has decided how the directory enters the cluster).
 pub fn fresh(broker_id: BrokerId) -> Identity {
-    Identity {
-        broker_id,
-        incarnation: new_incarnation(),
-        metadata_node: u64::from(broker_id),
-        founder: false,
-    }
+    Identity { broker_id, incarnation: random_id(), metadata_node: u64::from(broker_id), founder: false }
 }
 
 /// Writes the identity durably (temp file, fsync, rename, fsync directory).

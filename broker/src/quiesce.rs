@@ -74,10 +74,8 @@ pub struct Campaign {
     origin: Instant,
     /// Campaigns since this replica last knew a live leader.
     attempts: AtomicU32,
-    /// No campaign before this, ms since `origin`.
+    /// No campaign before this, ms since `origin` (0 until one is started).
     not_before_ms: AtomicU64,
-    /// The last campaign started, ms since `origin` (0: none).
-    started_ms: AtomicU64,
     /// Since when this replica has known no live leader, ms since `origin`
     /// (0: it knows one).
     leaderless_since_ms: AtomicU64,
@@ -92,7 +90,6 @@ impl Default for Campaign {
             origin: Instant::now(),
             attempts: AtomicU32::new(0),
             not_before_ms: AtomicU64::new(0),
-            started_ms: AtomicU64::new(0),
             leaderless_since_ms: AtomicU64::new(0),
             allowed: AtomicBool::new(true),
         }
@@ -142,7 +139,7 @@ impl Campaign {
     /// against the broker's [`CAMPAIGNS_IN_FLIGHT`], so when campaigns fail
     /// under load, fewer new ones start.
     fn in_flight(&self) -> bool {
-        self.started_ms.load(Ordering::Relaxed) != 0 && !self.due()
+        !self.due()
     }
 
     /// Records a campaign started now; the next one waits a randomised
@@ -153,7 +150,6 @@ impl Campaign {
         let attempts = self.attempts.fetch_add(1, Ordering::Relaxed);
         let full = base.saturating_mul(1 << attempts.min(8)).min(BACKOFF_MAX).as_millis() as u64;
         let wait = full / 2 + jitter(full / 2 + 1);
-        self.started_ms.store(now, Ordering::Relaxed);
         self.not_before_ms.store(now + wait, Ordering::Relaxed);
     }
 }
@@ -368,10 +364,12 @@ mod tests {
         assert!(c.in_flight());
         let first = c.not_before_ms.load(Ordering::Relaxed);
         assert!((500..=1001 + c.now_ms()).contains(&first), "{first}");
-        for _ in 0..20 {
+        for _ in 0..19 {
             c.started(Duration::from_millis(1000));
         }
-        let wait = c.not_before_ms.load(Ordering::Relaxed) - c.started_ms.load(Ordering::Relaxed);
+        let started = c.now_ms();
+        c.started(Duration::from_millis(1000));
+        let wait = c.not_before_ms.load(Ordering::Relaxed) - started;
         assert!(
             wait >= BACKOFF_MAX.as_millis() as u64 / 2 && wait <= BACKOFF_MAX.as_millis() as u64 + 1,
             "{wait}"

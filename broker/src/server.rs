@@ -54,12 +54,6 @@ const STOP_WITHIN: Duration = Duration::from_secs(8);
 /// plus short-lived ones while joining).
 const PEER_CONNECTIONS_MAX: usize = 4096;
 
-/// Streams a peer may reset before the server accepted them, and streams
-/// the server may reset on errors, per connection, before the connection is
-/// closed (h2's defaults are 20 and 1,024; see where the peer server is
-/// built).
-const PEER_PENDING_RESETS_MAX: usize = 100_000;
-
 /// A running broker.
 #[derive(Debug)]
 pub struct Broker {
@@ -165,8 +159,8 @@ impl Broker {
         // Peers are brokers of the cluster, so the guard is raised here (the
         // client listener keeps the default).
         let router = tonic::transport::Server::builder()
-            .http2_max_pending_accept_reset_streams(Some(PEER_PENDING_RESETS_MAX))
-            .http2_max_local_error_reset_streams(Some(PEER_PENDING_RESETS_MAX))
+            .http2_max_pending_accept_reset_streams(Some(crate::network::PEER_RESETS_MAX))
+            .http2_max_local_error_reset_streams(Some(crate::network::PEER_RESETS_MAX))
             .add_service(peer_server.into_service());
         let (tx, server) = serve(router, peer_listener, PEER_CONNECTIONS_MAX, "peer");
         stop.push(tx);

@@ -298,3 +298,38 @@ pub async fn terms(c: &Cluster, id: u32, topic: &str, partitions: u32) -> anyhow
     }
     Ok(out)
 }
+
+/// What a broker's restart cost, from each partition's self-claimed leader
+/// before it ([`self_claimed_leaders`]) and its term before and after
+/// ([`terms`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RestartCost {
+    /// Partitions whose term was read both times.
+    pub compared: usize,
+    /// The sum of the term increases: elections held (won or not).
+    pub elections: u64,
+    /// Partitions led by another broker than `restarted` whose term rose.
+    pub disturbed: usize,
+    /// The highest term after.
+    pub max_term: u64,
+}
+
+/// Compares terms before and after the restart of broker `restarted`.
+pub fn restart_cost(
+    leaders_before: &[Option<u32>],
+    terms_before: &[Option<u64>],
+    terms_after: &[Option<u64>],
+    restarted: u32,
+) -> RestartCost {
+    let mut cost = RestartCost::default();
+    for (i, (before, after)) in terms_before.iter().zip(terms_after).enumerate() {
+        let (Some(before), Some(after)) = (before, after) else { continue };
+        cost.compared += 1;
+        cost.elections += after.saturating_sub(*before);
+        cost.max_term = cost.max_term.max(*after);
+        if leaders_before.get(i).copied().flatten() != Some(restarted) && after > before {
+            cost.disturbed += 1;
+        }
+    }
+    cost
+}

@@ -70,16 +70,8 @@ async fn a_restarted_broker_costs_one_election_per_partition_it_led() -> anyhow:
     let after = raw::self_claimed_leaders(&c, TOPIC).await?;
     let lost_again = after.iter().filter(|l| l.is_none()).count();
     let terms_after = raw::terms(&c, survivor, TOPIC, PARTITIONS).await?;
-    let (mut elections, mut disturbed, mut compared) = (0u64, 0usize, 0usize);
-    for (i, (b, a)) in terms_before.iter().zip(&terms_after).enumerate() {
-        if let (Some(b), Some(a)) = (b, a) {
-            compared += 1;
-            elections += a.saturating_sub(*b);
-            if before[i] != Some(victim) && a > b {
-                disturbed += 1;
-            }
-        }
-    }
+    let raw::RestartCost { compared, elections, disturbed, .. } =
+        raw::restart_cost(&before, &terms_before, &terms_after, victim);
     let logs = (1..=3).map(|id| c.log_bytes(id)).sum::<u64>() - logs_before;
     println!(
         "broker {victim} led {led} of {PARTITIONS} partitions; after its restart every partition was led within \

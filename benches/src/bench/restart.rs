@@ -119,18 +119,8 @@ pub async fn run(a: RestartArgs) -> anyhow::Result<()> {
     let wall = killed.elapsed().as_secs_f64();
     let logs = (1..=3).map(|id| c.log_bytes(id)).sum::<u64>() - logs0;
     let terms_after = raw::terms(&c, survivor, TOPIC, a.partitions).await?;
-    let mut elections = 0u64;
-    let mut max_term = 0u64;
-    let mut disturbed = 0usize;
-    for (i, (b, a2)) in terms_before.iter().zip(&terms_after).enumerate() {
-        if let (Some(b), Some(a2)) = (b, a2) {
-            elections += a2.saturating_sub(*b);
-            max_term = max_term.max(*a2);
-            if before[i] != Some(a.broker) && a2 > b {
-                disturbed += 1;
-            }
-        }
-    }
+    let raw::RestartCost { elections, disturbed, max_term, .. } =
+        raw::restart_cost(&before, &terms_before, &terms_after, a.broker);
     match last_leaderless {
         Some(t) => println!(
             "SIGKILL broker {}, restart {} s later: every partition led again within {:.1} s of the restart",

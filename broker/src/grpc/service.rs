@@ -92,17 +92,12 @@ impl ClientService {
         let image = self.controller.image();
         let catching_up = || ApiError::Unavailable("this broker's metadata is catching up".into());
         // Declaring a topic id gone is final for the client (it stops), so
-        // it needs an image known to be current: this broker leads the
-        // metadata group or has heard from its leader since it started
-        // (a leader restored from the persisted vote proves nothing).
-        let id_unsure = || {
-            !self.controller.image_caught_up()
-                || !(self.controller.leads()
-                    || crate::network::server::METADATA_LEADER_HEARD
-                        .load(std::sync::atomic::Ordering::Relaxed))
-        };
+        // it also needs proof that the image is current. (Both are checked
+        // only on the way to an error: produce and fetch do not pay for them.)
+        let caught_up = || self.controller.image_caught_up();
+        let id_sure = || caught_up() && self.controller.heard_from_leader();
         let Some(t) = image.topics.get(topic) else {
-            if !self.controller.image_caught_up() || (topic_id.is_some() && id_unsure()) {
+            if !caught_up() || (topic_id.is_some() && !id_sure()) {
                 // After a restart the image may be behind the controller.
                 return Err(catching_up());
             }
@@ -116,7 +111,7 @@ impl ClientService {
         if let Some(id) = topic_id
             && id != t.topic_id
         {
-            if id_unsure() {
+            if !id_sure() {
                 return Err(catching_up());
             }
             return Err(ApiError::UnknownTopicId {

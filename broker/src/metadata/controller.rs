@@ -108,10 +108,14 @@ impl Controller {
             && self.image.borrow().applied_offset >= self.replica.high_watermark()
     }
 
-    /// Whether this broker's metadata replica is the Raft leader now (the
-    /// controller), as opposed to naming itself from a restored vote.
-    pub fn leads(&self) -> bool {
+    /// Whether this broker's metadata replica is the controller now, or has
+    /// accepted entries from the controller since the process started. A
+    /// leader restored from the persisted vote proves nothing: until then the
+    /// image may lack what was committed meanwhile, although
+    /// [`Controller::image_caught_up`] holds.
+    pub fn heard_from_leader(&self) -> bool {
         self.raft.metrics().borrow_watched().state.is_leader()
+            || crate::network::server::METADATA_LEADER_HEARD.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The current image.

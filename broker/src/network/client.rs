@@ -28,10 +28,6 @@ use crate::groups::GroupId;
 /// Reset streams a peer channel remembers (h2's default is 10).
 const PEER_RESETS_REMEMBERED: usize = 10_000;
 
-/// Local error resets after which a peer channel is closed (hyper's default
-/// is 1,024).
-const PEER_LOCAL_RESETS_MAX: usize = 100_000;
-
 /// Lazily connected gRPC channels to peer brokers, by address, shared by
 /// all groups of a broker: one HTTP/2 connection per peer.
 #[derive(Clone, Debug)]
@@ -106,12 +102,9 @@ impl PeerAddresses {
             .map_err(|e| Unreachable::from_string(format!("bad peer address {dial}: {e}")))?
             .tcp_nodelay(true)
             .http2_keep_alive_interval(std::time::Duration::from_secs(10))
-            // Every group's RPC that times out resets its stream; h2 closes
-            // the connection (failing every group's RPCs to that peer) after
-            // 1,024 resets whose late frames it no longer remembers. Peers
-            // are the cluster's brokers: remember more, tolerate more.
+            // See super::PEER_RESETS_MAX: remember more resets, tolerate more.
             .http2_max_concurrent_reset_streams(PEER_RESETS_REMEMBERED)
-            .http2_max_local_error_reset_streams(PEER_LOCAL_RESETS_MAX);
+            .http2_max_local_error_reset_streams(super::PEER_RESETS_MAX);
         if !self.min_rpc_timeout.is_zero() {
             endpoint = endpoint.connect_timeout(self.min_rpc_timeout);
         }

@@ -11,4 +11,12 @@ pub mod server;
 pub mod snapshot;
 
 pub use client::{PeerAddresses, PeerNetworkFactory};
+
+/// Reset streams after which h2 closes a broker-pair connection, on either
+/// side (h2's guards against reset floods, CVE-2023-44487, default to 20
+/// streams reset before the server accepted them and 1,024 local error
+/// resets). Every group's RPCs share that connection and each timed-out RPC
+/// resets its stream, so under load the defaults closed it and failed every
+/// group's RPCs at once. Peers are the cluster's brokers.
+pub const PEER_RESETS_MAX: usize = 100_000;
 pub use server::RaftPeerServer;
