@@ -12,8 +12,10 @@
 //! - [`config`], [`cli`]: configuration (TOML, environment, flags) and the command line.
 //! - [`server`]: wiring of one broker process.
 //! - [`groups`]: the Raft groups this broker hosts, by group id.
-//! - [`network`]: the broker-to-broker Raft transport (client, server, wire codec,
-//!   snapshot streaming), many groups multiplexed on one connection per peer.
+//! - [`network`]: the broker-to-broker Raft transport (client, server, the
+//!   peer protocol's version check, snapshot streaming), many groups
+//!   multiplexed on one connection per peer; the messages themselves are
+//!   converted in `ferrolog_raft_store::wire`.
 //! - [`partitions`]: hosted replicas and the reconciler, which also restarts a
 //!   group that stopped on an error; [`recovery`]: a replica whose log was found
 //!   damaged does not vote until a leader has brought it back; [`memory`]:

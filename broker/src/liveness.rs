@@ -22,7 +22,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferrolog_proto::raft::PingRequest;
-use ferrolog_proto::raft::raft_peer_client::RaftPeerClient;
 use tokio::sync::watch;
 
 use crate::config::BrokerId;
@@ -177,15 +176,30 @@ impl Liveness {
                     let mut req = tonic::Request::new(PingRequest { from_broker: me });
                     req.set_timeout(this.ping_timeout(id));
                     let sent = Instant::now();
-                    match RaftPeerClient::new(channel).ping(req).await {
+                    match crate::network::peer_client(channel).ping(req).await {
                         Ok(r) => {
                             let r = r.into_inner();
-                            if r.broker_id == id {
+                            // A broker of another major protocol version
+                            // cannot replicate with this one: not alive here.
+                            if r.broker_id == id
+                                && crate::network::protocol::check_peer(
+                                    id,
+                                    r.protocol_major,
+                                    r.protocol_minor,
+                                )
+                            {
                                 this.mark(id, r.leading_groups, r.boot_id, r.replicas_open, sent.elapsed());
                             }
                         }
                         // No connection (refused, reset): not merely slow.
                         Err(s) if s.code() == tonic::Code::Unavailable => this.refused(id),
+                        Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                            tracing::error!(
+                                peer = id,
+                                "broker {id} refused this broker's ping: {}",
+                                s.message()
+                            );
+                        }
                         Err(_) => {}
                     }
                 });

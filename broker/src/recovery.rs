@@ -62,7 +62,6 @@ pub fn vote_floor(answers: &[Option<Option<(u64, u64)>>]) -> Option<Option<(u64,
 /// answer). If this replica holds the most up-to-date log, it may campaign.
 pub async fn seek_vote_floor(p: &crate::partition::Partition, groups: &GroupRegistry, peers: &PeerAddresses) {
     use ferrolog_proto::raft::LogStateRequest;
-    use ferrolog_proto::raft::raft_peer_client::RaftPeerClient;
     let own = p.replica.last_log_id().map(|l| (l.leader_id.term, l.index));
     // The voters as the metadata assigns them: a replica that lost its log
     // may no longer know its group's membership from it.
@@ -76,7 +75,7 @@ pub async fn seek_vote_floor(p: &crate::partition::Partition, groups: &GroupRegi
         let answer = async {
             let channel = peers.channel(&addr).ok()?;
             let req = LogStateRequest { group_id: p.group, target_node: node };
-            let mut client = RaftPeerClient::new(channel);
+            let mut client = crate::network::peer_client(channel);
             let call = client.log_state(req);
             let r =
                 tokio::time::timeout(std::time::Duration::from_secs(1), call).await.ok()?.ok()?.into_inner();

@@ -426,7 +426,6 @@ enum Entry {
 /// a wiped broker must never found a group or reuse its old ids.
 async fn how_to_enter(c: &BrokerConfig, incarnation: u64, peers: &PeerAddresses) -> Entry {
     use ferrolog_proto::raft::PingRequest;
-    use ferrolog_proto::raft::raft_peer_client::RaftPeerClient;
     let others: Vec<(u32, String)> = c
         .initial_cluster
         .iter()
@@ -440,7 +439,7 @@ async fn how_to_enter(c: &BrokerConfig, incarnation: u64, peers: &PeerAddresses)
             let Ok(ch) = peers.channel(addr) else { continue };
             let mut req = tonic::Request::new(PingRequest { from_broker: c.node_id });
             req.set_timeout(Duration::from_millis(500));
-            let Ok(r) = RaftPeerClient::new(ch).ping(req).await else { continue };
+            let Ok(r) = crate::network::peer_client(ch).ping(req).await else { continue };
             let r = r.into_inner();
             answered += 1;
             if r.your_incarnation != 0 && r.your_incarnation != incarnation {
@@ -477,7 +476,6 @@ async fn how_to_enter(c: &BrokerConfig, incarnation: u64, peers: &PeerAddresses)
 async fn join(c: &BrokerConfig, incarnation: u64, peers: &PeerAddresses) -> anyhow::Result<NodeId> {
     use crate::metadata::command::ControllerReply;
     use ferrolog_proto::raft::ControllerCall;
-    use ferrolog_proto::raft::raft_peer_client::RaftPeerClient;
     let req = ControllerRequest::RegisterBroker {
         id: c.node_id,
         client_addr: c.client_addr.to_string(),
@@ -492,7 +490,7 @@ async fn join(c: &BrokerConfig, incarnation: u64, peers: &PeerAddresses) -> anyh
             let Ok(ch) = peers.channel(&addr) else { continue };
             let mut call = tonic::Request::new(ControllerCall { request_json: body.clone().into() });
             call.set_timeout(Duration::from_secs(15));
-            match RaftPeerClient::new(ch).controller(call).await {
+            match crate::network::peer_client(ch).controller(call).await {
                 Ok(a) => match serde_json::from_slice::<Result<ControllerReply, crate::error::ApiError>>(
                     &a.into_inner().result_json,
                 ) {

@@ -12,7 +12,7 @@
 //!                 | base offset u64 | record count u32
 //!                 | first timestamp ms i64 | max timestamp ms i64
 //!                 | producer id i64 | producer epoch i16 | base sequence i32 | reserved u16
-//!                 | payload (records, membership as JSON, or nothing)
+//!                 | payload (records, membership as protobuf, or nothing)
 //! ```
 //! All integers are little-endian. A frame carries its full Raft log id, so
 //! any copy of a segment (a replica's, a snapshot's) is self-describing.
@@ -44,8 +44,13 @@ pub enum FrameKind {
     Blank = 1,
     /// A record batch; occupies `record_count` offsets.
     Records = 2,
-    /// A membership change; occupies no offset.
-    Membership = 3,
+    /// A membership change written before Ferrolog had its own peer
+    /// protocol: the payload is the Raft library's JSON. Still read; never
+    /// written.
+    MembershipJson = 3,
+    /// A membership change; occupies no offset. The payload is the
+    /// protobuf `ferrolog.raft.v1.Membership` ([`crate::wire`]).
+    Membership = 4,
 }
 
 impl FrameKind {
@@ -53,7 +58,8 @@ impl FrameKind {
         match b {
             1 => Some(Self::Blank),
             2 => Some(Self::Records),
-            3 => Some(Self::Membership),
+            3 => Some(Self::MembershipJson),
+            4 => Some(Self::Membership),
             _ => None,
         }
     }
@@ -194,7 +200,8 @@ pub fn encode_entry(entry: &Entry, base_offset: u64, out: &mut Vec<u8>) -> Resul
         EntryPayload::Blank => (FrameKind::Blank, None),
         EntryPayload::Normal(b) => (FrameKind::Records, Some(b)),
         EntryPayload::Membership(m) => {
-            serde_json::to_writer(&mut *out, m).map_err(|e| invalid("membership", e.to_string()))?;
+            prost::Message::encode(&crate::wire::membership_to_wire(m), out)
+                .map_err(|e| invalid("membership", e.to_string()))?;
             (FrameKind::Membership, None)
         }
     };
@@ -312,10 +319,17 @@ pub fn decode_entry(header: &FrameHeader, frame: &Bytes) -> Result<Entry, Decode
             base_sequence: header.base_sequence,
             records: payload,
         }),
-        FrameKind::Membership => {
+        FrameKind::MembershipJson => {
             let m: Membership =
                 serde_json::from_slice(&payload).map_err(|e| invalid("membership", e.to_string()))?;
             EntryPayload::Membership(m)
+        }
+        FrameKind::Membership => {
+            let m: ferrolog_proto::raft::Membership =
+                prost::Message::decode(payload).map_err(|e| invalid("membership", e.to_string()))?;
+            EntryPayload::Membership(
+                crate::wire::membership_from_wire(&m).map_err(|e| invalid("membership", e.to_string()))?,
+            )
         }
     };
     Ok(Entry { log_id: header.log_id, payload })
@@ -465,6 +479,31 @@ mod tests {
         assert_eq!(d, h);
         assert_eq!(d.next_offset(), 103);
         assert_eq!(decode_entry(&d, &Bytes::from(buf)).unwrap(), e);
+    }
+
+    #[test]
+    fn membership_frames_are_protobuf_and_old_json_ones_still_read() {
+        let nodes: std::collections::BTreeMap<u64, crate::types::Node> =
+            (1..=3).map(|id| (id, crate::types::Node { addr: format!("10.0.0.{id}:9093") })).collect();
+        let m = Membership::new(vec![[1, 2, 3].into()], nodes).unwrap();
+        let e = Entry { log_id: log_id(2, 1, 7), payload: EntryPayload::Membership(m.clone()) };
+        let mut buf = Vec::new();
+        let h = encode_entry(&e, 0, &mut buf).unwrap();
+        assert_eq!(h.kind, FrameKind::Membership);
+        assert_eq!(buf[8], 4, "kind byte");
+        assert_eq!(decode_entry(&decode_frame_header(&buf).unwrap(), &Bytes::from(buf.clone())).unwrap(), e);
+
+        // A frame as the first brokers wrote it: kind 3, openraft's JSON.
+        let mut old = buf[..FRAME_HEADER_BYTES].to_vec();
+        old[8] = 3;
+        old.extend_from_slice(&serde_json::to_vec(&m).unwrap());
+        let len = u32::try_from(old.len() - 4).unwrap();
+        old[0..4].copy_from_slice(&len.to_le_bytes());
+        let crc = crc32c::crc32c(&old[8..]);
+        old[4..8].copy_from_slice(&crc.to_le_bytes());
+        let oh = decode_frame_header(&old).unwrap();
+        assert_eq!(oh.kind, FrameKind::MembershipJson);
+        assert_eq!(decode_entry(&oh, &Bytes::from(old)).unwrap(), e);
     }
 
     #[test]

@@ -25,6 +25,7 @@
 //! - [`snapshot`]: snapshots that carry the retained segment files.
 //! - [`log_store`], [`state_machine`]: the openraft trait implementations.
 //! - [`replica`]: opens a replica and hands out both halves.
+//! - [`wire`]: the peer protocol's messages to and from the Raft library's types.
 //! - [`types`], [`batch`], [`config`], [`error`]: shared vocabulary.
 
 pub mod batch;
@@ -43,6 +44,7 @@ pub mod snapshot;
 pub mod state_machine;
 pub mod tail_cache;
 pub mod types;
+pub mod wire;
 
 pub use batch::{AppendResult, NO_PRODUCER_ID, RecordBatch};
 pub use config::{FlushPolicy, StoreConfig};

@@ -33,8 +33,11 @@ pub struct SnapshotFiles {
     pub dir: PathBuf,
 }
 
-/// Version of the manifest format.
-pub const MANIFEST_VERSION: u32 = 1;
+/// Version of the manifest format written. Version 1 (still read) held
+/// the Raft library's own JSON of the snapshot metadata; version 2 holds
+/// Ferrolog's ([`meta_json`]), since the manifest travels to other brokers
+/// with the snapshot's files.
+pub const MANIFEST_VERSION: u32 = 2;
 const MANIFEST_FILE: &str = "manifest.json";
 
 /// What a snapshot holds, written as `manifest.json` in its directory.
@@ -43,6 +46,7 @@ pub struct SnapshotManifest {
     /// Manifest format version.
     pub version: u32,
     /// Raft metadata: last included log id and membership.
+    #[serde(with = "meta_json")]
     pub meta: SnapshotMeta,
     /// Offset one past the last record at `meta.last_log_id`: the high
     /// watermark the snapshot represents.
@@ -68,7 +72,7 @@ impl SnapshotFiles {
         let bytes = fs::read(&path).map_err(|e| StoreError::io("read", &path, e))?;
         let m: SnapshotManifest = serde_json::from_slice(&bytes)
             .map_err(|e| StoreError::Invalid(format!("snapshot manifest {}: {e}", path.display())))?;
-        if m.version != MANIFEST_VERSION {
+        if !(1..=MANIFEST_VERSION).contains(&m.version) {
             return Err(StoreError::Invalid(format!("snapshot manifest version {}", m.version)));
         }
         // Names come from another broker: plain segment file names only, so
@@ -192,4 +196,117 @@ fn copy_prefix(src: &Path, dst: &Path, len: u64) -> Result<()> {
     let mut to = File::create(dst).map_err(|e| StoreError::io("create", dst, e))?;
     std::io::copy(&mut from, &mut to).map_err(|e| StoreError::io("copy", dst, e))?;
     to.flush().and_then(|_| to.sync_data()).map_err(|e| StoreError::io("fsync", dst, e))
+}
+
+/// The manifest's snapshot metadata in Ferrolog's own JSON: the same fields
+/// as the peer protocol's `SnapshotMeta` (`ferrolog_raft_store::wire`).
+/// Reads the Raft library's JSON too (manifest version 1).
+mod meta_json {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::types::{Membership, Node, SnapshotMeta, StoredMembership, log_id};
+
+    #[derive(Serialize, Deserialize)]
+    struct LogIdJson {
+        term: u64,
+        leader_node: u64,
+        index: u64,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    struct NodeJson {
+        node: u64,
+        addr: String,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    struct MetaJson {
+        last_log_id: Option<LogIdJson>,
+        membership_log_id: Option<LogIdJson>,
+        /// Voter sets: one, or two during a joint-consensus change.
+        voters: Vec<Vec<u64>>,
+        /// Voters and learners with their peer addresses, ids ascending.
+        nodes: Vec<NodeJson>,
+    }
+
+    fn to_json(l: Option<&crate::types::LogId>) -> Option<LogIdJson> {
+        l.map(|l| LogIdJson { term: l.leader_id.term, leader_node: l.leader_id.node_id, index: l.index })
+    }
+
+    pub(super) fn serialize<S: Serializer>(m: &SnapshotMeta, s: S) -> Result<S::Ok, S::Error> {
+        let membership = m.last_membership.membership();
+        MetaJson {
+            last_log_id: to_json(m.last_log_id.as_ref()),
+            membership_log_id: to_json(m.last_membership.log_id().as_ref()),
+            voters: membership.get_joint_config().iter().map(|set| set.iter().copied().collect()).collect(),
+            nodes: membership.nodes().map(|(id, n)| NodeJson { node: *id, addr: n.addr.clone() }).collect(),
+        }
+        .serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SnapshotMeta, D::Error> {
+        // The manifest is always JSON: look at the shape, then read it.
+        let value = serde_json::Value::deserialize(d)?;
+        if value.get("voters").is_none() {
+            return serde_json::from_value::<SnapshotMeta>(value).map_err(serde::de::Error::custom);
+        }
+        let m: MetaJson = serde_json::from_value(value).map_err(serde::de::Error::custom)?;
+        let from = |l: Option<LogIdJson>| l.map(|l| log_id(l.term, l.leader_node, l.index));
+        let nodes: BTreeMap<u64, Node> = m.nodes.into_iter().map(|n| (n.node, Node { addr: n.addr })).collect();
+        let membership = Membership::new(m.voters.into_iter().map(|v| v.into_iter().collect()).collect(), nodes)
+            .map_err(serde::de::Error::custom)?;
+        Ok(SnapshotMeta {
+            last_log_id: from(m.last_log_id),
+            last_membership: StoredMembership::new(from(m.membership_log_id), membership),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{Membership, Node, StoredMembership, log_id};
+
+    #[test]
+    fn manifests_hold_our_own_metadata_json_and_old_ones_still_read() {
+        let nodes: std::collections::BTreeMap<u64, Node> =
+            (1..=3).map(|id| (id, Node { addr: format!("10.0.0.{id}:9093") })).collect();
+        let membership = Membership::new(vec![[1, 2].into(), [2, 3].into()], nodes).unwrap();
+        let manifest = SnapshotManifest {
+            version: MANIFEST_VERSION,
+            meta: SnapshotMeta {
+                last_log_id: Some(log_id(4, 2, 99)),
+                last_membership: StoredMembership::new(Some(log_id(3, 1, 50)), membership),
+            },
+            next_offset: 1234,
+            segments: vec!["00000000000000000000.seg".into()],
+            compaction: None,
+            producers: ProducerStates::default(),
+        };
+        let text = serde_json::to_value(&manifest).unwrap();
+        assert_eq!(
+            text["meta"],
+            serde_json::json!({
+                "last_log_id": {"term": 4, "leader_node": 2, "index": 99},
+                "membership_log_id": {"term": 3, "leader_node": 1, "index": 50},
+                "voters": [[1, 2], [2, 3]],
+                "nodes": [
+                    {"node": 1, "addr": "10.0.0.1:9093"},
+                    {"node": 2, "addr": "10.0.0.2:9093"},
+                    {"node": 3, "addr": "10.0.0.3:9093"},
+                ],
+            })
+        );
+        assert_eq!(serde_json::from_value::<SnapshotManifest>(text.clone()).unwrap(), manifest);
+
+        // Version 1: the Raft library's JSON of the same metadata.
+        let mut old = text;
+        old["version"] = 1.into();
+        old["meta"] = serde_json::to_value(&manifest.meta).unwrap();
+        assert!(old["meta"].get("voters").is_none(), "not the library's shape: {}", old["meta"]);
+        let read = serde_json::from_value::<SnapshotManifest>(old).unwrap();
+        assert_eq!(read.meta, manifest.meta);
+    }
 }

@@ -60,3 +60,20 @@ pub fn flush_signal() -> (IoFlushed, impl std::future::Future<Output = std::io::
     let done = async move { rx.await.map_err(|_| std::io::Error::other("flush callback dropped"))? };
     (IoFlushed::signal(tx), done)
 }
+
+/// Raft AppendEntries (Raft paper §5.3), also the heartbeat.
+pub type AppendEntriesRequest = openraft::raft::AppendEntriesRequest<TypeConfig>;
+/// The answer to an AppendEntries.
+pub type AppendEntriesResponse = openraft::raft::AppendEntriesResponse<TypeConfig>;
+/// Raft RequestVote (Raft paper §5.2), also the pre-vote (thesis §9.6).
+pub type VoteRequest = openraft::raft::VoteRequest<TypeConfig>;
+/// The answer to a RequestVote.
+pub type VoteResponse = openraft::raft::VoteResponse<TypeConfig>;
+/// A leader's request that a follower take over (Raft thesis §3.10).
+pub type TransferLeaderRequest = openraft::raft::TransferLeaderRequest<TypeConfig>;
+/// Why a follower refused a leadership transfer.
+pub type TransferLeaderError = openraft::raft::TransferLeaderError<TypeConfig>;
+/// The answer to a leadership transfer.
+pub type TransferLeaderResponse = openraft::raft::TransferLeaderResponse<TypeConfig>;
+/// The answer to an installed snapshot: the receiver's vote.
+pub type SnapshotResponse = openraft::raft::SnapshotResponse<TypeConfig>;

@@ -45,6 +45,8 @@ pub struct Cluster {
     binary_args: Vec<String>,
     /// Flags of one broker only (its `--peer-routes`), index = id - 1.
     broker_args: Vec<Vec<String>>,
+    /// Environment of one broker only, index = id - 1.
+    broker_env: Vec<Vec<(String, String)>>,
     extra_env: Vec<(String, String)>,
     _root: tempfile::TempDir,
 }
@@ -146,6 +148,7 @@ impl Cluster {
             binary: PathBuf::from(binary),
             binary_args: binary_args.iter().map(|a| a.to_string()).collect(),
             broker_args: vec![Vec::new(); n as usize],
+            broker_env: vec![Vec::new(); n as usize],
             extra_env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             _root: root,
         })
@@ -182,6 +185,7 @@ impl Cluster {
         let initial_cluster = self.initial_cluster.clone();
         let (binary, env, args) = (self.binary.clone(), self.extra_env.clone(), self.binary_args.clone());
         let own_args = self.broker_args[(id - 1) as usize].clone();
+        let own_env = self.broker_env[(id - 1) as usize].clone();
         let b = &mut self.brokers[(id - 1) as usize];
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&b.log)?;
         let child = Command::new(&binary)
@@ -198,6 +202,7 @@ impl Cluster {
             .arg(&initial_cluster)
             .args(own_args)
             .envs(env)
+            .envs(own_env)
             .env(
                 "RUST_LOG",
                 std::env::var("FERROLOG_TEST_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
@@ -260,6 +265,17 @@ impl Cluster {
         self.brokers[(id - 1) as usize].peer_addr = addr;
         self.initial_cluster =
             self.brokers.iter().map(|b| format!("{}={}", b.id, b.peer_addr)).collect::<Vec<_>>().join(",");
+    }
+
+    /// Sets `key`=`value` in broker `id`'s environment only (from its next
+    /// [`Cluster::spawn`]), e.g. to run one broker of a mixed cluster.
+    pub fn set_env(&mut self, id: u32, key: &str, value: &str) {
+        self.broker_env[(id - 1) as usize].push((key.to_owned(), value.to_owned()));
+    }
+
+    /// Drops what [`Cluster::set_env`] set for broker `id`.
+    pub fn clear_env(&mut self, id: u32) {
+        self.broker_env[(id - 1) as usize].clear();
     }
 
     /// Kills broker `id` and deletes its data directory.

@@ -161,3 +161,61 @@ mod topic_id_text {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ApiError;
+
+    /// Controller forwarding (`ControllerCall`/`ControllerAnswer` of the
+    /// peer protocol) carries these as JSON: their exact text is part of
+    /// the protocol, pinned here like the protobuf messages are in
+    /// `ferrolog_raft_store::wire`.
+    #[test]
+    fn golden_json_of_forwarded_controller_calls() {
+        let requests = [
+            (
+                ControllerRequest::RegisterBroker {
+                    id: 2,
+                    client_addr: "10.0.0.2:9092".into(),
+                    peer_addr: "10.0.0.2:9093".into(),
+                    incarnation: 77,
+                },
+                r#"{"type":"register_broker","id":2,"client_addr":"10.0.0.2:9092","peer_addr":"10.0.0.2:9093","incarnation":77}"#,
+            ),
+            (
+                ControllerRequest::CreateTopic {
+                    name: "orders".into(),
+                    partitions: 3,
+                    replication_factor: 3,
+                },
+                r#"{"type":"create_topic","name":"orders","partitions":3,"replication_factor":3}"#,
+            ),
+            (
+                ControllerRequest::DeleteTopic { name: "orders".into() },
+                r#"{"type":"delete_topic","name":"orders"}"#,
+            ),
+            (ControllerRequest::AllocateProducerId, r#"{"type":"allocate_producer_id"}"#),
+        ];
+        for (request, text) in requests {
+            assert_eq!(serde_json::to_string(&request).unwrap(), text);
+            assert_eq!(serde_json::from_str::<ControllerRequest>(text).unwrap(), request);
+        }
+        let answers: [(Result<ControllerReply, ApiError>, &str); 4] = [
+            (Ok(ControllerReply::Ok), r#"{"Ok":{"type":"ok"}}"#),
+            (
+                Ok(ControllerReply::Registered { metadata_node: 5 }),
+                r#"{"Ok":{"type":"registered","metadata_node":5}}"#,
+            ),
+            (
+                Ok(ControllerReply::ProducerId { producer_id: 1000 }),
+                r#"{"Ok":{"type":"producer_id","producer_id":1000}}"#,
+            ),
+            (Err(ApiError::TopicExists("orders".into())), r#"{"Err":{"TopicExists":"orders"}}"#),
+        ];
+        for (answer, text) in answers {
+            assert_eq!(serde_json::to_string(&answer).unwrap(), text);
+            assert_eq!(serde_json::from_str::<Result<ControllerReply, ApiError>>(text).unwrap(), answer);
+        }
+    }
+}

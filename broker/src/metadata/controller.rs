@@ -10,7 +10,6 @@ use bytes::Bytes;
 use ferrolog_proto::TopicId;
 use ferrolog_proto::client::{Record, RecordSet};
 use ferrolog_proto::raft::ControllerCall;
-use ferrolog_proto::raft::raft_peer_client::RaftPeerClient;
 use ferrolog_raft_store::state_machine::PartitionRaft;
 use ferrolog_raft_store::{NO_PRODUCER_ID, RecordBatch, Replica};
 use openraft::async_runtime::watch::WatchReceiver;
@@ -241,7 +240,7 @@ impl Controller {
         let body = serde_json::to_vec(req).map_err(|e| ApiError::Invalid(e.to_string()))?;
         let mut call = tonic::Request::new(ControllerCall { request_json: body.into() });
         call.set_timeout(APPLY_WAIT + Duration::from_secs(5));
-        let answer = RaftPeerClient::new(channel)
+        let answer = crate::network::peer_client(channel)
             .controller(call)
             .await
             .map_err(|e| ApiError::Unavailable(format!("controller at {addr}: {}", e.message())))?;

@@ -6,22 +6,22 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
+use ferrolog_proto::raft as pb;
 use ferrolog_proto::raft::raft_peer_client::RaftPeerClient;
-use ferrolog_proto::raft::{RaftRequest, RaftResponse};
 use ferrolog_raft_store::snapshot::SnapshotFiles;
 use ferrolog_raft_store::state_machine::Snapshot;
-use ferrolog_raft_store::types::{Node, NodeId, TypeConfig, Vote};
+use ferrolog_raft_store::types::{
+    AppendEntriesRequest, AppendEntriesResponse, Node, NodeId, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, TypeConfig, Vote, VoteRequest, VoteResponse,
+};
+use ferrolog_raft_store::wire;
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::v2::RaftNetworkV2;
 use openraft::network::{RPCOption, RaftNetworkFactory};
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
-    TransferLeaderResponse, VoteRequest, VoteResponse,
-};
-use serde::de::DeserializeOwned;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
-use super::codec;
+use super::protocol::{Stamp, peer_client};
 use super::snapshot;
 use crate::groups::GroupId;
 
@@ -161,55 +161,46 @@ fn unreachable(e: impl std::fmt::Display) -> RPCError<TypeConfig> {
     RPCError::Unreachable(Unreachable::from_string(e))
 }
 
-/// Turns a peer's reply into openraft's result type.
-fn decode_reply<T: DeserializeOwned>(r: RaftResponse) -> Result<T, RPCError<TypeConfig>> {
-    if let Some(e) = r.error {
-        return Err(RPCError::Network(NetworkError::from_string(format!(
-            "peer refused: {:?}: {}",
-            e.code(),
-            e.message
-        ))));
+fn network_error(e: impl std::fmt::Display) -> RPCError<TypeConfig> {
+    RPCError::Network(NetworkError::from_string(e.to_string()))
+}
+
+/// A refusal the peer sent instead of an answer.
+fn refused(e: Option<&pb::PeerError>) -> Result<(), RPCError<TypeConfig>> {
+    match e {
+        None => Ok(()),
+        Some(e) => Err(network_error(format!("peer refused: {:?}: {}", e.code(), e.message))),
     }
-    serde_json::from_slice(&r.body_json).map_err(|e| RPCError::Network(NetworkError::new(&e)))
 }
 
 impl PeerNetwork {
-    fn client(&self) -> Result<RaftPeerClient<Channel>, RPCError<TypeConfig>> {
+    fn client(&self) -> Result<RaftPeerClient<InterceptedService<Channel, Stamp>>, RPCError<TypeConfig>> {
         let peers = self.peers.as_ref().ok_or_else(|| unreachable("no peer channels"))?;
         let channel = peers.channel(&peers.address_of(self.target, &self.recorded_addr))?;
-        Ok(RaftPeerClient::new(channel).max_decoding_message_size(usize::MAX))
+        Ok(peer_client(channel).max_decoding_message_size(usize::MAX))
     }
 
-    fn request(
-        &self,
-        header_json: Vec<u8>,
-        entries: Vec<u8>,
-        option: &RPCOption,
-    ) -> tonic::Request<RaftRequest> {
-        let mut req = tonic::Request::new(RaftRequest {
-            group_id: self.group,
-            target_node: self.target,
-            header_json: header_json.into(),
-            entries: entries.into(),
-        });
+    /// `message` as a request whose deadline is openraft's, but at least
+    /// the floor of [`PeerAddresses::new`].
+    fn request<T>(&self, message: T, option: &RPCOption) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(message);
         req.set_timeout(option.hard_ttl().max(self.min_timeout));
         req
     }
-}
 
-impl PeerNetwork {
     /// RequestVote, or PreVote (which changes no state on the receiver).
     async fn send_vote(
         &self,
-        rpc: VoteRequest<TypeConfig>,
+        rpc: VoteRequest,
         option: RPCOption,
         pre_vote: bool,
-    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let body = serde_json::to_vec(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let req = self.request(body, Vec::new(), &option);
+    ) -> Result<VoteResponse, RPCError<TypeConfig>> {
+        let req = self.request(wire::vote_request_to_wire(self.group, self.target, &rpc), &option);
         let mut client = self.client()?;
         let reply = if pre_vote { client.pre_vote(req).await } else { client.vote(req).await };
-        decode_reply(reply.map_err(unreachable)?.into_inner())
+        let reply = reply.map_err(unreachable)?.into_inner();
+        refused(reply.error.as_ref())?;
+        wire::vote_response_from_wire(&reply).map_err(network_error)
     }
 }
 
@@ -218,41 +209,41 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
 
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        rpc: AppendEntriesRequest,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let (header, frames) =
-            codec::encode_append(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let req = self.request(header, frames, &option);
-        let reply = self.client()?.append_entries(req).await.map_err(unreachable)?;
-        decode_reply(reply.into_inner())
+    ) -> Result<AppendEntriesResponse, RPCError<TypeConfig>> {
+        let message = wire::append_request_to_wire(self.group, self.target, &rpc).map_err(network_error)?;
+        let req = self.request(message, &option);
+        let reply = self.client()?.append_entries(req).await.map_err(unreachable)?.into_inner();
+        refused(reply.error.as_ref())?;
+        wire::append_response_from_wire(&reply).map_err(network_error)
     }
 
     async fn vote(
         &mut self,
-        rpc: VoteRequest<TypeConfig>,
+        rpc: VoteRequest,
         option: RPCOption,
-    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+    ) -> Result<VoteResponse, RPCError<TypeConfig>> {
         self.send_vote(rpc, option, false).await
     }
 
     async fn pre_vote(
         &mut self,
-        rpc: VoteRequest<TypeConfig>,
+        rpc: VoteRequest,
         option: RPCOption,
-    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+    ) -> Result<VoteResponse, RPCError<TypeConfig>> {
         self.send_vote(rpc, option, true).await
     }
 
     async fn transfer_leader(
         &mut self,
-        req: TransferLeaderRequest<TypeConfig>,
+        req: TransferLeaderRequest,
         option: RPCOption,
-    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let body = serde_json::to_vec(&req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let req = self.request(body, Vec::new(), &option);
-        let reply = self.client()?.transfer_leader(req).await.map_err(unreachable)?;
-        decode_reply(reply.into_inner())
+    ) -> Result<TransferLeaderResponse, RPCError<TypeConfig>> {
+        let req = self.request(wire::transfer_request_to_wire(self.group, self.target, &req), &option);
+        let reply = self.client()?.transfer_leader(req).await.map_err(unreachable)?.into_inner();
+        refused(reply.error.as_ref())?;
+        wire::transfer_response_from_wire(&reply).map_err(network_error)
     }
 
     async fn full_snapshot(
@@ -261,7 +252,7 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
         snapshot: Snapshot,
         cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
         option: RPCOption,
-    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+    ) -> Result<SnapshotResponse, StreamingError<TypeConfig>> {
         let mut client = self.client().map_err(|e| StreamingError::Unreachable(Unreachable::new(&e)))?;
         let chunks = snapshot::chunks(self.group, self.target, &vote, &snapshot)
             .map_err(|e| StreamingError::Unreachable(Unreachable::new(&e)))?;
@@ -272,7 +263,11 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
             closed = cancel => return Err(StreamingError::Closed(closed)),
             r = send => r.map_err(|e| StreamingError::Unreachable(Unreachable::from_string(e)))?,
         };
-        decode_reply(reply.into_inner()).map_err(|e| StreamingError::Unreachable(Unreachable::new(&e)))
+        let reply = reply.into_inner();
+        let unreachable = |e: RPCError<TypeConfig>| StreamingError::Unreachable(Unreachable::new(&e));
+        refused(reply.error.as_ref()).map_err(unreachable)?;
+        let vote = reply.vote.as_ref().ok_or_else(|| network_error("snapshot answer without a vote"));
+        Ok(SnapshotResponse::new(wire::vote_from_wire(vote.map_err(unreachable)?)))
     }
 }
 
@@ -287,7 +282,7 @@ mod tests {
     }
 
     /// The deadline a request carries on the wire (gRPC's `grpc-timeout`).
-    fn deadline(req: &tonic::Request<RaftRequest>) -> Option<String> {
+    fn deadline<T>(req: &tonic::Request<T>) -> Option<String> {
         req.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).map(str::to_owned)
     }
 
@@ -296,10 +291,10 @@ mod tests {
         // openraft asks for heartbeat_interval (100 ms) on replication's
         // AppendEntries; a 150 ms round trip must not fail every one.
         let n = network(Duration::from_millis(500));
-        let short = n.request(Vec::new(), Vec::new(), &RPCOption::new(Duration::from_millis(100)));
+        let short = n.request((), &RPCOption::new(Duration::from_millis(100)));
         assert_eq!(deadline(&short).as_deref(), Some("500000u"));
         // A longer ask (snapshots) is kept.
-        let long = n.request(Vec::new(), Vec::new(), &RPCOption::new(Duration::from_secs(20)));
+        let long = n.request((), &RPCOption::new(Duration::from_secs(20)));
         assert_eq!(deadline(&long).as_deref(), Some("20000000u"));
     }
 
@@ -311,7 +306,8 @@ mod tests {
         let peer: SocketAddr = "192.0.2.7:9093".parse().expect("addr"); // TEST-NET-1, RFC 5737
         let peers = PeerAddresses::new([(peer, via)], Duration::from_secs(2));
         let mut client = RaftPeerClient::new(peers.channel(&peer.to_string()).expect("channel"));
-        let call = tokio::spawn(async move { client.append_entries(RaftRequest::default()).await });
+        let call =
+            tokio::spawn(async move { client.append_entries(pb::AppendEntriesRequest::default()).await });
         let accepted = tokio::time::timeout(Duration::from_secs(5), proxy.accept()).await;
         assert!(matches!(accepted, Ok(Ok(_))), "the route was not dialled: {accepted:?}");
         call.abort();

@@ -3,14 +3,17 @@
 //! Every group hosted on a pair of brokers shares one HTTP/2 connection;
 //! each request names its group, and HTTP/2 streams keep a slow group's
 //! RPC from blocking another's. Entries travel as CRC32C-checked segment
-//! frames ([`codec`]); snapshots stream their files in chunks ([`snapshot`]).
+//! frames, every other field is a protobuf message of Ferrolog's own
+//! (`ferrolog_raft_store::wire`); snapshots stream their files in chunks
+//! ([`snapshot`]). Both sides check each other's [`protocol`] version.
 
 pub mod client;
-pub mod codec;
+pub mod protocol;
 pub mod server;
 pub mod snapshot;
 
 pub use client::{PeerAddresses, PeerNetworkFactory};
+pub use protocol::peer_client;
 
 /// Reset streams after which h2 closes a broker-pair connection, on either
 /// side (h2's guards against reset floods, CVE-2023-44487, default to 20

@@ -1,15 +1,15 @@
 //! The receiving side: the `RaftPeer` gRPC service, dispatching each RPC to
 //! the hosted group it names.
 
+use ferrolog_proto::raft as pb;
 use ferrolog_proto::raft::raft_peer_server::RaftPeer;
-use ferrolog_proto::raft::{PeerError, PeerErrorCode, RaftRequest, RaftResponse, SnapshotChunk};
+use ferrolog_proto::raft::{PeerError, PeerErrorCode, SnapshotChunk};
 use ferrolog_raft_store::state_machine::Snapshot;
-use ferrolog_raft_store::types::TypeConfig;
-use openraft::raft::{TransferLeaderRequest, VoteRequest};
-use serde::Serialize;
+use ferrolog_raft_store::wire;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{codec, snapshot};
+use super::{protocol, snapshot};
 use crate::error::ApiError;
 use crate::groups::{GroupRegistry, HostedGroup};
 use crate::metadata::command::ControllerRequest;
@@ -56,13 +56,20 @@ impl RaftPeerServer {
         self.controller.clone()
     }
 
-    /// The tonic service, ready to add to a server.
-    pub fn into_service(self) -> ferrolog_proto::raft::raft_peer_server::RaftPeerServer<Self> {
+    /// The tonic service, ready to add to a server: requests of another
+    /// major protocol version are refused before they reach it
+    /// ([`protocol::check`]).
+    pub fn into_service(
+        self,
+    ) -> InterceptedService<ferrolog_proto::raft::raft_peer_server::RaftPeerServer<Self>, protocol::Check>
+    {
         let max = self.message_bytes_max;
-        ferrolog_proto::raft::raft_peer_server::RaftPeerServer::new(self).max_decoding_message_size(max)
+        let server =
+            ferrolog_proto::raft::raft_peer_server::RaftPeerServer::new(self).max_decoding_message_size(max);
+        InterceptedService::new(server, protocol::check as protocol::Check)
     }
 
-    fn hosted(&self, group: u64, target: u64) -> Result<HostedGroup, RaftResponse> {
+    fn hosted(&self, group: u64, target: u64) -> Result<HostedGroup, PeerError> {
         let Some(h) = self.groups.get(group) else {
             return Err(refuse(PeerErrorCode::UnknownGroup, format!("group {group} is not hosted here")));
         };
@@ -78,34 +85,39 @@ impl RaftPeerServer {
 
 impl RaftPeerServer {
     /// RequestVote or PreVote for the named group.
-    async fn handle_vote(&self, req: RaftRequest, pre_vote: bool) -> RaftResponse {
+    async fn handle_vote(&self, req: pb::VoteRequest, pre_vote: bool) -> pb::VoteResponse {
+        let refused = |error| pb::VoteResponse { error: Some(error), ..pb::VoteResponse::default() };
         let h = match self.hosted(req.group_id, req.target_node) {
             Ok(h) => h,
-            Err(r) => return r,
+            Err(e) => return refused(e),
         };
-        let v = match decode_vote(&req) {
+        let v = match wire::vote_request_from_wire(&req) {
             Ok(v) => v,
-            Err(r) => return r,
+            Err(e) => return refused(refuse(PeerErrorCode::InvalidRequest, e.to_string())),
         };
         // A recovering replica votes only for the most up-to-date log of
         // all voters, once it knows it (crate::recovery).
         let candidate = v.last_log_id.map(|l| (l.leader_id.term, l.index));
         let floor = self.groups.vote_floor(req.group_id);
         if !crate::recovery::may_vote(h.replica.is_recovering(), floor, candidate) {
-            return refuse(
+            return refused(refuse(
                 PeerErrorCode::Recovering,
                 format!(
                     "this replica may have lost acknowledged entries; it votes only for a log at least as \
                      up to date as every voter's ({floor:?}), not {candidate:?}"
                 ),
-            );
+            ));
         }
-        if pre_vote { reply(h.raft.pre_vote(v).await) } else { reply(h.raft.vote(v).await) }
+        let answer = if pre_vote { h.raft.pre_vote(v).await } else { h.raft.vote(v).await };
+        match answer {
+            Ok(a) => wire::vote_response_to_wire(&a),
+            Err(e) => refused(stopped(e)),
+        }
     }
 }
 
 /// A recovering replica neither votes nor takes leadership (`crate::recovery`).
-fn refuse_if_recovering(h: &HostedGroup) -> Result<(), RaftResponse> {
+fn refuse_if_recovering(h: &HostedGroup) -> Result<(), PeerError> {
     if h.replica.is_recovering() {
         return Err(refuse(
             PeerErrorCode::Recovering,
@@ -116,83 +128,96 @@ fn refuse_if_recovering(h: &HostedGroup) -> Result<(), RaftResponse> {
     Ok(())
 }
 
-fn refuse(code: PeerErrorCode, message: String) -> RaftResponse {
-    RaftResponse { body_json: bytes::Bytes::new(), error: Some(PeerError { code: code as i32, message }) }
+fn refuse(code: PeerErrorCode, message: String) -> PeerError {
+    PeerError { code: code as i32, message }
 }
 
-fn reply<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> RaftResponse {
-    match r {
-        Ok(v) => match serde_json::to_vec(&v) {
-            Ok(body) => RaftResponse { body_json: body.into(), error: None },
-            Err(e) => refuse(PeerErrorCode::InvalidRequest, e.to_string()),
-        },
-        Err(e) => refuse(PeerErrorCode::GroupStopped, e.to_string()),
-    }
-}
-
-fn decode_vote(req: &RaftRequest) -> Result<VoteRequest<TypeConfig>, RaftResponse> {
-    serde_json::from_slice(&req.header_json).map_err(|e| refuse(PeerErrorCode::InvalidRequest, e.to_string()))
+/// The group's Raft node could not handle the request: it has stopped.
+fn stopped(e: impl std::fmt::Display) -> PeerError {
+    refuse(PeerErrorCode::GroupStopped, e.to_string())
 }
 
 #[tonic::async_trait]
 impl RaftPeer for RaftPeerServer {
-    async fn append_entries(&self, request: Request<RaftRequest>) -> Result<Response<RaftResponse>, Status> {
+    async fn append_entries(
+        &self,
+        request: Request<pb::AppendEntriesRequest>,
+    ) -> Result<Response<pb::AppendEntriesResponse>, Status> {
+        let refused =
+            |error| Ok(Response::new(pb::AppendEntriesResponse { error: Some(error), result: None }));
         let req = request.into_inner();
-        let h = match self.hosted(req.group_id, req.target_node) {
+        let group = req.group_id;
+        let h = match self.hosted(group, req.target_node) {
             Ok(h) => h,
-            Err(r) => return Ok(Response::new(r)),
+            Err(e) => return refused(e),
         };
-        let rpc = match codec::decode_append(&req.header_json, req.entries) {
+        let rpc = match wire::append_request_from_wire(req) {
             Ok(r) => r,
-            Err(e) => return Ok(Response::new(refuse(PeerErrorCode::InvalidRequest, e.to_string()))),
+            Err(e) => return refused(refuse(PeerErrorCode::InvalidRequest, e.to_string())),
         };
-        let r = h.raft.append_entries(rpc).await;
-        if req.group_id == crate::metadata::METADATA_GROUP && r.as_ref().is_ok_and(|a| a.is_success()) {
-            METADATA_LEADER_HEARD.store(true, std::sync::atomic::Ordering::Relaxed);
+        match h.raft.append_entries(rpc).await {
+            Ok(a) => {
+                if group == crate::metadata::METADATA_GROUP && a.is_success() {
+                    METADATA_LEADER_HEARD.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok(Response::new(wire::append_response_to_wire(&a)))
+            }
+            Err(e) => refused(stopped(e)),
         }
-        Ok(Response::new(reply(r)))
     }
 
-    async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftResponse>, Status> {
+    async fn vote(&self, request: Request<pb::VoteRequest>) -> Result<Response<pb::VoteResponse>, Status> {
         Ok(Response::new(self.handle_vote(request.into_inner(), false).await))
     }
 
-    async fn pre_vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftResponse>, Status> {
+    async fn pre_vote(
+        &self,
+        request: Request<pb::VoteRequest>,
+    ) -> Result<Response<pb::VoteResponse>, Status> {
         Ok(Response::new(self.handle_vote(request.into_inner(), true).await))
     }
 
-    async fn transfer_leader(&self, request: Request<RaftRequest>) -> Result<Response<RaftResponse>, Status> {
+    async fn transfer_leader(
+        &self,
+        request: Request<pb::TransferLeaderRequest>,
+    ) -> Result<Response<pb::TransferLeaderResponse>, Status> {
+        let refused =
+            |error| Ok(Response::new(pb::TransferLeaderResponse { error: Some(error), refused: None }));
         let req = request.into_inner();
         let h = match self.hosted(req.group_id, req.target_node) {
             Ok(h) => h,
-            Err(r) => return Ok(Response::new(r)),
+            Err(e) => return refused(e),
         };
-        if let Err(r) = refuse_if_recovering(&h) {
-            return Ok(Response::new(r));
+        if let Err(e) = refuse_if_recovering(&h) {
+            return refused(e);
         }
-        let rpc: TransferLeaderRequest<TypeConfig> = match serde_json::from_slice(&req.header_json) {
+        let rpc = match wire::transfer_request_from_wire(&req) {
             Ok(r) => r,
-            Err(e) => return Ok(Response::new(refuse(PeerErrorCode::InvalidRequest, e.to_string()))),
+            Err(e) => return refused(refuse(PeerErrorCode::InvalidRequest, e.to_string())),
         };
-        Ok(Response::new(reply(h.raft.handle_transfer_leader(rpc).await)))
+        match h.raft.handle_transfer_leader(rpc).await {
+            Ok(a) => Ok(Response::new(wire::transfer_response_to_wire(&a))),
+            Err(e) => refused(stopped(e)),
+        }
     }
 
     async fn install_snapshot(
         &self,
         request: Request<Streaming<SnapshotChunk>>,
-    ) -> Result<Response<RaftResponse>, Status> {
+    ) -> Result<Response<pb::SnapshotResponse>, Status> {
+        let refused = |error| Ok(Response::new(pb::SnapshotResponse { error: Some(error), vote: None }));
         let groups = self.groups.clone();
         let received =
             snapshot::receive(request.into_inner(), |g| groups.get(g).map(|h| h.staging_dir)).await;
         let received = match received {
             Ok(r) => r,
-            Err(e) => return Ok(Response::new(refuse(PeerErrorCode::InvalidRequest, e.to_string()))),
+            Err(e) => return refused(refuse(PeerErrorCode::InvalidRequest, e.to_string())),
         };
         let h = match self.hosted(received.group, received.target) {
             Ok(h) => h,
-            Err(r) => {
+            Err(e) => {
                 let _ = std::fs::remove_dir_all(&received.files.dir);
-                return Ok(Response::new(r));
+                return refused(e);
             }
         };
         let staged = received.files.dir.clone();
@@ -201,7 +226,13 @@ impl RaftPeer for RaftPeerServer {
         // The state machine adopted its own copy (hard links); the staging
         // directory is no longer needed either way.
         let _ = std::fs::remove_dir_all(&staged);
-        Ok(Response::new(reply(result)))
+        match result {
+            Ok(r) => Ok(Response::new(pb::SnapshotResponse {
+                error: None,
+                vote: Some(wire::vote_to_wire(&r.vote)),
+            })),
+            Err(e) => refused(stopped(e)),
+        }
     }
 
     async fn controller(
@@ -227,8 +258,8 @@ impl RaftPeer for RaftPeerServer {
         let req = request.into_inner();
         let h = match self.hosted(req.group_id, req.target_node) {
             Ok(h) => h,
-            Err(r) => {
-                return Ok(Response::new(LogStateResponse { error: r.error, ..LogStateResponse::default() }));
+            Err(e) => {
+                return Ok(Response::new(LogStateResponse { error: Some(e), ..LogStateResponse::default() }));
             }
         };
         let last_id = h.replica.last_log_id().map(|l| (l.leader_id.term, l.index));
@@ -264,6 +295,8 @@ impl RaftPeer for RaftPeerServer {
             metadata_last_index,
             boot_id: *BOOT_ID,
             replicas_open: self.groups.replicas_open(),
+            protocol_major: protocol::ours().major,
+            protocol_minor: protocol::ours().minor,
         }))
     }
 }

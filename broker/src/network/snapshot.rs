@@ -67,14 +67,12 @@ pub fn chunks(
         let ent = ent.map_err(io_err("list", &dir))?;
         files.push(ent.file_name().to_string_lossy().into_owned());
     }
-    let vote_json = serde_json::to_vec(vote).map_err(|e| SnapshotTransferError::Invalid(e.to_string()))?;
-    let meta_json =
-        serde_json::to_vec(&snapshot.meta).map_err(|e| SnapshotTransferError::Invalid(e.to_string()))?;
+    let vote = ferrolog_raft_store::wire::vote_to_wire(vote);
+    let meta = ferrolog_raft_store::wire::snapshot_meta_to_wire(&snapshot.meta);
     let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_AHEAD);
     tokio::task::spawn_blocking(move || {
         let base = SnapshotChunk { group_id: group, target_node: target, ..SnapshotChunk::default() };
-        let first =
-            SnapshotChunk { vote_json: vote_json.into(), meta_json: meta_json.into(), ..base.clone() };
+        let first = SnapshotChunk { vote: Some(vote), meta: Some(meta), ..base.clone() };
         if tx.blocking_send(first).is_err() {
             return;
         }
@@ -156,9 +154,15 @@ where
         Some(Err(e)) => return Err(invalid(format!("stream failed: {e}"))),
         None => return Err(invalid("empty stream".into())),
     };
-    let vote: Vote = serde_json::from_slice(&first.vote_json).map_err(|e| invalid(format!("vote: {e}")))?;
-    let meta: SnapshotMeta =
-        serde_json::from_slice(&first.meta_json).map_err(|e| invalid(format!("meta: {e}")))?;
+    let vote: Vote = first
+        .vote
+        .as_ref()
+        .map(ferrolog_raft_store::wire::vote_from_wire)
+        .ok_or_else(|| invalid("the first chunk carries no vote".into()))?;
+    let meta =
+        first.meta.as_ref().ok_or_else(|| invalid("the first chunk carries no snapshot metadata".into()))?;
+    let meta: SnapshotMeta = ferrolog_raft_store::wire::snapshot_meta_from_wire(meta)
+        .map_err(|e| invalid(format!("meta: {e}")))?;
     let (group, target) = (first.group_id, first.target_node);
     let root = staging_root(group).ok_or_else(|| invalid(format!("unknown group {group}")))?;
     let nanos =
@@ -236,8 +240,8 @@ mod tests {
         SnapshotChunk {
             group_id: group,
             target_node: 2,
-            vote_json: serde_json::to_vec(&Vote::new(1, 1)).unwrap().into(),
-            meta_json: serde_json::to_vec(&meta).unwrap().into(),
+            vote: Some(ferrolog_raft_store::wire::vote_to_wire(&Vote::new(1, 1))),
+            meta: Some(ferrolog_raft_store::wire::snapshot_meta_to_wire(&meta)),
             ..SnapshotChunk::default()
         }
     }
@@ -278,7 +282,25 @@ mod tests {
             vec![first(9), data("a.seg", RECEIVE_FILE_BYTES_MAX, b"x"), done.clone()],
             vec![first(9), data("a.seg", 0, b"x")],
             vec![first(8), done.clone()],
-            vec![SnapshotChunk { meta_json: b"{garbage".to_vec().into(), ..first(9) }, done.clone()],
+            vec![SnapshotChunk { meta: None, ..first(9) }, done.clone()],
+            vec![SnapshotChunk { vote: None, ..first(9) }, done.clone()],
+            // A membership whose voter has no address.
+            vec![
+                SnapshotChunk {
+                    meta: Some(ferrolog_proto::raft::SnapshotMeta {
+                        last_log_id: None,
+                        last_membership: Some(ferrolog_proto::raft::StoredMembership {
+                            log_id: None,
+                            membership: Some(ferrolog_proto::raft::Membership {
+                                configs: vec![ferrolog_proto::raft::VoterSet { voters: vec![7] }],
+                                nodes: Vec::new(),
+                            }),
+                        }),
+                    }),
+                    ..first(9)
+                },
+                done.clone(),
+            ],
             vec![],
         ];
         for (i, chunks) in bad.into_iter().enumerate() {

@@ -1,0 +1,192 @@
+//! The peer protocol's version, exchanged on every request and ping
+//! (`proto/ferrolog/raft/v1/raft.proto`, "Versions").
+//!
+//! A request carries the sender's version in the gRPC metadata key
+//! [`HEADER`]; the receiver refuses any other major version, or a request
+//! without one (version 0, the JSON protocol of the first brokers), with
+//! `FAILED_PRECONDITION` and a log line naming the peer and both versions.
+//! Pings answer with the receiver's version, so the sender also learns of
+//! a mismatch and says so in its own log.
+
+use std::fmt;
+use std::sync::LazyLock;
+
+use ferrolog_proto::raft::raft_peer_client::RaftPeerClient;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+/// This build's major version: brokers speak to each other only within one.
+pub const MAJOR: u32 = 1;
+/// This build's minor version: additive changes within [`MAJOR`].
+pub const MINOR: u32 = 0;
+/// The gRPC metadata key carrying the sender's version, `MAJOR.MINOR`.
+pub const HEADER: &str = "ferrolog-peer-protocol";
+/// Environment variable that makes this broker announce another version.
+/// For tests of mixed-version clusters only: the messages do not change.
+pub const TEST_OVERRIDE_ENV: &str = "FERROLOG_TEST_PEER_PROTOCOL";
+
+/// A peer protocol version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Version {
+    /// Incompatible changes bump it.
+    pub major: u32,
+    /// Additive changes bump it.
+    pub minor: u32,
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+impl Version {
+    /// Parses `MAJOR.MINOR`; `None` for anything else.
+    pub fn parse(s: &str) -> Option<Self> {
+        let (major, minor) = s.trim().split_once('.')?;
+        Some(Self { major: major.parse().ok()?, minor: minor.parse().ok()? })
+    }
+
+    /// Whether a broker speaking `self` accepts requests from one speaking
+    /// `theirs`: the same major version, any minor.
+    pub fn accepts(self, theirs: Version) -> bool {
+        self.major == theirs.major
+    }
+}
+
+static OURS: LazyLock<Version> = LazyLock::new(|| {
+    let built = Version { major: MAJOR, minor: MINOR };
+    match std::env::var(TEST_OVERRIDE_ENV) {
+        Ok(s) => match Version::parse(&s) {
+            Some(v) => {
+                tracing::warn!(version = %v, built = %built, "announcing a peer protocol version set by {TEST_OVERRIDE_ENV} (for tests only)");
+                v
+            }
+            None => {
+                tracing::error!(value = %s, "{TEST_OVERRIDE_ENV} is not MAJOR.MINOR; ignored");
+                built
+            }
+        },
+        Err(_) => built,
+    }
+});
+
+/// The version this broker speaks.
+pub fn ours() -> Version {
+    *OURS
+}
+
+/// The client-side interceptor: stamps every request with [`ours`].
+pub type Stamp = fn(Request<()>) -> Result<Request<()>, Status>;
+/// The server-side interceptor, [`check`].
+pub type Check = fn(Request<()>) -> Result<Request<()>, Status>;
+
+/// [`ours`] as a header value, made once (it is on every request's path).
+static STAMP: LazyLock<Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>> =
+    LazyLock::new(|| ours().to_string().parse().ok());
+
+fn stamp(mut req: Request<()>) -> Result<Request<()>, Status> {
+    let v = STAMP.clone().ok_or_else(|| Status::internal("unencodable protocol version"))?;
+    req.metadata_mut().insert(HEADER, v);
+    Ok(req)
+}
+
+/// A `RaftPeer` client over `channel` whose requests carry this broker's
+/// protocol version. Every peer request goes through one of these.
+pub fn peer_client(channel: Channel) -> RaftPeerClient<InterceptedService<Channel, Stamp>> {
+    RaftPeerClient::with_interceptor(channel, stamp as Stamp)
+}
+
+/// Why a request was refused: `Err` names both versions and what to do.
+fn refusal(theirs: Option<Version>) -> Option<String> {
+    let ours = ours();
+    match theirs {
+        Some(v) if ours.accepts(v) => None,
+        Some(v) => Some(format!(
+            "peer protocol {v} is not spoken here: this broker speaks {ours} (brokers talk only within one \
+             major version; upgrade one minor version at a time)"
+        )),
+        None => Some(format!(
+            "the request carries no {HEADER} version (protocol 0, the first brokers' JSON protocol): this \
+             broker speaks {ours}; upgrade the sending broker"
+        )),
+    }
+}
+
+/// The server-side interceptor: refuses requests of another major version
+/// (or none) with `FAILED_PRECONDITION`, and logs each refusal (rate
+/// limited per call site by [`crate::logging`]).
+///
+/// # Errors
+/// `FAILED_PRECONDITION` naming both versions.
+pub fn check(req: Request<()>) -> Result<Request<()>, Status> {
+    let theirs = req.metadata().get(HEADER).and_then(|v| v.to_str().ok()).and_then(Version::parse);
+    match refusal(theirs) {
+        None => Ok(req),
+        Some(why) => {
+            let peer = req.remote_addr().map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+            tracing::error!(%peer, "refused a peer request: {why}");
+            Err(Status::failed_precondition(why))
+        }
+    }
+}
+
+/// Checks the version a peer's ping answer announced (0.0: a broker that
+/// does not say, i.e. protocol 0) and logs a mismatch: the peer refuses this
+/// broker's requests, and this broker refuses its.
+pub fn check_peer(peer: u32, major: u32, minor: u32) -> bool {
+    let theirs = Version { major, minor };
+    let ok = ours().accepts(theirs);
+    if !ok {
+        tracing::error!(
+            peer,
+            theirs = %theirs,
+            ours = %ours(),
+            "broker {peer} speaks peer protocol {theirs}, this broker {}: they cannot replicate to each other \
+             until both run one major version",
+            ours()
+        );
+    }
+    ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_parse_and_only_the_major_must_match() {
+        assert_eq!(Version::parse("1.0"), Some(Version { major: 1, minor: 0 }));
+        assert_eq!(Version::parse(" 2.17 "), Some(Version { major: 2, minor: 17 }));
+        for bad in ["", "1", "1.", ".1", "1.x", "-1.0", "1.0.0"] {
+            assert_eq!(Version::parse(bad), None, "{bad}");
+        }
+        let v1_0 = Version { major: 1, minor: 0 };
+        assert!(v1_0.accepts(Version { major: 1, minor: 1 }));
+        assert!(Version { major: 1, minor: 1 }.accepts(v1_0));
+        assert!(!v1_0.accepts(Version { major: 2, minor: 0 }));
+        assert!(!v1_0.accepts(Version { major: 0, minor: 0 }));
+    }
+
+    #[test]
+    fn a_request_of_another_major_or_none_is_refused_with_both_versions() {
+        let with = |v: &str| {
+            let mut r = Request::new(());
+            r.metadata_mut().insert(HEADER, v.parse().unwrap());
+            r
+        };
+        assert!(check(with(&ours().to_string())).is_ok());
+        assert!(check(with(&format!("{}.{}", ours().major, ours().minor + 1))).is_ok());
+        let refused = check(with(&format!("{}.0", ours().major + 1))).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            refused.message().contains(&format!("peer protocol {}.0 is not spoken here", ours().major + 1))
+        );
+        let none = check(Request::new(())).unwrap_err();
+        assert_eq!(none.code(), tonic::Code::FailedPrecondition);
+        assert!(none.message().contains("protocol 0"), "{}", none.message());
+        let stamped = stamp(Request::new(())).unwrap();
+        assert!(check(stamped).is_ok());
+    }
+}

@@ -1,0 +1,219 @@
+//! The versioned peer protocol (issue 10) between real broker processes:
+//! a broker one minor version ahead replicates with the others (a rolling
+//! upgrade's middle state), and a broker of another major version is
+//! refused on both sides with the documented error while the rest of the
+//! cluster carries on. The version a broker announces is set for one broker
+//! with `FERROLOG_TEST_PEER_PROTOCOL` (broker/src/network/protocol.rs).
+
+use std::time::{Duration, Instant};
+
+use ferrolog_client::{ClientConfig, MetadataCache, Producer, ProducerConfig, Record};
+use ferrolog_proto::client::ErrorCode;
+use ferrolog_tests::raw::{code, create_topic, self_claimed_leaders, status};
+use ferrolog_tests::{Cluster, connect, metadata};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
+const OVERRIDE: &str = "FERROLOG_TEST_PEER_PROTOCOL";
+
+fn log_of(c: &Cluster, id: u32) -> String {
+    std::fs::read_to_string(&c.broker(id).log).unwrap_or_default()
+}
+
+/// Waits up to 30 s for broker `id`'s log to contain `needle`.
+async fn wait_for_log(c: &Cluster, id: u32, needle: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !log_of(c, id).contains(needle) {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "broker {id} never logged {needle:?}\n{}",
+            c.logs_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// Produces `n` records to every partition of `topic` and waits for them.
+async fn produce_everywhere(c: &Cluster, topic: &str, partitions: u32, n: usize) -> anyhow::Result<()> {
+    let cache = MetadataCache::new(ClientConfig::from_list(&c.bootstrap()))?;
+    let producer = Producer::new(cache, ProducerConfig::default())?;
+    let mut deliveries = Vec::new();
+    for p in 0..partitions {
+        for i in 0..n {
+            deliveries.push(producer.send(topic, Record::new(format!("p{p}-{i}")).with_partition(p)));
+        }
+    }
+    for d in deliveries {
+        d.await?;
+    }
+    producer.close().await;
+    Ok(())
+}
+
+/// Waits up to 30 s until broker `want` claims the leadership of `partition`.
+async fn leader_is(c: &Cluster, topic: &str, partition: u32, want: u32) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let leaders = self_claimed_leaders(c, topic).await?;
+        if leaders.get(partition as usize) == Some(&Some(want)) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "broker {want} never led {topic}/{partition}: {leaders:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_broker_one_minor_version_ahead_replicates_with_the_others() -> anyhow::Result<()> {
+    let mut c = Cluster::prepare("t15-minor", BIN, 3, &[])?;
+    c.set_env(3, OVERRIDE, "1.1");
+    c.launch().await?;
+    // The override took effect (else this test would show nothing).
+    assert!(log_of(&c, 3).contains("announcing a peer protocol version"), "{}", c.logs_tail(20));
+    assert!(!log_of(&c, 1).contains("refused a peer request"), "{}", c.logs_tail(20));
+
+    // Six partitions: preferred leaders are spread, so the 1.1 broker
+    // leads some (sending appends to 1.0 brokers) and follows others. On a
+    // loaded machine a preferred leader may lose its first election: then
+    // its partition's leader is stopped, and the 1.1 broker, first in the
+    // assignment, campaigns first.
+    let (topic, partitions, batch) = ("mixed", 6, 20);
+    create_topic(&c, topic, partitions, 3).await?;
+    produce_everywhere(&c, topic, partitions, batch).await?;
+    let mut n = batch;
+    let preferred_by_3 = metadata(c.broker(3).client_addr)
+        .await?
+        .topics
+        .iter()
+        .find(|t| t.name == topic)
+        .and_then(|t| t.partitions.iter().find(|p| p.replicas.first() == Some(&3)).map(|p| p.partition))
+        .ok_or_else(|| anyhow::anyhow!("no partition prefers broker 3"))?;
+    let mut leaders = self_claimed_leaders(&c, topic).await?;
+    if !leaders.contains(&Some(3)) {
+        let Some(Some(old)) = leaders.get(preferred_by_3 as usize).copied() else {
+            anyhow::bail!("partition {preferred_by_3} has no leader: {leaders:?}");
+        };
+        c.kill(old);
+        leader_is(&c, topic, preferred_by_3, 3).await?;
+        c.spawn(old)?;
+        c.wait_ready(3, Duration::from_secs(30)).await?;
+        produce_everywhere(&c, topic, partitions, batch).await?;
+        n += batch;
+        leaders = self_claimed_leaders(&c, topic).await?;
+    }
+    assert!(leaders.contains(&Some(3)), "the 1.1 broker leads nothing: {leaders:?}");
+    assert!(leaders.iter().any(|l| l.is_some_and(|b| b != 3)), "only the 1.1 broker leads: {leaders:?}");
+
+    // Every replica on every broker holds every record.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for id in 1..=3 {
+        for p in 0..partitions {
+            loop {
+                let s = status(&c, id, topic, p).await?;
+                if s.error.is_none() && s.high_watermark == n as u64 {
+                    break;
+                }
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "broker {id} partition {p}: high watermark {} of {n} ({:?})",
+                    s.high_watermark,
+                    s.error
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    for id in 1..=3 {
+        let log = log_of(&c, id);
+        assert!(!log.contains("refused a peer request"), "broker {id} refused a peer: {log}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_broker_of_another_major_version_is_refused_and_the_rest_carry_on() -> anyhow::Result<()> {
+    // A botched upgrade: broker 3 of a formed cluster comes back speaking 2.0.
+    let mut c = Cluster::start("t15-major", BIN, 3, &[]).await?;
+    let (topic, partitions) = ("before", 2);
+    create_topic(&c, topic, partitions, 3).await?;
+    produce_everywhere(&c, topic, partitions, 10).await?;
+    c.kill(3);
+    c.set_env(3, OVERRIDE, "2.0");
+    c.spawn(3)?;
+
+    // Both sides say why, naming both versions.
+    for id in [1, 2] {
+        wait_for_log(
+            &c,
+            id,
+            "refused a peer request: peer protocol 2.0 is not spoken here: this broker speaks 1.0",
+        )
+        .await?;
+    }
+    wait_for_log(
+        &c,
+        3,
+        "refused a peer request: peer protocol 1.0 is not spoken here: this broker speaks 2.0",
+    )
+    .await?;
+
+    // The 1.0 brokers do not count the 2.0 broker as alive, and carry on
+    // without it: its partitions have a majority on them.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = metadata(c.broker(1).client_addr).await?;
+        if m.brokers.iter().any(|b| b.id == 3 && !b.alive) {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "broker 3 still counts as alive: {:?}", m.brokers);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // (Broker 1 may still forward to broker 3 as the controller it knew,
+    // and be refused, until the metadata group elects a 1.0 leader.)
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = connect(c.broker(1).client_addr)
+            .await?
+            .create_topic(ferrolog_proto::client::CreateTopicRequest {
+                name: "wide".into(),
+                partitions: 1,
+                replication_factor: 3,
+            })
+            .await?
+            .into_inner();
+        assert_eq!(code(&r.error), ErrorCode::Unavailable, "{:?}", r.error);
+        let why = r.error.map(|e| e.message).unwrap_or_default();
+        if why.contains("not answering: 3") {
+            break;
+        }
+        assert!(why.contains("peer protocol 1.0 is not spoken here"), "{why}");
+        anyhow::ensure!(Instant::now() < deadline, "still: {why}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    produce_everywhere(&c, topic, partitions, 10).await?;
+    // Cut off: broker 3's replicas got none of the new records.
+    for p in 0..partitions {
+        let s = status(&c, 3, topic, p).await?;
+        assert!(s.high_watermark <= 10, "broker 3 partition {p} at {} while cut off", s.high_watermark);
+    }
+
+    // Rolled back to 1.0, broker 3 catches up with what it missed.
+    c.kill(3);
+    c.clear_env(3);
+    c.spawn(3)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for p in 0..partitions {
+        loop {
+            let s = status(&c, 3, topic, p).await;
+            if s.as_ref().is_ok_and(|s| s.error.is_none() && s.high_watermark == 20) {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "broker 3 partition {p} did not catch up: {s:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
+}
