@@ -284,13 +284,22 @@ pub async fn run(c: Checker, period: Duration) {
             examine(&m.raft, m.node, Some(m.started.elapsed()), live)
         };
         let v = judge(&mut judged, METADATA_GROUP, &exam, now, &c);
-        act(&m.raft, METADATA_GROUP, "metadata", &exam, v).await;
+        act(&m.raft, METADATA_GROUP, || "metadata".to_owned(), &exam, v).await;
         for p in partitions {
+            // A group whose ticker is parked (every follower, and a quiesced
+            // leader) sends no heartbeats: nothing to judge, and [`judge`]
+            // would only reset its judgement, which dropping it does without
+            // reading the group's Raft state (thousands of idle groups).
+            // One handing over is judged as before until its term ends.
+            if !p.is_ticking() && judged.get(&p.group).is_none_or(|j| j.handing_over().is_none()) {
+                judged.remove(&p.group);
+                continue;
+            }
             let live = |node: NodeId| p.broker_of(node).is_none_or(|b| c.liveness.is_alive(b));
             let exam = examine(&p.raft, p.node_id, p.heartbeating_for(), live);
             let v = judge(&mut judged, p.group, &exam, now, &c);
             p.set_lost_quorum(v.lost);
-            act(&p.raft, p.group, &format!("{}-{}", p.topic, p.partition), &exam, v).await;
+            act(&p.raft, p.group, || format!("{}-{}", p.topic, p.partition), &exam, v).await;
         }
     }
 }
@@ -313,11 +322,11 @@ fn judge(
     v
 }
 
-async fn act(raft: &PartitionRaft, group: u64, name: &str, exam: &Exam, v: Verdict) {
+async fn act(raft: &PartitionRaft, group: u64, name: impl FnOnce() -> String, exam: &Exam, v: Verdict) {
     let Some(to) = v.transfer_to else { return };
     tracing::warn!(
         group,
-        name,
+        name = name(),
         term = exam.leader_term,
         to,
         "leader has not heard from a quorum for an election timeout: handing leadership over"

@@ -18,6 +18,7 @@
 //! acknowledged a heartbeat since (`crate::quiesce`).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -59,6 +60,8 @@ pub struct Liveness {
     dead_after: Arc<Mutex<Duration>>,
     /// When [`Liveness::run`] started pinging.
     started: Arc<Mutex<Option<Instant>>>,
+    /// Counts changes of what the pings say ([`Liveness::changes`]).
+    changes: Arc<AtomicU64>,
 }
 
 impl Default for Liveness {
@@ -67,6 +70,7 @@ impl Default for Liveness {
             seen: Arc::default(),
             dead_after: Arc::new(Mutex::new(Duration::from_secs(1))),
             started: Arc::default(),
+            changes: Arc::default(),
         }
     }
 }
@@ -104,9 +108,26 @@ impl Liveness {
 
     /// Records that a ping to `broker` was refused: it is dead now.
     fn refused(&self, broker: BrokerId) {
+        let dead_after = self.dead_after();
         if let Some(h) = self.seen.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&broker) {
+            if Self::fresh(h, dead_after) {
+                self.changed();
+            }
             h.refused = true;
         }
+    }
+
+    /// A number that grows whenever what the pings say changes: a broker
+    /// became alive or dead, restarted, finished opening its replicas, or
+    /// began or stopped leading a group. Whatever depends only on the pings
+    /// and was settled when this last had its current value is still
+    /// settled (`crate::quiesce` skips such groups).
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Whether every broker has had time to answer since pinging started
@@ -142,8 +163,29 @@ impl Liveness {
             _ => Some(now),
         };
         let rtt = previous.filter(|_| continuous).map_or(rtt, |h| (h.rtt * 7 + rtt) / 8);
-        let leading = leading.into_iter().collect();
+        let leading: HashSet<u64> = leading.into_iter().collect();
+        let same = continuous
+            && previous
+                .is_some_and(|h| h.returned_at.is_some() == returned_at.is_some() && h.leading == leading);
         seen.insert(broker, Heard { at: now, rtt, refused: false, leading, boot_id, returned_at });
+        if !same {
+            self.changed();
+        }
+    }
+
+    /// Which brokers are alive now; a change of it (a broker fell silent)
+    /// counts as a change ([`Liveness::changes`]).
+    fn note_silences(&self, alive_before: &mut Vec<BrokerId>) {
+        let dead_after = self.dead_after();
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut alive: Vec<BrokerId> =
+            seen.iter().filter(|(_, h)| Self::fresh(h, dead_after)).map(|(b, _)| *b).collect();
+        drop(seen);
+        alive.sort_unstable();
+        if alive != *alive_before {
+            *alive_before = alive;
+            self.changed();
+        }
     }
 
     /// Pings every registered broker (itself included, through its own
@@ -162,11 +204,13 @@ impl Liveness {
         *self.started.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut alive = Vec::new();
         loop {
             tick.tick().await;
             if image.has_changed().is_err() {
                 return;
             }
+            self.note_silences(&mut alive);
             let brokers: Vec<(BrokerId, String)> =
                 image.borrow().brokers.iter().map(|(id, b)| (*id, b.peer_addr.clone())).collect();
             for (id, addr) in brokers {
@@ -225,6 +269,34 @@ mod tests {
         assert_eq!(silence_allowed(d, Duration::from_millis(1)), d, "an idle cluster keeps dead_after");
         assert_eq!(silence_allowed(d, Duration::from_millis(400)), Duration::from_millis(1600));
         assert_eq!(silence_allowed(d, Duration::from_secs(10)), SILENCE_MAX);
+    }
+
+    #[test]
+    fn changes_count_what_the_pings_say_not_every_ping() {
+        let l = Liveness::default();
+        let c0 = l.changes();
+        l.mark(2, vec![7], 1, true, Duration::from_millis(1));
+        let c1 = l.changes();
+        assert!(c1 > c0, "a broker heard from for the first time");
+        l.mark(2, vec![7], 1, true, Duration::from_millis(1));
+        assert_eq!(l.changes(), c1, "the same answer again");
+        l.mark(2, vec![7, 8], 1, true, Duration::from_millis(1));
+        let c2 = l.changes();
+        assert!(c2 > c1, "it leads another group");
+        l.mark(2, vec![7, 8], 2, true, Duration::from_millis(1));
+        let c3 = l.changes();
+        assert!(c3 > c2, "it restarted");
+        l.refused(2);
+        let c4 = l.changes();
+        assert!(c4 > c3, "it died");
+        l.refused(2);
+        assert_eq!(l.changes(), c4, "still dead");
+        let mut alive = vec![2];
+        l.note_silences(&mut alive);
+        assert!(alive.is_empty() && l.changes() > c4, "the silence noted once");
+        let c5 = l.changes();
+        l.note_silences(&mut alive);
+        assert_eq!(l.changes(), c5);
     }
 
     #[test]

@@ -103,6 +103,13 @@ impl PartitionTable {
         self.tables.read().unwrap_or_else(|p| p.into_inner()).by_group.values().cloned().collect()
     }
 
+    /// Every hosted replica whose group is not in `skip`. Looks only at
+    /// group ids for the skipped ones (does not touch their replicas).
+    pub fn all_except(&self, skip: &std::collections::HashSet<u64>) -> Vec<Arc<Partition>> {
+        let t = self.tables.read().unwrap_or_else(|p| p.into_inner());
+        t.by_group.iter().filter(|(g, _)| !skip.contains(g)).map(|(_, p)| p.clone()).collect()
+    }
+
     fn insert(&self, p: Arc<Partition>) {
         let mut t = self.tables.write().unwrap_or_else(|e| e.into_inner());
         t.by_name.insert((p.topic.clone(), p.partition), p.group);

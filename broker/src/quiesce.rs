@@ -36,6 +36,7 @@
 //! Safety does not depend on this: it only decides when openraft's timers
 //! run and when elections start; votes and commits are Raft's (§5.2, §5.4).
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -216,7 +217,11 @@ pub fn decide(v: GroupView) -> Decision {
 }
 
 fn view(p: &Partition, liveness: &Liveness, me: u32) -> GroupView {
-    let m = p.raft.metrics().borrow_watched().clone();
+    // Borrowed, not cloned: this runs for every hosted group every round,
+    // and a clone of the metrics (maps of replication and heartbeat
+    // progress, the membership) was most of an idle broker's CPU.
+    let metrics = p.raft.metrics();
+    let m = metrics.borrow_watched();
     let is_leader = m.state.is_leader();
     let last = m.last_log_index;
     let followers_caught_up =
@@ -261,8 +266,28 @@ fn view(p: &Partition, liveness: &Liveness, me: u32) -> GroupView {
     }
 }
 
-/// Applies [`decide`] to every hosted partition every `period`, forever.
+/// How often every hosted group is looked at even when nothing the pings
+/// say has changed (see [`run`]).
+pub const FULL_ROUND_EVERY: Duration = Duration::from_secs(1);
+
+/// Whether a group's decision can only change with the pings: a parked
+/// leader (not written, followers caught up) or a parked follower with a
+/// live leader. Writes wake a leader on their own path; everything else
+/// that matters to [`decide`] is in [`Liveness`].
+fn settled(v: &GroupView, decision: Decision) -> bool {
+    decision == Decision::Park && (v.is_leader || v.leader_alive)
+}
+
+/// Applies [`decide`] to the hosted partitions every `period`, forever.
 /// `election_timeout` is the base of the campaigns' back-off.
+///
+/// An idle cluster's groups are nearly all settled, and looking at each
+/// one every round costs a cache miss or two per group: 1,000 groups at
+/// 100 ms made this the largest part of an idle broker's CPU. So a settled
+/// group is looked at again only when the pings' view changes
+/// ([`Liveness::changes`]: a broker died, came back, or changed what it
+/// leads) or every [`FULL_ROUND_EVERY`]; unsettled ones (leaderless,
+/// campaigning, written, catching a follower up) every round.
 pub async fn run(
     me: u32,
     table: PartitionTable,
@@ -272,14 +297,33 @@ pub async fn run(
 ) {
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut quiet: HashSet<u64> = HashSet::new();
+    let mut changes = None;
+    let mut full_at = Instant::now();
     loop {
         tick.tick().await;
-        let all = table.all();
-        let mut in_flight = all.iter().filter(|p| p.campaign.in_flight() && !p.raft.is_leader()).count();
+        let now_changes = liveness.changes();
+        let full = changes != Some(now_changes) || full_at.elapsed() >= FULL_ROUND_EVERY;
+        let visit = if full {
+            changes = Some(now_changes);
+            full_at = Instant::now();
+            quiet.clear();
+            table.all()
+        } else {
+            table.all_except(&quiet)
+        };
+        // Campaigning groups are never quiet: this counts all of them.
+        let mut in_flight = visit.iter().filter(|p| p.campaign.in_flight() && !p.raft.is_leader()).count();
         let mut started = 0usize;
         let mut deferred = 0usize;
-        for p in all {
-            let decision = decide(view(&p, &liveness, me));
+        for p in visit {
+            let v = view(&p, &liveness, me);
+            let decision = decide(v);
+            if settled(&v, decision) {
+                quiet.insert(p.group);
+            } else {
+                quiet.remove(&p.group);
+            }
             // Only a leader's ticker does anything (heartbeats): elections
             // are started here, openraft's timer is off.
             p.set_ticking(decision == Decision::Tick);
@@ -325,6 +369,24 @@ mod tests {
         settled: true,
         may_campaign: true,
     };
+
+    #[test]
+    fn only_parked_groups_with_a_leader_are_left_alone_between_ping_changes() {
+        let leader = GroupView { is_leader: true, ..FOLLOWER };
+        for v in [FOLLOWER, leader] {
+            assert!(settled(&v, decide(v)), "{v:?}");
+        }
+        let unsettled = [
+            GroupView { recently_written: true, ..leader },
+            GroupView { followers_caught_up: false, ..leader },
+            GroupView { follower_returned: true, ..leader },
+            GroupView { leader_alive: false, ..FOLLOWER },
+            GroupView { leader_alive: false, first_live_follower: true, ..FOLLOWER },
+        ];
+        for v in unsettled {
+            assert!(!settled(&v, decide(v)), "{v:?}");
+        }
+    }
 
     #[test]
     fn idle_leaders_park_and_wake_for_writes_lagging_or_returned_followers() {

@@ -439,8 +439,19 @@ async fn how_to_enter(c: &BrokerConfig, incarnation: u64, peers: &PeerAddresses)
             let Ok(ch) = peers.channel(addr) else { continue };
             let mut req = tonic::Request::new(PingRequest { from_broker: c.node_id });
             req.set_timeout(Duration::from_millis(500));
-            let Ok(r) = crate::network::peer_client(ch).ping(req).await else { continue };
-            let r = r.into_inner();
+            let r = match crate::network::peer_client(ch).ping(req).await {
+                Ok(r) => r.into_inner(),
+                Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                    tracing::error!(peer = id, "founding member {id} refused this broker: {}", s.message());
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            // An answer in another major protocol version (or none: version
+            // 0) says nothing this broker can rely on.
+            if !crate::network::protocol::check_peer(*id, r.protocol_major, r.protocol_minor) {
+                continue;
+            }
             answered += 1;
             if r.your_incarnation != 0 && r.your_incarnation != incarnation {
                 tracing::warn!(peer = id, "this broker's earlier data is known to the cluster: it was wiped");

@@ -54,7 +54,8 @@ pub enum FrameKind {
 }
 
 impl FrameKind {
-    fn from_u8(b: u8) -> Option<Self> {
+    /// The kind a frame's kind byte names; `None` for an unknown byte.
+    pub fn from_u8(b: u8) -> Option<Self> {
         match b {
             1 => Some(Self::Blank),
             2 => Some(Self::Records),
@@ -305,7 +306,8 @@ pub fn decode_frame_header(b: &[u8]) -> Result<FrameHeader, DecodeError> {
 /// shared buffer keeps record payloads zero-copy.
 ///
 /// # Errors
-/// [`DecodeError::Invalid`] if a membership payload is not valid JSON.
+/// [`DecodeError::Invalid`] if a membership payload does not decode (protobuf, or
+/// JSON in an old kind-3 frame) or is not a valid configuration.
 pub fn decode_entry(header: &FrameHeader, frame: &Bytes) -> Result<Entry, DecodeError> {
     let payload = frame.slice(FRAME_HEADER_BYTES..header.frame_bytes);
     let payload = match header.kind {
@@ -496,7 +498,11 @@ mod tests {
         // A frame as the first brokers wrote it: kind 3, openraft's JSON.
         let mut old = buf[..FRAME_HEADER_BYTES].to_vec();
         old[8] = 3;
-        old.extend_from_slice(&serde_json::to_vec(&m).unwrap());
+        // Literal, as openraft 0.10.0-alpha.37 wrote it (not made by the
+        // openraft linked now, so an upgrade that changes its JSON fails here).
+        old.extend_from_slice(
+            br#"{"configs":[[1,2,3]],"nodes":{"1":{"addr":"10.0.0.1:9093"},"2":{"addr":"10.0.0.2:9093"},"3":{"addr":"10.0.0.3:9093"}}}"#,
+        );
         let len = u32::try_from(old.len() - 4).unwrap();
         old[0..4].copy_from_slice(&len.to_le_bytes());
         let crc = crc32c::crc32c(&old[8..]);

@@ -214,7 +214,7 @@ impl Segment {
                 let b = &window[k..];
                 // Cheap filters before reading a whole frame: a known kind,
                 // zero reserved bytes, a plausible length and index.
-                if !(1..=3).contains(&b[8]) || b[9] != 0 || b[10] != 0 || b[11] != 0 {
+                if format::FrameKind::from_u8(b[8]).is_none() || b[9] != 0 || b[10] != 0 || b[11] != 0 {
                     continue;
                 }
                 let Ok(len) = format::frame_len(b) else { continue };

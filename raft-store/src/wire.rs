@@ -430,6 +430,25 @@ mod tests {
                 "1a080a06080610011829",
             ),
             (
+                "AppendEntriesResponse partial none",
+                append_response_to_wire(&AppendEntriesResponse::PartialSuccess(None)).encode_to_vec(),
+                "1a00",
+            ),
+            (
+                "Membership with a learner",
+                membership_to_wire(
+                    &Membership::new(
+                        vec![[1].into()],
+                        [(1, Node { addr: "a:1".into() }), (4, Node { addr: "b:2".into() })]
+                            .into_iter()
+                            .collect::<BTreeMap<u64, Node>>(),
+                    )
+                    .unwrap(),
+                )
+                .encode_to_vec(),
+                "0a030a0101120708011203613a31120708041203623a32",
+            ),
+            (
                 "AppendEntriesResponse conflict",
                 append_response_to_wire(&AppendEntriesResponse::Conflict).encode_to_vec(),
                 "2200",

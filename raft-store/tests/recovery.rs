@@ -294,6 +294,40 @@ fn a_damaged_frame_in_the_active_segment_before_valid_ones_is_corruption_not_a_t
 }
 
 #[test]
+fn a_damaged_frame_followed_only_by_membership_frames_is_corruption_not_a_torn_tail() {
+    use ferrolog_raft_store::types::{Entry, EntryPayload, Membership, Node};
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_entries(dir.path(), StoreConfig::default(), 5);
+    // Two membership entries (a joint configuration and its final one), as
+    // a membership change leaves at a log's end.
+    let nodes: std::collections::BTreeMap<u64, Node> =
+        (1..=4).map(|id| (id, Node { addr: format!("10.0.0.{id}:9093") })).collect();
+    let joint = Membership::new(vec![[1, 2, 3].into(), [2, 3, 4].into()], nodes.clone()).expect("joint");
+    let last = Membership::new(vec![[2, 3, 4].into()], nodes).expect("final");
+    TypeConfig::run(async {
+        let replica = Replica::open(dir.path(), StoreConfig::default(), flusher()).expect("open");
+        let mut store = replica.log_store();
+        let entries = vec![
+            Entry { log_id: log_id(1, 1, 5), payload: EntryPayload::Membership(joint) },
+            Entry { log_id: log_id(1, 1, 6), payload: EntryPayload::Membership(last) },
+        ];
+        common::append_durable(&mut store, entries).await.expect("append");
+    });
+    let seg = segments(dir.path()).pop().expect("segment");
+    let len_before = fs::metadata(&seg).expect("stat").len();
+    // Flip a payload bit of entry 4: only the membership frames follow it.
+    let f = OpenOptions::new().read(true).write(true).open(&seg).expect("open");
+    let position = 40 + 4 * (80 + 300) + 80 + 10;
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, position).expect("read");
+    f.write_all_at(&[b[0] ^ 0x01], position).expect("flip");
+    drop(f);
+    let log = PartitionLog::open(&dir.path().join("log"), StoreConfig::default(), flusher()).expect("open");
+    assert_set_aside(&log, &seg, len_before);
+    assert_eq!(log.log_state().last_log_id, Some(log_id(1, 1, 3)), "the valid prefix is entries 0..=3");
+}
+
+#[test]
 fn a_missing_middle_segment_ends_the_log_before_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_entries(dir.path(), tiny(), 60);

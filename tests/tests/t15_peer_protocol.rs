@@ -3,7 +3,8 @@
 //! upgrade's middle state), and a broker of another major version is
 //! refused on both sides with the documented error while the rest of the
 //! cluster carries on. The version a broker announces is set for one broker
-//! with `FERROLOG_TEST_PEER_PROTOCOL` (broker/src/network/protocol.rs).
+//! with `FERROLOG_TEST_PEER_PROTOCOL`, which only the tests' broker program
+//! reads (tests/src/bin; broker/src/network/protocol.rs).
 
 use std::time::{Duration, Instant};
 
@@ -50,18 +51,16 @@ async fn produce_everywhere(c: &Cluster, topic: &str, partitions: u32, n: usize)
     Ok(())
 }
 
-/// Waits up to 30 s until broker `want` claims the leadership of `partition`.
-async fn leader_is(c: &Cluster, topic: &str, partition: u32, want: u32) -> anyhow::Result<()> {
+/// Waits up to 30 s until every partition of `topic` has a leader that
+/// claims it.
+async fn all_led(c: &Cluster, topic: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let leaders = self_claimed_leaders(c, topic).await?;
-        if leaders.get(partition as usize) == Some(&Some(want)) {
+        if leaders.iter().all(Option::is_some) {
             return Ok(());
         }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "broker {want} never led {topic}/{partition}: {leaders:?}"
-        );
+        anyhow::ensure!(Instant::now() < deadline, "{topic} not all led: {leaders:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -72,40 +71,36 @@ async fn a_broker_one_minor_version_ahead_replicates_with_the_others() -> anyhow
     c.set_env(3, OVERRIDE, "1.1");
     c.launch().await?;
     // The override took effect (else this test would show nothing).
-    assert!(log_of(&c, 3).contains("announcing a peer protocol version"), "{}", c.logs_tail(20));
+    assert!(log_of(&c, 3).contains("announcing another peer protocol version"), "{}", c.logs_tail(20));
     assert!(!log_of(&c, 1).contains("refused a peer request"), "{}", c.logs_tail(20));
 
     // Six partitions: preferred leaders are spread, so the 1.1 broker
     // leads some (sending appends to 1.0 brokers) and follows others. On a
     // loaded machine a preferred leader may lose its first election: then
-    // its partition's leader is stopped, and the 1.1 broker, first in the
-    // assignment, campaigns first.
+    // the broker leading most partitions is stopped until they have new
+    // leaders, and started again (up to five times).
     let (topic, partitions, batch) = ("mixed", 6, 20);
     create_topic(&c, topic, partitions, 3).await?;
     produce_everywhere(&c, topic, partitions, batch).await?;
     let mut n = batch;
-    let preferred_by_3 = metadata(c.broker(3).client_addr)
-        .await?
-        .topics
-        .iter()
-        .find(|t| t.name == topic)
-        .and_then(|t| t.partitions.iter().find(|p| p.replicas.first() == Some(&3)).map(|p| p.partition))
-        .ok_or_else(|| anyhow::anyhow!("no partition prefers broker 3"))?;
     let mut leaders = self_claimed_leaders(&c, topic).await?;
-    if !leaders.contains(&Some(3)) {
-        let Some(Some(old)) = leaders.get(preferred_by_3 as usize).copied() else {
-            anyhow::bail!("partition {preferred_by_3} has no leader: {leaders:?}");
-        };
-        c.kill(old);
-        leader_is(&c, topic, preferred_by_3, 3).await?;
-        c.spawn(old)?;
+    let mixed = |l: &[Option<u32>]| l.contains(&Some(3)) && l.iter().any(|b| b.is_some_and(|b| b != 3));
+    for _ in 0..5 {
+        if mixed(&leaders) {
+            break;
+        }
+        let busiest = (1..=3)
+            .max_by_key(|b| leaders.iter().filter(|l| **l == Some(*b)).count())
+            .expect("three brokers");
+        c.kill(busiest);
+        all_led(&c, topic).await?;
+        c.spawn(busiest)?;
         c.wait_ready(3, Duration::from_secs(30)).await?;
         produce_everywhere(&c, topic, partitions, batch).await?;
         n += batch;
         leaders = self_claimed_leaders(&c, topic).await?;
     }
-    assert!(leaders.contains(&Some(3)), "the 1.1 broker leads nothing: {leaders:?}");
-    assert!(leaders.iter().any(|l| l.is_some_and(|b| b != 3)), "only the 1.1 broker leads: {leaders:?}");
+    assert!(mixed(&leaders), "the 1.1 broker does not lead some and follow others: {leaders:?}");
 
     // Every replica on every broker holds every record.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -196,8 +191,11 @@ async fn a_broker_of_another_major_version_is_refused_and_the_rest_carry_on() ->
     produce_everywhere(&c, topic, partitions, 10).await?;
     // Cut off: broker 3's replicas got none of the new records.
     for p in 0..partitions {
+        // (Refused by the metadata leader too, it cannot even catch up its
+        // metadata and open its replicas: it says so.)
         let s = status(&c, 3, topic, p).await?;
-        assert!(s.high_watermark <= 10, "broker 3 partition {p} at {} while cut off", s.high_watermark);
+        let catching_up = s.error.as_ref().is_some_and(|e| e.message.contains("metadata is catching up"));
+        assert!(catching_up || s.high_watermark <= 10, "broker 3 partition {p} while cut off: {s:?}");
     }
 
     // Rolled back to 1.0, broker 3 catches up with what it missed.

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use ferrolog_proto::raft as pb;
-use ferrolog_proto::raft::raft_peer_client::RaftPeerClient;
+use ferrolog_proto::raft::peer_client::PeerClient;
 use ferrolog_raft_store::snapshot::SnapshotFiles;
 use ferrolog_raft_store::state_machine::Snapshot;
 use ferrolog_raft_store::types::{
@@ -151,7 +151,7 @@ pub struct PeerNetwork {
     recorded_addr: String,
     /// Channels, and the target's current address (looked up on every RPC,
     /// so a broker that moved is reached by links made before it moved).
-    /// `None` only in unit tests of the encoding.
+    /// `None` only in unit tests (no channels).
     peers: Option<PeerAddresses>,
     /// See [`PeerAddresses::new`].
     min_timeout: std::time::Duration,
@@ -174,7 +174,7 @@ fn refused(e: Option<&pb::PeerError>) -> Result<(), RPCError<TypeConfig>> {
 }
 
 impl PeerNetwork {
-    fn client(&self) -> Result<RaftPeerClient<InterceptedService<Channel, Stamp>>, RPCError<TypeConfig>> {
+    fn client(&self) -> Result<PeerClient<InterceptedService<Channel, Stamp>>, RPCError<TypeConfig>> {
         let peers = self.peers.as_ref().ok_or_else(|| unreachable("no peer channels"))?;
         let channel = peers.channel(&peers.address_of(self.target, &self.recorded_addr))?;
         Ok(peer_client(channel).max_decoding_message_size(usize::MAX))
@@ -305,7 +305,7 @@ mod tests {
         let via = proxy.local_addr().expect("addr");
         let peer: SocketAddr = "192.0.2.7:9093".parse().expect("addr"); // TEST-NET-1, RFC 5737
         let peers = PeerAddresses::new([(peer, via)], Duration::from_secs(2));
-        let mut client = RaftPeerClient::new(peers.channel(&peer.to_string()).expect("channel"));
+        let mut client = PeerClient::new(peers.channel(&peer.to_string()).expect("channel"));
         let call =
             tokio::spawn(async move { client.append_entries(pb::AppendEntriesRequest::default()).await });
         let accepted = tokio::time::timeout(Duration::from_secs(5), proxy.accept()).await;

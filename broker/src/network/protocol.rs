@@ -11,7 +11,7 @@
 use std::fmt;
 use std::sync::LazyLock;
 
-use ferrolog_proto::raft::raft_peer_client::RaftPeerClient;
+use ferrolog_proto::raft::peer_client::PeerClient;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
@@ -22,9 +22,9 @@ pub const MAJOR: u32 = 1;
 pub const MINOR: u32 = 0;
 /// The gRPC metadata key carrying the sender's version, `MAJOR.MINOR`.
 pub const HEADER: &str = "ferrolog-peer-protocol";
-/// Environment variable that makes this broker announce another version.
-/// For tests of mixed-version clusters only: the messages do not change.
-pub const TEST_OVERRIDE_ENV: &str = "FERROLOG_TEST_PEER_PROTOCOL";
+/// A version to announce instead of this build's, set by
+/// [`announce_for_tests`] before the broker starts.
+static TEST_OVERRIDE: std::sync::OnceLock<Version> = std::sync::OnceLock::new();
 
 /// A peer protocol version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -55,20 +55,23 @@ impl Version {
     }
 }
 
+/// Makes this process announce `v` instead of its build's version: for
+/// tests of mixed-version clusters only (the messages do not change). Only
+/// the tests' broker program calls it (`tests/src/bin`); the
+/// `ferrolog-broker` binary never does. Must run before the broker starts;
+/// later calls are ignored.
+pub fn announce_for_tests(v: Version) {
+    let _ = TEST_OVERRIDE.set(v);
+}
+
 static OURS: LazyLock<Version> = LazyLock::new(|| {
     let built = Version { major: MAJOR, minor: MINOR };
-    match std::env::var(TEST_OVERRIDE_ENV) {
-        Ok(s) => match Version::parse(&s) {
-            Some(v) => {
-                tracing::warn!(version = %v, built = %built, "announcing a peer protocol version set by {TEST_OVERRIDE_ENV} (for tests only)");
-                v
-            }
-            None => {
-                tracing::error!(value = %s, "{TEST_OVERRIDE_ENV} is not MAJOR.MINOR; ignored");
-                built
-            }
-        },
-        Err(_) => built,
+    match TEST_OVERRIDE.get() {
+        Some(v) => {
+            tracing::warn!(version = %v, built = %built, "announcing another peer protocol version (tests only)");
+            *v
+        }
+        None => built,
     }
 });
 
@@ -94,8 +97,8 @@ fn stamp(mut req: Request<()>) -> Result<Request<()>, Status> {
 
 /// A `RaftPeer` client over `channel` whose requests carry this broker's
 /// protocol version. Every peer request goes through one of these.
-pub fn peer_client(channel: Channel) -> RaftPeerClient<InterceptedService<Channel, Stamp>> {
-    RaftPeerClient::with_interceptor(channel, stamp as Stamp)
+pub fn peer_client(channel: Channel) -> PeerClient<InterceptedService<Channel, Stamp>> {
+    PeerClient::with_interceptor(channel, stamp as Stamp)
 }
 
 /// Why a request was refused: `Err` names both versions and what to do.
@@ -154,6 +157,16 @@ pub fn check_peer(peer: u32, major: u32, minor: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_service_is_not_the_one_version_0_brokers_serve() {
+        use tonic::server::NamedService;
+        type Server = ferrolog_proto::raft::peer_server::PeerServer<crate::network::RaftPeerServer>;
+        // Version 0 served `ferrolog.raft.v1.RaftPeer` and checks no
+        // version: under that name it would decode these messages as its
+        // own. Under another it answers UNIMPLEMENTED.
+        assert_eq!(<Server as NamedService>::NAME, "ferrolog.raft.v1.Peer");
+    }
 
     #[test]
     fn versions_parse_and_only_the_major_must_match() {

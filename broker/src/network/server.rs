@@ -2,7 +2,7 @@
 //! the hosted group it names.
 
 use ferrolog_proto::raft as pb;
-use ferrolog_proto::raft::raft_peer_server::RaftPeer;
+use ferrolog_proto::raft::peer_server::Peer;
 use ferrolog_proto::raft::{PeerError, PeerErrorCode, SnapshotChunk};
 use ferrolog_raft_store::state_machine::Snapshot;
 use ferrolog_raft_store::wire;
@@ -61,11 +61,9 @@ impl RaftPeerServer {
     /// ([`protocol::check`]).
     pub fn into_service(
         self,
-    ) -> InterceptedService<ferrolog_proto::raft::raft_peer_server::RaftPeerServer<Self>, protocol::Check>
-    {
+    ) -> InterceptedService<ferrolog_proto::raft::peer_server::PeerServer<Self>, protocol::Check> {
         let max = self.message_bytes_max;
-        let server =
-            ferrolog_proto::raft::raft_peer_server::RaftPeerServer::new(self).max_decoding_message_size(max);
+        let server = ferrolog_proto::raft::peer_server::PeerServer::new(self).max_decoding_message_size(max);
         InterceptedService::new(server, protocol::check as protocol::Check)
     }
 
@@ -138,7 +136,7 @@ fn stopped(e: impl std::fmt::Display) -> PeerError {
 }
 
 #[tonic::async_trait]
-impl RaftPeer for RaftPeerServer {
+impl Peer for RaftPeerServer {
     async fn append_entries(
         &self,
         request: Request<pb::AppendEntriesRequest>,
