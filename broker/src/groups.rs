@@ -43,12 +43,29 @@ pub struct GroupRegistry {
     /// The reconciler has opened every replica the metadata assigns this
     /// broker at least once since it started (reported in pings).
     replicas_open: Arc<std::sync::atomic::AtomicBool>,
+    /// [`GroupRegistry::leading`] as last computed, and when.
+    leading_cache: Arc<std::sync::Mutex<Option<LeadingAt>>>,
 }
+
+/// [`GroupRegistry::leading`]'s answer and when it was computed.
+type LeadingAt = (std::time::Instant, Arc<Vec<GroupId>>);
+
+/// How long [`GroupRegistry::leading`] reuses its answer. Every broker's
+/// pings ask for it (each broker pings every other once per heartbeat
+/// interval, 100 ms by default), and computing it reads every hosted
+/// group's Raft state: at 3,000 groups that was most of an idle broker's
+/// CPU. Hand-overs and group changes drop the cached answer at once.
+pub const LEADING_CACHE_FOR: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl GroupRegistry {
     /// Adds (or replaces) the replica of `group`.
     pub fn insert(&self, group: GroupId, hosted: HostedGroup) {
         self.groups.write().unwrap_or_else(|p| p.into_inner()).insert(group, hosted);
+        self.forget_leading();
+    }
+
+    fn forget_leading(&self) {
+        *self.leading_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// Removes the replica of `group`, returning it, and forgets its
@@ -56,7 +73,9 @@ impl GroupRegistry {
     /// `crate::checkquorum` only updates the groups it still examines).
     pub fn remove(&self, group: GroupId) -> Option<HostedGroup> {
         self.handing_over.write().unwrap_or_else(|p| p.into_inner()).remove(&group);
-        self.groups.write().unwrap_or_else(|p| p.into_inner()).remove(&group)
+        let removed = self.groups.write().unwrap_or_else(|p| p.into_inner()).remove(&group);
+        self.forget_leading();
+        removed
     }
 
     /// Records that every replica the metadata assigns this broker has been
@@ -79,7 +98,22 @@ impl GroupRegistry {
     /// reporting the leader state it stopped in, so it is left out: its
     /// followers must not stay parked trusting it) and is not handing over
     /// (see [`GroupRegistry::set_handing_over`]).
-    pub fn leading(&self) -> Vec<GroupId> {
+    ///
+    /// Reused for [`LEADING_CACHE_FOR`]: a leadership won or lost here
+    /// shows in pings up to that much later (a hand-over at once).
+    pub fn leading(&self) -> Arc<Vec<GroupId>> {
+        let mut cache = self.leading_cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, list)) = cache.as_ref()
+            && at.elapsed() < LEADING_CACHE_FOR
+        {
+            return list.clone();
+        }
+        let list = Arc::new(self.compute_leading());
+        *cache = Some((std::time::Instant::now(), list.clone()));
+        list
+    }
+
+    fn compute_leading(&self) -> Vec<GroupId> {
         use openraft::async_runtime::watch::WatchReceiver;
         let groups = self.groups.read().unwrap_or_else(|p| p.into_inner());
         let handing_over = self.handing_over.read().unwrap_or_else(|p| p.into_inner());
@@ -104,6 +138,8 @@ impl GroupRegistry {
             Some(t) => map.insert(group, t),
             None => map.remove(&group),
         };
+        drop(map);
+        self.forget_leading();
     }
 
     /// Sets (`Some`) or clears the vote floor of a recovering replica of

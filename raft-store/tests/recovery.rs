@@ -274,6 +274,16 @@ fn a_snapshot_carries_every_retained_record_to_an_empty_replica() {
     assert_eq!(follower.read(0, usize::MAX).expect("read").len(), 50);
 }
 
+/// Flips a payload bit of entry `n` of a segment written by
+/// [`write_entries`] (300-byte payloads, 80-byte frame headers).
+fn flip_payload_bit(seg: &Path, n: u64) {
+    let f = OpenOptions::new().read(true).write(true).open(seg).expect("open");
+    let position = 40 + n * (80 + 300) + 80 + 10;
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, position).expect("read");
+    f.write_all_at(&[b[0] ^ 0x01], position).expect("flip");
+}
+
 #[test]
 fn a_damaged_frame_in_the_active_segment_before_valid_ones_is_corruption_not_a_torn_tail() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -281,12 +291,7 @@ fn a_damaged_frame_in_the_active_segment_before_valid_ones_is_corruption_not_a_t
     let seg = segments(dir.path()).pop().expect("segment");
     let len_before = fs::metadata(&seg).expect("stat").len();
     // Flip a payload bit of entry 5; entries 6..19 after it are intact.
-    let f = OpenOptions::new().read(true).write(true).open(&seg).expect("open");
-    let position = 40 + 5 * (80 + 300) + 80 + 10;
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, position).expect("read");
-    f.write_all_at(&[b[0] ^ 0x01], position).expect("flip");
-    drop(f);
+    flip_payload_bit(&seg, 5);
     let log = PartitionLog::open(&dir.path().join("log"), StoreConfig::default(), flusher()).expect("open");
     assert_set_aside(&log, &seg, len_before);
     assert_eq!(log.log_state().last_log_id, Some(log_id(1, 1, 4)), "the valid prefix is entries 0..=4");
@@ -316,12 +321,7 @@ fn a_damaged_frame_followed_only_by_membership_frames_is_corruption_not_a_torn_t
     let seg = segments(dir.path()).pop().expect("segment");
     let len_before = fs::metadata(&seg).expect("stat").len();
     // Flip a payload bit of entry 4: only the membership frames follow it.
-    let f = OpenOptions::new().read(true).write(true).open(&seg).expect("open");
-    let position = 40 + 4 * (80 + 300) + 80 + 10;
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, position).expect("read");
-    f.write_all_at(&[b[0] ^ 0x01], position).expect("flip");
-    drop(f);
+    flip_payload_bit(&seg, 4);
     let log = PartitionLog::open(&dir.path().join("log"), StoreConfig::default(), flusher()).expect("open");
     assert_set_aside(&log, &seg, len_before);
     assert_eq!(log.log_state().last_log_id, Some(log_id(1, 1, 3)), "the valid prefix is entries 0..=3");

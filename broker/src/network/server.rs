@@ -286,7 +286,7 @@ impl Peer for RaftPeerServer {
         };
         Ok(Response::new(PingResponse {
             broker_id: self.broker_id,
-            leading_groups: self.groups.leading(),
+            leading_groups: self.groups.leading().to_vec(),
             metadata_initialized,
             your_incarnation,
             image_caught_up,
