@@ -3,10 +3,11 @@
 //!
 //! A request carries the sender's version in the gRPC metadata key
 //! [`HEADER`]; the receiver refuses any other major version, or a request
-//! without one (version 0, the JSON protocol of the first brokers), with
-//! `FAILED_PRECONDITION` and a log line naming the peer and both versions.
-//! Pings answer with the receiver's version, so the sender also learns of
-//! a mismatch and says so in its own log.
+//! without one, with `FAILED_PRECONDITION` and a log line naming the peer
+//! and both versions. Pings answer with the receiver's version, so the
+//! sender also learns of a mismatch and says so in its own log. (The first
+//! brokers' protocol, version 0, served another gRPC service name: they
+//! and 1.0 brokers answer each other `UNIMPLEMENTED`.)
 
 use std::fmt;
 use std::sync::LazyLock;
