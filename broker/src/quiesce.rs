@@ -270,6 +270,10 @@ fn view(p: &Partition, liveness: &Liveness, me: u32) -> GroupView {
 /// say has changed (see [`run`]).
 pub const FULL_ROUND_EVERY: Duration = Duration::from_secs(1);
 
+// A leader woken by a write is looked at again, at the latest, by a full
+// round while it still counts as recently written.
+const _: () = assert!(FULL_ROUND_EVERY.as_millis() < ACTIVE_AFTER_WRITE.as_millis());
+
 /// Whether a group's decision can only change with the pings: a parked
 /// leader (not written, followers caught up) or a parked follower with a
 /// live leader. Writes wake a leader on their own path; everything else
@@ -319,14 +323,21 @@ pub async fn run(
         for p in visit {
             let v = view(&p, &liveness, me);
             let decision = decide(v);
-            if settled(&v, decision) {
+            // Only a leader's ticker does anything (heartbeats): elections
+            // are started here, openraft's timer is off.
+            p.set_ticking(decision == Decision::Tick);
+            // A write that came after `view` read the group (its own
+            // `set_ticking(true)` may have been undone just above) wakes it
+            // again now rather than at the next full round.
+            let written_since = v.is_leader && !v.recently_written && p.written_within(ACTIVE_AFTER_WRITE);
+            if written_since {
+                p.set_ticking(true);
+            }
+            if settled(&v, decision) && !written_since {
                 quiet.insert(p.group);
             } else {
                 quiet.remove(&p.group);
             }
-            // Only a leader's ticker does anything (heartbeats): elections
-            // are started here, openraft's timer is off.
-            p.set_ticking(decision == Decision::Tick);
             match decision {
                 Decision::Tick | Decision::Park => {}
                 Decision::Campaign if !p.campaign.due() => {}

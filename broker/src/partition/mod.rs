@@ -58,6 +58,9 @@ pub struct Partition {
     last_write_ms: AtomicU64,
     created: Instant,
     ticking: AtomicBool,
+    /// Held while `ticking` changes and openraft is told, so the last
+    /// change to reach openraft is the one `ticking` shows.
+    ticking_change: std::sync::Mutex<()>,
     /// When the ticker last started, ms since `created`.
     ticking_since_ms: AtomicU64,
     /// Set by [`crate::checkquorum`]: this replica leads without a quorum.
@@ -141,6 +144,7 @@ impl Partition {
             last_write_ms: AtomicU64::new(0),
             created: Instant::now(),
             ticking: AtomicBool::new(true),
+            ticking_change: std::sync::Mutex::new(()),
             ticking_since_ms: AtomicU64::new(0),
             quorum_lost: AtomicBool::new(false),
             campaign: crate::quiesce::Campaign::default(),
@@ -172,8 +176,14 @@ impl Partition {
     }
 
     /// Runs or parks the group's Raft ticker (heartbeats, election timeout).
+    ///
+    /// The produce path and the scheduling round (`crate::quiesce`) both
+    /// call this; the flag and openraft's ticker change together under a
+    /// lock, or a write's `true` and the round's `false` could cross and
+    /// leave the flag saying parked while openraft ticks (or the reverse).
     pub fn set_ticking(&self, on: bool) {
-        if self.ticking.swap(on, Ordering::Relaxed) != on {
+        let _serial = self.ticking_change.lock().unwrap_or_else(|p| p.into_inner());
+        if self.ticking.swap(on, Ordering::AcqRel) != on {
             if on {
                 self.ticking_since_ms.store(self.created.elapsed().as_millis() as u64, Ordering::Relaxed);
             }
