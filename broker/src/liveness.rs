@@ -62,6 +62,8 @@ pub struct Liveness {
     started: Arc<Mutex<Option<Instant>>>,
     /// Counts changes of what the pings say ([`Liveness::changes`]).
     changes: Arc<AtomicU64>,
+    /// The brokers pinged in the last round (the registered ones).
+    pinged: Arc<Mutex<Vec<BrokerId>>>,
 }
 
 impl Default for Liveness {
@@ -71,6 +73,7 @@ impl Default for Liveness {
             dead_after: Arc::new(Mutex::new(Duration::from_secs(1))),
             started: Arc::default(),
             changes: Arc::default(),
+            pinged: Arc::default(),
         }
     }
 }
@@ -106,15 +109,23 @@ impl Liveness {
         silence_allowed(dead_after, seen.get(&broker).map_or(Duration::ZERO, |h| h.rtt))
     }
 
-    /// Records that a ping to `broker` was refused: it is dead now.
+    /// Records that a ping to `broker` was refused: it is dead now (and,
+    /// if it never answered, known to be: see [`Liveness::settled`]).
     fn refused(&self, broker: BrokerId) {
         let dead_after = self.dead_after();
-        if let Some(h) = self.seen.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&broker) {
-            if Self::fresh(h, dead_after) {
-                self.changed();
-            }
-            h.refused = true;
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let h = seen.entry(broker).or_insert_with(|| Heard {
+            at: Instant::now(),
+            rtt: Duration::ZERO,
+            refused: true,
+            leading: HashSet::new(),
+            boot_id: 0,
+            returned_at: None,
+        });
+        if Self::fresh(h, dead_after) {
+            self.changed();
         }
+        h.refused = true;
     }
 
     /// A number that grows whenever what the pings say changes: a broker
@@ -130,12 +141,30 @@ impl Liveness {
         self.changes.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Whether every broker has had time to answer since pinging started
-    /// (one `dead_after` window): before that, a broker not heard from yet
-    /// may be alive, so nothing should be concluded from its silence.
+    /// Whether every broker has had time to answer since pinging started:
+    /// one `dead_after` window has passed and every broker pinged has
+    /// answered or refused the connection at least once, or, for one that
+    /// did neither (slow to answer, or unreachable without a refusal),
+    /// [`SILENCE_MAX`] has passed. Before that, a broker not heard from yet
+    /// may be alive and leading, so nothing should be concluded from its
+    /// silence: a broker that restarts into a loaded cluster, whose first
+    /// pings take longer than `dead_after`, would otherwise campaign for
+    /// groups led elsewhere (and, their leaders being parked, with no lease
+    /// on the other followers to refuse it, win: an election for nothing).
     pub fn settled(&self) -> bool {
         let dead_after = self.dead_after();
-        self.started.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|t| t.elapsed() >= dead_after)
+        let Some(since) = self.started.lock().unwrap_or_else(|p| p.into_inner()).map(|t| t.elapsed()) else {
+            return false;
+        };
+        if since < dead_after {
+            return false;
+        }
+        if since >= SILENCE_MAX {
+            return true;
+        }
+        let pinged = self.pinged.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        pinged.iter().all(|b| seen.contains_key(b))
     }
 
     /// Whether `broker` is alive and has opened the replicas its metadata
@@ -213,6 +242,8 @@ impl Liveness {
             self.note_silences(&mut alive);
             let brokers: Vec<(BrokerId, String)> =
                 image.borrow().brokers.iter().map(|(id, b)| (*id, b.peer_addr.clone())).collect();
+            *self.pinged.lock().unwrap_or_else(|p| p.into_inner()) =
+                brokers.iter().map(|(id, _)| *id).collect();
             for (id, addr) in brokers {
                 let Ok(channel) = peers.channel(&addr) else { continue };
                 let this = self.clone();
@@ -297,6 +328,25 @@ mod tests {
         let c5 = l.changes();
         l.note_silences(&mut alive);
         assert_eq!(l.changes(), c5);
+    }
+
+    #[test]
+    fn silence_is_concluded_only_once_every_broker_answered_or_refused() {
+        let l = Liveness::default();
+        assert!(!l.settled(), "not pinging yet");
+        *l.dead_after.lock().unwrap() = Duration::from_millis(10);
+        *l.started.lock().unwrap() = Some(Instant::now() - Duration::from_millis(20));
+        *l.pinged.lock().unwrap() = vec![1, 2, 3];
+        l.mark(1, vec![], 1, true, Duration::from_millis(1));
+        assert!(!l.settled(), "brokers 2 and 3 have neither answered nor refused");
+        l.refused(3);
+        assert!(!l.settled() && !l.is_alive(3), "broker 2 is still unheard");
+        l.mark(2, vec![7], 1, true, Duration::from_millis(1));
+        assert!(l.settled());
+        *l.pinged.lock().unwrap() = vec![1, 2, 3, 4];
+        assert!(!l.settled(), "a broker registered since");
+        *l.started.lock().unwrap() = Some(Instant::now() - SILENCE_MAX);
+        assert!(l.settled(), "SILENCE_MAX is as long as an unheard broker can hold it up");
     }
 
     #[test]
