@@ -50,7 +50,7 @@ pub use batch::{AppendResult, NO_PRODUCER_ID, RecordBatch};
 pub use config::{FlushPolicy, StoreConfig};
 pub use error::StoreError;
 pub use flusher::Flusher;
-pub use log::{Damage, PartitionLog, StoredBatch};
+pub use log::{Damage, PartitionLog, ReadPlan, StoredBatch};
 pub use log_store::LogStore;
 pub use producer::{ProducerStates, SequenceCheck};
 pub use replica::Replica;

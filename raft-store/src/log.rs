@@ -19,10 +19,10 @@ use bytes::Bytes;
 use crate::config::{FlushPolicy, StoreConfig};
 use crate::error::{Result, StoreError};
 use crate::flusher::{FlushCallback, Flusher};
-use crate::format::{self, FrameHeader};
+use crate::format::{self, FrameHeader, SEGMENT_HEADER_BYTES};
 use crate::fsutil;
 use crate::meta::{self, MetaStore, Sync};
-use crate::segment::{Segment, parse_segment_file_name};
+use crate::segment::{Segment, SegmentReader, parse_segment_file_name};
 use crate::tail_cache::TailCache;
 use crate::types::{Entry, LogId, LogState, Vote};
 
@@ -40,6 +40,54 @@ impl StoredBatch {
     /// The batch's encoded records (the frame without its header).
     pub fn records(&self) -> Bytes {
         self.frame.slice(format::FRAME_HEADER_BYTES..)
+    }
+}
+
+/// A consumer read planned under the log's lock by
+/// [`PartitionLog::plan_read`] and run, without it, by [`ReadPlan::run`]:
+/// a large fetch then reads its files while appends go on.
+#[derive(Debug)]
+pub struct ReadPlan {
+    /// Segments to read, in order, with the byte position to start at.
+    parts: Vec<(SegmentReader, u64)>,
+    from_offset: u64,
+    max_bytes: usize,
+    /// Exclusive offset no returned batch reaches past.
+    up_to: u64,
+}
+
+impl ReadPlan {
+    /// Reads the planned batches (see [`PartitionLog::read`]). Blocking
+    /// file IO: call it off async worker threads.
+    ///
+    /// # Errors
+    /// [`StoreError::Corruption`] for a frame that does not verify (which,
+    /// past the high watermark, may be a concurrent truncation: see
+    /// [`SegmentReader`]); [`StoreError::Io`].
+    pub fn run(self) -> Result<Vec<StoredBatch>> {
+        let mut out: Vec<StoredBatch> = Vec::new();
+        let mut budget = self.max_bytes;
+        let mut from = self.from_offset;
+        let up_to = self.up_to;
+        for (reader, pos) in &self.parts {
+            if from >= up_to {
+                break;
+            }
+            // Go on to the next segment only if this one was read to its end.
+            let (frames, exhausted) =
+                reader.read_frames(*pos, budget, out.is_empty(), |h| h.next_offset() <= up_to)?;
+            for (header, frame) in frames {
+                budget = budget.saturating_sub(header.frame_bytes);
+                from = header.next_offset();
+                if header.record_count > 0 {
+                    out.push(StoredBatch { header, frame });
+                }
+            }
+            if !exhausted || budget == 0 {
+                break;
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -641,12 +689,26 @@ impl PartitionLog {
     /// one that holds `from_offset`, none reaching past `up_to_offset`
     /// (exclusive; the high watermark), at most `max_bytes` of frames unless
     /// the first batch alone is larger (KIP-74). Frames come back byte for
-    /// byte as stored, CRC-verified.
+    /// byte as stored, CRC-verified. The same as [`PartitionLog::plan_read`]
+    /// then [`ReadPlan::run`], with the log borrowed throughout.
     ///
     /// # Errors
     /// [`StoreError::OffsetOutOfRange`] if `from_offset` is below the log
     /// start offset or above `up_to_offset`; [`StoreError::Corruption`].
     pub fn read(&self, from_offset: u64, max_bytes: usize, up_to_offset: u64) -> Result<Vec<StoredBatch>> {
+        self.plan_read(from_offset, max_bytes, up_to_offset)?.run()
+    }
+
+    /// Plans a consumer read (see [`PartitionLog::read`]) so that it can run
+    /// without borrowing the log, i.e. without the lock appends need: checks
+    /// the bounds, finds where the first batch starts through the sparse
+    /// index (at most one index interval of frame headers read here), and
+    /// takes a [`SegmentReader`] of each segment the read may reach (as many
+    /// as `max_bytes` can cover).
+    ///
+    /// # Errors
+    /// As [`PartitionLog::read`].
+    pub fn plan_read(&self, from_offset: u64, max_bytes: usize, up_to_offset: u64) -> Result<ReadPlan> {
         let up_to = up_to_offset.min(self.log_end_offset());
         if from_offset < self.log_start_offset() || from_offset > self.log_end_offset() {
             return Err(StoreError::OffsetOutOfRange {
@@ -655,30 +717,22 @@ impl PartitionLog {
                 log_end_offset: self.log_end_offset(),
             });
         }
-        let mut out: Vec<StoredBatch> = Vec::new();
-        let mut budget = max_bytes;
-        let mut from = from_offset;
-        let first = self.segments.partition_point(|s| s.next_offset() <= from_offset);
-        for seg in &self.segments[first..] {
-            if from >= up_to {
-                break;
-            }
-            let pos = seg.position_of_offset(from)?;
-            // Go on to the next segment only if this one was read to its end.
-            let (frames, exhausted) =
-                seg.read_frames(pos, budget, out.is_empty(), |h| h.next_offset() <= up_to)?;
-            for (header, frame) in frames {
-                budget = budget.saturating_sub(header.frame_bytes);
-                from = header.next_offset();
-                if header.record_count > 0 {
-                    out.push(StoredBatch { header, frame });
+        let mut parts = Vec::new();
+        if from_offset < up_to {
+            let first = self.segments.partition_point(|s| s.next_offset() <= from_offset);
+            let mut covered = 0u64;
+            for (i, seg) in self.segments[first..].iter().enumerate() {
+                if seg.base_offset() >= up_to || covered >= max_bytes as u64 {
+                    break;
                 }
-            }
-            if !exhausted || budget == 0 {
-                break;
+                let pos =
+                    if i == 0 { seg.position_of_offset(from_offset)? } else { SEGMENT_HEADER_BYTES as u64 };
+                let reader = seg.reader();
+                covered = covered.saturating_add(reader.bytes_from(pos));
+                parts.push((reader, pos));
             }
         }
-        Ok(out)
+        Ok(ReadPlan { parts, from_offset, max_bytes, up_to })
     }
 
     /// Kafka's ListOffsets by timestamp (KIP-79) at record granularity: the

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use crate::config::StoreConfig;
 use crate::error::{Result, StoreError};
 use crate::flusher::Flusher;
-use crate::log::{PartitionLog, StoredBatch};
+use crate::log::{PartitionLog, ReadPlan, StoredBatch};
 use crate::log_store::LogStore;
 use crate::meta::{self, Sync};
 use crate::producer::{ProducerStates, SequenceCheck};
@@ -179,10 +179,32 @@ impl Replica {
     /// `max_bytes` (one whole batch at least), never at or past the high
     /// watermark. See [`PartitionLog::read`].
     ///
+    /// The log's lock, which appends need, is held only to plan the read
+    /// ([`PartitionLog::plan_read`]); the files are read without it, so a
+    /// large fetch does not hold up appends. Blocking file IO: call it off
+    /// async worker threads.
+    ///
     /// # Errors
     /// [`StoreError::OffsetOutOfRange`] with the log start offset and high
     /// watermark; [`StoreError::Corruption`] with file and position.
     pub fn read(&self, from_offset: u64, max_bytes: usize) -> Result<Vec<StoredBatch>> {
+        let (plan, hw) = self.plan_read(from_offset, max_bytes)?;
+        match plan.run() {
+            Ok(batches) => Ok(batches),
+            // A frame past the high watermark may have been truncated and
+            // rewritten while the files were read: only a read under the
+            // lock, where they cannot change, can say the log is damaged.
+            Err(_) => self.log().read(from_offset, max_bytes, hw),
+        }
+    }
+
+    /// The first half of [`Replica::read`]: plans a read of committed
+    /// batches under the log's lock and returns it with the high watermark
+    /// it stops at. [`ReadPlan::run`] reads the files without the lock.
+    ///
+    /// # Errors
+    /// As [`Replica::read`].
+    pub fn plan_read(&self, from_offset: u64, max_bytes: usize) -> Result<(ReadPlan, u64)> {
         let hw = self.high_watermark();
         let log = self.log();
         if from_offset > hw {
@@ -193,7 +215,7 @@ impl Replica {
                 log_end_offset: hw,
             });
         }
-        log.read(from_offset, max_bytes, hw)
+        Ok((log.plan_read(from_offset, max_bytes, hw)?, hw))
     }
 
     /// Kafka's ListOffsets by timestamp (KIP-79) over committed records: the

@@ -53,6 +53,86 @@ pub struct Segment {
     sealed: bool,
 }
 
+/// A read-only view of one segment, for reading frames without the log's
+/// lock: the file stays open (and readable after a purge or a snapshot
+/// removes it) while the view lives, and only the bytes written when it
+/// was taken (`end`) are read. Frames at or below the high watermark never
+/// change once written (Raft: committed entries are never overwritten,
+/// §5.3); bytes past it may be truncated and rewritten meanwhile, so a
+/// caller that reads up to the high watermark and meets a frame that does
+/// not verify must retry under the lock before it reports corruption
+/// (`crate::replica::Replica::read` does).
+#[derive(Clone, Debug)]
+pub struct SegmentReader {
+    path: PathBuf,
+    file: Arc<File>,
+    end: u64,
+}
+
+impl SegmentReader {
+    /// Reads verified frames from `position` (a frame boundary) while `keep`
+    /// accepts them and the total stays within `max_bytes`. With
+    /// `first_whole`, the first frame is returned even if it alone exceeds
+    /// `max_bytes` (so a consumer always makes progress, KIP-74). Each frame
+    /// comes back as its header and its exact bytes, sliced without copying
+    /// from the read buffer. The flag says whether the read stopped at the
+    /// end of the segment (rather than at the budget or at `keep`).
+    ///
+    /// # Errors
+    /// [`StoreError::Corruption`] for a frame that does not verify;
+    /// [`StoreError::Io`].
+    pub fn read_frames(
+        &self,
+        position: u64,
+        max_bytes: usize,
+        first_whole: bool,
+        keep: impl FnMut(&FrameHeader) -> bool,
+    ) -> Result<(Vec<(FrameHeader, Bytes)>, bool)> {
+        read_frames(&self.file, &self.path, self.end, position, max_bytes, first_whole, keep)
+    }
+
+    /// Bytes of the segment from `position` to the end of the view.
+    pub fn bytes_from(&self, position: u64) -> u64 {
+        self.end.saturating_sub(position)
+    }
+}
+
+/// See [`SegmentReader::read_frames`]; `end` is the length to read up to.
+fn read_frames(
+    file: &File,
+    path: &Path,
+    end: u64,
+    position: u64,
+    max_bytes: usize,
+    first_whole: bool,
+    mut keep: impl FnMut(&FrameHeader) -> bool,
+) -> Result<(Vec<(FrameHeader, Bytes)>, bool)> {
+    let mut out = Vec::new();
+    let mut total = 0usize;
+    let mut cursor = FrameCursor::new(position, end);
+    loop {
+        let at = cursor.position;
+        match cursor.next(file, path)? {
+            None => return Ok((out, true)),
+            Some(Ok((h, bytes))) => {
+                let oversize = total + h.frame_bytes > max_bytes && !(first_whole && out.is_empty());
+                if !keep(&h) || oversize {
+                    return Ok((out, false));
+                }
+                total += h.frame_bytes;
+                out.push((h, bytes));
+                if total >= max_bytes {
+                    let at_end = cursor.position >= end;
+                    return Ok((out, at_end));
+                }
+            }
+            Some(Err(source)) => {
+                return Err(StoreError::Corruption { path: path.to_owned(), position: at, source });
+            }
+        }
+    }
+}
+
 /// How a scan treats a frame that does not verify.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum OnBadFrame {
@@ -402,13 +482,7 @@ impl Segment {
         }
     }
 
-    /// Reads verified frames from `position` (a frame boundary) while `keep`
-    /// accepts them and the total stays within `max_bytes`. With
-    /// `first_whole`, the first frame is returned even if it alone exceeds
-    /// `max_bytes` (so a consumer always makes progress, KIP-74). Each frame
-    /// comes back as its header and its exact bytes, sliced without copying
-    /// from the read buffer. The flag says whether the read stopped at the
-    /// end of the segment (rather than at the budget or at `keep`).
+    /// Reads verified frames from `position`; see [`SegmentReader::read_frames`].
     ///
     /// # Errors
     /// [`StoreError::Corruption`] for a frame that does not verify.
@@ -417,32 +491,16 @@ impl Segment {
         position: u64,
         max_bytes: usize,
         first_whole: bool,
-        mut keep: impl FnMut(&FrameHeader) -> bool,
+        keep: impl FnMut(&FrameHeader) -> bool,
     ) -> Result<(Vec<(FrameHeader, Bytes)>, bool)> {
-        let mut out = Vec::new();
-        let mut total = 0usize;
-        let mut cursor = FrameCursor::new(position, self.size_bytes);
-        loop {
-            let at = cursor.position;
-            match cursor.next(&self.file, &self.path)? {
-                None => return Ok((out, true)),
-                Some(Ok((h, bytes))) => {
-                    let oversize = total + h.frame_bytes > max_bytes && !(first_whole && out.is_empty());
-                    if !keep(&h) || oversize {
-                        return Ok((out, false));
-                    }
-                    total += h.frame_bytes;
-                    out.push((h, bytes));
-                    if total >= max_bytes {
-                        let at_end = cursor.position >= self.size_bytes;
-                        return Ok((out, at_end));
-                    }
-                }
-                Some(Err(source)) => {
-                    return Err(StoreError::Corruption { path: self.path.clone(), position: at, source });
-                }
-            }
-        }
+        read_frames(&self.file, &self.path, self.size_bytes, position, max_bytes, first_whole, keep)
+    }
+
+    /// What a read of this segment needs, as it is now: the open file and
+    /// the length written so far. Taken under the log's lock and used
+    /// without it (see [`SegmentReader`]).
+    pub fn reader(&self) -> SegmentReader {
+        SegmentReader { path: self.path.clone(), file: Arc::clone(&self.file), end: self.size_bytes }
     }
 
     /// fsyncs the segment's data.

@@ -39,6 +39,19 @@ pub struct ProduceArgs {
     batch_bytes: usize,
 }
 
+impl ProduceArgs {
+    /// Pipelined produce of `record_bytes` records for `seconds` to a topic
+    /// of `partitions` (20,000 in flight, 2 ms linger, 256 KiB batches).
+    pub fn pipelined(record_bytes: usize, seconds: u64, partitions: u32) -> Self {
+        Self { record_bytes, seconds, partitions, in_flight: 20_000, linger_ms: 2, batch_bytes: 256 * 1024 }
+    }
+
+    /// One record awaiting its acknowledgement at a time (no linger).
+    pub fn one_in_flight(record_bytes: usize, seconds: u64, partitions: u32) -> Self {
+        Self { in_flight: 1, linger_ms: 0, ..Self::pipelined(record_bytes, seconds, partitions) }
+    }
+}
+
 /// Flags of `e2e`.
 #[derive(Args, Debug, Clone)]
 pub struct E2eArgs {

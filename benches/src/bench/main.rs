@@ -14,6 +14,7 @@
 
 mod churn;
 mod cluster;
+mod contention;
 mod idle;
 mod load;
 mod restart;
@@ -44,6 +45,8 @@ enum Cmd {
     Churn(churn::ChurnArgs),
     /// Time until every partition has a leader after one broker's restart.
     Restart(restart::RestartArgs),
+    /// p99 of one-in-flight appends alone and beside a 16 MiB fetch loop.
+    Contention(contention::ContentionArgs),
 }
 
 #[tokio::main]
@@ -60,5 +63,6 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Idle(a) => idle::run(a).await,
         Cmd::Churn(a) => churn::run(a).await,
         Cmd::Restart(a) => restart::run(a).await,
+        Cmd::Contention(a) => contention::run(a).await,
     }
 }

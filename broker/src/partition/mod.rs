@@ -407,16 +407,23 @@ impl Partition {
         if offset == *hw_rx.borrow() && !max_wait.is_zero() {
             let _ = tokio::time::timeout(max_wait, hw_rx.wait_for(|hw| *hw > offset)).await;
         }
-        self.read_committed(offset, max_bytes)
+        self.read_committed(offset, max_bytes).await
     }
 
-    /// Reads committed records without waiting (also used by Subscribe).
+    /// Reads committed records without waiting, on the blocking pool (file
+    /// IO stays off the async worker threads, and the log's lock, which
+    /// appends need, is held only to plan the read: see
+    /// [`ferrolog_raft_store::Replica::read`]).
     ///
     /// # Errors
     /// As [`Partition::fetch`], without the leader check.
-    pub fn read_committed(&self, offset: u64, max_bytes: usize) -> Result<FetchOutcome, ApiError> {
+    pub async fn read_committed(&self, offset: u64, max_bytes: usize) -> Result<FetchOutcome, ApiError> {
         let high_watermark = self.replica.high_watermark();
-        let batches = self.replica.read(offset, max_bytes).map_err(storage_error)?;
+        let replica = self.replica.clone();
+        let batches = tokio::task::spawn_blocking(move || replica.read(offset, max_bytes))
+            .await
+            .map_err(|e| ApiError::Unavailable(format!("read task failed: {e}")))?
+            .map_err(storage_error)?;
         Ok(FetchOutcome { batches, high_watermark, log_start_offset: self.replica.log_start_offset() })
     }
 
