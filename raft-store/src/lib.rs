@@ -10,7 +10,8 @@
 //!                                          └─ file ──> flusher (one per data dir):
 //!                                                      fdatasync / syncfs, then IOFlushed
 //!  openraft ──apply──> state_machine ──> offsets, high watermark
-//!  consumers ──read(offset)──> PartitionLog::read ──> whole CRC-checked frames
+//!  consumers ──read(offset)──> plan_read (under the log lock) ──> ReadPlan::run (without it,
+//!                               on a blocking thread) ──> whole CRC-checked frames
 //!  vote, committed, purge pointer, snapshot meta ──> meta (redb)
 //! ```
 //!
