@@ -62,6 +62,21 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
         while let Some((entry, responder)) = entries.try_next().await? {
             let result = {
                 let mut a = self.replica.applied();
+                // Raft applies committed entries in log order, each once
+                // (§5.3); offsets are the prefix sum of record counts only
+                // if that holds. A repeat or a step back stops the group
+                // (openraft reports a storage error; the broker restarts
+                // the group) rather than numbering records twice. (A gap is
+                // not checked: openraft's own storage suite applies entries
+                // with gaps, so its contract does not promise none.)
+                if let Some(last) = a.last_applied
+                    && entry.log_id.index <= last.index
+                {
+                    return Err(io::Error::other(format!(
+                        "apply out of order: entry {} after {last}",
+                        entry.log_id
+                    )));
+                }
                 let base_offset = a.next_offset;
                 let record_count = match &entry.payload {
                     EntryPayload::Normal(b) => {

@@ -430,55 +430,59 @@ pub fn now_ms() -> i64 {
 /// Folds committed metadata records into the image, forever: reads from the
 /// metadata replica up to its high watermark, applies each command, and
 /// publishes the new image. Ends when the image's receivers are gone.
+///
+/// A record that cannot be applied ([`fold`]) stops the image at its
+/// offset, with an error logged every 30 s, until the broker is restarted
+/// (upgraded, or its metadata replica rebuilt): the image is never built
+/// past a record it did not understand.
 pub async fn follow(replica: Replica, image: watch::Sender<Arc<MetadataImage>>) {
     let mut hw = replica.watch_high_watermark();
     let mut current = MetadataImage::new();
+    let mut stuck = false;
     loop {
         let mut changed = false;
-        while current.applied_offset < replica.high_watermark() {
-            let batches = match replica.read(current.applied_offset, READ_BYTES) {
-                Ok(b) => b,
-                Err(e) => {
+        while !stuck && current.applied_offset < replica.high_watermark() {
+            let (from, r) = (current.applied_offset, replica.clone());
+            let read = tokio::task::spawn_blocking(move || r.read(from, READ_BYTES)).await;
+            let batches = match read {
+                Ok(Ok(b)) => b,
+                Ok(Err(e)) => {
                     tracing::error!(offset = current.applied_offset, "cannot read the metadata log: {e}");
                     tokio::time::sleep(Duration::from_secs(1)).await;
+                    break;
+                }
+                Err(e) => {
+                    tracing::error!("metadata read task failed: {e}");
                     break;
                 }
             };
             if batches.is_empty() {
                 break;
             }
-            for b in batches {
-                let decoded = records::decode(&b.records());
-                let recs = match decoded {
-                    Ok(r) => r,
-                    Err(e) => {
-                        tracing::error!(
-                            offset = b.header.base_offset,
-                            "undecodable metadata batch skipped: {e}"
-                        );
-                        Vec::new()
-                    }
-                };
-                for (i, r) in recs.iter().enumerate() {
-                    let offset = b.header.base_offset + i as u64;
-                    if offset < current.applied_offset {
-                        continue;
-                    }
-                    match serde_json::from_slice::<MetadataCommand>(&r.value) {
-                        Ok(cmd) => current.apply(offset, &cmd),
-                        Err(e) => {
-                            tracing::error!(offset, "unknown metadata command skipped: {e}");
-                            current.applied_offset = offset + 1;
-                        }
-                    }
-                }
-                current.applied_offset =
-                    current.applied_offset.max(b.header.base_offset + u64::from(b.header.record_count));
-                changed = true;
+            let before = current.applied_offset;
+            let folded = fold(&mut current, &batches);
+            changed |= current.applied_offset > before;
+            if let Err(e) = folded {
+                tracing::error!("{e}");
+                stuck = true;
             }
         }
         if changed && image.send(Arc::new(current.clone())).is_err() {
             return;
+        }
+        if stuck {
+            // Nothing past the record will be applied; say so now and then,
+            // and end with the image's receivers.
+            tokio::select! {
+                () = image.closed() => return,
+                () = tokio::time::sleep(Duration::from_secs(30)) => {}
+            }
+            tracing::error!(
+                offset = current.applied_offset,
+                "this broker's metadata is stopped at offset {} (see the error above)",
+                current.applied_offset
+            );
+            continue;
         }
         if hw.changed().await.is_err() {
             return;
@@ -486,9 +490,120 @@ pub async fn follow(replica: Replica, image: watch::Sender<Arc<MetadataImage>>) 
     }
 }
 
+/// Applies metadata `batches`, read from the metadata log at
+/// `image.applied_offset`, to `image` in offset order (records below the
+/// applied offset are skipped).
+///
+/// # Errors
+/// A batch whose records do not decode, or a record that is not a command
+/// this broker knows (a newer broker wrote it, or the log is damaged): the
+/// image stops just before it (`applied_offset` is its offset) and the
+/// error names it. Skipping it instead would let this broker's view of
+/// topics and placements differ from every other broker's for good.
+pub fn fold(image: &mut MetadataImage, batches: &[ferrolog_raft_store::StoredBatch]) -> Result<(), String> {
+    for b in batches {
+        let base = b.header.base_offset;
+        let recs = records::decode(&b.records()).map_err(|e| {
+            format!(
+                "metadata batch at offset {base} does not decode ({e}); the metadata image stops at offset {}",
+                image.applied_offset
+            )
+        })?;
+        for (i, r) in recs.iter().enumerate() {
+            let offset = base + i as u64;
+            if offset < image.applied_offset {
+                continue;
+            }
+            let cmd = serde_json::from_slice::<MetadataCommand>(&r.value).map_err(|e| {
+                format!(
+                    "metadata record at offset {offset} is not a command this broker knows ({e}): written by a \
+                     newer version, or damaged; the metadata image stops before it"
+                )
+            })?;
+            image.apply(offset, &cmd);
+        }
+        image.applied_offset = image.applied_offset.max(base + u64::from(b.header.record_count));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stored metadata batch of one record with `value` at `offset`
+    /// (log index = offset), as the controller writes them.
+    fn stored(offset: u64, value: &[u8]) -> ferrolog_raft_store::StoredBatch {
+        use ferrolog_raft_store::types::{Entry, EntryPayload, log_id};
+        let set = RecordSet {
+            records: vec![Record {
+                key: None,
+                value: Bytes::copy_from_slice(value),
+                headers: vec![],
+                timestamp_ms: 1,
+            }],
+        };
+        let batch = RecordBatch {
+            record_count: 1,
+            producer_id: NO_PRODUCER_ID,
+            records: Bytes::from(set.encode_to_vec()),
+            ..RecordBatch::default()
+        };
+        let entry = Entry { log_id: log_id(1, 1, offset), payload: EntryPayload::Normal(batch) };
+        let mut frame = Vec::new();
+        let header = ferrolog_raft_store::format::encode_entry(&entry, offset, &mut frame).expect("encode");
+        ferrolog_raft_store::StoredBatch { header, frame: Bytes::from(frame) }
+    }
+
+    fn register(id: BrokerId) -> Vec<u8> {
+        serde_json::to_vec(&MetadataCommand::BrokerRegistered {
+            id,
+            client_addr: format!("127.0.0.{id}:1"),
+            peer_addr: format!("127.0.0.{id}:2"),
+            incarnation: 1,
+        })
+        .expect("json")
+    }
+
+    #[test]
+    fn an_unknown_metadata_command_stops_the_image_before_it() {
+        let mut image = MetadataImage::new();
+        let unknown = br#"{"CommandFromTheFuture":{"x":1}}"#;
+        let batches = [stored(0, &register(1)), stored(1, unknown), stored(2, &register(2))];
+        let e = fold(&mut image, &batches).expect_err("offset 1 is not a known command");
+        assert!(e.contains("offset 1"), "{e}");
+        assert_eq!(image.applied_offset, 1, "applied up to the unknown record, not past it");
+        assert!(image.brokers.contains_key(&1), "the record before it was applied");
+        assert!(!image.brokers.contains_key(&2), "nothing after it was applied");
+        // Folding again from where it stopped stops at the same record.
+        assert!(fold(&mut image, &batches[1..]).is_err());
+        assert_eq!(image.applied_offset, 1);
+    }
+
+    #[test]
+    fn an_undecodable_metadata_batch_stops_the_image_before_it() {
+        let mut image = MetadataImage::new();
+        let mut bad = stored(1, &register(2));
+        // Valid frame, records that are not a RecordSet.
+        let records = b"\xff\xff\xff not protobuf";
+        let entry_batch = RecordBatch {
+            record_count: 1,
+            producer_id: NO_PRODUCER_ID,
+            records: Bytes::from_static(records),
+            ..RecordBatch::default()
+        };
+        let entry = ferrolog_raft_store::types::Entry {
+            log_id: ferrolog_raft_store::types::log_id(1, 1, 1),
+            payload: ferrolog_raft_store::types::EntryPayload::Normal(entry_batch),
+        };
+        let mut frame = Vec::new();
+        bad.header = ferrolog_raft_store::format::encode_entry(&entry, 1, &mut frame).expect("encode");
+        bad.frame = Bytes::from(frame);
+        let e = fold(&mut image, &[stored(0, &register(1)), bad]).expect_err("offset 1 does not decode");
+        assert!(e.contains("offset 1 does not decode"), "{e}");
+        assert_eq!(image.applied_offset, 1);
+        assert!(image.brokers.contains_key(&1));
+    }
 
     #[test]
     fn topic_names_follow_kafka_rules() {
