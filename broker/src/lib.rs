@@ -4,7 +4,7 @@
 //! member of that partition's Raft group, stored by `ferrolog-raft-store`.
 //!
 //! ```text
-//!  peer broker ──gRPC RaftPeer──> network::server ──> groups::GroupRegistry ──> openraft node
+//!  peer broker ──gRPC Peer──> network::server ──> groups::GroupRegistry ──> openraft node
 //!  openraft node ──RaftNetworkV2──> network::client ──gRPC (one channel per peer)──> peer broker
 //! ```
 //!
@@ -23,13 +23,15 @@
 //! - [`liveness`], [`quiesce`]: one ping per broker pair detects failures;
 //!   idle groups park their tickers, and elections are scheduled here (spread
 //!   out, with back-off) instead of by per-group timers.
-//! - [`logging`]: log output, with repeated warnings rate-limited and summarised.
+//! - [`logging`]: log output, with repeated warnings rate-limited and summarised;
+//!   [`files`]: the open-file limit, raised at start and watched.
 
 pub mod checkquorum;
 pub mod cli;
 pub mod config;
 pub mod dump;
 pub mod error;
+pub mod files;
 pub mod groups;
 pub mod grpc;
 pub mod identity;

@@ -132,6 +132,7 @@ impl Broker {
     /// A port in use, an unusable data directory, a failure to open storage.
     pub async fn start(config: BrokerConfig) -> anyhow::Result<Self> {
         let me = config.node_id;
+        crate::files::raise_limit();
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;
         let raft_config = raft_config(&config)?;
@@ -297,6 +298,7 @@ impl Broker {
         let check_every = Duration::from_millis(config.raft.election_timeout_min_ms / 2);
         tasks.push(tokio::spawn(crate::checkquorum::run(checker, check_every)));
         tasks.push(tokio::spawn(crate::membership::run(reconciler.groups.clone(), image_rx.clone())));
+        tasks.push(tokio::spawn(crate::files::watch()));
         tasks.push(tokio::spawn(register(
             controller.clone(),
             image_rx,

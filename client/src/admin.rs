@@ -5,6 +5,7 @@
 //! Cluster status asks `Metadata` of one broker, then `PartitionStatus` of
 //! each partition's leader, concurrently.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -104,6 +105,9 @@ pub struct ClusterStatus {
     pub answered_by: String,
     /// Every partition of every topic, by topic then partition.
     pub partitions: Vec<PartitionReport>,
+    /// Per broker that answered: files it has open and its open-file limit
+    /// (brokers that did not answer, or do not report it, are missing).
+    pub open_files: BTreeMap<u32, (u64, u64)>,
 }
 
 /// Whether the cluster can take topics of any replication factor up to its
@@ -378,6 +382,11 @@ impl Admin {
                 });
             }
         }
+        let mut files = tokio::task::JoinSet::new();
+        for b in cluster.brokers.values().filter(|b| b.alive) {
+            let (meta, id, address) = (self.meta.clone(), b.id, b.address.clone());
+            files.spawn(async move { (id, open_files(&meta, id, &address).await) });
+        }
         let mut partitions = Vec::new();
         while let Some(joined) = tasks.join_next().await {
             match joined {
@@ -386,14 +395,37 @@ impl Admin {
             }
         }
         partitions.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+        let mut open_files = BTreeMap::new();
+        while let Some(joined) = files.join_next().await {
+            if let Ok((id, Some(usage))) = joined {
+                open_files.insert(id, usage);
+            }
+        }
         Ok(ClusterStatus {
             brokers: cluster.brokers.values().cloned().collect(),
             cluster_brokers: cluster.cluster_brokers.clone(),
             controller: cluster.controller,
             answered_by: cluster.answered_by.clone(),
             partitions,
+            open_files,
         })
     }
+}
+
+/// The open files and open-file limit broker `id` at `address` reports of
+/// itself in its `Metadata` answer; `None` if it does not answer or report.
+async fn open_files(meta: &MetadataCache, id: u32, address: &str) -> Option<(u64, u64)> {
+    let op = Op::new("metadata", "");
+    let r =
+        meta.call(&op, address, 0, |mut c| async move {
+            c.metadata(pb::MetadataRequest { topics: vec![] }).await
+        })
+        .await
+        .ok()?;
+    r.brokers
+        .iter()
+        .find(|b| b.id == id && b.open_files_limit > 0)
+        .map(|b| (b.open_files, b.open_files_limit))
 }
 
 fn unavailable(operation: &str, topic: &str, message: &str) -> Error {

@@ -29,10 +29,13 @@ pub fn code(e: &Option<ferrolog_proto::client::Error>) -> ErrorCode {
 }
 
 /// Creates a topic through any running broker, retrying while there is
-/// no controller.
+/// no controller, and waits until every running broker's metadata lists it
+/// (a broker whose image has not applied the creation yet answers
+/// `UNKNOWN_TOPIC`, as Kafka's brokers do until metadata propagates).
 ///
 /// # Errors
-/// Transport errors, or the error the controller answered.
+/// Transport errors, the error the controller answered, or a broker that
+/// does not learn of the topic within 30 s.
 pub async fn create_topic(c: &Cluster, name: &str, partitions: u32, rf: u32) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut turn = 0usize;
@@ -51,13 +54,24 @@ pub async fn create_topic(c: &Cluster, name: &str, partitions: u32, rf: u32) -> 
             Err(e) => return Err(e),
         };
         match code(&r.error) {
-            ErrorCode::None => return Ok(()),
+            ErrorCode::None => break,
             ErrorCode::Unavailable | ErrorCode::NotLeader if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             _ => bail!("create topic {name}: {:?}", r.error),
         }
     }
+    for b in c.brokers.iter().filter(|b| c.is_running(b.id)) {
+        loop {
+            let known = metadata(b.client_addr).await.is_ok_and(|m| m.topics.iter().any(|t| t.name == name));
+            if known {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "broker {} never learned of topic {name}", b.id);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Ok(())
 }
 
 /// The leader broker of `topic`/`partition` as reported by any running

@@ -80,6 +80,14 @@ async fn produce_fetch_and_bad_input() -> anyhow::Result<()> {
     // Retries while the controller still waits for brokers to answer pings.
     ferrolog_tests::raw::create_topic(&c, "events", 2, 3).await?;
     let mut admin = connect(c.broker(2).client_addr).await?;
+    // Broker 2 may not know the controller yet (its metadata replica has
+    // not heard from the leader since the cluster formed): the admin checks
+    // below go through it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while ferrolog_tests::metadata(c.broker(2).client_addr).await?.controller == 0 {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "broker 2 never learned the controller");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // Bad topic names and duplicate creation.
     for bad in ["", "a b", "sl/ash", &"x".repeat(250)] {
@@ -87,7 +95,7 @@ async fn produce_fetch_and_bad_input() -> anyhow::Result<()> {
             .create_topic(CreateTopicRequest { name: bad.into(), partitions: 1, replication_factor: 1 })
             .await?
             .into_inner();
-        assert_eq!(code(&r.error), ErrorCode::InvalidRequest, "name {bad:?}");
+        assert_eq!(code(&r.error), ErrorCode::InvalidRequest, "name {bad:?}: {:?}", r.error);
     }
     let r = admin
         .create_topic(CreateTopicRequest { name: "events".into(), partitions: 1, replication_factor: 1 })

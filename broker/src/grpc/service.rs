@@ -320,14 +320,20 @@ impl Ferrolog for ClientService {
     ) -> Result<Response<MetadataResponse>, Status> {
         let req = request.into_inner();
         let image = self.controller.image();
+        let (open_files, open_files_limit) = crate::files::usage().unwrap_or_default();
         let brokers = image
             .brokers
             .iter()
-            .map(|(id, b)| BrokerInfo {
-                id: *id,
-                address: b.client_addr.clone(),
-                peer_address: b.peer_addr.clone(),
-                alive: *id == self.broker || self.liveness.is_alive(*id),
+            .map(|(id, b)| {
+                let own = *id == self.broker;
+                BrokerInfo {
+                    id: *id,
+                    address: b.client_addr.clone(),
+                    peer_address: b.peer_addr.clone(),
+                    alive: own || self.liveness.is_alive(*id),
+                    open_files: if own { open_files } else { 0 },
+                    open_files_limit: if own { open_files_limit } else { 0 },
+                }
             })
             .collect();
         let mut error = None;
@@ -375,6 +381,11 @@ impl Ferrolog for ClientService {
         request: Request<CreateTopicRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
         let r = request.into_inner();
+        // A bad name is refused here, whether or not a controller is
+        // reachable (the controller checks it again).
+        if let Err(e) = crate::metadata::controller::validate_topic_name(&r.name) {
+            return Ok(Response::new(AdminResponse { error: self.wire(&e) }));
+        }
         let req = ControllerRequest::CreateTopic {
             name: r.name,
             partitions: r.partitions,

@@ -176,14 +176,27 @@ fn render_status(s: &ClusterStatus) -> String {
         .iter()
         .map(|b| {
             let id = if b.id == s.controller { format!("{} *", b.id) } else { b.id.to_string() };
-            vec![id, b.address.clone(), b.peer_address.clone(), if b.alive { "yes" } else { "NO" }.to_owned()]
+            let files = s.open_files.get(&b.id).map_or_else(
+                || "-".to_owned(),
+                |(open, limit)| format!("{open} / {limit} ({}%)", open.saturating_mul(100) / (*limit).max(1)),
+            );
+            vec![
+                id,
+                b.address.clone(),
+                b.peer_address.clone(),
+                if b.alive { "yes" } else { "NO" }.to_owned(),
+                files,
+            ]
         })
         .collect();
     for id in s.readiness().unregistered {
-        brokers.push(vec![id.to_string(), "-".into(), "-".into(), "not registered".into()]);
+        brokers.push(vec![id.to_string(), "-".into(), "-".into(), "not registered".into(), "-".into()]);
     }
     brokers.sort_by_key(|row| row[0].split(' ').next().and_then(|id| id.parse::<u32>().ok()));
-    out.push_str(&table::render(&["BROKER", "ADDRESS", "PEER ADDRESS", "ALIVE"], &brokers));
+    out.push_str(&table::render(
+        &["BROKER", "ADDRESS", "PEER ADDRESS", "ALIVE", "OPEN FILES / LIMIT"],
+        &brokers,
+    ));
     out.push_str("(* = controller)\n\n");
     if s.partitions.is_empty() {
         out.push_str("no topics\n");

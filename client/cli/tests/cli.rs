@@ -66,8 +66,10 @@ impl Brokers {
         loop {
             let out = self.run(&["cluster", "status"], None);
             let text = String::from_utf8_lossy(&out.stdout);
-            let alive =
-                text.lines().filter(|l| l.starts_with(char::is_numeric) && l.ends_with("yes")).count();
+            let alive = text
+                .lines()
+                .filter(|l| l.starts_with(char::is_numeric) && l.split_whitespace().any(|w| w == "yes"))
+                .count();
             if out.status.success() && alive == 3 && !text.contains("controller: unknown") {
                 return;
             }
@@ -242,6 +244,9 @@ fn topics_produce_and_consume_through_the_command_line() {
     // Status, then deletion.
     let status = c.ok(&["cluster", "status"], None);
     assert!(status.contains("controller: broker"), "{status}");
+    // Every broker reports its open files against its limit.
+    let files = status.lines().filter(|l| l.starts_with(char::is_numeric) && l.contains("%)")).count();
+    assert_eq!(files, 3, "open files of every broker:\n{status}");
     assert_eq!(status.lines().filter(|l| l.starts_with("readings")).count(), 2, "{status}");
     c.ok(&["topic", "delete", "readings"], None);
     // The deletion reaches brokers' metadata images one by one: a consumer

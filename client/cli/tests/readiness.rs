@@ -238,7 +238,9 @@ fn topic_create_waits_for_registration_and_gives_up_clearly() {
     c.kill(3);
     for id in [1, 2] {
         let one = format!("127.0.0.1:{}", c.client[id - 1]);
-        c.status_until(&one, "broker 3 not alive", |s| broker_row(s, 3).is_some_and(|r| r.ends_with("NO")));
+        c.status_until(&one, "broker 3 not alive", |s| {
+            broker_row(s, 3).is_some_and(|r| r.split_whitespace().any(|w| w == "NO"))
+        });
     }
     let out = c.run(
         &c.bootstrap(),
