@@ -7,6 +7,7 @@
 //! a warning is logged while more than [`WARN_AT_PERCENT`] of it is used,
 //! and `Metadata` reports both numbers (`ferrolog cluster status`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
@@ -36,13 +37,32 @@ pub fn raise_limit() -> Option<u64> {
         (soft, _) => soft,
     };
     if let Some((open, limit)) = usage() {
+        record((open, limit));
         tracing::info!(open, limit, "open files at start");
     }
     now
 }
 
+/// The last [`usage`] seen by [`raise_limit`] or [`watch`] (0: unknown).
+static OPEN: AtomicU64 = AtomicU64::new(0);
+static LIMIT: AtomicU64 = AtomicU64::new(0);
+
+/// Open files and the open-file limit as last checked (at most
+/// [`CHECK_EVERY`] old; `None` before the first check): what `Metadata`
+/// reports, without listing `/proc/self/fd` on every call.
+pub fn last_usage() -> Option<(u64, u64)> {
+    let limit = LIMIT.load(Ordering::Relaxed);
+    (limit > 0).then(|| (OPEN.load(Ordering::Relaxed), limit))
+}
+
+fn record(usage: (u64, u64)) {
+    OPEN.store(usage.0, Ordering::Relaxed);
+    LIMIT.store(usage.1, Ordering::Relaxed);
+}
+
 /// Files open now and the soft open-file limit (`None` where `/proc` or the
-/// limit is not available, or the limit is infinite).
+/// limit is not available, or the limit is infinite). Lists
+/// `/proc/self/fd`: blocking, and as long as the broker's open files.
 pub fn usage() -> Option<(u64, u64)> {
     let limit = getrlimit(Resource::Nofile).current?;
     let open = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
@@ -54,15 +74,16 @@ pub fn near_limit(open: u64, limit: u64) -> bool {
     limit > 0 && open.saturating_mul(100) > limit.saturating_mul(WARN_AT_PERCENT)
 }
 
-/// Checks usage every [`CHECK_EVERY`], forever, and warns (at most once a
-/// minute) while it is above [`WARN_AT_PERCENT`] of the limit.
+/// Checks usage every [`CHECK_EVERY`] (on the blocking pool), forever,
+/// records it for [`last_usage`], and warns (at most once a minute) while
+/// it is above [`WARN_AT_PERCENT`] of the limit.
 pub async fn watch() {
     let mut tick = tokio::time::interval(CHECK_EVERY);
     loop {
         tick.tick().await;
-        if let Some((open, limit)) = usage()
-            && near_limit(open, limit)
-        {
+        let Ok(Some((open, limit))) = tokio::task::spawn_blocking(usage).await else { continue };
+        record((open, limit));
+        if near_limit(open, limit) {
             crate::logging::every(
                 "files.near_limit",
                 Duration::from_secs(60),

@@ -102,11 +102,17 @@ impl Liveness {
         seen.get(&broker).is_some_and(|h| Self::fresh(h, dead_after) && h.leading.contains(&group))
     }
 
-    /// How long a ping to `broker` may take before it is given up.
+    /// How long a ping to `broker` may take before it is given up. A broker
+    /// never heard from gets [`SILENCE_MAX`]: its round trip is unknown, and
+    /// an answer slower than `dead_after` must still count as heard (see
+    /// [`Liveness::settled`]), or a loaded peer would never be.
     fn ping_timeout(&self, broker: BrokerId) -> Duration {
         let dead_after = self.dead_after();
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        silence_allowed(dead_after, seen.get(&broker).map_or(Duration::ZERO, |h| h.rtt))
+        match seen.get(&broker) {
+            Some(h) => silence_allowed(dead_after, h.rtt),
+            None => SILENCE_MAX,
+        }
     }
 
     /// Records that a ping to `broker` was refused: it is dead now (and,
@@ -164,7 +170,9 @@ impl Liveness {
         }
         let pinged = self.pinged.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        pinged.iter().all(|b| seen.contains_key(b))
+        // No broker pinged yet (the image knows none, not even this one):
+        // nothing was heard, so nothing is settled.
+        !pinged.is_empty() && pinged.iter().all(|b| seen.contains_key(b))
     }
 
     /// Whether `broker` is alive and has opened the replicas its metadata
@@ -336,6 +344,8 @@ mod tests {
         assert!(!l.settled(), "not pinging yet");
         *l.dead_after.lock().unwrap() = Duration::from_millis(10);
         *l.started.lock().unwrap() = Some(Instant::now() - Duration::from_millis(20));
+        assert!(!l.settled(), "no broker pinged yet");
+        assert_eq!(l.ping_timeout(2), SILENCE_MAX, "a broker never heard from may answer slowly");
         *l.pinged.lock().unwrap() = vec![1, 2, 3];
         l.mark(1, vec![], 1, true, Duration::from_millis(1));
         assert!(!l.settled(), "brokers 2 and 3 have neither answered nor refused");

@@ -549,6 +549,7 @@ mod tests {
                 })
                 .collect(),
             cluster_brokers: cluster.to_vec(),
+            open_files: BTreeMap::new(),
             controller,
             answered_by: "a1".into(),
             partitions: vec![],

@@ -610,12 +610,14 @@ mod tests {
                     address: "127.0.0.1:9401".into(),
                     peer_address: "p1".into(),
                     alive: true,
+                    ..Default::default()
                 },
                 pb::BrokerInfo {
                     id: 2,
                     address: "127.0.0.1:9402".into(),
                     peer_address: "p2".into(),
                     alive: true,
+                    ..Default::default()
                 },
             ],
             topics: vec![pb::TopicInfo {

@@ -180,6 +180,7 @@ impl Ferrolog for FakeBroker {
                 address: self.address.clone(),
                 peer_address: String::new(),
                 alive: true,
+                ..Default::default()
             }],
             topics: vec![pb::TopicInfo {
                 name: TOPIC.into(),

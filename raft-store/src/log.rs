@@ -722,7 +722,9 @@ impl PartitionLog {
             let first = self.segments.partition_point(|s| s.next_offset() <= from_offset);
             let mut covered = 0u64;
             for (i, seg) in self.segments[first..].iter().enumerate() {
-                if seg.base_offset() >= up_to || covered >= max_bytes as u64 {
+                // At least one segment is planned, however small
+                // `max_bytes`: the first batch is returned whole (KIP-74).
+                if seg.base_offset() >= up_to || (!parts.is_empty() && covered >= max_bytes as u64) {
                     break;
                 }
                 let pos =

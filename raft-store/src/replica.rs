@@ -188,13 +188,27 @@ impl Replica {
     /// [`StoreError::OffsetOutOfRange`] with the log start offset and high
     /// watermark; [`StoreError::Corruption`] with file and position.
     pub fn read(&self, from_offset: u64, max_bytes: usize) -> Result<Vec<StoredBatch>> {
+        self.read_with_high_watermark(from_offset, max_bytes).map(|(batches, _)| batches)
+    }
+
+    /// As [`Replica::read`], with the high watermark the read stopped at
+    /// (never below the end of the batches returned; a consumer's next
+    /// offset is never past it).
+    ///
+    /// # Errors
+    /// As [`Replica::read`].
+    pub fn read_with_high_watermark(
+        &self,
+        from_offset: u64,
+        max_bytes: usize,
+    ) -> Result<(Vec<StoredBatch>, u64)> {
         let (plan, hw) = self.plan_read(from_offset, max_bytes)?;
         match plan.run() {
-            Ok(batches) => Ok(batches),
+            Ok(batches) => Ok((batches, hw)),
             // A frame past the high watermark may have been truncated and
             // rewritten while the files were read: only a read under the
             // lock, where they cannot change, can say the log is damaged.
-            Err(_) => self.log().read(from_offset, max_bytes, hw),
+            Err(_) => Ok((self.log().read(from_offset, max_bytes, hw)?, hw)),
         }
     }
 

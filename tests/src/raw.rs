@@ -61,9 +61,26 @@ pub async fn create_topic(c: &Cluster, name: &str, partitions: u32, rf: u32) -> 
             _ => bail!("create topic {name}: {:?}", r.error),
         }
     }
+    // The controller applied the creation before it answered: its metadata
+    // has the new incarnation's id (a broker that has not applied a
+    // deletion of the same name yet still lists the old one).
+    let topic_id = loop {
+        let controller = metadata(c.broker(via_of(c)?).client_addr).await.map(|m| m.controller).unwrap_or(0);
+        if controller != 0
+            && c.is_running(controller)
+            && let Ok(m) = metadata(c.broker(controller).client_addr).await
+            && let Some(t) = m.topics.iter().find(|t| t.name == name)
+        {
+            break t.topic_id.clone();
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no controller lists topic {name}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     for b in c.brokers.iter().filter(|b| c.is_running(b.id)) {
         loop {
-            let known = metadata(b.client_addr).await.is_ok_and(|m| m.topics.iter().any(|t| t.name == name));
+            let known = metadata(b.client_addr)
+                .await
+                .is_ok_and(|m| m.topics.iter().any(|t| t.name == name && t.topic_id == topic_id));
             if known {
                 break;
             }
@@ -72,6 +89,15 @@ pub async fn create_topic(c: &Cluster, name: &str, partitions: u32, rf: u32) -> 
         }
     }
     Ok(())
+}
+
+/// A running broker's id.
+fn via_of(c: &Cluster) -> anyhow::Result<u32> {
+    c.brokers
+        .iter()
+        .map(|b| b.id)
+        .find(|id| c.is_running(*id))
+        .ok_or_else(|| anyhow::anyhow!("no broker is running"))
 }
 
 /// The leader broker of `topic`/`partition` as reported by any running

@@ -48,7 +48,7 @@ pub async fn run(a: ContentionArgs) -> anyhow::Result<()> {
     // Fill: 1 KiB records, pipelined.
     let fill = ProduceArgs::pipelined(1024, a.fill_seconds, 1);
     let filled = load::produce(&meta, TOPIC, &fill).await?;
-    let filled_mib = filled.records * 1024 >> 20;
+    let filled_mib = (filled.records * 1024) >> 20;
     println!("filled {} records ({filled_mib} MiB) in {:.1} s", filled.records, filled.seconds);
 
     let one = ProduceArgs::one_in_flight(100, a.seconds, 1);

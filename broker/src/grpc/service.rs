@@ -320,7 +320,7 @@ impl Ferrolog for ClientService {
     ) -> Result<Response<MetadataResponse>, Status> {
         let req = request.into_inner();
         let image = self.controller.image();
-        let (open_files, open_files_limit) = crate::files::usage().unwrap_or_default();
+        let (open_files, open_files_limit) = crate::files::last_usage().unwrap_or_default();
         let brokers = image
             .brokers
             .iter()

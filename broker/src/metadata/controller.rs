@@ -446,14 +446,28 @@ pub async fn follow(replica: Replica, image: watch::Sender<Arc<MetadataImage>>) 
             let read = tokio::task::spawn_blocking(move || r.read(from, READ_BYTES)).await;
             let batches = match read {
                 Ok(Ok(b)) => b,
+                // Tried again in a second, whether or not more is committed
+                // meanwhile (an idle metadata log would leave the image
+                // behind otherwise).
                 Ok(Err(e)) => {
-                    tracing::error!(offset = current.applied_offset, "cannot read the metadata log: {e}");
+                    crate::logging::every(
+                        "metadata.read",
+                        Duration::from_secs(10),
+                        format_args!("cannot read the metadata log at offset {from}: {e}"),
+                    );
+                    if image.is_closed() {
+                        return;
+                    }
                     tokio::time::sleep(Duration::from_secs(1)).await;
-                    break;
+                    continue;
                 }
                 Err(e) => {
                     tracing::error!("metadata read task failed: {e}");
-                    break;
+                    if image.is_closed() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
                 }
             };
             if batches.is_empty() {

@@ -36,6 +36,13 @@ use sequencer::{Sequencer, Verdict};
 const LEADER_READY_WAIT: Duration = Duration::from_secs(3);
 const SEQUENCE_GAP_WAIT: Duration = Duration::from_millis(500);
 
+/// Most consumer reads a broker runs at once (each on the blocking pool,
+/// up to `limits.max_fetch_bytes` of buffers each); more wait their turn.
+pub const READS_IN_FLIGHT: usize = 8;
+
+/// The broker-wide permits of [`READS_IN_FLIGHT`].
+static READS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(READS_IN_FLIGHT);
+
 /// One hosted partition replica.
 #[derive(Debug)]
 pub struct Partition {
@@ -418,12 +425,16 @@ impl Partition {
     /// # Errors
     /// As [`Partition::fetch`], without the leader check.
     pub async fn read_committed(&self, offset: u64, max_bytes: usize) -> Result<FetchOutcome, ApiError> {
-        let high_watermark = self.replica.high_watermark();
+        // Waited for here, not on the blocking pool: a fetch whose client
+        // went away while it waited never starts its read.
+        let _permit =
+            READS.acquire().await.map_err(|e| ApiError::Unavailable(format!("reads are shut: {e}")))?;
         let replica = self.replica.clone();
-        let batches = tokio::task::spawn_blocking(move || replica.read(offset, max_bytes))
-            .await
-            .map_err(|e| ApiError::Unavailable(format!("read task failed: {e}")))?
-            .map_err(storage_error)?;
+        let (batches, high_watermark) =
+            tokio::task::spawn_blocking(move || replica.read_with_high_watermark(offset, max_bytes))
+                .await
+                .map_err(|e| ApiError::Unavailable(format!("read task failed: {e}")))?
+                .map_err(storage_error)?;
         Ok(FetchOutcome { batches, high_watermark, log_start_offset: self.replica.log_start_offset() })
     }
 
