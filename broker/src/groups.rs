@@ -13,7 +13,7 @@ use ferrolog_raft_store::types::NodeId;
 pub type GroupId = u64;
 
 /// The most up-to-date last log id (term, index) of all of a group's voters
-/// (`None`: none holds an entry); see `crate::recovery`.
+/// (`None`: none holds an entry); see `crate::control::recovery`.
 pub type VoteFloor = Option<(u64, u64)>;
 
 /// One replica hosted here.
@@ -35,10 +35,10 @@ pub struct HostedGroup {
 pub struct GroupRegistry {
     groups: Arc<RwLock<HashMap<GroupId, HostedGroup>>>,
     /// Groups whose leader here is handing over, with the term handed over
-    /// (set by `crate::checkquorum`).
+    /// (set by `crate::control::checkquorum`).
     handing_over: Arc<RwLock<HashMap<GroupId, u64>>>,
     /// Recovering replicas' vote floors: the most up-to-date last log id
-    /// (term, index) of all the group's voters (set by `crate::recovery`).
+    /// (term, index) of all the group's voters (set by `crate::control::recovery`).
     vote_floors: Arc<RwLock<HashMap<GroupId, VoteFloor>>>,
     /// The reconciler has opened every replica the metadata assigns this
     /// broker at least once since it started (reported in pings).
@@ -70,7 +70,7 @@ impl GroupRegistry {
 
     /// Removes the replica of `group`, returning it, and forgets its
     /// hand-over (a stopped group's entry would otherwise stay forever:
-    /// `crate::checkquorum` only updates the groups it still examines).
+    /// `crate::control::checkquorum` only updates the groups it still examines).
     pub fn remove(&self, group: GroupId) -> Option<HostedGroup> {
         self.handing_over.write().unwrap_or_else(|p| p.into_inner()).remove(&group);
         let removed = self.groups.write().unwrap_or_else(|p| p.into_inner()).remove(&group);
@@ -87,7 +87,7 @@ impl GroupRegistry {
     /// Whether every replica the metadata assigns this broker has been
     /// opened once since it started: until then a leader's heartbeat to a
     /// group not yet open here fails, so leaders elsewhere wait for this
-    /// (reported in pings, `crate::liveness`) before waking to catch up
+    /// (reported in pings, `crate::control::liveness`) before waking to catch up
     /// their followers here.
     pub fn replicas_open(&self) -> bool {
         self.replicas_open.load(std::sync::atomic::Ordering::Relaxed)
@@ -143,7 +143,7 @@ impl GroupRegistry {
     }
 
     /// Sets (`Some`) or clears the vote floor of a recovering replica of
-    /// `group` (see `crate::recovery`).
+    /// `group` (see `crate::control::recovery`).
     /// The floor itself is `None` when no voter holds any entry.
     pub fn set_vote_floor(&self, group: GroupId, floor: Option<VoteFloor>) {
         let mut map = self.vote_floors.write().unwrap_or_else(|p| p.into_inner());

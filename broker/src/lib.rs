@@ -3,48 +3,53 @@
 //! A broker hosts replicas of many partitions; each partition replica is a
 //! member of that partition's Raft group, stored by `ferrolog-raft-store`.
 //!
+//! The data path (produce, then fetch):
+//!
 //! ```text
-//!  peer broker ──gRPC Peer──> network::server ──> groups::GroupRegistry ──> openraft node
-//!  openraft node ──RaftNetworkV2──> network::client ──gRPC (one channel per peer)──> peer broker
+//!  client ──gRPC Produce──> grpc::service ──> partition::Partition (leader check, sequencer:
+//!        idempotence, KIP-98) ──client_write──> openraft leader ──append──> raft-store log
+//!        ──pwrite──> segment file ──flusher: fdatasync──> local ack
+//!     └─ network::client ──gRPC Peer AppendEntries──> follower broker ──> network::server
+//!        ──> groups::GroupRegistry ──> follower's openraft ──> its log, its fsync ──> ack
+//!  majority acked ──> commit ──> apply (raft-store state machine: offsets, high watermark)
+//!        ──> Produce answered with the batch's base offset
+//!  client ──gRPC Fetch──> grpc::service ──> partition::Partition::fetch (waits on the high
+//!        watermark) ──> blocking pool: Replica::read (planned under the log lock, files read
+//!        without it) ──> whole CRC-checked frames, none past the high watermark
 //! ```
 //!
 //! Modules:
 //! - [`config`], [`cli`]: configuration (TOML, environment, flags) and the command line.
 //! - [`server`]: wiring of one broker process.
+//! - [`grpc`]: the client API (thin handlers; errors to wire codes in one place).
+//! - [`partition`]: one hosted replica = one Raft group: produce, fetch, offsets.
+//! - [`partitions`]: hosted replicas and the reconciler (starts and stops them to
+//!   match the metadata image, and restarts a group that stopped on an error).
 //! - [`groups`]: the Raft groups this broker hosts, by group id.
+//! - [`metadata`]: the controller (metadata Raft group), its commands and image.
 //! - [`network`]: the broker-to-broker Raft transport (client, server, the
 //!   peer protocol's version check, snapshot streaming), many groups
 //!   multiplexed on one connection per peer; the messages themselves are
 //!   converted in `ferrolog_raft_store::wire`.
-//! - [`partitions`]: hosted replicas and the reconciler, which also restarts a
-//!   group that stopped on an error; [`recovery`]: a replica whose log was found
-//!   damaged does not vote until a leader has brought it back; [`memory`]:
-//!   the memory of stopped replicas is given back to the operating system.
-//! - [`liveness`], [`quiesce`]: one ping per broker pair detects failures;
-//!   idle groups park their tickers, and elections are scheduled here (spread
-//!   out, with back-off) instead of by per-group timers.
-//! - [`logging`]: log output, with repeated warnings rate-limited and summarised;
-//!   [`files`]: the open-file limit, raised at start and watched.
+//! - [`control`]: the background control loops: liveness (one ping per
+//!   broker pair), quiesce (idle groups park; elections scheduled here),
+//!   CheckQuorum, membership, recovery of damaged replicas, the disk-writable
+//!   probe, memory give-back and the open-file watch.
+//! - [`identity`]: a data directory's broker id and incarnation.
+//! - [`logging`]: log output, with repeated warnings rate-limited and summarised.
 
-pub mod checkquorum;
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod dump;
 pub mod error;
-pub mod files;
 pub mod groups;
 pub mod grpc;
 pub mod identity;
 pub mod listener;
-pub mod liveness;
 pub mod logging;
-pub mod membership;
-pub mod memory;
 pub mod metadata;
 pub mod network;
 pub mod partition;
 pub mod partitions;
-pub mod quiesce;
-pub mod recovery;
 pub mod server;
-pub mod writable;

@@ -57,7 +57,7 @@ pub struct FailedReplica {
     pub retry_at: Instant,
     /// Since when it runs again, if it does.
     pub running_since: Option<Instant>,
-    /// Why its restart waits for the data directory (`crate::writable`), if it does.
+    /// Why its restart waits for the data directory (`crate::control::writable`), if it does.
     pub waiting_for_disk: Option<String>,
 }
 
@@ -206,10 +206,10 @@ impl Reconciler {
     ///
     /// Once replicas were stopped, the first pass that finds every stopped
     /// replica dropped (by openraft's remaining tasks and by requests and
-    /// rounds of `crate::quiesce` and `crate::checkquorum` that still held
+    /// rounds of `crate::control::quiesce` and `crate::control::checkquorum` that still held
     /// one), or [`RELEASE_MEMORY_AFTER`] after the last stop otherwise,
     /// gives the freed memory back to the operating system
-    /// ([`crate::memory::release_freed`]).
+    /// ([`crate::control::memory::release_freed`]).
     pub async fn run(self, mut image: watch::Receiver<Arc<MetadataImage>>) {
         let mut addressed: Option<Arc<MetadataImage>> = None;
         let mut stopped_at: Option<Instant> = None;
@@ -226,7 +226,7 @@ impl Reconciler {
                 && (self.stopped_replicas_dropped() || t.elapsed() >= RELEASE_MEMORY_AFTER)
             {
                 stopped_at = None;
-                crate::memory::release_freed().await;
+                crate::control::memory::release_freed().await;
             }
             tokio::select! {
                 changed = image.changed() => if changed.is_err() { return },
@@ -257,7 +257,7 @@ impl Reconciler {
         let failed = self.stop_failed_groups().await;
         self.release_recovered();
         for p in self.table.all().into_iter().filter(|p| p.replica.is_recovering()) {
-            crate::recovery::seek_vote_floor(&p, &self.groups, &self.peers).await;
+            crate::control::recovery::seek_vote_floor(&p, &self.groups, &self.peers).await;
         }
         if !self.image_usable(image) {
             return failed;
@@ -311,9 +311,9 @@ impl Reconciler {
                 continue;
             }
             // A replica that failed is started again only on a disk that
-            // takes writes (crate::writable); checked once per pass.
+            // takes writes (crate::control::writable); checked once per pass.
             if previous.as_ref().is_some_and(|f| f.running_since.is_none()) {
-                let verdict = disk.get_or_insert_with(|| crate::writable::probe(&self.root));
+                let verdict = disk.get_or_insert_with(|| crate::control::writable::probe(&self.root));
                 if let Err(why) = verdict {
                     if let Some(f) = self.table.failures().get_mut(group) {
                         if f.waiting_for_disk.is_none() {
@@ -372,13 +372,13 @@ impl Reconciler {
     }
 
     /// Ends the recovery of hosted replicas (every group, the metadata
-    /// group included) that a leader has brought back (`crate::recovery`).
+    /// group included) that a leader has brought back (`crate::control::recovery`).
     fn release_recovered(&self) {
         for (g, h) in self.groups.all() {
-            // Partition groups' elections are scheduled by crate::quiesce;
+            // Partition groups' elections are scheduled by crate::control::quiesce;
             // the metadata group's by openraft's own timer.
             let partition = self.table.by_group(g);
-            if crate::recovery::release_if_caught_up(&h.raft, &h.replica, partition.is_none()) {
+            if crate::control::recovery::release_if_caught_up(&h.raft, &h.replica, partition.is_none()) {
                 self.groups.set_vote_floor(g, None);
                 if let Some(p) = partition {
                     p.campaign.set_allowed(true);
@@ -434,7 +434,7 @@ impl Reconciler {
             replica.state_machine(),
         )
         .await?;
-        // Elections of partition groups are started by crate::quiesce
+        // Elections of partition groups are started by crate::control::quiesce
         // (spread out, with back-off), never by openraft's per-group timer.
         raft.runtime_config().elect(false);
         self.groups.insert(
@@ -452,12 +452,12 @@ impl Reconciler {
                 members.insert(r.node, Node { addr });
             }
             // The placement's preferred leader (first replica) campaigns
-            // first (crate::quiesce), so new partitions start balanced.
+            // first (crate::control::quiesce), so new partitions start balanced.
             if let Err(e) = raft.initialize(members).await {
                 tracing::debug!("initialize: {e}");
             }
         }
-        let held = crate::recovery::hold_if_recovering(&raft, &replica, me.node);
+        let held = crate::control::recovery::hold_if_recovering(&raft, &replica, me.node);
         tracing::info!(group = a.group, node = me.node, "replica started");
         let p =
             Partition::new(topic.to_owned(), partition, a.group, me.node, raft, replica, a.replicas.clone());

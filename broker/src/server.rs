@@ -15,10 +15,10 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::BrokerConfig;
+use crate::control::liveness::Liveness;
 use crate::groups::{GroupRegistry, HostedGroup};
 use crate::grpc::ClientService;
 use crate::identity;
-use crate::liveness::Liveness;
 use crate::metadata::METADATA_GROUP;
 use crate::metadata::command::ControllerRequest;
 use crate::metadata::controller::{self, Controller};
@@ -90,7 +90,7 @@ pub fn raft_config(c: &BrokerConfig) -> anyhow::Result<Arc<openraft::Config>> {
         // commit index, behind what it had acknowledged.
         enable_leader_restore: Some(false),
         // A follower whose log was found damaged keeps only its valid prefix
-        // (crate::recovery): its leader must accept that its log went back
+        // (crate::control::recovery): its leader must accept that its log went back
         // and send the rest again, instead of treating it as a bug. Such a
         // follower does not vote meanwhile, so a reverted log never decides
         // an election.
@@ -132,7 +132,7 @@ impl Broker {
     /// A port in use, an unusable data directory, a failure to open storage.
     pub async fn start(config: BrokerConfig) -> anyhow::Result<Self> {
         let me = config.node_id;
-        crate::files::raise_limit();
+        crate::control::files::raise_limit();
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;
         let raft_config = raft_config(&config)?;
@@ -200,7 +200,7 @@ impl Broker {
         std::fs::create_dir_all(&staging_dir)?;
         // The metadata log is always fsynced before it acknowledges, whatever
         // storage.flush says: its writes are rare, and it must never need
-        // the unclean recovery of crate::recovery.
+        // the unclean recovery of crate::control::recovery.
         let meta_storage = ferrolog_raft_store::StoreConfig {
             flush: ferrolog_raft_store::FlushPolicy::Always,
             ..config.storage.clone()
@@ -225,7 +225,7 @@ impl Broker {
                 staging_dir,
             },
         );
-        crate::recovery::hold_if_recovering(&metadata, &meta_replica, identity.metadata_node);
+        crate::control::recovery::hold_if_recovering(&metadata, &meta_replica, identity.metadata_node);
         if identity.founder && !metadata.is_initialized().await? {
             let members: BTreeMap<NodeId, Node> = config
                 .initial_cluster
@@ -271,15 +271,15 @@ impl Broker {
         let dead_after = Duration::from_millis(config.raft.election_timeout_min_ms);
         tasks.push(tokio::spawn(liveness.clone().run(me, image_rx.clone(), peers, ping_every, dead_after)));
         let election_timeout = Duration::from_millis(config.raft.election_timeout_max_ms);
-        tasks.push(tokio::spawn(crate::quiesce::run(
+        tasks.push(tokio::spawn(crate::control::quiesce::run(
             me,
             table.clone(),
             liveness.clone(),
             ping_every,
             election_timeout,
         )));
-        let checker = crate::checkquorum::Checker {
-            metadata: crate::checkquorum::MetadataGroup {
+        let checker = crate::control::checkquorum::Checker {
+            metadata: crate::control::checkquorum::MetadataGroup {
                 raft: metadata.clone(),
                 node: identity.metadata_node,
                 started: std::time::Instant::now(),
@@ -288,7 +288,7 @@ impl Broker {
             groups: reconciler.groups.clone(),
             liveness: liveness.clone(),
             image: image_rx.clone(),
-            timings: crate::checkquorum::Timings {
+            timings: crate::control::checkquorum::Timings {
                 confirm: Duration::from_millis(config.raft.election_timeout_min_ms),
                 resend: Duration::from_millis(config.raft.election_timeout_max_ms),
             },
@@ -296,9 +296,10 @@ impl Broker {
         // Twice per confirmation window: a lost quorum is acted on within
         // about 1.5 × election_timeout_min; a round visits every hosted group.
         let check_every = Duration::from_millis(config.raft.election_timeout_min_ms / 2);
-        tasks.push(tokio::spawn(crate::checkquorum::run(checker, check_every)));
-        tasks.push(tokio::spawn(crate::membership::run(reconciler.groups.clone(), image_rx.clone())));
-        tasks.push(tokio::spawn(crate::files::watch()));
+        tasks.push(tokio::spawn(crate::control::checkquorum::run(checker, check_every)));
+        tasks
+            .push(tokio::spawn(crate::control::membership::run(reconciler.groups.clone(), image_rx.clone())));
+        tasks.push(tokio::spawn(crate::control::files::watch()));
         tasks.push(tokio::spawn(register(
             controller.clone(),
             image_rx,

@@ -19,8 +19,8 @@ use tracing::Instrument;
 
 use super::errors::to_wire;
 use crate::config::{BrokerId, Limits};
+use crate::control::liveness::Liveness;
 use crate::error::ApiError;
-use crate::liveness::Liveness;
 use crate::metadata::command::{ControllerReply, ControllerRequest, PartitionAssignment};
 use crate::metadata::controller::{Controller, now_ms};
 use crate::partition::records::{self, BatchError, ProducerFields};
@@ -320,7 +320,7 @@ impl Ferrolog for ClientService {
     ) -> Result<Response<MetadataResponse>, Status> {
         let req = request.into_inner();
         let image = self.controller.image();
-        let (open_files, open_files_limit) = crate::files::last_usage().unwrap_or_default();
+        let (open_files, open_files_limit) = crate::control::files::last_usage().unwrap_or_default();
         let brokers = image
             .brokers
             .iter()

@@ -22,8 +22,8 @@ use super::command::{
 use super::image::MetadataImage;
 use super::placement;
 use crate::config::{BrokerId, Limits};
+use crate::control::liveness::Liveness;
 use crate::error::ApiError;
-use crate::liveness::Liveness;
 use crate::network::PeerAddresses;
 use crate::partition::records;
 

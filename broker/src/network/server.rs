@@ -94,10 +94,10 @@ impl RaftPeerServer {
             Err(e) => return refused(refuse(PeerErrorCode::InvalidRequest, e.to_string())),
         };
         // A recovering replica votes only for the most up-to-date log of
-        // all voters, once it knows it (crate::recovery).
+        // all voters, once it knows it (crate::control::recovery).
         let candidate = v.last_log_id.map(|l| (l.leader_id.term, l.index));
         let floor = self.groups.vote_floor(req.group_id);
-        if !crate::recovery::may_vote(h.replica.is_recovering(), floor, candidate) {
+        if !crate::control::recovery::may_vote(h.replica.is_recovering(), floor, candidate) {
             return refused(refuse(
                 PeerErrorCode::Recovering,
                 format!(
@@ -114,7 +114,7 @@ impl RaftPeerServer {
     }
 }
 
-/// A recovering replica neither votes nor takes leadership (`crate::recovery`).
+/// A recovering replica neither votes nor takes leadership (`crate::control::recovery`).
 fn refuse_if_recovering(h: &HostedGroup) -> Result<(), PeerError> {
     if h.replica.is_recovering() {
         return Err(refuse(

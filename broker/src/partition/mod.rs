@@ -33,7 +33,7 @@ use sequencer::{Sequencer, Verdict};
 /// How long a produce waits for a new leader to apply its first entry, or
 /// for an earlier batch of the same producer to arrive, before answering a
 /// retriable error.
-const LEADER_READY_WAIT: Duration = Duration::from_secs(3);
+pub const LEADER_READY_WAIT: Duration = Duration::from_secs(3);
 const SEQUENCE_GAP_WAIT: Duration = Duration::from_millis(500);
 
 /// Most consumer reads a broker runs at once (each on the blocking pool,
@@ -70,10 +70,10 @@ pub struct Partition {
     ticking_change: std::sync::Mutex<()>,
     /// When the ticker last started, ms since `created`.
     ticking_since_ms: AtomicU64,
-    /// Set by [`crate::checkquorum`]: this replica leads without a quorum.
+    /// Set by [`crate::control::checkquorum`]: this replica leads without a quorum.
     quorum_lost: AtomicBool,
-    /// When this replica may campaign ([`crate::quiesce`]).
-    pub campaign: crate::quiesce::Campaign,
+    /// When this replica may campaign ([`crate::control::quiesce`]).
+    pub campaign: crate::control::quiesce::Campaign,
 }
 
 /// [`Partition`]s alive in this process.
@@ -154,7 +154,7 @@ impl Partition {
             ticking_change: std::sync::Mutex::new(()),
             ticking_since_ms: AtomicU64::new(0),
             quorum_lost: AtomicBool::new(false),
-            campaign: crate::quiesce::Campaign::default(),
+            campaign: crate::control::quiesce::Campaign::default(),
         }
     }
 
@@ -177,14 +177,14 @@ impl Partition {
         last != 0 && (self.created.elapsed().as_millis() as u64).saturating_sub(last) < d.as_millis() as u64
     }
 
-    /// Whether the group's Raft ticker runs (see `crate::quiesce`).
+    /// Whether the group's Raft ticker runs (see `crate::control::quiesce`).
     pub fn is_ticking(&self) -> bool {
         self.ticking.load(Ordering::Relaxed)
     }
 
     /// Runs or parks the group's Raft ticker (heartbeats, election timeout).
     ///
-    /// The produce path and the scheduling round (`crate::quiesce`) both
+    /// The produce path and the scheduling round (`crate::control::quiesce`) both
     /// call this; the flag and openraft's ticker change together under a
     /// lock, or a write's `true` and the round's `false` could cross and
     /// leave the flag saying parked while openraft ticks (or the reverse).
@@ -231,13 +231,13 @@ impl Partition {
     }
 
     /// Whether this replica leads but has lost its quorum, as
-    /// [`crate::checkquorum`] last judged (every heartbeat interval). It is
+    /// [`crate::control::checkquorum`] last judged (every heartbeat interval). It is
     /// still the leader for Raft.
     pub fn lost_quorum(&self) -> bool {
         self.quorum_lost.load(Ordering::Relaxed)
     }
 
-    /// Records [`crate::checkquorum`]'s verdict.
+    /// Records [`crate::control::checkquorum`]'s verdict.
     pub fn set_lost_quorum(&self, lost: bool) {
         self.quorum_lost.store(lost, Ordering::Relaxed);
     }
@@ -289,7 +289,7 @@ impl Partition {
     pub async fn produce(self: &Arc<Self>, batch: RecordBatch) -> Result<(u64, bool), ApiError> {
         let term = self.ready_leader().await?;
         if self.lost_quorum() {
-            // Handing over (see crate::checkquorum): the client should find the next leader.
+            // Handing over (see crate::control::checkquorum): the client should find the next leader.
             return Err(ApiError::NotLeader { leader: None });
         }
         self.last_write_ms.store((self.created.elapsed().as_millis() as u64).max(1), Ordering::Relaxed);

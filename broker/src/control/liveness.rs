@@ -1,7 +1,7 @@
 //! Which brokers answer: each broker pings every registered peer once per
 //! Raft heartbeat interval; a broker is alive while its last answer is more
 //! recent than the minimum election timeout. One ping per broker pair
-//! replaces per-group heartbeats for failure detection (`crate::quiesce`).
+//! replaces per-group heartbeats for failure detection (`crate::control::quiesce`).
 //!
 //! A broker is silent too long when its last answer is older than
 //! `dead_after` (the minimum election timeout), or, under load, than
@@ -15,7 +15,7 @@
 //! back: a broker that restarted (a new boot id) or answers again after
 //! being silent is *returned* once it reports its replicas open, and
 //! leaders elsewhere wake their groups until each follower there has
-//! acknowledged a heartbeat since (`crate::quiesce`).
+//! acknowledged a heartbeat since (`crate::control::quiesce`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -138,7 +138,7 @@ impl Liveness {
     /// became alive or dead, restarted, finished opening its replicas, or
     /// began or stopped leading a group. Whatever depends only on the pings
     /// and was settled when this last had its current value is still
-    /// settled (`crate::quiesce` skips such groups).
+    /// settled (`crate::control::quiesce` skips such groups).
     pub fn changes(&self) -> u64 {
         self.changes.load(Ordering::Acquire)
     }

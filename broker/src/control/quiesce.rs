@@ -4,7 +4,7 @@
 //!
 //! With openraft's per-group ticker, 1,000 idle groups at a 100 ms heartbeat
 //! keep two cores busy. Instead, failure detection is done once per broker
-//! pair ([`crate::liveness`]), and each group's ticker (which drives a
+//! pair ([`crate::control::liveness`]), and each group's ticker (which drives a
 //! leader's heartbeats) runs only while it is needed:
 //!
 //! - a **leader** ticks while it wrote within [`ACTIVE_AFTER_WRITE`], while a
@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use openraft::async_runtime::watch::WatchReceiver;
 
-use crate::liveness::Liveness;
+use crate::control::liveness::Liveness;
 use crate::partition::Partition;
 use crate::partitions::PartitionTable;
 
@@ -80,7 +80,7 @@ pub struct Campaign {
     /// Since when this replica has known no live leader, ms since `origin`
     /// (0: it knows one).
     leaderless_since_ms: AtomicU64,
-    /// Whether this replica may campaign at all (`crate::recovery` clears it
+    /// Whether this replica may campaign at all (`crate::control::recovery` clears it
     /// while a recovering replica's log may be behind what was acknowledged).
     allowed: AtomicBool,
 }
@@ -102,7 +102,7 @@ impl Campaign {
         (self.origin.elapsed().as_millis() as u64).max(1)
     }
 
-    /// Allows or forbids campaigning (see `crate::recovery`).
+    /// Allows or forbids campaigning (see `crate::control::recovery`).
     pub fn set_allowed(&self, allowed: bool) {
         self.allowed.store(allowed, Ordering::Relaxed);
     }

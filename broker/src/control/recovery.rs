@@ -124,7 +124,7 @@ pub fn hold_if_recovering(raft: &PartitionRaft, replica: &Replica, me: NodeId) -
 /// Ends the recovery of `replica` once [`caught_up`]: records it durably
 /// and, if `timer_elections` (the group's elections are openraft's own, as
 /// the metadata group's), switches its election timer back on; a partition
-/// group's campaigns are the caller's to allow again (`crate::quiesce`).
+/// group's campaigns are the caller's to allow again (`crate::control::quiesce`).
 /// Returns whether it ended now.
 pub fn release_if_caught_up(raft: &PartitionRaft, replica: &Replica, timer_elections: bool) -> bool {
     if !replica.is_recovering() {

@@ -12,7 +12,7 @@
 //! it has been heartbeating for a maximum election timeout, no quorum has
 //! acknowledged it for that long, and some configuration of its membership
 //! (both, during joint consensus) has no majority of voters whose brokers
-//! answer pings ([`crate::liveness`]). The lease alone is not enough:
+//! answer pings ([`crate::control::liveness`]). The lease alone is not enough:
 //! openraft bounds each heartbeat by `heartbeat_interval`, so a round trip
 //! longer than that (50 ms each way, say) leaves an idle leader's lease
 //! stale although every follower answers. One ping per broker pair travels
@@ -45,8 +45,8 @@ use ferrolog_raft_store::state_machine::PartitionRaft;
 use ferrolog_raft_store::types::{LogId, NodeId};
 use tokio::sync::watch;
 
+use crate::control::liveness::Liveness;
 use crate::groups::GroupRegistry;
-use crate::liveness::Liveness;
 use crate::metadata::METADATA_GROUP;
 use crate::metadata::image::MetadataImage;
 use crate::partitions::PartitionTable;

@@ -1,0 +1,26 @@
+//! The broker's background control loops, each its own task started by
+//! [`crate::server`]; none is on the data path, and safety does not depend
+//! on any of them (votes and commits stay Raft's):
+//!
+//! - [`liveness`]: one ping per broker pair per heartbeat interval says which
+//!   brokers answer, which groups each leads, and when one came back.
+//! - [`quiesce`]: idle groups park their tickers; elections are started here,
+//!   spread out with back-off, instead of by per-group timers.
+//! - [`checkquorum`]: a leader that lost its quorum hands over (Raft thesis §6.2).
+//! - [`membership`]: each led group's voters follow the metadata (learner, then
+//!   joint consensus).
+//! - [`recovery`]: a replica whose log was found damaged neither votes nor
+//!   campaigns until a leader has brought it back.
+//! - [`writable`]: whether a data directory takes writes again before a failed
+//!   replica on it is restarted.
+//! - [`memory`]: memory of stopped replicas is given back to the system.
+//! - [`files`]: the open-file limit, raised at start and watched.
+
+pub mod checkquorum;
+pub mod files;
+pub mod liveness;
+pub mod membership;
+pub mod memory;
+pub mod quiesce;
+pub mod recovery;
+pub mod writable;
