@@ -1,4 +1,4 @@
-//! openraft's `RaftLogStorage` and `RaftLogReader` over [`PartitionLog`].
+//! openraft's `RaftLogStorage` and `RaftLogReader` over [`PartitionLog`](crate::log::PartitionLog).
 
 use std::fmt::Debug;
 use std::io;

@@ -35,7 +35,7 @@ pub struct SnapshotFiles {
 
 /// Version of the manifest format written. Version 1 (still read) held
 /// the Raft library's own JSON of the snapshot metadata; version 2 holds
-/// Ferrolog's ([`meta_json`]), since the manifest travels to other brokers
+/// Ferrolog's (`meta_json`), since the manifest travels to other brokers
 /// with the snapshot's files.
 pub const MANIFEST_VERSION: u32 = 2;
 const MANIFEST_FILE: &str = "manifest.json";
