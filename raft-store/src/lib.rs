@@ -16,7 +16,7 @@
 //! ```
 //!
 //! Modules, one responsibility each:
-//! - [`format`]: the on-disk byte format (pure functions).
+//! - [`format`](mod@format): the on-disk byte format (pure functions).
 //! - [`segment`]: one segment file and its sparse offset/time index.
 //! - [`log`]: the list of segments, offsets, truncate/purge, reads.
 //! - [`flusher`]: group commit across partitions of a data directory.
