@@ -120,6 +120,7 @@ pub async fn produce(
     let start = Instant::now();
     let end = start + Duration::from_secs(a.seconds);
     let (mut sent, mut failed) = (0u64, 0u64);
+    let mut first_error = None;
     loop {
         let sending = Instant::now() < end;
         if sending && pending.len() < a.in_flight {
@@ -135,12 +136,19 @@ pub async fn produce(
         }
         match pending.next().await {
             Some((Ok(_), t)) => latency_us.record((t.elapsed().as_micros() as u64).max(1))?,
-            Some((Err(_), _)) => failed += 1,
+            Some((Err(e), _)) => {
+                failed += 1;
+                first_error.get_or_insert_with(|| e.to_string());
+            }
             None => break,
         }
     }
     let seconds = start.elapsed().as_secs_f64();
-    anyhow::ensure!(failed == 0, "{failed} of {sent} records failed");
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} of {sent} records failed; the first: {}",
+        first_error.unwrap_or_default()
+    );
     Ok(ProduceResult { records: sent, seconds, record_bytes: a.record_bytes, latency_us })
 }
 
