@@ -240,7 +240,8 @@ impl Broker {
 
         let (image_tx, image_rx) = watch::channel(Arc::new(MetadataImage::new()));
         let liveness = Liveness::default();
-        let mut tasks = vec![tokio::spawn(controller::follow(meta_replica.clone(), image_tx))];
+        let mut tasks =
+            vec![spawn_task("metadata_image", me, controller::follow(meta_replica.clone(), image_tx))];
         let controller = Controller::new(
             metadata.clone(),
             image_rx.clone(),
@@ -266,18 +267,20 @@ impl Broker {
             incarnation: identity.incarnation,
             controller: controller.clone(),
         };
-        tasks.push(tokio::spawn(reconciler.clone().run(image_rx.clone())));
+        tasks.push(spawn_task("reconciler", me, reconciler.clone().run(image_rx.clone())));
         let ping_every = Duration::from_millis(config.raft.heartbeat_interval_ms);
         let dead_after = Duration::from_millis(config.raft.election_timeout_min_ms);
-        tasks.push(tokio::spawn(liveness.clone().run(me, image_rx.clone(), peers, ping_every, dead_after)));
-        let election_timeout = Duration::from_millis(config.raft.election_timeout_max_ms);
-        tasks.push(tokio::spawn(crate::control::quiesce::run(
+        tasks.push(spawn_task(
+            "liveness",
             me,
-            table.clone(),
-            liveness.clone(),
-            ping_every,
-            election_timeout,
-        )));
+            liveness.clone().run(me, image_rx.clone(), peers, ping_every, dead_after),
+        ));
+        let election_timeout = Duration::from_millis(config.raft.election_timeout_max_ms);
+        tasks.push(spawn_task(
+            "quiesce",
+            me,
+            crate::control::quiesce::run(me, table.clone(), liveness.clone(), ping_every, election_timeout),
+        ));
         let checker = crate::control::checkquorum::Checker {
             metadata: crate::control::checkquorum::MetadataGroup {
                 raft: metadata.clone(),
@@ -296,16 +299,18 @@ impl Broker {
         // Twice per confirmation window: a lost quorum is acted on within
         // about 1.5 × election_timeout_min; a round visits every hosted group.
         let check_every = Duration::from_millis(config.raft.election_timeout_min_ms / 2);
-        tasks.push(tokio::spawn(crate::control::checkquorum::run(checker, check_every)));
-        tasks
-            .push(tokio::spawn(crate::control::membership::run(reconciler.groups.clone(), image_rx.clone())));
-        tasks.push(tokio::spawn(crate::control::files::watch()));
-        tasks.push(tokio::spawn(register(
-            controller.clone(),
-            image_rx,
-            config.clone(),
-            identity.incarnation,
-        )));
+        tasks.push(spawn_task("checkquorum", me, crate::control::checkquorum::run(checker, check_every)));
+        tasks.push(spawn_task(
+            "membership",
+            me,
+            crate::control::membership::run(reconciler.groups.clone(), image_rx.clone()),
+        ));
+        tasks.push(spawn_task("files", me, crate::control::files::watch()));
+        tasks.push(spawn_task(
+            "register",
+            me,
+            register(controller.clone(), image_rx, config.clone(), identity.incarnation),
+        ));
 
         let max_connections = config.limits.max_connections;
         let service =
@@ -518,4 +523,17 @@ async fn join(c: &BrokerConfig, incarnation: u64, peers: &PeerAddresses) -> anyh
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     anyhow::bail!("could not join the existing cluster: {last}")
+}
+
+/// Spawns one of the broker's background tasks inside a span named `name`
+/// that carries the broker's id (`node`), so every line it logs says which
+/// broker and which loop it came from (several brokers may share a log,
+/// as in the tests' and `ferrolog dev`'s output).
+fn spawn_task<F>(name: &'static str, node: u32, task: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    use tracing::Instrument;
+    tokio::spawn(task.instrument(tracing::info_span!("task", name, node)))
 }
