@@ -444,25 +444,17 @@ pub async fn follow(replica: Replica, image: watch::Sender<Arc<MetadataImage>>) 
         while !stuck && current.applied_offset < replica.high_watermark() {
             let (from, r) = (current.applied_offset, replica.clone());
             let read = tokio::task::spawn_blocking(move || r.read(from, READ_BYTES)).await;
-            let batches = match read {
-                Ok(Ok(b)) => b,
+            let batches = match read.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
+                Ok(b) => b,
                 // Tried again in a second, whether or not more is committed
                 // meanwhile (an idle metadata log would leave the image
                 // behind otherwise).
-                Ok(Err(e)) => {
+                Err(e) => {
                     crate::logging::every(
                         "metadata.read",
                         Duration::from_secs(10),
                         format_args!("cannot read the metadata log at offset {from}: {e}"),
                     );
-                    if image.is_closed() {
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
-                Err(e) => {
-                    tracing::error!("metadata read task failed: {e}");
                     if image.is_closed() {
                         return;
                     }
