@@ -49,6 +49,8 @@ pub(crate) struct Inner {
     pub snapshot_lock: Mutex<()>,
     /// Mirrors [`PartitionLog::recovering`] for lock-free checks (votes).
     pub recovering: std::sync::atomic::AtomicBool,
+    /// Index of the last log entry when the replica was opened.
+    pub opened_last_index: Option<u64>,
 }
 
 /// Replicas open in this process (an `Inner` not dropped yet).
@@ -111,6 +113,7 @@ impl Replica {
         };
         let applied = Applied { last_applied, membership, next_offset, snapshot: record, producers };
         let recovering = std::sync::atomic::AtomicBool::new(log.recovering().is_some());
+        let opened_last_index = log.log_state().last_log_id.map(|l| l.index);
         OPEN_REPLICAS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(Self {
             inner: Arc::new(Inner {
@@ -120,6 +123,7 @@ impl Replica {
                 snapshot_root,
                 snapshot_lock: Mutex::new(()),
                 recovering,
+                opened_last_index,
             }),
         })
     }
@@ -305,6 +309,15 @@ impl Replica {
 
     /// Log id of the last entry in the log (or of the purge pointer when
     /// the log holds none after it), for comparing logs (Raft §5.4.1).
+    /// Raft index of the last log entry when this replica was opened
+    /// (`None`: the log was empty). An applied entry past it reached this
+    /// replica from a leader after it opened (see
+    /// `ferrolog_broker::control::recovery`).
+    pub fn opened_last_index(&self) -> Option<u64> {
+        self.inner.opened_last_index
+    }
+
+    /// Raft index and term of the last log entry, if any.
     pub fn last_log_id(&self) -> Option<LogId> {
         self.log().log_state().last_log_id
     }

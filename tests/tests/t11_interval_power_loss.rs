@@ -1,6 +1,7 @@
-//! `flush = interval` and one replica losing power (issue 9, item 9): the
-//! leader loses its unsynced tail, the other up-to-date replica is killed,
-//! and the one that lagged comes back. The replica that lost its tail must
+//! `flush = interval` and one replica losing power (issue 9, item 9): a
+//! replica loses its unsynced tail (the leader, or a follower), the other
+//! up-to-date replica is killed, and the one that lagged comes back. The
+//! replica that lost its tail must
 //! not help the lagging one win an election (together they are a majority
 //! without the acknowledged records); once the intact replica returns, the
 //! most up-to-date log of all voters is elected (KIP-966's unclean
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use ferrolog_proto::client::ProduceRequest;
 use ferrolog_tests::Cluster;
-use ferrolog_tests::raw::{create_topic, leader, produce, read_values, record, status};
+use ferrolog_tests::raw::{create_topic, leader, produce, read_values, record, self_claimed_leaders, status};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
 /// Nothing is fsynced in the test's time: what a power cut keeps is what
@@ -53,12 +54,27 @@ fn signal(c: &Cluster, id: u32, sig: i32) -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_replica_losing_its_unsynced_tail_loses_no_acknowledged_record() -> anyhow::Result<()> {
+async fn the_leader_losing_its_unsynced_tail_loses_no_acknowledged_record() -> anyhow::Result<()> {
+    scenario("interval-loss", true).await
+}
+
+/// The replica that loses its tail is a follower: it restarts with its
+/// persisted vote for the (now dead) leader and that leader's entries in
+/// its log, which once let it count as brought back at once, vote, and
+/// elect the lagging replica without the 50 acknowledged records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_losing_its_unsynced_tail_loses_no_acknowledged_record() -> anyhow::Result<()> {
+    scenario("interval-loss-follower", false).await
+}
+
+/// Runs the scenario with the replica that loses power being the leader
+/// (`tail_loser_leads`) or a follower.
+async fn scenario(name: &str, tail_loser_leads: bool) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("broker.toml");
     fs::write(&config, CONFIG)?;
     let config = config.to_string_lossy().into_owned();
-    let mut c = Cluster::start("interval-loss", BIN, 3, &[("FERROLOG_CONFIG", &config)]).await?;
+    let mut c = Cluster::start(name, BIN, 3, &[("FERROLOG_CONFIG", &config)]).await?;
     create_topic(&c, "t", 1, 3).await?;
     let mut written = Vec::new();
     for i in 0..5 {
@@ -66,14 +82,29 @@ async fn one_replica_losing_its_unsynced_tail_loses_no_acknowledged_record() -> 
         produce(&c, req(&v), Duration::from_secs(30)).await?;
         written.push(v);
     }
-    let l = leader(&c, "t", 0, Duration::from_secs(30)).await?;
-    let others: Vec<u32> = (1..=3).filter(|b| *b != l).collect();
-    let (intact, lagging) = (others[0], others[1]);
+    // Roles from the broker that says it leads (not the metadata, which
+    // may lag behind an election).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let current = loop {
+        if let Some(Some(b)) = self_claimed_leaders(&c, "t").await?.first() {
+            break *b;
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "no broker claims partition 0");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let followers: Vec<u32> = (1..=3).filter(|b| *b != current).collect();
+    // `l` loses its unsynced tail, `intact` keeps everything, `lagging`
+    // misses the 50 records.
+    let (l, intact, lagging) = if tail_loser_leads {
+        (current, followers[0], followers[1])
+    } else {
+        (followers[0], current, followers[1])
+    };
     // Both followers hold the early records before one is paused.
     for _ in 0..100 {
-        let want = status(&c, l, "t", 0).await?.last_log_index;
+        let want = status(&c, current, "t", 0).await?.last_log_index;
         if status(&c, lagging, "t", 0).await?.last_log_index == want
-            && status(&c, intact, "t", 0).await?.last_log_index == want
+            && status(&c, followers[0], "t", 0).await?.last_log_index == want
         {
             break;
         }
@@ -88,11 +119,11 @@ async fn one_replica_losing_its_unsynced_tail_loses_no_acknowledged_record() -> 
         produce(&c, req(&v), Duration::from_secs(30)).await?;
         written.push(v);
     }
-    assert!(fs::metadata(&seg)?.len() > synced_len, "the 50 records did not reach the leader's segment");
+    assert!(fs::metadata(&seg)?.len() > synced_len, "the 50 records did not reach broker {l}'s segment");
 
-    // The leader loses power: its segment goes back to what was on disk
+    // Broker `l` loses power: its segment goes back to what was on disk
     // before the 50 records. The intact replica is killed, the lagging one
-    // resumes, the leader comes back.
+    // resumes, `l` comes back.
     c.kill(l);
     OpenOptions::new().write(true).open(&seg)?.set_len(synced_len)?;
     c.kill(intact);
@@ -120,7 +151,7 @@ async fn one_replica_losing_its_unsynced_tail_loses_no_acknowledged_record() -> 
     let log = fs::read_to_string(&c.broker(l).log)?;
     assert!(
         log.contains("stopped uncleanly under flush = interval"),
-        "the leader that lost power was not held back"
+        "the replica that lost power was not held back"
     );
     // The intact replica was killed too, so it was recovering as well: the
     // election went through the vote floor of every voter's log.

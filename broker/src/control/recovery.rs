@@ -36,11 +36,26 @@ use ferrolog_raft_store::types::{LogId, NodeId};
 use openraft::async_runtime::watch::WatchReceiver;
 
 /// Whether a recovering replica has been brought back: a leader of its
-/// current term exists and it has applied an entry of that term. The leader
-/// may be itself only if it was elected under the vote floor, as the most
-/// up-to-date log of all voters.
-pub fn caught_up(current_term: u64, leader: Option<NodeId>, last_applied: Option<LogId>) -> bool {
-    leader.is_some() && last_applied.is_some_and(|l| l.leader_id.term == current_term)
+/// current term exists and it has applied an entry of that term that
+/// reached it after it opened (index past `opened_last`, the last index of
+/// its log when it opened). The leader may be itself only if it was elected
+/// under the vote floor, as the most up-to-date log of all voters.
+///
+/// An entry of the current term it already held when it opened proves
+/// nothing: a follower restarts with its persisted vote for the leader of
+/// that term, and re-applies that term's entries from its own log, although
+/// that leader may be dead and its log may have lost the tail the leader
+/// had committed (seen in `t11_interval_power_loss` when the replica that
+/// lost its tail was a follower: it voted again at once and elected the
+/// lagging replica without 50 acknowledged records).
+pub fn caught_up(
+    current_term: u64,
+    leader: Option<NodeId>,
+    last_applied: Option<LogId>,
+    opened_last: Option<u64>,
+) -> bool {
+    leader.is_some()
+        && last_applied.is_some_and(|l| l.leader_id.term == current_term && Some(l.index) > opened_last)
 }
 
 /// Whether a replica may grant its vote to a candidate whose last log id is
@@ -135,7 +150,7 @@ pub fn release_if_caught_up(raft: &PartitionRaft, replica: &Replica, timer_elect
         let m = metrics.borrow_watched();
         (m.current_term, m.current_leader, m.last_applied)
     };
-    if !caught_up(term, leader, applied) {
+    if !caught_up(term, leader, applied, replica.opened_last_index()) {
         return false;
     }
     if let Err(e) = replica.finish_recovery() {
@@ -156,10 +171,18 @@ mod tests {
 
     #[test]
     fn caught_up_needs_a_leader_and_an_applied_entry_of_its_term() {
-        assert!(caught_up(5, Some(1), Some(log_id(5, 1, 10))));
-        assert!(!caught_up(5, Some(1), Some(log_id(4, 1, 10))), "an entry of an earlier term proves nothing");
-        assert!(!caught_up(5, None, Some(log_id(5, 1, 10))), "no leader known");
-        assert!(!caught_up(5, Some(1), None));
+        assert!(caught_up(5, Some(1), Some(log_id(5, 1, 10)), Some(9)));
+        assert!(caught_up(5, Some(1), Some(log_id(5, 1, 10)), None), "an empty log at open");
+        assert!(
+            !caught_up(5, Some(1), Some(log_id(4, 1, 10)), Some(9)),
+            "an entry of an earlier term proves nothing"
+        );
+        assert!(!caught_up(5, None, Some(log_id(5, 1, 10)), Some(9)), "no leader known");
+        assert!(
+            !caught_up(5, Some(1), Some(log_id(5, 1, 10)), Some(10)),
+            "an entry it held when it opened (re-applied after a restart, with the persisted vote's leader) proves nothing"
+        );
+        assert!(!caught_up(5, Some(1), None, None));
     }
 
     #[test]
