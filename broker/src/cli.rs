@@ -123,8 +123,8 @@ pub async fn run(args: BrokerArgs) -> anyhow::Result<()> {
 }
 
 /// Installs the tracing subscriber used by broker processes (see
-/// [`crate::logging::init`]): `RUST_LOG` filters, default
-/// `info,openraft=warn`; repeated warnings are rate-limited; colours only
+/// [`crate::logging::init`]): `RUST_LOG` filters, default `info` with the
+/// Raft library at `warn`; repeated warnings are rate-limited; colours only
 /// when stderr is a terminal.
 pub fn init_tracing() {
     crate::logging::init();

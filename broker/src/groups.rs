@@ -6,8 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use ferrolog_raft_store::Replica;
-use ferrolog_raft_store::state_machine::PartitionRaft;
-use ferrolog_raft_store::types::NodeId;
+use ferrolog_replica::{NodeId, RaftNode};
 
 /// Identifies a Raft group across the cluster (a partition, or the metadata group).
 pub type GroupId = u64;
@@ -21,8 +20,8 @@ pub type VoteFloor = Option<(u64, u64)>;
 pub struct HostedGroup {
     /// This replica's Raft node id within its group.
     pub node_id: NodeId,
-    /// The running openraft node.
-    pub raft: PartitionRaft,
+    /// The running Raft node.
+    pub raft: RaftNode,
     /// The replica's storage.
     pub replica: Replica,
     /// Where incoming snapshots are staged before install (same file system
@@ -114,15 +113,12 @@ impl GroupRegistry {
     }
 
     fn compute_leading(&self) -> Vec<GroupId> {
-        use openraft::async_runtime::watch::WatchReceiver;
         let groups = self.groups.read().unwrap_or_else(|p| p.into_inner());
         let handing_over = self.handing_over.read().unwrap_or_else(|p| p.into_inner());
         groups
             .iter()
             .filter(|(g, h)| {
-                let metrics = h.raft.metrics();
-                let m = metrics.borrow_watched();
-                m.state.is_leader() && m.running_state.is_ok() && handing_over.get(g) != Some(&m.current_term)
+                h.raft.state(|s| s.is_leader() && s.is_running() && handing_over.get(g) != Some(&s.term()))
             })
             .map(|(g, _)| *g)
             .collect()
@@ -168,37 +164,4 @@ impl GroupRegistry {
     pub fn get(&self, group: GroupId) -> Option<HostedGroup> {
         self.groups.read().unwrap_or_else(|p| p.into_inner()).get(&group).cloned()
     }
-}
-
-/// Makes sure a leader's lease is fresh before it proposes: a leader whose
-/// ticker was parked (an idle, quiesced group) has not heard from a quorum
-/// lately, and openraft refuses writes and membership changes until it has
-/// (the leader lease, one maximum election timeout). Sends a heartbeat and
-/// waits up to `wait` for a quorum to acknowledge one sent after now.
-/// Returns whether the lease is fresh.
-pub async fn renew_lease(
-    raft: &PartitionRaft,
-    lease: std::time::Duration,
-    wait: std::time::Duration,
-) -> bool {
-    use openraft::async_runtime::watch::WatchReceiver;
-    use openraft::type_config::TypeConfigExt;
-    type C = ferrolog_raft_store::types::TypeConfig;
-    let now = C::now();
-    let acked = |m: &openraft::RaftMetrics<C>| m.last_quorum_acked.map(|t| t.into_inner());
-    let (voters, last_acked) = {
-        let m = raft.metrics().borrow_watched().clone();
-        (m.membership_config.membership().voter_ids().count(), acked(&m))
-    };
-    // A group of one voter is its own quorum: its lease is always valid.
-    if voters <= 1 || last_acked.is_some_and(|t| now < t + lease / 2) {
-        return true;
-    }
-    if raft.trigger().heartbeat().await.is_err() {
-        return false;
-    }
-    raft.wait(Some(wait))
-        .metrics(|m| acked(m).is_some_and(|t| t >= now), "quorum acked a heartbeat")
-        .await
-        .is_ok()
 }

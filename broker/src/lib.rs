@@ -1,16 +1,19 @@
 //! The Ferrolog broker.
 //!
 //! A broker hosts replicas of many partitions; each partition replica is a
-//! member of that partition's Raft group, stored by `ferrolog-raft-store`.
+//! member of that partition's Raft group: a `ferrolog_replica::RaftNode`
+//! (the only interface to Raft the broker uses; it never names the Raft
+//! library) over storage from `ferrolog-raft-store`.
 //!
 //! The data path (produce, then fetch):
 //!
 //! ```text
 //!  client ──gRPC Produce──> grpc::service ──> partition::Partition (leader check, sequencer:
-//!        idempotence, KIP-98) ──client_write──> openraft leader ──append──> raft-store log
+//!        idempotence, KIP-98) ──RaftNode::propose──> Raft leader ──append──> raft-store log
 //!        ──pwrite──> segment file ──flusher: fdatasync──> local ack
-//!     └─ network::client ──gRPC Peer AppendEntries──> follower broker ──> network::server
-//!        ──> groups::GroupRegistry ──> follower's openraft ──> its log, its fsync ──> ack
+//!     └─ network::client (PeerTransport) ──gRPC Peer AppendEntries──> follower broker
+//!        ──> network::server ──> groups::GroupRegistry ──> RaftNode::handle_append ──> its log,
+//!        its fsync ──> ack
 //!  majority acked ──> commit ──> apply (raft-store state machine: offsets, high watermark)
 //!        ──> Produce answered with the batch's base offset
 //!  client ──gRPC Fetch──> grpc::service ──> partition::Partition::fetch (waits on the high
@@ -28,9 +31,9 @@
 //! - [`groups`]: the Raft groups this broker hosts, by group id.
 //! - [`metadata`]: the controller (metadata Raft group), its commands and image.
 //! - [`network`]: the broker-to-broker Raft transport (client, server, the
-//!   peer protocol's version check, snapshot streaming), many groups
-//!   multiplexed on one connection per peer; the messages themselves are
-//!   converted in `ferrolog_raft_store::wire`.
+//!   peer protocol's version check), many groups multiplexed on one
+//!   connection per peer; the messages themselves are converted in
+//!   `ferrolog_raft_store::wire`, snapshots chunked in `ferrolog_replica::snapshot`.
 //! - [`control`]: the background control loops: liveness (one ping per
 //!   broker pair), quiesce (idle groups park; elections scheduled here),
 //!   CheckQuorum, membership, recovery of damaged replicas, the disk-writable

@@ -119,12 +119,13 @@ fn summarise() {
     }
 }
 
-/// Installs the broker's log output: `RUST_LOG` (default
-/// `info,openraft=warn`) to standard error, with [`RateLimit`], and a thread
+/// Installs the broker's log output: `RUST_LOG` (default `info`, the Raft
+/// library at `warn`: [`ferrolog_replica::QUIET_RAFT_LOGS`]) to standard error, with [`RateLimit`], and a thread
 /// that logs the suppressed counts. Does nothing if a subscriber is already
 /// installed.
 pub fn init() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,openraft=warn"));
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("info,{}", ferrolog_replica::QUIET_RAFT_LOGS)));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let output = tracing_subscriber::fmt::layer()
         .with_target(false)

@@ -6,9 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use ferrolog_raft_store::types::{Node, NodeId};
 use ferrolog_raft_store::{Flusher, Replica, StoreConfig};
-use openraft::Raft;
+use ferrolog_replica::{NodeId, RaftNode, ValidSettings};
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -17,7 +16,7 @@ use crate::groups::{GroupRegistry, HostedGroup};
 use crate::metadata::command::PartitionAssignment;
 use crate::metadata::controller::Controller;
 use crate::metadata::image::MetadataImage;
-use crate::network::{PeerAddresses, PeerNetworkFactory};
+use crate::network::PeerAddresses;
 use crate::partition::Partition;
 
 /// Hosted replicas by group id, and the current group of each (topic,
@@ -39,7 +38,7 @@ pub struct PartitionTable {
 }
 
 /// A replica that could not be started, or whose Raft group stopped on an
-/// error (storage, or a fatal error inside openraft): the reconciler starts
+/// error (storage, or a fatal error inside Raft): the reconciler starts
 /// it again after [`restart_backoff`], reopening its log with every segment
 /// verified so damage is found and repaired. Kept until it has run for
 /// [`HEALTHY_AFTER`] without failing again.
@@ -178,7 +177,7 @@ pub struct Reconciler {
     /// The data directory's flusher.
     pub flusher: Flusher,
     /// Raft settings of every group.
-    pub raft_config: Arc<openraft::Config>,
+    pub raft_settings: ValidSettings,
     /// Shared peer connections.
     pub peers: PeerAddresses,
     /// Groups reachable by the peer service.
@@ -205,7 +204,7 @@ impl Reconciler {
     ///
     ///
     /// Once replicas were stopped, the first pass that finds every stopped
-    /// replica dropped (by openraft's remaining tasks and by requests and
+    /// replica dropped (by its Raft node's remaining tasks and by requests and
     /// rounds of `crate::control::quiesce` and `crate::control::checkquorum` that still held
     /// one), or [`RELEASE_MEMORY_AFTER`] after the last stop otherwise,
     /// gives the freed memory back to the operating system
@@ -355,10 +354,7 @@ impl Reconciler {
     async fn stop_failed_groups(&self) -> usize {
         let mut stopped = 0;
         for p in self.table.all() {
-            let fatal = {
-                use openraft::async_runtime::watch::WatchReceiver;
-                p.raft.metrics().borrow_watched().running_state.clone().err()
-            };
+            let fatal = p.raft.state(|s| s.fatal());
             let Some(fatal) = fatal else { continue };
             let f =
                 self.table.record_failure(p.group, &p.topic, p.partition, format!("raft stopped: {fatal}"));
@@ -376,7 +372,7 @@ impl Reconciler {
     fn release_recovered(&self) {
         for (g, h) in self.groups.all() {
             // Partition groups' elections are scheduled by crate::control::quiesce;
-            // the metadata group's by openraft's own timer.
+            // the metadata group's by its Raft node's own timer.
             let partition = self.table.by_group(g);
             if crate::control::recovery::release_if_caught_up(&h.raft, &h.replica, partition.is_none()) {
                 self.groups.set_vote_floor(g, None);
@@ -425,31 +421,24 @@ impl Reconciler {
         std::fs::create_dir_all(&staging_dir)?;
         let replica =
             Replica::open_with(&dir.join("replica"), self.storage.clone(), self.flusher.clone(), rescan)?;
-        let network = PeerNetworkFactory::new(a.group, self.peers.clone());
-        let raft = Raft::new(
-            me.node,
-            self.raft_config.clone(),
-            network,
-            replica.log_store(),
-            replica.state_machine(),
-        )
-        .await?;
+        let raft =
+            RaftNode::start(a.group, me.node, &self.raft_settings, &replica, self.peers.clone()).await?;
         // Elections of partition groups are started by crate::control::quiesce
-        // (spread out, with back-off), never by openraft's per-group timer.
-        raft.runtime_config().elect(false);
+        // (spread out, with back-off), never by the node's own per-group timer.
+        raft.set_elections(false);
         self.groups.insert(
             a.group,
             HostedGroup { node_id: me.node, raft: raft.clone(), replica: replica.clone(), staging_dir },
         );
         if a.initial.contains(&me.node) && !raft.is_initialized().await? {
-            let mut members: BTreeMap<NodeId, Node> = BTreeMap::new();
+            let mut members: BTreeMap<NodeId, String> = BTreeMap::new();
             for r in a.replicas.iter().filter(|r| a.initial.contains(&r.node)) {
                 let addr = image
                     .brokers
                     .get(&r.broker)
                     .map(|b| b.peer_addr.clone())
                     .ok_or_else(|| anyhow::anyhow!("broker {} is not registered", r.broker))?;
-                members.insert(r.node, Node { addr });
+                members.insert(r.node, addr);
             }
             // The placement's preferred leader (first replica) campaigns
             // first (crate::control::quiesce), so new partitions start balanced.

@@ -7,9 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ferrolog_raft_store::types::{Node, NodeId};
 use ferrolog_raft_store::{Flusher, Replica};
-use openraft::{Raft, SnapshotPolicy};
+use ferrolog_replica::{NodeId, RaftNode, Settings, ValidSettings};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -23,14 +22,10 @@ use crate::metadata::METADATA_GROUP;
 use crate::metadata::command::ControllerRequest;
 use crate::metadata::controller::{self, Controller};
 use crate::metadata::image::MetadataImage;
-use crate::network::{PeerAddresses, PeerNetworkFactory, RaftPeerServer};
+use crate::network::{PeerAddresses, RaftPeerServer};
 use crate::partition::records::batch_encoded_bytes_max;
 use crate::partitions::{PartitionTable, Reconciler};
 
-/// Raft entries kept after a snapshot, so a briefly lagging follower
-/// catches up from the log instead of a snapshot (and a workaround for
-/// openraft issue #2116: no manual purges under load).
-const LOG_KEPT_AFTER_SNAPSHOT: u64 = 1000;
 /// Entries per AppendEntries request; with `max_batch_bytes` it bounds the
 /// largest message a peer may send (see [`peer_message_bytes_max`]).
 pub const MAX_PAYLOAD_ENTRIES: u64 = 64;
@@ -61,43 +56,24 @@ pub struct Broker {
     stop: Vec<oneshot::Sender<()>>,
     servers: Vec<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
-    metadata:
-        openraft::Raft<ferrolog_raft_store::types::TypeConfig, ferrolog_raft_store::PartitionStateMachine>,
+    metadata: RaftNode,
     reconciler: Reconciler,
 }
 
-/// The openraft configuration of every group on a broker.
+/// The Raft settings of every group on a broker.
 ///
 /// # Errors
-/// openraft's validation error for inconsistent timings.
-pub fn raft_config(c: &BrokerConfig) -> anyhow::Result<Arc<openraft::Config>> {
+/// Inconsistent timings (see [`Settings::validate`]).
+pub fn raft_settings(c: &BrokerConfig) -> anyhow::Result<ValidSettings> {
     let r = &c.raft;
-    let config = openraft::Config {
-        cluster_name: "ferrolog".into(),
-        heartbeat_interval: r.heartbeat_interval_ms,
-        election_timeout_min: r.election_timeout_min_ms,
-        election_timeout_max: r.election_timeout_max_ms,
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(r.snapshot_after_entries),
-        max_in_snapshot_log_to_keep: LOG_KEPT_AFTER_SNAPSHOT,
-        install_snapshot_timeout: 60_000,
+    let settings = Settings {
+        heartbeat_interval_ms: r.heartbeat_interval_ms,
+        election_timeout_min_ms: r.election_timeout_min_ms,
+        election_timeout_max_ms: r.election_timeout_max_ms,
+        snapshot_after_entries: Some(r.snapshot_after_entries),
         max_payload_entries: MAX_PAYLOAD_ENTRIES,
-        // Pre-vote (Raft thesis §9.6): a node that cannot win does not bump
-        // terms and depose a healthy leader.
-        enable_pre_vote: Some(true),
-        // A restarted leader must win a new election (and commit a blank
-        // entry of its new term) before it serves: restored as leader of its
-        // old term it would serve a high watermark from its lazily saved
-        // commit index, behind what it had acknowledged.
-        enable_leader_restore: Some(false),
-        // A follower whose log was found damaged keeps only its valid prefix
-        // (crate::control::recovery): its leader must accept that its log went back
-        // and send the rest again, instead of treating it as a bug. Such a
-        // follower does not vote meanwhile, so a reverted log never decides
-        // an election.
-        allow_log_reversion: Some(true),
-        ..openraft::Config::default()
     };
-    Ok(Arc::new(config.validate().context("raft timings")?))
+    Ok(settings.validate()?)
 }
 
 /// Serves `router` on `listener` (see [`crate::listener::incoming`]) in a
@@ -135,7 +111,7 @@ impl Broker {
         crate::control::files::raise_limit();
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;
-        let raft_config = raft_config(&config)?;
+        let raft_settings = raft_settings(&config)?;
         let flusher = Flusher::spawn(&format!("broker-{me}")).context("starting the flusher")?;
         let groups = GroupRegistry::default();
         let peers = PeerAddresses::new(
@@ -207,12 +183,12 @@ impl Broker {
         };
         let meta_replica = Replica::open(&meta_dir.join("replica"), meta_storage, flusher.clone())
             .context("opening the metadata log")?;
-        let metadata = Raft::new(
+        let metadata = RaftNode::start(
+            METADATA_GROUP,
             identity.metadata_node,
-            raft_config.clone(),
-            PeerNetworkFactory::new(METADATA_GROUP, peers.clone()),
-            meta_replica.log_store(),
-            meta_replica.state_machine(),
+            &raft_settings,
+            &meta_replica,
+            peers.clone(),
         )
         .await
         .context("starting the metadata group")?;
@@ -227,10 +203,10 @@ impl Broker {
         );
         crate::control::recovery::hold_if_recovering(&metadata, &meta_replica, identity.metadata_node);
         if identity.founder && !metadata.is_initialized().await? {
-            let members: BTreeMap<NodeId, Node> = config
+            let members: BTreeMap<NodeId, String> = config
                 .initial_cluster
                 .iter()
-                .map(|(id, addr)| (NodeId::from(*id), Node { addr: addr.to_string() }))
+                .map(|(id, addr)| (NodeId::from(*id), addr.to_string()))
                 .collect();
             if let Err(e) = metadata.initialize(members).await {
                 tracing::debug!("metadata initialize: {e}");
@@ -260,7 +236,7 @@ impl Broker {
             root: config.data_dir.join("partitions"),
             storage: config.storage.clone(),
             flusher,
-            raft_config,
+            raft_settings,
             peers: peers.clone(),
             groups,
             table: table.clone(),

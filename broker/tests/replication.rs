@@ -4,36 +4,33 @@
 //! purged its log catches up through a snapshot that carries the segments.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use ferrolog_broker::groups::{GroupRegistry, HostedGroup};
-use ferrolog_broker::network::{PeerAddresses, PeerNetworkFactory, RaftPeerServer};
-use ferrolog_raft_store::state_machine::PartitionRaft;
-use ferrolog_raft_store::types::{Node, NodeId};
+use ferrolog_broker::network::{PeerAddresses, RaftPeerServer};
 use ferrolog_raft_store::{Flusher, RecordBatch, Replica, StoreConfig};
-use openraft::{Config, Raft, SnapshotPolicy};
+use ferrolog_replica::{NodeId, RaftNode, Settings, ValidSettings};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 
 const GROUP: u64 = 7;
 
 struct Broker {
-    raft: PartitionRaft,
+    raft: RaftNode,
     replica: Replica,
     stop: tokio::sync::oneshot::Sender<()>,
     server: tokio::task::JoinHandle<()>,
 }
 
-fn raft_config() -> Arc<Config> {
-    let c = Config {
-        heartbeat_interval: 100,
-        election_timeout_min: 400,
-        election_timeout_max: 800,
-        snapshot_policy: SnapshotPolicy::Never,
-        ..Config::default()
+fn raft_settings() -> ValidSettings {
+    let s = Settings {
+        heartbeat_interval_ms: 100,
+        election_timeout_min_ms: 400,
+        election_timeout_max_ms: 800,
+        snapshot_after_entries: None,
+        max_payload_entries: 64,
     };
-    Arc::new(c.validate().expect("config"))
+    s.validate().expect("settings")
 }
 
 fn batch(i: u64) -> RecordBatch {
@@ -51,10 +48,7 @@ async fn start(id: NodeId, dir: &std::path::Path, listener: TcpListener, peers: 
     let flusher = Flusher::spawn(&format!("node{id}")).expect("flusher");
     let config = StoreConfig { segment_bytes: 16 * 1024, ..StoreConfig::default() };
     let replica = Replica::open(&dir.join("replica"), config, flusher).expect("replica");
-    let network = PeerNetworkFactory::new(GROUP, peers.clone());
-    let raft = Raft::new(id, raft_config(), network, replica.log_store(), replica.state_machine())
-        .await
-        .expect("raft");
+    let raft = RaftNode::start(GROUP, id, &raft_settings(), &replica, peers.clone()).await.expect("raft");
     let groups = GroupRegistry::default();
     let staging_dir = dir.join("staging");
     std::fs::create_dir_all(&staging_dir).expect("staging");
@@ -82,8 +76,8 @@ async fn write(brokers: &BTreeMap<NodeId, Broker>, b: RecordBatch) -> ferrolog_r
     loop {
         let leader = leader_of(brokers).await;
         match brokers.get(&leader).map(|l| l.raft.clone()) {
-            Some(raft) => match raft.client_write(b.clone()).await {
-                Ok(r) => return r.data,
+            Some(raft) => match raft.write(b.clone()).await {
+                Ok(r) => return r,
                 Err(e) if tokio::time::Instant::now() < deadline => eprintln!("write retried: {e}"),
                 Err(e) => panic!("write failed: {e}"),
             },
@@ -104,9 +98,9 @@ async fn caught_up(replica: &Replica, offset: u64) {
 
 async fn leader_of(brokers: &BTreeMap<NodeId, Broker>) -> NodeId {
     let any = brokers.values().next().expect("a broker");
-    let m =
-        any.raft.wait(Some(Duration::from_secs(20))).metrics(|m| m.current_leader.is_some(), "leader").await;
-    m.expect("a leader").current_leader.expect("leader id")
+    let known = any.raft.wait_for(Duration::from_secs(20), "leader", |s| s.leader().is_some()).await;
+    assert!(known, "no leader elected");
+    any.raft.state(|s| s.leader()).expect("leader id")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -117,7 +111,7 @@ async fn three_replicas_agree_and_a_lagging_one_catches_up_by_snapshot() {
     let mut members = BTreeMap::new();
     for id in 1..=3u64 {
         let l = TcpListener::bind(format!("127.0.0.{id}:0")).await.expect("bind");
-        members.insert(id, Node { addr: l.local_addr().expect("addr").to_string() });
+        members.insert(id, l.local_addr().expect("addr").to_string());
         listeners.insert(id, l);
     }
     let mut brokers = BTreeMap::new();
@@ -156,21 +150,16 @@ async fn three_replicas_agree_and_a_lagging_one_catches_up_by_snapshot() {
         next_offset += u64::from(r.record_count);
     }
     let l = &brokers[&leader].raft;
-    l.trigger().snapshot().await.expect("snapshot");
-    let snap = l
-        .wait(Some(Duration::from_secs(20)))
-        .metrics(|m| m.snapshot.is_some(), "snapshot")
-        .await
-        .expect("snapshot built");
-    let upto = snap.snapshot.expect("snapshot").index;
-    l.trigger().purge_log(upto).await.expect("purge");
-    l.wait(Some(Duration::from_secs(20)))
-        .metrics(|m| m.purged.map(|p| p.index) == Some(upto), "purged")
-        .await
-        .expect("purged");
+    l.build_snapshot().await.expect("snapshot");
+    assert!(l.wait_for(Duration::from_secs(20), "snapshot", |s| s.snapshot().is_some()).await, "no snapshot");
+    let upto = l.state(|s| s.snapshot()).expect("snapshot").index;
+    l.purge_log(upto).await.expect("purge");
+    let purged =
+        l.wait_for(Duration::from_secs(20), "purged", move |s| s.purged().map(|p| p.index) == Some(upto));
+    assert!(purged.await, "log not purged");
 
     // Bring it back on its old files and address.
-    let addr = members[&lagging].addr.clone();
+    let addr = members[&lagging].clone();
     let listener = loop {
         match TcpListener::bind(&addr).await {
             Ok(l) => break l,
@@ -179,11 +168,13 @@ async fn three_replicas_agree_and_a_lagging_one_catches_up_by_snapshot() {
     };
     let back = start(lagging, &root.path().join(format!("n{lagging}")), listener, &peers).await;
     caught_up(&back.replica, next_offset).await;
-    back.raft
-        .wait(Some(Duration::from_secs(10)))
-        .metrics(|m| m.snapshot.is_some_and(|s| s.index >= upto), "installed the leader's snapshot")
-        .await
-        .expect("caught up by snapshot");
+    let installed = back
+        .raft
+        .wait_for(Duration::from_secs(10), "installed the leader's snapshot", move |s| {
+            s.snapshot().is_some_and(|p| p.index >= upto)
+        })
+        .await;
+    assert!(installed, "not caught up by snapshot");
     let want = brokers[&leader].replica.read(0, usize::MAX).expect("read leader");
     assert_eq!(want.len(), 600);
     assert_eq!(back.replica.read(0, usize::MAX).expect("read caught-up replica"), want);

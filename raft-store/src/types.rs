@@ -1,10 +1,10 @@
 //! The openraft type configuration of one partition's Raft group, and the
 //! aliases the rest of Ferrolog uses instead of naming openraft's generics.
 //!
-//! openraft is pinned at an alpha (`=0.10.0-alpha.37`); keeping every
-//! openraft type behind these names means an upgrade touches this file and
-//! the two trait implementations (`log_store.rs`, `state_machine.rs`), not
-//! the broker.
+//! openraft is pinned at an alpha (`=0.10.0-alpha.37`). These names, the two
+//! trait implementations (`log_store.rs`, `state_machine.rs`) and `wire.rs`
+//! are this crate's side of it; `ferrolog-replica` drives the node, and the
+//! broker sees neither.
 
 use crate::batch::{AppendResult, RecordBatch};
 

@@ -1,7 +1,7 @@
 //! CheckQuorum (Raft thesis §6.2): a leader (of a partition, or of the
 //! metadata group) that has lost its quorum hands its leadership over.
 //!
-//! openraft keeps a leader until it sees a higher term. A partition can
+//! A Raft leader keeps its leadership until it sees a higher term. A partition can
 //! keep that from happening: when a leader's messages reach its followers
 //! but their answers do not come back (a one-way partition), the followers
 //! keep hearing heartbeats, refuse to elect anyone, and nothing commits
@@ -13,7 +13,7 @@
 //! acknowledged it for that long, and some configuration of its membership
 //! (both, during joint consensus) has no majority of voters whose brokers
 //! answer pings ([`crate::control::liveness`]). The lease alone is not enough:
-//! openraft bounds each heartbeat by `heartbeat_interval`, so a round trip
+//! the Raft node bounds each heartbeat by `heartbeat_interval`, so a round trip
 //! longer than that (50 ms each way, say) leaves an idle leader's lease
 //! stale although every follower answers. One ping per broker pair travels
 //! the same connection as the groups' Raft messages, so a partition that
@@ -24,8 +24,8 @@
 //!
 //! Such a leader, for the rest of its term:
 //!
-//! - asks openraft to transfer leadership to its most caught-up follower,
-//!   again every maximum election timeout: openraft then stops its
+//! - asks its Raft node to transfer leadership to its most caught-up
+//!   follower, again every maximum election timeout: the node then stops its
 //!   heartbeats and its writes, and tells every follower to drop its leader
 //!   lease; the successor elects at once if its log is up to date;
 //! - is left out of the groups its broker's pings say it leads, so parked
@@ -41,8 +41,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferrolog_raft_store::state_machine::PartitionRaft;
-use ferrolog_raft_store::types::{LogId, NodeId};
+use ferrolog_replica::{LogPosition, NodeId, RaftNode};
 use tokio::sync::watch;
 
 use crate::control::liveness::Liveness;
@@ -80,7 +79,11 @@ pub fn lost(v: LeaderView, timeout: Duration) -> bool {
 /// The voter to hand over to: the follower whose matched log is the
 /// highest (ties to the lowest node id), so its log is most likely up to
 /// date enough to win the election.
-pub fn successor(me: NodeId, voters: &[NodeId], matched: &BTreeMap<NodeId, Option<LogId>>) -> Option<NodeId> {
+pub fn successor(
+    me: NodeId,
+    voters: &[NodeId],
+    matched: &BTreeMap<NodeId, Option<LogPosition>>,
+) -> Option<NodeId> {
     voters
         .iter()
         .filter(|n| **n != me)
@@ -106,49 +109,42 @@ pub struct Exam {
 /// `heartbeating_for` (`None`: ticker parked), where `live(node)` says
 /// whether a voter's broker answers pings.
 pub fn examine(
-    raft: &PartitionRaft,
+    raft: &RaftNode,
     me: NodeId,
     heartbeating_for: Option<Duration>,
     live: impl Fn(NodeId) -> bool,
 ) -> Exam {
-    use openraft::Instant as _;
-    use openraft::async_runtime::watch::WatchReceiver;
-    use openraft::type_config::TypeConfigExt;
-    type C = ferrolog_raft_store::types::TypeConfig;
-    let timeout = Duration::from_millis(raft.config().election_timeout_max);
-    let metrics = raft.metrics();
-    let m = metrics.borrow_watched();
-    if !m.state.is_leader() {
-        return Exam { leader_term: None, lost: false, successor: None };
-    }
-    if heartbeating_for.is_none() {
-        // Parked (an idle, quiesced leader): nothing to judge, and cheap for
-        // the thousands of idle groups a broker may lead.
-        return Exam { leader_term: Some(m.current_term), lost: false, successor: None };
-    }
-    let membership = m.membership_config.membership();
-    let voters: Vec<NodeId> = membership.voter_ids().collect();
-    let is_live = |n: &NodeId| *n == me || live(*n);
-    let live_majority = membership
-        .get_joint_config()
-        .iter()
-        .all(|config: &BTreeSet<NodeId>| config.iter().filter(|n| is_live(n)).count() * 2 > config.len());
-    let now = C::now();
-    let view = LeaderView {
-        is_leader: true,
-        voters: voters.len(),
-        heartbeating_for,
-        since_quorum_ack: m
-            .last_quorum_acked
-            .as_ref()
-            .map(|t| now.saturating_duration_since((*t).into_inner())),
-        live_majority,
-    };
-    Exam {
-        leader_term: Some(m.current_term),
-        lost: lost(view, timeout),
-        successor: successor(me, &voters, &m.replication.clone().unwrap_or_default()),
-    }
+    let timeout = raft.timings().election_timeout_max;
+    raft.state(|s| {
+        if !s.is_leader() {
+            return Exam { leader_term: None, lost: false, successor: None };
+        }
+        if heartbeating_for.is_none() {
+            // Parked (an idle, quiesced leader): nothing to judge, and cheap
+            // for the thousands of idle groups a broker may lead.
+            return Exam { leader_term: Some(s.term()), lost: false, successor: None };
+        }
+        let voters: Vec<NodeId> = s.voters().collect();
+        let is_live = |n: &NodeId| *n == me || live(*n);
+        let live_majority = s
+            .voter_sets()
+            .iter()
+            .all(|config: &BTreeSet<NodeId>| config.iter().filter(|n| is_live(n)).count() * 2 > config.len());
+        let view = LeaderView {
+            is_leader: true,
+            voters: voters.len(),
+            heartbeating_for,
+            since_quorum_ack: s.since_quorum_ack(),
+            live_majority,
+        };
+        let matched: BTreeMap<NodeId, Option<LogPosition>> =
+            s.matched().map(|r| r.collect()).unwrap_or_default();
+        Exam {
+            leader_term: Some(s.term()),
+            lost: lost(view, timeout),
+            successor: successor(me, &voters, &matched),
+        }
+    })
 }
 
 /// What the checker remembers of one group between rounds.
@@ -165,7 +161,7 @@ pub struct Judgement {
 pub struct Verdict {
     /// It leads without a quorum, or is handing over: not a leader for clients.
     pub lost: bool,
-    /// Ask openraft to transfer leadership to this node now.
+    /// Ask the Raft node to transfer leadership to this node now.
     pub transfer_to: Option<NodeId>,
 }
 
@@ -225,7 +221,7 @@ impl Judgement {
 #[derive(Clone)]
 pub struct MetadataGroup {
     /// The Raft node.
-    pub raft: PartitionRaft,
+    pub raft: RaftNode,
     /// This broker's node id in it.
     pub node: NodeId,
     /// When it started.
@@ -322,7 +318,7 @@ fn judge(
     v
 }
 
-async fn act(raft: &PartitionRaft, group: u64, name: impl FnOnce() -> String, exam: &Exam, v: Verdict) {
+async fn act(raft: &RaftNode, group: u64, name: impl FnOnce() -> String, exam: &Exam, v: Verdict) {
     let Some(to) = v.transfer_to else { return };
     tracing::warn!(
         group,
@@ -331,7 +327,7 @@ async fn act(raft: &PartitionRaft, group: u64, name: impl FnOnce() -> String, ex
         to,
         "leader has not heard from a quorum for an election timeout: handing leadership over"
     );
-    let _ = raft.trigger().transfer_leader(to).await;
+    raft.transfer_leader(to).await;
 }
 
 #[cfg(test)]
@@ -372,10 +368,11 @@ mod tests {
 
     #[test]
     fn the_successor_is_the_most_caught_up_follower() {
-        let log = |term: u64, index: u64| Some(ferrolog_raft_store::types::log_id(term, 1, index));
-        let matched: BTreeMap<NodeId, Option<LogId>> = [(2, log(3, 10)), (3, log(3, 12)), (4, None)].into();
+        let log = |term: u64, index: u64| Some(LogPosition { term, index });
+        let matched: BTreeMap<NodeId, Option<LogPosition>> =
+            [(2, log(3, 10)), (3, log(3, 12)), (4, None)].into();
         assert_eq!(successor(1, &[1, 2, 3, 4], &matched), Some(3));
-        let tied: BTreeMap<NodeId, Option<LogId>> = [(2, log(3, 12)), (3, log(3, 12))].into();
+        let tied: BTreeMap<NodeId, Option<LogPosition>> = [(2, log(3, 12)), (3, log(3, 12))].into();
         assert_eq!(successor(1, &[1, 2, 3], &tied), Some(2));
         assert_eq!(successor(1, &[1], &matched), None);
         // A voter with no replication progress yet is still a candidate.

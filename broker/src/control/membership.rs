@@ -4,12 +4,11 @@
 //! voter set is changed to the wanted one by joint consensus (Raft paper
 //! §6), which also removes the retired node id.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrolog_raft_store::types::{Node, NodeId};
-use openraft::async_runtime::watch::WatchReceiver;
+use ferrolog_replica::NodeId;
 use tokio::sync::watch;
 
 use crate::groups::{GroupId, GroupRegistry, HostedGroup};
@@ -52,17 +51,18 @@ pub async fn run(groups: GroupRegistry, image: watch::Receiver<Arc<MetadataImage
 }
 
 async fn reconcile(image: &MetadataImage, group: GroupId, h: &HostedGroup) -> anyhow::Result<()> {
-    let m = h.raft.metrics().borrow_watched().clone();
-    let membership = m.membership_config.membership();
-    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
-    let learners: BTreeSet<NodeId> = membership.learner_ids().collect();
+    let (voters, learners, last, matched) = h.raft.state(|s| {
+        let voters: BTreeSet<NodeId> = s.voters().collect();
+        let learners: BTreeSet<NodeId> = s.learners().collect();
+        let matched: BTreeMap<NodeId, Option<u64>> =
+            s.matched().map(|r| r.map(|(n, m)| (n, m.map(|l| l.index))).collect()).unwrap_or_default();
+        (voters, learners, s.last_log_index().unwrap_or(0), matched)
+    });
     let Some(wanted) = wanted_voters(image, group, &voters) else { return Ok(()) };
     if wanted == voters || wanted.is_empty() {
         return Ok(());
     }
-    let last = m.last_log_index.unwrap_or(0);
-    let lease = Duration::from_millis(h.raft.config().election_timeout_max);
-    if !crate::groups::renew_lease(&h.raft, lease, CHECK_INTERVAL).await {
+    if !h.raft.renew_lease(CHECK_INTERVAL).await {
         return Ok(());
     }
     let mut ready = true;
@@ -72,18 +72,18 @@ async fn reconcile(image: &MetadataImage, group: GroupId, h: &HostedGroup) -> an
                 image.broker_of_node(group, *n).ok_or_else(|| anyhow::anyhow!("no broker for node {n}"))?;
             let addr = image.brokers.get(&broker).map(|b| b.peer_addr.clone()).unwrap_or_default();
             tracing::info!(group, node = n, broker, "adding a replacement replica as a learner");
-            h.raft.add_learner(*n, Node { addr }, false).await?;
+            h.raft.add_learner(*n, addr).await?;
             ready = false;
             continue;
         }
-        let matched = m.replication.as_ref().and_then(|r| r.get(n).copied().flatten()).map(|l| l.index);
+        let matched = matched.get(n).copied().flatten();
         if matched.is_none_or(|i| i + CAUGHT_UP_ENTRIES < last) {
             ready = false;
         }
     }
     if ready {
         tracing::info!(group, ?voters, ?wanted, "changing voters");
-        h.raft.change_membership(wanted, false).await?;
+        h.raft.change_voters(wanted).await?;
     }
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! Giving the memory of stopped replicas back to the operating system.
 //!
-//! A replica's memory (its openraft node and tasks, log index, tail cache,
+//! A replica's memory (its Raft node and tasks, log index, tail cache,
 //! state) is freed when it stops: after a topic of 500 partitions is
 //! deleted, no `Partition` or open `Replica` is left and the process runs
 //! as many tasks as before (`Partition::live_count`,

@@ -2,7 +2,7 @@
 //! thousands of Raft groups spends its CPU neither on idle heartbeats (as
 //! CockroachDB quiesces ranges) nor on election storms.
 //!
-//! With openraft's per-group ticker, 1,000 idle groups at a 100 ms heartbeat
+//! With the Raft library's per-group ticker, 1,000 idle groups at a 100 ms heartbeat
 //! keep two cores busy. Instead, failure detection is done once per broker
 //! pair ([`crate::control::liveness`]), and each group's ticker (which drives a
 //! leader's heartbeats) runs only while it is needed:
@@ -13,8 +13,8 @@
 //!   since: the heartbeat tells the leader where the follower's log really
 //!   ends, so one that lost its tail is caught up without waiting for the
 //!   next write. Otherwise it parks its ticker.
-//! - a **follower** never ticks: openraft's own election timer is switched
-//!   off for partition groups (`enable_elect = false`) and this module
+//! - a **follower** never ticks: the node's own election timer is switched
+//!   off for partition groups (`RaftNode::set_elections(false)`) and this module
 //!   decides every election. A follower stays quiet while some live broker
 //!   says it leads the group (its own idea of the leader, or, after a
 //!   restart when it knows none yet, any replica's broker that claims it).
@@ -33,14 +33,12 @@
 //! Nothing is concluded from silence until every broker has had time to
 //! answer a ping ([`Liveness::settled`]).
 //!
-//! Safety does not depend on this: it only decides when openraft's timers
+//! Safety does not depend on this: it only decides when the nodes' timers
 //! run and when elections start; votes and commits are Raft's (§5.2, §5.4).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-
-use openraft::async_runtime::watch::WatchReceiver;
 
 use crate::control::liveness::Liveness;
 use crate::partition::Partition;
@@ -220,25 +218,28 @@ fn view(p: &Partition, liveness: &Liveness, me: u32) -> GroupView {
     // Borrowed, not cloned: this runs for every hosted group every round,
     // and a clone of the metrics (maps of replication and heartbeat
     // progress, the membership) was most of an idle broker's CPU.
-    let metrics = p.raft.metrics();
-    let m = metrics.borrow_watched();
-    let is_leader = m.state.is_leader();
-    let last = m.last_log_index;
-    let followers_caught_up =
-        m.replication.as_ref().is_some_and(|r| r.iter().all(|(_, matched)| matched.map(|l| l.index) == last));
-    let follower_returned = is_leader
-        && m.heartbeat.as_ref().is_some_and(|acks| {
-            acks.iter().filter(|(node, _)| **node != p.node_id).any(|(node, acked)| {
-                let Some(back) = p.broker_of(*node).and_then(|b| liveness.returned_at(b)) else {
-                    return false;
-                };
-                // Acknowledged after it came back: acknowledged more recently.
-                let acked_ago = acked.as_ref().map(|a| openraft::Instant::elapsed(&**a));
-                back.elapsed() < RETURN_WINDOW && acked_ago.is_none_or(|ago| ago >= back.elapsed())
-            })
-        });
+    let (is_leader, followers_caught_up, follower_returned, current_leader) = p.raft.state(|s| {
+        let is_leader = s.is_leader();
+        let last = s.last_log_index();
+        let followers_caught_up =
+            s.matched().is_some_and(|mut r| r.all(|(_, matched)| matched.map(|l| l.index) == last));
+        let follower_returned = is_leader
+            && s.acknowledged_ago().is_some_and(|mut acks| {
+                acks.any(|(node, acked_ago)| {
+                    if node == p.node_id {
+                        return false;
+                    }
+                    let Some(back) = p.broker_of(node).and_then(|b| liveness.returned_at(b)) else {
+                        return false;
+                    };
+                    // Acknowledged after it came back: acknowledged more recently.
+                    back.elapsed() < RETURN_WINDOW && acked_ago.is_none_or(|ago| ago >= back.elapsed())
+                })
+            });
+        (is_leader, followers_caught_up, follower_returned, s.leader())
+    });
     let replicas = p.replicas();
-    let own_idea = m.current_leader.and_then(|n| p.broker_of(n)).filter(|b| *b != me);
+    let own_idea = current_leader.and_then(|n| p.broker_of(n)).filter(|b| *b != me);
     let leader_broker = own_idea
         .filter(|b| liveness.leads(*b, p.group))
         .or_else(|| replicas.iter().map(|r| r.broker).find(|b| *b != me && liveness.leads(*b, p.group)));
@@ -324,7 +325,7 @@ pub async fn run(
             let v = view(&p, &liveness, me);
             let decision = decide(v);
             // Only a leader's ticker does anything (heartbeats): elections
-            // are started here, openraft's timer is off.
+            // are started here, the node's own timer is off.
             p.set_ticking(decision == Decision::Tick);
             // A write that came after `view` read the group (its own
             // `set_ticking(true)` may have been undone just above) wakes it
@@ -349,7 +350,7 @@ pub async fn run(
                     in_flight += 1;
                     p.campaign.started(election_timeout);
                     tracing::debug!(topic = %p.topic, partition = p.partition, "no live leader: campaigning");
-                    let _ = p.raft.trigger().elect(true).await;
+                    p.raft.campaign().await;
                 }
             }
         }

@@ -31,9 +31,7 @@ use ferrolog_raft_store::Replica;
 
 use crate::groups::GroupRegistry;
 use crate::network::PeerAddresses;
-use ferrolog_raft_store::state_machine::PartitionRaft;
-use ferrolog_raft_store::types::{LogId, NodeId};
-use openraft::async_runtime::watch::WatchReceiver;
+use ferrolog_replica::{LogPosition, NodeId, RaftNode};
 
 /// Whether a recovering replica has been brought back: a leader of its
 /// current term exists and it has applied an entry of that term that
@@ -51,11 +49,10 @@ use openraft::async_runtime::watch::WatchReceiver;
 pub fn caught_up(
     current_term: u64,
     leader: Option<NodeId>,
-    last_applied: Option<LogId>,
+    last_applied: Option<LogPosition>,
     opened_last: Option<u64>,
 ) -> bool {
-    leader.is_some()
-        && last_applied.is_some_and(|l| l.leader_id.term == current_term && Some(l.index) > opened_last)
+    leader.is_some() && last_applied.is_some_and(|l| l.term == current_term && Some(l.index) > opened_last)
 }
 
 /// Whether a replica may grant its vote to a candidate whose last log id is
@@ -120,10 +117,9 @@ pub fn sole_voter(me: NodeId, voters: &[NodeId]) -> bool {
 /// Called when a group starts: if its replica is recovering, switches its
 /// elections off (or, for a sole voter, ends the recovery). Returns whether
 /// the group is held.
-pub fn hold_if_recovering(raft: &PartitionRaft, replica: &Replica, me: NodeId) -> bool {
+pub fn hold_if_recovering(raft: &RaftNode, replica: &Replica, me: NodeId) -> bool {
     let Some(reason) = replica.recovering() else { return false };
-    let voters: Vec<NodeId> =
-        raft.metrics().borrow_watched().membership_config.membership().voter_ids().collect();
+    let voters: Vec<NodeId> = raft.state(|s| s.voters().collect());
     if sole_voter(me, &voters) {
         tracing::error!(%reason, "the only voter of its group lost entries: going on with its valid prefix");
         if let Err(e) = replica.finish_recovery() {
@@ -132,24 +128,20 @@ pub fn hold_if_recovering(raft: &PartitionRaft, replica: &Replica, me: NodeId) -
         return false;
     }
     tracing::warn!(%reason, "replica recovering: it neither votes nor campaigns until a leader has brought it back");
-    raft.runtime_config().elect(false);
+    raft.set_elections(false);
     true
 }
 
 /// Ends the recovery of `replica` once [`caught_up`]: records it durably
-/// and, if `timer_elections` (the group's elections are openraft's own, as
+/// and, if `timer_elections` (the group's elections are its node's own timer's, as
 /// the metadata group's), switches its election timer back on; a partition
 /// group's campaigns are the caller's to allow again (`crate::control::quiesce`).
 /// Returns whether it ended now.
-pub fn release_if_caught_up(raft: &PartitionRaft, replica: &Replica, timer_elections: bool) -> bool {
+pub fn release_if_caught_up(raft: &RaftNode, replica: &Replica, timer_elections: bool) -> bool {
     if !replica.is_recovering() {
         return false;
     }
-    let (term, leader, applied) = {
-        let metrics = raft.metrics();
-        let m = metrics.borrow_watched();
-        (m.current_term, m.current_leader, m.last_applied)
-    };
+    let (term, leader, applied) = raft.state(|s| (s.term(), s.leader(), s.last_applied()));
     if !caught_up(term, leader, applied, replica.opened_last_index()) {
         return false;
     }
@@ -158,7 +150,7 @@ pub fn release_if_caught_up(raft: &PartitionRaft, replica: &Replica, timer_elect
         return false;
     }
     if timer_elections {
-        raft.runtime_config().elect(true);
+        raft.set_elections(true);
     }
     tracing::info!(term, applied = ?applied, "replica recovered: brought back by the leader, votes again");
     true
@@ -167,7 +159,10 @@ pub fn release_if_caught_up(raft: &PartitionRaft, replica: &Replica, timer_elect
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferrolog_raft_store::types::log_id;
+
+    fn log_id(term: u64, _leader: u64, index: u64) -> LogPosition {
+        LogPosition { term, index }
+    }
 
     #[test]
     fn caught_up_needs_a_leader_and_an_applied_entry_of_its_term() {

@@ -10,9 +10,8 @@ use bytes::Bytes;
 use ferrolog_proto::TopicId;
 use ferrolog_proto::client::{Record, RecordSet};
 use ferrolog_proto::raft::ControllerCall;
-use ferrolog_raft_store::state_machine::PartitionRaft;
 use ferrolog_raft_store::{NO_PRODUCER_ID, RecordBatch, Replica};
-use openraft::async_runtime::watch::WatchReceiver;
+use ferrolog_replica::RaftNode;
 use prost::Message;
 use tokio::sync::{Mutex, watch};
 
@@ -56,7 +55,7 @@ pub fn validate_topic_name(name: &str) -> Result<(), ApiError> {
 /// group, forwards otherwise. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Controller {
-    raft: PartitionRaft,
+    raft: RaftNode,
     image: watch::Receiver<Arc<MetadataImage>>,
     peers: PeerAddresses,
     limits: Limits,
@@ -75,7 +74,7 @@ impl Controller {
     /// this broker's image; `liveness` tells which brokers may receive new
     /// replicas.
     pub fn new(
-        raft: PartitionRaft,
+        raft: RaftNode,
         image: watch::Receiver<Arc<MetadataImage>>,
         peers: PeerAddresses,
         limits: Limits,
@@ -100,10 +99,11 @@ impl Controller {
     /// folded everything applied. After a restart the replica knows only a
     /// lazily saved commit index until it hears from the leader.
     pub fn image_caught_up(&self) -> bool {
-        let m = self.raft.metrics().borrow_watched().clone();
-        let applied = m.last_applied.map(|l| l.index);
-        m.current_leader.is_some()
-            && applied >= m.local_committed.map(|l| l.index)
+        let (leader, applied, committed) = self
+            .raft
+            .state(|s| (s.leader(), s.last_applied().map(|l| l.index), s.committed().map(|l| l.index)));
+        leader.is_some()
+            && applied >= committed
             && self.image.borrow().applied_offset >= self.replica.high_watermark()
     }
 
@@ -113,7 +113,7 @@ impl Controller {
     /// image may lack what was committed meanwhile, although
     /// [`Controller::image_caught_up`] holds.
     pub fn heard_from_leader(&self) -> bool {
-        self.raft.metrics().borrow_watched().state.is_leader()
+        self.raft.is_leader()
             || crate::network::server::METADATA_LEADER_HEARD.load(std::sync::atomic::Ordering::Relaxed)
     }
 
@@ -127,14 +127,12 @@ impl Controller {
     /// registered broker (see [`MetadataImage::cluster_brokers`]). Before
     /// the metadata group has a membership, only the registered ones.
     pub fn cluster_brokers(&self) -> std::collections::BTreeSet<BrokerId> {
-        let membership = self.raft.metrics().borrow_watched().membership_config.clone();
-        let members = membership.membership().nodes().map(|(n, node)| (*n, node.addr.as_str()));
-        self.image.borrow().cluster_brokers(members)
+        self.raft.state(|s| self.image.borrow().cluster_brokers(s.members()))
     }
 
     /// The controller's broker id (the metadata group's leader), if known.
     pub fn leader(&self) -> Option<BrokerId> {
-        let node = self.raft.metrics().borrow_watched().current_leader?;
+        let node = self.raft.state(|s| s.leader())?;
         self.image.borrow().broker_of_node(super::METADATA_GROUP, node)
     }
 
@@ -145,19 +143,17 @@ impl Controller {
     /// The request's own errors, or [`ApiError::Unavailable`] when there is
     /// no controller or it cannot be reached.
     pub async fn handle(&self, req: ControllerRequest) -> Result<ControllerReply, ApiError> {
-        match self.raft.as_leader() {
-            Ok(_) => self.execute(req).await,
-            Err(fwd) => {
-                let (id, node) = fwd
-                    .leader_id
-                    .zip(fwd.leader_node)
-                    .ok_or_else(|| ApiError::Unavailable("no controller elected yet".into()))?;
-                // Where the controller's broker is now, not where the
-                // membership recorded it.
-                let addr = self.peers.address_of(id, &node.addr);
-                self.forward(&addr, &req).await
-            }
+        if self.raft.leader_term().is_some() {
+            return self.execute(req).await;
         }
+        let (id, recorded) = self
+            .raft
+            .leader_address()
+            .ok_or_else(|| ApiError::Unavailable("no controller elected yet".into()))?;
+        // Where the controller's broker is now, not where the membership
+        // recorded it.
+        let addr = self.peers.address_of(id, &recorded);
+        self.forward(&addr, &req).await
     }
 
     /// As [`Controller::handle`], but when this broker knows no controller
@@ -254,9 +250,11 @@ impl Controller {
     /// As [`Controller::handle`]; [`ApiError::NotLeader`] if leadership moved.
     pub async fn execute(&self, req: ControllerRequest) -> Result<ControllerReply, ApiError> {
         let _serial = self.serial.lock().await;
-        self.raft.as_leader().map_err(|_| ApiError::NotLeader { leader: self.leader() })?;
+        if self.raft.leader_term().is_none() {
+            return Err(ApiError::NotLeader { leader: self.leader() });
+        }
         // Apply everything committed before deciding anything.
-        let barrier = self.raft.write_blank().await.map_err(unavailable)?.data;
+        let barrier = self.raft.write_barrier().await.map_err(unavailable)?;
         let image = self.wait_applied(barrier.base_offset).await?;
         match req {
             ControllerRequest::RegisterBroker { id, client_addr, peer_addr, incarnation } => {
@@ -399,8 +397,7 @@ impl Controller {
             records: Bytes::from(set.encode_to_vec()),
             ..RecordBatch::default()
         };
-        let resp = self.raft.client_write(batch).await.map_err(unavailable)?;
-        let offset = resp.data.base_offset;
+        let offset = self.raft.write(batch).await.map_err(unavailable)?.base_offset;
         self.wait_applied(offset + 1).await?;
         tracing::info!(offset, ?command, "controller committed");
         Ok(offset)

@@ -5,14 +5,16 @@
 //! RPC from blocking another's. Entries travel as CRC32C-checked segment
 //! frames, every other field is a protobuf message of Ferrolog's own
 //! (`ferrolog_raft_store::wire`); snapshots stream their files in chunks
-//! ([`snapshot`]). Both sides check each other's [`protocol`] version.
+//! (`ferrolog_replica::snapshot`). Both sides check each other's
+//! [`protocol`] version. The groups' Raft nodes send through
+//! [`PeerAddresses`] (the `ferrolog_replica::PeerTransport` of this
+//! broker) and receive through [`RaftPeerServer`].
 
 pub mod client;
 pub mod protocol;
 pub mod server;
-pub mod snapshot;
 
-pub use client::{PeerAddresses, PeerNetworkFactory};
+pub use client::PeerAddresses;
 pub use protocol::peer_client;
 
 /// Reset streams after which h2 closes a broker-pair connection, on either

@@ -4,12 +4,11 @@
 use ferrolog_proto::raft as pb;
 use ferrolog_proto::raft::peer_server::Peer;
 use ferrolog_proto::raft::{PeerError, PeerErrorCode, SnapshotChunk};
-use ferrolog_raft_store::state_machine::Snapshot;
-use ferrolog_raft_store::wire;
+use ferrolog_replica::{HandleError, snapshot};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{protocol, snapshot};
+use super::protocol;
 use crate::error::ApiError;
 use crate::groups::{GroupRegistry, HostedGroup};
 use crate::metadata::command::ControllerRequest;
@@ -89,13 +88,9 @@ impl RaftPeerServer {
             Ok(h) => h,
             Err(e) => return refused(e),
         };
-        let v = match wire::vote_request_from_wire(&req) {
-            Ok(v) => v,
-            Err(e) => return refused(refuse(PeerErrorCode::InvalidRequest, e.to_string())),
-        };
         // A recovering replica votes only for the most up-to-date log of
         // all voters, once it knows it (crate::control::recovery).
-        let candidate = v.last_log_id.map(|l| (l.leader_id.term, l.index));
+        let candidate = ferrolog_replica::candidate_last_log(&req).map(|l| (l.term, l.index));
         let floor = self.groups.vote_floor(req.group_id);
         if !crate::control::recovery::may_vote(h.replica.is_recovering(), floor, candidate) {
             return refused(refuse(
@@ -106,11 +101,7 @@ impl RaftPeerServer {
                 ),
             ));
         }
-        let answer = if pre_vote { h.raft.pre_vote(v).await } else { h.raft.vote(v).await };
-        match answer {
-            Ok(a) => wire::vote_response_to_wire(&a),
-            Err(e) => refused(stopped(e)),
-        }
+        h.raft.handle_vote(&req, pre_vote).await.unwrap_or_else(|e| refused(handle_error(e)))
     }
 }
 
@@ -130,9 +121,13 @@ fn refuse(code: PeerErrorCode, message: String) -> PeerError {
     PeerError { code: code as i32, message }
 }
 
-/// The group's Raft node could not handle the request: it has stopped.
-fn stopped(e: impl std::fmt::Display) -> PeerError {
-    refuse(PeerErrorCode::GroupStopped, e.to_string())
+/// The group's Raft node could not handle the request: it does not
+/// decode, or the node has stopped.
+fn handle_error(e: HandleError) -> PeerError {
+    match e {
+        HandleError::Invalid(m) => refuse(PeerErrorCode::InvalidRequest, m),
+        HandleError::Stopped(m) => refuse(PeerErrorCode::GroupStopped, m),
+    }
 }
 
 #[tonic::async_trait]
@@ -149,18 +144,14 @@ impl Peer for RaftPeerServer {
             Ok(h) => h,
             Err(e) => return refused(e),
         };
-        let rpc = match wire::append_request_from_wire(req) {
-            Ok(r) => r,
-            Err(e) => return refused(refuse(PeerErrorCode::InvalidRequest, e.to_string())),
-        };
-        match h.raft.append_entries(rpc).await {
+        match h.raft.handle_append(req).await {
             Ok(a) => {
-                if group == crate::metadata::METADATA_GROUP && a.is_success() {
+                if group == crate::metadata::METADATA_GROUP && a.success {
                     METADATA_LEADER_HEARD.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
-                Ok(Response::new(wire::append_response_to_wire(&a)))
+                Ok(Response::new(a.response))
             }
-            Err(e) => refused(stopped(e)),
+            Err(e) => refused(handle_error(e)),
         }
     }
 
@@ -189,13 +180,9 @@ impl Peer for RaftPeerServer {
         if let Err(e) = refuse_if_recovering(&h) {
             return refused(e);
         }
-        let rpc = match wire::transfer_request_from_wire(&req) {
-            Ok(r) => r,
-            Err(e) => return refused(refuse(PeerErrorCode::InvalidRequest, e.to_string())),
-        };
-        match h.raft.handle_transfer_leader(rpc).await {
-            Ok(a) => Ok(Response::new(wire::transfer_response_to_wire(&a))),
-            Err(e) => refused(stopped(e)),
+        match h.raft.handle_transfer(&req).await {
+            Ok(a) => Ok(Response::new(a)),
+            Err(e) => refused(handle_error(e)),
         }
     }
 
@@ -214,22 +201,13 @@ impl Peer for RaftPeerServer {
         let h = match self.hosted(received.group, received.target) {
             Ok(h) => h,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&received.files.dir);
+                let _ = std::fs::remove_dir_all(received.staged_dir());
                 return refused(e);
             }
         };
-        let staged = received.files.dir.clone();
-        let snapshot = Snapshot { meta: received.meta, snapshot: received.files };
-        let result = h.raft.install_full_snapshot(received.vote, snapshot).await;
-        // The state machine adopted its own copy (hard links); the staging
-        // directory is no longer needed either way.
-        let _ = std::fs::remove_dir_all(&staged);
-        match result {
-            Ok(r) => Ok(Response::new(pb::SnapshotResponse {
-                error: None,
-                vote: Some(wire::vote_to_wire(&r.vote)),
-            })),
-            Err(e) => refused(stopped(e)),
+        match h.raft.install_snapshot(received).await {
+            Ok(r) => Ok(Response::new(r)),
+            Err(e) => refused(handle_error(e)),
         }
     }
 
@@ -272,14 +250,9 @@ impl Peer for RaftPeerServer {
 
     async fn ping(&self, request: Request<PingRequest>) -> Result<Response<PingResponse>, Status> {
         let from = request.into_inner().from_broker;
-        let metadata_initialized = self.groups.get(0).is_some_and(|h| {
-            use openraft::async_runtime::watch::WatchReceiver;
-            h.raft.metrics().borrow_watched().membership_config.membership().voter_ids().next().is_some()
-        });
-        let metadata_last_index = self.groups.get(0).map_or(0, |h| {
-            use openraft::async_runtime::watch::WatchReceiver;
-            h.raft.metrics().borrow_watched().last_log_index.unwrap_or(0)
-        });
+        let metadata = self.groups.get(crate::metadata::METADATA_GROUP);
+        let (metadata_initialized, metadata_last_index) = metadata
+            .map_or((false, 0), |h| h.raft.state(|s| (s.has_membership(), s.last_log_index().unwrap_or(0))));
         let (your_incarnation, image_caught_up) = match self.controller.get() {
             Some(c) => (c.image().brokers.get(&from).map_or(0, |b| b.incarnation), c.image_caught_up()),
             None => (0, false),

@@ -17,12 +17,8 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use ferrolog_raft_store::SequenceCheck;
-use ferrolog_raft_store::state_machine::PartitionRaft;
-use ferrolog_raft_store::types::NodeId;
 use ferrolog_raft_store::{RecordBatch, Replica, StoreError, StoredBatch};
-use openraft::async_runtime::watch::WatchReceiver;
-use openraft::error::ClientWriteError;
-use openraft::impls::ProgressResponder;
+use ferrolog_replica::{NodeId, ProposeError, RaftNode, State};
 use tokio::sync::{Mutex, Notify};
 
 use crate::config::BrokerId;
@@ -55,7 +51,7 @@ pub struct Partition {
     /// This replica's Raft node id.
     pub node_id: NodeId,
     /// The Raft node.
-    pub raft: PartitionRaft,
+    pub raft: RaftNode,
     /// The storage.
     pub replica: Replica,
     replicas: RwLock<Vec<ReplicaAssignment>>,
@@ -65,8 +61,8 @@ pub struct Partition {
     last_write_ms: AtomicU64,
     created: Instant,
     ticking: AtomicBool,
-    /// Held while `ticking` changes and openraft is told, so the last
-    /// change to reach openraft is the one `ticking` shows.
+    /// Held while `ticking` changes and the Raft node is told, so the last
+    /// change to reach the node is the one `ticking` shows.
     ticking_change: std::sync::Mutex<()>,
     /// When the ticker last started, ms since `created`.
     ticking_since_ms: AtomicU64,
@@ -133,7 +129,7 @@ impl Partition {
         partition: u32,
         group: u64,
         node_id: NodeId,
-        raft: PartitionRaft,
+        raft: RaftNode,
         replica: Replica,
         replicas: Vec<ReplicaAssignment>,
     ) -> Self {
@@ -185,16 +181,16 @@ impl Partition {
     /// Runs or parks the group's Raft ticker (heartbeats, election timeout).
     ///
     /// The produce path and the scheduling round (`crate::control::quiesce`) both
-    /// call this; the flag and openraft's ticker change together under a
+    /// call this; the flag and the node's ticker change together under a
     /// lock, or a write's `true` and the round's `false` could cross and
-    /// leave the flag saying parked while openraft ticks (or the reverse).
+    /// leave the flag saying parked while the node ticks (or the reverse).
     pub fn set_ticking(&self, on: bool) {
         let _serial = self.ticking_change.lock().unwrap_or_else(|p| p.into_inner());
         if self.ticking.swap(on, Ordering::AcqRel) != on {
             if on {
                 self.ticking_since_ms.store(self.created.elapsed().as_millis() as u64, Ordering::Relaxed);
             }
-            self.raft.runtime_config().tick(on);
+            self.raft.set_ticking(on);
         }
     }
 
@@ -221,11 +217,7 @@ impl Partition {
         if self.lost_quorum() {
             return None;
         }
-        let (leader, running) = {
-            let metrics = self.raft.metrics();
-            let m = metrics.borrow_watched();
-            (m.current_leader, m.running_state.is_ok())
-        };
+        let (leader, running) = self.raft.state(|s| (s.leader(), s.is_running()));
         // A group stopped on an error knows no leader any more.
         leader.filter(|_| running).and_then(|n| self.broker_of(n))
     }
@@ -262,19 +254,14 @@ impl Partition {
     /// [`ApiError::NotLeader`], or [`ApiError::Unavailable`] while the new
     /// leader catches up.
     pub async fn ready_leader(&self) -> Result<u64, ApiError> {
-        let leader = self.raft.as_leader().map_err(|_| self.not_leader())?;
-        let term = leader.to_committed_leader_id().term;
-        let ready = |m: &openraft::RaftMetrics<ferrolog_raft_store::types::TypeConfig>| {
-            m.current_term != term || m.last_applied.is_some_and(|l| l.leader_id.term == term)
-        };
-        if !ready(&self.raft.metrics().borrow_watched()) {
-            let r = self.raft.wait(Some(LEADER_READY_WAIT)).metrics(ready, "leader applied its term").await;
-            if r.is_err() {
-                return Err(ApiError::Unavailable("the new leader is still applying earlier entries".into()));
-            }
+        let term = self.raft.leader_term().ok_or_else(|| self.not_leader())?;
+        let ready = move |s: State<'_>| s.term() != term || s.last_applied().is_some_and(|l| l.term == term);
+        if !self.raft.state(ready)
+            && !self.raft.wait_for(LEADER_READY_WAIT, "leader applied its term", ready).await
+        {
+            return Err(ApiError::Unavailable("the new leader is still applying earlier entries".into()));
         }
-        let m = self.raft.metrics().borrow_watched().clone();
-        if m.current_term != term || !m.state.is_leader() {
+        if self.raft.state(|s| s.term() != term || !s.is_leader()) {
             return Err(self.not_leader());
         }
         Ok(term)
@@ -294,14 +281,13 @@ impl Partition {
         }
         self.last_write_ms.store((self.created.elapsed().as_millis() as u64).max(1), Ordering::Relaxed);
         self.set_ticking(true);
-        let lease = Duration::from_millis(self.raft.config().election_timeout_max);
-        if !crate::groups::renew_lease(&self.raft, lease, LEADER_READY_WAIT).await {
+        if !self.raft.renew_lease(LEADER_READY_WAIT).await {
             return Err(ApiError::Unavailable("the leader cannot reach a quorum".into()));
         }
         let (pid, epoch, first, count) =
             (batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.record_count);
         let gap_deadline = tokio::time::Instant::now() + SEQUENCE_GAP_WAIT;
-        let rx = loop {
+        let pending = loop {
             let mut seq = self.sequencer.lock().await;
             if !seq.is_valid_for(term) {
                 self.await_apply_caught_up().await?;
@@ -327,45 +313,41 @@ impl Partition {
                 }
                 Verdict::Applied(SequenceCheck::Append) => {}
             }
-            let leader_id = self.raft.as_leader().map_err(|_| self.not_leader())?.to_committed_leader_id();
-            let (responder, rx) = ProgressResponder::complete_only();
             seq.reserve(pid, epoch, first, count);
-            if let Err(e) = self.raft.write(batch.clone()).with_leader(leader_id).responder(responder).await {
-                seq.complete(pid, first);
-                seq.invalidate();
-                return Err(ApiError::Unavailable(format!("raft stopped: {e}")));
-            }
+            // Proposed as the leader of `term` only: the sequence checks
+            // above were made against that term's applied state.
+            let pending = match self.raft.propose(batch.clone(), term).await {
+                Ok(p) => p,
+                Err(e) => {
+                    seq.complete(pid, first);
+                    seq.invalidate();
+                    return Err(self.propose_error(e));
+                }
+            };
             self.sequence_advanced.notify_waiters();
-            break rx;
+            break pending;
         };
         // The proposal is settled in its own task, so the sequencer learns
         // its outcome even if this request is cancelled (a client timeout
         // drops this future): a reservation must never outlive its write.
         let this = self.clone();
         let settled = tokio::spawn(async move {
-            let result = rx.await;
+            let result = pending.committed().await;
             let mut seq = this.sequencer.lock().await;
             seq.complete(pid, first);
             this.sequence_advanced.notify_waiters();
             match result {
-                Ok(Ok(resp)) => Ok((resp.data.base_offset, false)),
-                Ok(Err(e)) => {
+                Ok(r) => Ok((r.base_offset, false)),
+                Err(e) => {
                     seq.invalidate();
-                    Err(match e {
-                        ClientWriteError::ForwardToLeader(_) => this.not_leader(),
-                        other => ApiError::Unavailable(other.to_string()),
-                    })
-                }
-                Err(_) => {
-                    seq.invalidate();
-                    Err(ApiError::Unavailable("the write was dropped (leader stepped down)".into()))
+                    Err(this.propose_error(e))
                 }
             }
         });
         // Waiting on a leader that has lost its quorum would last until the
         // partition heals; answer once it is known lost (the batch may still
         // commit: an idempotent retry then gets its offset).
-        let check_every = Duration::from_millis(self.raft.config().heartbeat_interval);
+        let check_every = self.raft.timings().heartbeat_interval;
         let mut settled = settled;
         loop {
             match tokio::time::timeout(check_every, &mut settled).await {
@@ -386,15 +368,21 @@ impl Partition {
     /// Waits until every entry in the local log is applied, so the applied
     /// producer state covers every proposal that may still commit.
     async fn await_apply_caught_up(&self) -> Result<(), ApiError> {
-        let last = self.raft.metrics().borrow_watched().last_log_index;
-        if let Some(last) = last {
-            self.raft
-                .wait(Some(LEADER_READY_WAIT))
-                .applied_index_at_least(Some(last), "apply caught up")
-                .await
-                .map_err(|_| ApiError::Unavailable("waiting for earlier entries to apply".into()))?;
+        let last = self.raft.state(|s| s.last_log_index());
+        if let Some(last) = last
+            && !self.raft.wait_applied(last, LEADER_READY_WAIT).await
+        {
+            return Err(ApiError::Unavailable("waiting for earlier entries to apply".into()));
         }
         Ok(())
+    }
+
+    /// A proposal's failure on the wire.
+    fn propose_error(&self, e: ProposeError) -> ApiError {
+        match e {
+            ProposeError::NotLeader { .. } => self.not_leader(),
+            ProposeError::Unavailable(m) => ApiError::Unavailable(m),
+        }
     }
 
     /// Reads committed records from `offset`, waiting up to `max_wait` when
@@ -464,22 +452,27 @@ impl Partition {
 
     /// The Raft state of this replica.
     pub fn status(&self) -> PartitionStatus {
-        let m = self.raft.metrics().borrow_watched().clone();
-        let followers = m
-            .replication
-            .as_ref()
-            .map(|r| {
-                r.iter()
-                    .filter(|(n, _)| **n != self.node_id)
-                    .map(|(n, matched)| (self.broker_of(*n).unwrap_or(0), *n, matched.map(|l| l.index)))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let (leader, term, commit_index, last_log_index, matched) = self.raft.state(|s| {
+            let matched: Vec<(NodeId, Option<u64>)> =
+                s.matched().map(|r| r.map(|(n, m)| (n, m.map(|l| l.index))).collect()).unwrap_or_default();
+            (
+                s.leader(),
+                s.term(),
+                s.committed().map_or(0, |l| l.index),
+                s.last_log_index().unwrap_or(0),
+                matched,
+            )
+        });
+        let followers = matched
+            .into_iter()
+            .filter(|(n, _)| *n != self.node_id)
+            .map(|(n, matched)| (self.broker_of(n).unwrap_or(0), n, matched))
+            .collect();
         PartitionStatus {
-            leader: m.current_leader.and_then(|n| self.broker_of(n)),
-            term: m.current_term,
-            commit_index: m.local_committed.map_or(0, |l| l.index),
-            last_log_index: m.last_log_index.unwrap_or(0),
+            leader: leader.and_then(|n| self.broker_of(n)),
+            term,
+            commit_index,
+            last_log_index,
             high_watermark: self.replica.high_watermark(),
             log_start_offset: self.replica.log_start_offset(),
             followers,

@@ -14,7 +14,8 @@ use ferrolog_raft_store::types::{NodeId, SnapshotMeta, Vote};
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::groups::GroupId;
+/// A Raft group's id.
+type GroupId = u64;
 
 /// Bytes of file data per chunk.
 pub const CHUNK_BYTES: usize = 1 << 20;
@@ -55,7 +56,7 @@ fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Snaps
 /// # Errors
 /// [`SnapshotTransferError`] if the directory cannot be listed or the
 /// metadata not encoded.
-pub fn chunks(
+pub(crate) fn chunks(
     group: GroupId,
     target: NodeId,
     vote: &Vote,
@@ -119,11 +120,19 @@ pub struct Received {
     /// The replica it was addressed to.
     pub target: NodeId,
     /// The sending leader's vote.
-    pub vote: Vote,
+    pub(crate) vote: Vote,
     /// The snapshot's metadata.
-    pub meta: SnapshotMeta,
+    pub(crate) meta: SnapshotMeta,
     /// The staged files.
-    pub files: SnapshotFiles,
+    pub(crate) files: SnapshotFiles,
+}
+
+impl Received {
+    /// The directory the files were staged in (remove it if the snapshot
+    /// is not installed).
+    pub fn staged_dir(&self) -> &Path {
+        &self.files.dir
+    }
 }
 
 fn valid_file_name(name: &str) -> bool {

@@ -1,0 +1,202 @@
+//! How a group's node reaches its peers: the broker implements
+//! [`PeerTransport`] (one connection per peer broker, shared by every
+//! group), and this module adapts it to what the Raft library asks for.
+//! Only the peer protocol's own messages (`ferrolog.raft.v1`) cross this
+//! edge; the library's types never do.
+
+use std::future::Future;
+use std::time::Duration;
+
+use ferrolog_proto::raft as pb;
+use ferrolog_raft_store::state_machine::Snapshot;
+use ferrolog_raft_store::types::{
+    AppendEntriesRequest, AppendEntriesResponse, Node, NodeId, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, TypeConfig, Vote, VoteRequest, VoteResponse,
+};
+use ferrolog_raft_store::wire;
+use futures::Stream;
+use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::v2::RaftNetworkV2;
+use openraft::network::{RPCOption, RaftNetworkFactory};
+
+/// A peer could not be asked: no connection, a timeout, a transport error.
+/// The node backs off from an unreachable peer before it asks again.
+#[derive(Debug, thiserror::Error)]
+#[error("peer unreachable: {0}")]
+pub struct PeerUnreachable(pub String);
+
+/// Sends peer protocol messages to the replica `target` of a group on
+/// another broker, at `addr` (the address its group membership recorded;
+/// the transport may know a newer one). `timeout` is how long the caller
+/// waits for the answer. Every request names its group and target inside.
+///
+/// An answer carrying a `PeerError` is returned as is: the node treats it
+/// as a refusal.
+pub trait PeerTransport: Clone + Send + Sync + 'static {
+    /// AppendEntries (Raft paper §5.3), also the heartbeat.
+    fn append_entries(
+        &self,
+        target: NodeId,
+        addr: &str,
+        req: pb::AppendEntriesRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::AppendEntriesResponse, PeerUnreachable>> + Send;
+
+    /// RequestVote (Raft paper §5.2), or the pre-vote (thesis §9.6) that
+    /// changes nothing on the receiver.
+    fn vote(
+        &self,
+        target: NodeId,
+        addr: &str,
+        req: pb::VoteRequest,
+        pre_vote: bool,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::VoteResponse, PeerUnreachable>> + Send;
+
+    /// A leader's request that `target` take over (Raft thesis §3.10).
+    fn transfer_leader(
+        &self,
+        target: NodeId,
+        addr: &str,
+        req: pb::TransferLeaderRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::TransferLeaderResponse, PeerUnreachable>> + Send;
+
+    /// Streams a snapshot's chunks ([`crate::snapshot::chunks`]) to `target`.
+    fn install_snapshot(
+        &self,
+        target: NodeId,
+        addr: &str,
+        chunks: impl Stream<Item = pb::SnapshotChunk> + Send + 'static,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::SnapshotResponse, PeerUnreachable>> + Send;
+}
+
+/// The network of one group: the library asks it for a link per peer.
+#[derive(Clone, Debug)]
+pub(crate) struct GroupNetwork<T> {
+    pub(crate) group: u64,
+    pub(crate) transport: T,
+}
+
+impl<T: PeerTransport> RaftNetworkFactory<TypeConfig> for GroupNetwork<T> {
+    type Network = Link<T>;
+
+    async fn new_client(&mut self, target: NodeId, node: &Node) -> Self::Network {
+        Link { group: self.group, target, addr: node.addr.clone(), transport: self.transport.clone() }
+    }
+}
+
+/// One group's link to one peer replica.
+#[derive(Debug)]
+pub(crate) struct Link<T> {
+    group: u64,
+    target: NodeId,
+    /// The target's address in the group's membership.
+    addr: String,
+    transport: T,
+}
+
+fn unreachable(e: impl std::fmt::Display) -> RPCError<TypeConfig> {
+    RPCError::Unreachable(Unreachable::from_string(e))
+}
+
+fn network_error(e: impl std::fmt::Display) -> RPCError<TypeConfig> {
+    RPCError::Network(NetworkError::from_string(e.to_string()))
+}
+
+/// A refusal the peer sent instead of an answer.
+fn refused(e: Option<&pb::PeerError>) -> Result<(), RPCError<TypeConfig>> {
+    match e {
+        None => Ok(()),
+        Some(e) => Err(network_error(format!("peer refused: {:?}: {}", e.code(), e.message))),
+    }
+}
+
+impl<T: PeerTransport> Link<T> {
+    async fn send_vote(
+        &self,
+        rpc: VoteRequest,
+        option: RPCOption,
+        pre_vote: bool,
+    ) -> Result<VoteResponse, RPCError<TypeConfig>> {
+        let req = wire::vote_request_to_wire(self.group, self.target, &rpc);
+        let reply = self
+            .transport
+            .vote(self.target, &self.addr, req, pre_vote, option.hard_ttl())
+            .await
+            .map_err(unreachable)?;
+        refused(reply.error.as_ref())?;
+        wire::vote_response_from_wire(&reply).map_err(network_error)
+    }
+}
+
+impl<T: PeerTransport> RaftNetworkV2<TypeConfig> for Link<T> {
+    type SnapshotData = ferrolog_raft_store::snapshot::SnapshotFiles;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse, RPCError<TypeConfig>> {
+        let req = wire::append_request_to_wire(self.group, self.target, &rpc).map_err(network_error)?;
+        let reply = self
+            .transport
+            .append_entries(self.target, &self.addr, req, option.hard_ttl())
+            .await
+            .map_err(unreachable)?;
+        refused(reply.error.as_ref())?;
+        wire::append_response_from_wire(&reply).map_err(network_error)
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest,
+        option: RPCOption,
+    ) -> Result<VoteResponse, RPCError<TypeConfig>> {
+        self.send_vote(rpc, option, false).await
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest,
+        option: RPCOption,
+    ) -> Result<VoteResponse, RPCError<TypeConfig>> {
+        self.send_vote(rpc, option, true).await
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse, RPCError<TypeConfig>> {
+        let req = wire::transfer_request_to_wire(self.group, self.target, &req);
+        let reply = self
+            .transport
+            .transfer_leader(self.target, &self.addr, req, option.hard_ttl())
+            .await
+            .map_err(unreachable)?;
+        refused(reply.error.as_ref())?;
+        wire::transfer_response_from_wire(&reply).map_err(network_error)
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse, StreamingError<TypeConfig>> {
+        let unreachable = |e: RPCError<TypeConfig>| StreamingError::Unreachable(Unreachable::new(&e));
+        let chunks = crate::snapshot::chunks(self.group, self.target, &vote, &snapshot)
+            .map_err(|e| StreamingError::Unreachable(Unreachable::new(&e)))?;
+        let send = self.transport.install_snapshot(self.target, &self.addr, chunks, option.hard_ttl());
+        let reply = tokio::select! {
+            closed = cancel => return Err(StreamingError::Closed(closed)),
+            r = send => r.map_err(|e| StreamingError::Unreachable(Unreachable::from_string(e)))?,
+        };
+        refused(reply.error.as_ref()).map_err(unreachable)?;
+        let vote = reply.vote.as_ref().ok_or_else(|| network_error("snapshot answer without a vote"));
+        Ok(SnapshotResponse::new(wire::vote_from_wire(vote.map_err(unreachable)?)))
+    }
+}
