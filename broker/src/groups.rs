@@ -1,5 +1,7 @@
-//! The Raft groups a broker hosts: one entry per partition replica (and the
-//! metadata group), looked up by group id for every incoming Raft RPC.
+//! The Raft groups a broker hosts, in one registry: one entry per partition
+//! replica (and the metadata group), keyed by group id (every incoming Raft
+//! RPC names one), with an index by topic and partition (every client
+//! request names one).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -7,6 +9,8 @@ use std::sync::{Arc, RwLock};
 
 use ferrolog_raft_store::Replica;
 use ferrolog_replica::{NodeId, RaftNode};
+
+use crate::partition::Partition;
 
 /// Identifies a Raft group across the cluster (a partition, or the metadata group).
 pub type GroupId = u64;
@@ -27,12 +31,24 @@ pub struct HostedGroup {
     /// Where incoming snapshots are staged before install (same file system
     /// as the replica, so installing links instead of copying).
     pub staging_dir: PathBuf,
+    /// The partition this group is (`None`: the metadata group), with the
+    /// same node and storage.
+    pub partition: Option<Arc<Partition>>,
+}
+
+/// Hosted groups by id, and the current group of each (topic, partition).
+/// A deleted and re-created topic has new group ids, so its old replicas
+/// stay listed (and get stopped) until removed by group.
+#[derive(Debug, Default)]
+struct Groups {
+    by_id: HashMap<GroupId, HostedGroup>,
+    by_name: HashMap<(String, u32), GroupId>,
 }
 
 /// The groups this broker hosts. Cheap to clone; clones share the map.
 #[derive(Clone, Debug, Default)]
 pub struct GroupRegistry {
-    groups: Arc<RwLock<HashMap<GroupId, HostedGroup>>>,
+    groups: Arc<RwLock<Groups>>,
     /// Groups whose leader here is handing over, with the term handed over
     /// (set by `crate::control::checkquorum`).
     handing_over: Arc<RwLock<HashMap<GroupId, u64>>>,
@@ -57,9 +73,16 @@ type LeadingAt = (std::time::Instant, Arc<Vec<GroupId>>);
 pub const LEADING_CACHE_FOR: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl GroupRegistry {
-    /// Adds (or replaces) the replica of `group`.
+    /// Adds (or replaces) the replica of `group`; a partition's also
+    /// becomes the one its topic and partition name.
     pub fn insert(&self, group: GroupId, hosted: HostedGroup) {
-        self.groups.write().unwrap_or_else(|p| p.into_inner()).insert(group, hosted);
+        let mut g = self.groups.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = &hosted.partition {
+            debug_assert_eq!(p.group, group, "a partition registered under another group id");
+            g.by_name.insert((p.topic.clone(), p.partition), group);
+        }
+        g.by_id.insert(group, hosted);
+        drop(g);
         self.forget_leading();
     }
 
@@ -72,7 +95,15 @@ impl GroupRegistry {
     /// `crate::control::checkquorum` only updates the groups it still examines).
     pub fn remove(&self, group: GroupId) -> Option<HostedGroup> {
         self.handing_over.write().unwrap_or_else(|p| p.into_inner()).remove(&group);
-        let removed = self.groups.write().unwrap_or_else(|p| p.into_inner()).remove(&group);
+        let mut g = self.groups.write().unwrap_or_else(|p| p.into_inner());
+        let removed = g.by_id.remove(&group);
+        if let Some(p) = removed.as_ref().and_then(|h| h.partition.as_ref()) {
+            let key = (p.topic.clone(), p.partition);
+            if g.by_name.get(&key) == Some(&group) {
+                g.by_name.remove(&key);
+            }
+        }
+        drop(g);
         self.forget_leading();
         removed
     }
@@ -116,6 +147,7 @@ impl GroupRegistry {
         let groups = self.groups.read().unwrap_or_else(|p| p.into_inner());
         let handing_over = self.handing_over.read().unwrap_or_else(|p| p.into_inner());
         groups
+            .by_id
             .iter()
             .filter(|(g, h)| {
                 h.raft.state(|s| s.is_leader() && s.is_running() && handing_over.get(g) != Some(&s.term()))
@@ -157,11 +189,46 @@ impl GroupRegistry {
     /// Every hosted group.
     pub fn all(&self) -> Vec<(GroupId, HostedGroup)> {
         let groups = self.groups.read().unwrap_or_else(|p| p.into_inner());
-        groups.iter().map(|(g, h)| (*g, h.clone())).collect()
+        groups.by_id.iter().map(|(g, h)| (*g, h.clone())).collect()
     }
 
     /// The replica of `group`, if hosted here.
     pub fn get(&self, group: GroupId) -> Option<HostedGroup> {
-        self.groups.read().unwrap_or_else(|p| p.into_inner()).get(&group).cloned()
+        self.groups.read().unwrap_or_else(|p| p.into_inner()).by_id.get(&group).cloned()
+    }
+
+    /// Whether a replica of `group` is hosted here.
+    pub fn contains(&self, group: GroupId) -> bool {
+        self.groups.read().unwrap_or_else(|p| p.into_inner()).by_id.contains_key(&group)
+    }
+
+    /// The hosted replica of `topic`/`partition` (its newest group).
+    pub fn partition(&self, topic: &str, partition: u32) -> Option<Arc<Partition>> {
+        let g = self.groups.read().unwrap_or_else(|p| p.into_inner());
+        let group = g.by_name.get(&(topic.to_owned(), partition))?;
+        g.by_id.get(group).and_then(|h| h.partition.clone())
+    }
+
+    /// The hosted partition of `group`, if it is one.
+    pub fn partition_of(&self, group: GroupId) -> Option<Arc<Partition>> {
+        self.groups
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_id
+            .get(&group)
+            .and_then(|h| h.partition.clone())
+    }
+
+    /// Every hosted partition replica (the metadata group left out).
+    pub fn partitions(&self) -> Vec<Arc<Partition>> {
+        let g = self.groups.read().unwrap_or_else(|p| p.into_inner());
+        g.by_id.values().filter_map(|h| h.partition.clone()).collect()
+    }
+
+    /// Every hosted partition replica whose group is not in `skip`. Looks
+    /// only at group ids for the skipped ones (does not touch their replicas).
+    pub fn partitions_except(&self, skip: &std::collections::HashSet<GroupId>) -> Vec<Arc<Partition>> {
+        let g = self.groups.read().unwrap_or_else(|p| p.into_inner());
+        g.by_id.iter().filter(|(id, _)| !skip.contains(id)).filter_map(|(_, h)| h.partition.clone()).collect()
     }
 }

@@ -1,9 +1,10 @@
-//! The partitions this broker hosts, and the reconciler that starts and
-//! stops them as the metadata image changes.
+//! The reconciler that starts and stops this broker's partition replicas as
+//! the metadata image changes (they are hosted in [`GroupRegistry`]), and
+//! the record of replicas that failed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferrolog_raft_store::{Flusher, Replica, StoreConfig};
@@ -19,21 +20,11 @@ use crate::metadata::image::MetadataImage;
 use crate::network::PeerAddresses;
 use crate::partition::Partition;
 
-/// Hosted replicas by group id, and the current group of each (topic,
-/// partition).
-#[derive(Debug, Default)]
-struct Tables {
-    by_group: HashMap<u64, Arc<Partition>>,
-    by_name: HashMap<(String, u32), u64>,
-}
-
-/// Hosted partitions. A deleted and re-created topic has new group ids, so
-/// its old replicas stay listed (and get stopped) until removed by group.
-/// Cheap to clone.
+/// Replicas that failed to start or stopped on an error, by group id: the
+/// reconciler's record of what to restart when, which `cluster status`
+/// also shows. Cheap to clone.
 #[derive(Clone, Debug, Default)]
-pub struct PartitionTable {
-    tables: Arc<RwLock<Tables>>,
-    /// Replicas that failed to start or stopped on an error, by group id.
+pub struct Failures {
     failed: Arc<Mutex<HashMap<u64, FailedReplica>>>,
 }
 
@@ -90,49 +81,7 @@ pub fn restart_backoff(attempts: u32) -> Duration {
     Duration::from_secs(1u64 << attempts.saturating_sub(1).min(6)).min(Duration::from_secs(60))
 }
 
-impl PartitionTable {
-    /// The hosted replica of `topic`/`partition` (its newest group).
-    pub fn get(&self, topic: &str, partition: u32) -> Option<Arc<Partition>> {
-        let t = self.tables.read().unwrap_or_else(|p| p.into_inner());
-        t.by_name.get(&(topic.to_owned(), partition)).and_then(|g| t.by_group.get(g)).cloned()
-    }
-
-    /// Every hosted replica.
-    pub fn all(&self) -> Vec<Arc<Partition>> {
-        self.tables.read().unwrap_or_else(|p| p.into_inner()).by_group.values().cloned().collect()
-    }
-
-    /// Every hosted replica whose group is not in `skip`. Looks only at
-    /// group ids for the skipped ones (does not touch their replicas).
-    pub fn all_except(&self, skip: &std::collections::HashSet<u64>) -> Vec<Arc<Partition>> {
-        let t = self.tables.read().unwrap_or_else(|p| p.into_inner());
-        t.by_group.iter().filter(|(g, _)| !skip.contains(g)).map(|(_, p)| p.clone()).collect()
-    }
-
-    fn insert(&self, p: Arc<Partition>) {
-        let mut t = self.tables.write().unwrap_or_else(|e| e.into_inner());
-        t.by_name.insert((p.topic.clone(), p.partition), p.group);
-        t.by_group.insert(p.group, p);
-    }
-
-    fn remove(&self, group: u64) -> Option<Arc<Partition>> {
-        let mut t = self.tables.write().unwrap_or_else(|e| e.into_inner());
-        let p = t.by_group.remove(&group)?;
-        let key = (p.topic.clone(), p.partition);
-        if t.by_name.get(&key) == Some(&group) {
-            t.by_name.remove(&key);
-        }
-        Some(p)
-    }
-
-    fn by_group(&self, group: u64) -> Option<Arc<Partition>> {
-        self.tables.read().unwrap_or_else(|p| p.into_inner()).by_group.get(&group).cloned()
-    }
-
-    fn has_group(&self, group: u64) -> bool {
-        self.tables.read().unwrap_or_else(|p| p.into_inner()).by_group.contains_key(&group)
-    }
-
+impl Failures {
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<u64, FailedReplica>> {
         self.failed.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -180,10 +129,10 @@ pub struct Reconciler {
     pub raft_settings: ValidSettings,
     /// Shared peer connections.
     pub peers: PeerAddresses,
-    /// Groups reachable by the peer service.
+    /// The hosted groups (the peer and client services find them there).
     pub groups: GroupRegistry,
-    /// Groups reachable by the client service.
-    pub table: PartitionTable,
+    /// Replicas that failed, and when they restart.
+    pub failures: Failures,
     /// This data directory's incarnation (`crate::identity`).
     pub incarnation: u64,
     /// Tells whether the metadata image has caught up.
@@ -238,7 +187,7 @@ impl Reconciler {
     /// open replicas in this process than hosted (the registry also holds
     /// the metadata group's replica).
     fn stopped_replicas_dropped(&self) -> bool {
-        Partition::live_count() as usize <= self.table.all().len()
+        Partition::live_count() as usize <= self.groups.partitions().len()
             && Replica::open_count() <= self.groups.all().len()
     }
 
@@ -255,7 +204,7 @@ impl Reconciler {
     async fn reconcile(&self, image: &MetadataImage) -> usize {
         let failed = self.stop_failed_groups().await;
         self.release_recovered();
-        for p in self.table.all().into_iter().filter(|p| p.replica.is_recovering()) {
+        for p in self.groups.partitions().into_iter().filter(|p| p.replica.is_recovering()) {
             crate::control::recovery::seek_vote_floor(&p, &self.groups, &self.peers).await;
         }
         if !self.image_usable(image) {
@@ -264,7 +213,7 @@ impl Reconciler {
         let wanted: BTreeMap<u64, (String, u32, PartitionAssignment)> =
             image.replicas_on(self.broker).into_iter().map(|(t, p, a)| (a.group, (t, p, a))).collect();
         let (mut removed, mut reassigned) = (0usize, 0usize);
-        for p in self.table.all() {
+        for p in self.groups.partitions() {
             let keep = wanted
                 .get(&p.group)
                 .and_then(|(_, _, a)| a.replicas.iter().find(|r| r.broker == self.broker));
@@ -290,7 +239,7 @@ impl Reconciler {
         if removed > 0 {
             tracing::info!(
                 removed,
-                hosted = self.table.all().len(),
+                hosted = self.groups.partitions().len(),
                 live_partitions = Partition::live_count(),
                 open_replicas = Replica::open_count(),
                 tasks = tokio::runtime::Handle::current().metrics().num_alive_tasks(),
@@ -299,13 +248,13 @@ impl Reconciler {
         }
         let mut disk: Option<Result<(), String>> = None;
         for (group, (topic, partition, assignment)) in &wanted {
-            if self.table.has_group(*group) {
-                if let Some(p) = self.table.get(topic, *partition) {
+            if self.groups.contains(*group) {
+                if let Some(p) = self.groups.partition(topic, *partition) {
                     p.set_replicas(assignment.replicas.clone());
                 }
                 continue;
             }
-            let previous = self.table.failures().get(group).cloned();
+            let previous = self.failures.failures().get(group).cloned();
             if previous.as_ref().is_some_and(|f| f.running_since.is_none() && Instant::now() < f.retry_at) {
                 continue;
             }
@@ -314,7 +263,7 @@ impl Reconciler {
             if previous.as_ref().is_some_and(|f| f.running_since.is_none()) {
                 let verdict = disk.get_or_insert_with(|| crate::control::writable::probe(&self.root));
                 if let Err(why) = verdict {
-                    if let Some(f) = self.table.failures().get_mut(group) {
+                    if let Some(f) = self.failures.failures().get_mut(group) {
                         if f.waiting_for_disk.is_none() {
                             tracing::warn!(%topic, partition, group, "not restarting the replica yet: {why}");
                         }
@@ -328,18 +277,18 @@ impl Reconciler {
             let rescan = previous.is_some();
             match self.start(image, topic, *partition, assignment, rescan).instrument(span).await {
                 Ok(()) => {
-                    if let Some(f) = self.table.failures().get_mut(group) {
+                    if let Some(f) = self.failures.failures().get_mut(group) {
                         f.running_since = Some(Instant::now());
                     }
                 }
                 Err(e) => {
-                    let f = self.table.record_failure(*group, topic, *partition, format!("{e:#}"));
+                    let f = self.failures.record_failure(*group, topic, *partition, format!("{e:#}"));
                     tracing::error!(%topic, partition, group, attempts = f.attempts,
                         retry_in_ms = restart_backoff(f.attempts).as_millis() as u64, "cannot start replica: {e:#}");
                 }
             }
         }
-        self.table.failures().retain(|g, f| {
+        self.failures.failures().retain(|g, f| {
             wanted.contains_key(g) && f.running_since.is_none_or(|t| t.elapsed() < HEALTHY_AFTER)
         });
         self.sweep_orphans(image, &wanted);
@@ -353,11 +302,15 @@ impl Reconciler {
     /// Returns how many it stopped.
     async fn stop_failed_groups(&self) -> usize {
         let mut stopped = 0;
-        for p in self.table.all() {
+        for p in self.groups.partitions() {
             let fatal = p.raft.state(|s| s.fatal());
             let Some(fatal) = fatal else { continue };
-            let f =
-                self.table.record_failure(p.group, &p.topic, p.partition, format!("raft stopped: {fatal}"));
+            let f = self.failures.record_failure(
+                p.group,
+                &p.topic,
+                p.partition,
+                format!("raft stopped: {fatal}"),
+            );
             tracing::error!(topic = %p.topic, partition = p.partition, group = p.group, attempts = f.attempts,
                 retry_in_ms = restart_backoff(f.attempts).as_millis() as u64,
                 "replica stopped on an error; restarting it after repair: {fatal}");
@@ -373,7 +326,7 @@ impl Reconciler {
         for (g, h) in self.groups.all() {
             // Partition groups' elections are scheduled by crate::control::quiesce;
             // the metadata group's by its Raft node's own timer.
-            let partition = self.table.by_group(g);
+            let partition = h.partition.clone();
             if crate::control::recovery::release_if_caught_up(&h.raft, &h.replica, partition.is_none()) {
                 self.groups.set_vote_floor(g, None);
                 if let Some(p) = partition {
@@ -396,7 +349,7 @@ impl Reconciler {
             let Some(group) = name.rsplit_once(".g").and_then(|(_, g)| g.parse::<u64>().ok()) else {
                 continue;
             };
-            if group < image.next_group_id && !wanted.contains_key(&group) && !self.table.has_group(group) {
+            if group < image.next_group_id && !wanted.contains_key(&group) && !self.groups.contains(group) {
                 tracing::info!(dir = %name, "removing the replica of a deleted topic");
                 let _ = std::fs::remove_dir_all(e.path());
             }
@@ -419,6 +372,7 @@ impl Reconciler {
         let dir = partition_dir(&self.root, topic, partition, a.group);
         let staging_dir = dir.join("staging");
         std::fs::create_dir_all(&staging_dir)?;
+        ferrolog_replica::snapshot::clear_staging(&staging_dir)?;
         let replica =
             Replica::open_with(&dir.join("replica"), self.storage.clone(), self.flusher.clone(), rescan)?;
         let raft =
@@ -426,38 +380,67 @@ impl Reconciler {
         // Elections of partition groups are started by crate::control::quiesce
         // (spread out, with back-off), never by the node's own per-group timer.
         raft.set_elections(false);
-        self.groups.insert(
+        let p = Arc::new(Partition::new(
+            topic.to_owned(),
+            partition,
             a.group,
-            HostedGroup { node_id: me.node, raft: raft.clone(), replica: replica.clone(), staging_dir },
-        );
-        if a.initial.contains(&me.node) && !raft.is_initialized().await? {
-            let mut members: BTreeMap<NodeId, String> = BTreeMap::new();
-            for r in a.replicas.iter().filter(|r| a.initial.contains(&r.node)) {
-                let addr = image
-                    .brokers
-                    .get(&r.broker)
-                    .map(|b| b.peer_addr.clone())
-                    .ok_or_else(|| anyhow::anyhow!("broker {} is not registered", r.broker))?;
-                members.insert(r.node, addr);
-            }
-            // The placement's preferred leader (first replica) campaigns
-            // first (crate::control::quiesce), so new partitions start balanced.
-            if let Err(e) = raft.initialize(members).await {
-                tracing::debug!("initialize: {e}");
-            }
+            me.node,
+            raft.clone(),
+            replica.clone(),
+            a.replicas.clone(),
+        ));
+        // No campaign before the recovery check below.
+        p.campaign.set_allowed(false);
+        let hosted = HostedGroup {
+            node_id: me.node,
+            raft: raft.clone(),
+            replica: replica.clone(),
+            staging_dir,
+            partition: Some(p.clone()),
+        };
+        // Registered before it is founded: the other founders' first
+        // messages must find it.
+        self.groups.insert(a.group, hosted);
+        if let Err(e) = Self::found(image, a, me.node, &raft).await {
+            self.stop(a.group).await;
+            return Err(e);
         }
         let held = crate::control::recovery::hold_if_recovering(&raft, &replica, me.node);
         tracing::info!(group = a.group, node = me.node, "replica started");
-        let p =
-            Partition::new(topic.to_owned(), partition, a.group, me.node, raft, replica, a.replicas.clone());
         p.campaign.set_allowed(!held);
-        self.table.insert(Arc::new(p));
+        Ok(())
+    }
+
+    /// Founds the group with its initial voters if `me` is one of them and
+    /// its log is empty. The placement's preferred leader (first replica)
+    /// campaigns first (crate::control::quiesce), so new partitions start
+    /// balanced.
+    async fn found(
+        image: &MetadataImage,
+        a: &PartitionAssignment,
+        me: NodeId,
+        raft: &RaftNode,
+    ) -> anyhow::Result<()> {
+        if !a.initial.contains(&me) || raft.is_initialized().await? {
+            return Ok(());
+        }
+        let mut members: BTreeMap<NodeId, String> = BTreeMap::new();
+        for r in a.replicas.iter().filter(|r| a.initial.contains(&r.node)) {
+            let addr = image
+                .brokers
+                .get(&r.broker)
+                .map(|b| b.peer_addr.clone())
+                .ok_or_else(|| anyhow::anyhow!("broker {} is not registered", r.broker))?;
+            members.insert(r.node, addr);
+        }
+        if let Err(e) = raft.initialize(members).await {
+            tracing::debug!("initialize: {e}");
+        }
         Ok(())
     }
 
     async fn stop(&self, group: u64) {
-        if let Some(p) = self.table.remove(group) {
-            self.groups.remove(p.group);
+        if let Some(p) = self.groups.remove(group).and_then(|h| h.partition) {
             match p.raft.shutdown().await {
                 // Nothing writes the log any more: record that it stopped
                 // cleanly (under flush = interval an unclean stop makes the
@@ -480,7 +463,7 @@ impl Reconciler {
     /// seconds per thousand replicas).
     pub async fn stop_all(&self) {
         use futures::StreamExt;
-        futures::stream::iter(self.table.all())
+        futures::stream::iter(self.groups.partitions())
             .for_each_concurrent(STOPS_AT_ONCE, |p| async move { self.stop(p.group).await })
             .await;
     }

@@ -24,7 +24,7 @@ use crate::metadata::controller::{self, Controller};
 use crate::metadata::image::MetadataImage;
 use crate::network::{PeerAddresses, RaftPeerServer};
 use crate::partition::records::batch_encoded_bytes_max;
-use crate::partitions::{PartitionTable, Reconciler};
+use crate::partitions::{Failures, Reconciler};
 
 /// Entries per AppendEntries request; with `max_batch_bytes` it bounds the
 /// largest message a peer may send (see [`peer_message_bytes_max`]).
@@ -174,6 +174,7 @@ impl Broker {
         let meta_dir = config.data_dir.join("metadata");
         let staging_dir = meta_dir.join("staging");
         std::fs::create_dir_all(&staging_dir)?;
+        ferrolog_replica::snapshot::clear_staging(&staging_dir)?;
         // The metadata log is always fsynced before it acknowledges, whatever
         // storage.flush says: its writes are rare, and it must never need
         // the unclean recovery of crate::control::recovery.
@@ -199,6 +200,7 @@ impl Broker {
                 raft: metadata.clone(),
                 replica: meta_replica.clone(),
                 staging_dir,
+                partition: None,
             },
         );
         crate::control::recovery::hold_if_recovering(&metadata, &meta_replica, identity.metadata_node);
@@ -230,7 +232,7 @@ impl Broker {
         .with_seeds(config.initial_cluster.iter().map(|(id, addr)| (*id, addr.to_string())));
         let _ = controller_slot.set(controller.clone());
 
-        let table = PartitionTable::default();
+        let failures = Failures::default();
         let reconciler = Reconciler {
             broker: me,
             root: config.data_dir.join("partitions"),
@@ -239,7 +241,7 @@ impl Broker {
             raft_settings,
             peers: peers.clone(),
             groups,
-            table: table.clone(),
+            failures: failures.clone(),
             incarnation: identity.incarnation,
             controller: controller.clone(),
         };
@@ -255,7 +257,13 @@ impl Broker {
         tasks.push(spawn_task(
             "quiesce",
             me,
-            crate::control::quiesce::run(me, table.clone(), liveness.clone(), ping_every, election_timeout),
+            crate::control::quiesce::run(
+                me,
+                reconciler.groups.clone(),
+                liveness.clone(),
+                ping_every,
+                election_timeout,
+            ),
         ));
         let checker = crate::control::checkquorum::Checker {
             metadata: crate::control::checkquorum::MetadataGroup {
@@ -263,7 +271,6 @@ impl Broker {
                 node: identity.metadata_node,
                 started: std::time::Instant::now(),
             },
-            table: table.clone(),
             groups: reconciler.groups.clone(),
             liveness: liveness.clone(),
             image: image_rx.clone(),
@@ -289,8 +296,14 @@ impl Broker {
         ));
 
         let max_connections = config.limits.max_connections;
-        let service =
-            ClientService { broker: me, limits: config.limits.clone(), controller, table, liveness };
+        let service = ClientService {
+            broker: me,
+            limits: config.limits.clone(),
+            controller,
+            groups: reconciler.groups.clone(),
+            failures,
+            liveness,
+        };
         let router = tonic::transport::Server::builder().add_service(service.into_service());
         let (tx, server) = serve(router, client_listener, max_connections, "client");
         stop.push(tx);
@@ -311,7 +324,7 @@ impl Broker {
     /// opened again).
     pub async fn shutdown(self) {
         let t0 = std::time::Instant::now();
-        let hosted = self.reconciler.table.all().len();
+        let hosted = self.reconciler.groups.partitions().len();
         for s in self.stop {
             let _ = s.send(());
         }
@@ -330,7 +343,7 @@ impl Broker {
             && tokio::time::timeout(STOP_REPLICAS_WITHIN, self.reconciler.stop_all()).await.is_err()
         {
             tracing::warn!(
-                left = self.reconciler.table.all().len(),
+                left = self.reconciler.groups.partitions().len(),
                 "replicas not stopped within {STOP_REPLICAS_WITHIN:?}: leaving them to the process exit"
             );
         }

@@ -54,7 +54,13 @@ async fn start(id: NodeId, dir: &std::path::Path, listener: TcpListener, peers: 
     std::fs::create_dir_all(&staging_dir).expect("staging");
     groups.insert(
         GROUP,
-        HostedGroup { node_id: id, raft: raft.clone(), replica: replica.clone(), staging_dir },
+        HostedGroup {
+            node_id: id,
+            raft: raft.clone(),
+            replica: replica.clone(),
+            staging_dir,
+            partition: None,
+        },
     );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {

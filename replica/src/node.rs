@@ -53,7 +53,7 @@ pub enum NodeError {
 /// Why a proposal did not commit.
 #[derive(Debug, thiserror::Error)]
 pub enum ProposeError {
-    /// This replica does not lead, or no longer leads in the term asked for.
+    /// This replica does not lead.
     #[error("not the leader (leader: {leader:?})")]
     NotLeader {
         /// The leader's node id as this replica knows it.
@@ -186,12 +186,18 @@ impl RaftNode {
     /// state is never appended under another's.
     ///
     /// # Errors
-    /// [`ProposeError::NotLeader`]; [`ProposeError::Unavailable`] if the
-    /// node has stopped.
+    /// [`ProposeError::NotLeader`] if it does not lead;
+    /// [`ProposeError::Unavailable`] if it leads another term (retry) or
+    /// the node has stopped.
     pub async fn propose(&self, batch: RecordBatch, term: u64) -> Result<Pending, ProposeError> {
         let leader_id = match self.raft.as_leader() {
             Ok(l) if l.to_committed_leader_id().term == term => l.to_committed_leader_id(),
-            Ok(_) => return Err(ProposeError::NotLeader { leader: None }),
+            Ok(l) => {
+                let now = l.to_committed_leader_id().term;
+                return Err(ProposeError::Unavailable(format!(
+                    "this replica leads term {now} now, not {term}: retry"
+                )));
+            }
             Err(f) => return Err(ProposeError::NotLeader { leader: f.leader_id }),
         };
         let (responder, rx) = ProgressResponder::complete_only();
@@ -316,7 +322,8 @@ impl RaftNode {
     /// configuration; refused if the group already has a log.
     ///
     /// # Errors
-    /// [`NodeError::Refused`] if already initialized; [`NodeError::Stopped`].
+    /// [`NodeError::Refused`]: already initialized, or the node could not
+    /// (it stopped).
     pub async fn initialize(&self, voters: BTreeMap<NodeId, String>) -> Result<(), NodeError> {
         let members: BTreeMap<NodeId, Node> =
             voters.into_iter().map(|(n, addr)| (n, Node { addr })).collect();
@@ -387,8 +394,10 @@ impl RaftNode {
         Ok(wire::transfer_response_to_wire(&a))
     }
 
-    /// Installs a received snapshot ([`crate::snapshot::receive`]); the
-    /// staging directory is removed either way. Answers with this node's vote.
+    /// Installs a received snapshot ([`crate::snapshot::receive`]) and
+    /// removes its staging directory, installed or not (unless this future
+    /// is dropped midway: [`crate::snapshot::clear_staging`] sweeps it).
+    /// Answers with this node's vote.
     ///
     /// # Errors
     /// [`HandleError::Stopped`].

@@ -56,7 +56,7 @@ impl Settings {
     ///
     /// # Errors
     /// [`SettingsError`] for inconsistent timings (e.g. an election timeout
-    /// not above the heartbeat interval, or min above max).
+    /// not above the heartbeat interval, or a minimum not below the maximum).
     pub fn validate(self) -> Result<ValidSettings, SettingsError> {
         let config = openraft::Config {
             cluster_name: "ferrolog".into(),

@@ -41,7 +41,10 @@ pub enum Role {
 }
 
 /// A borrowed view of a replica's Raft state; see [`crate::RaftNode::state`].
-/// Hold it briefly: the node waits to publish newer state meanwhile.
+/// Hold it briefly: the node waits to publish newer state meanwhile. While
+/// holding it, take no other lock or channel borrow that someone may hold
+/// while reading a node's state, and do not call back into the node: the
+/// view sits on a read lock whose writer (the node) queues readers behind it.
 pub struct State<'a> {
     pub(crate) m: &'a openraft::RaftMetrics<TypeConfig>,
 }

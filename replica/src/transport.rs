@@ -27,8 +27,9 @@ pub struct PeerUnreachable(pub String);
 
 /// Sends peer protocol messages to the replica `target` of a group on
 /// another broker, at `addr` (the address its group membership recorded;
-/// the transport may know a newer one). `timeout` is how long the caller
-/// waits for the answer. Every request names its group and target inside.
+/// the transport may know a newer one). `timeout` is the Raft library's
+/// limit for the request (the transport may raise it to a floor of its
+/// own). Every request names its group and target inside.
 ///
 /// An answer carrying a `PeerError` is returned as is: the node treats it
 /// as a refusal.

@@ -197,7 +197,7 @@ async fn a_group_driven_through_the_interface_commits_hands_over_and_changes_vot
     // A proposal for another term, or on a follower, is refused.
     let term = members[&first].node.leader_term().expect("leads");
     let stale = members[&first].node.propose(batch(0), term + 1).await;
-    assert!(matches!(stale, Err(ProposeError::NotLeader { .. })), "{stale:?}");
+    assert!(matches!(stale, Err(ProposeError::Unavailable(_))), "{stale:?}");
     let follower = *members.keys().find(|id| **id != first).expect("a follower");
     match members[&follower].node.propose(batch(0), term).await {
         Err(ProposeError::NotLeader { leader }) => assert_eq!(leader, Some(first)),

@@ -48,7 +48,6 @@ use crate::control::liveness::Liveness;
 use crate::groups::GroupRegistry;
 use crate::metadata::METADATA_GROUP;
 use crate::metadata::image::MetadataImage;
-use crate::partitions::PartitionTable;
 
 /// What the rule reads of one group, all local.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -232,9 +231,8 @@ pub struct MetadataGroup {
 pub struct Checker {
     /// The metadata group.
     pub metadata: MetadataGroup,
-    /// The hosted partitions.
-    pub table: PartitionTable,
-    /// Every hosted group, whose ping answers list the groups led here.
+    /// Every hosted group (partitions, and the metadata group, whose ping
+    /// answers list the groups led here).
     pub groups: GroupRegistry,
     /// Which brokers answer pings.
     pub liveness: Liveness,
@@ -256,7 +254,7 @@ pub async fn run(c: Checker, period: Duration) {
         let now = Instant::now();
         let stalled = now.duration_since(last_round) > period * 3;
         last_round = now;
-        let partitions = c.table.all();
+        let partitions = c.groups.partitions();
         let hosted: BTreeSet<u64> = partitions.iter().map(|p| p.group).collect();
         judged.retain(|group, j| {
             let keep = *group == METADATA_GROUP || hosted.contains(group);

@@ -42,7 +42,6 @@ use std::time::{Duration, Instant};
 
 use crate::control::liveness::Liveness;
 use crate::partition::Partition;
-use crate::partitions::PartitionTable;
 
 /// How long a leader keeps ticking after its last write, so followers learn
 /// the final commit index from heartbeats.
@@ -295,7 +294,7 @@ fn settled(v: &GroupView, decision: Decision) -> bool {
 /// campaigning, written, catching a follower up) every round.
 pub async fn run(
     me: u32,
-    table: PartitionTable,
+    groups: crate::groups::GroupRegistry,
     liveness: Liveness,
     period: Duration,
     election_timeout: Duration,
@@ -313,9 +312,9 @@ pub async fn run(
             changes = Some(now_changes);
             full_at = Instant::now();
             quiet.clear();
-            table.all()
+            groups.partitions()
         } else {
-            table.all_except(&quiet)
+            groups.partitions_except(&quiet)
         };
         // Campaigning groups are never quiet: this counts all of them.
         let mut in_flight = visit.iter().filter(|p| p.campaign.in_flight() && !p.raft.is_leader()).count();

@@ -21,11 +21,12 @@ use super::errors::to_wire;
 use crate::config::{BrokerId, Limits};
 use crate::control::liveness::Liveness;
 use crate::error::ApiError;
+use crate::groups::GroupRegistry;
 use crate::metadata::command::{ControllerReply, ControllerRequest, PartitionAssignment};
 use crate::metadata::controller::{Controller, now_ms};
 use crate::partition::records::{self, BatchError, ProducerFields};
 use crate::partition::{FetchOutcome, Partition};
-use crate::partitions::PartitionTable;
+use crate::partitions::Failures;
 
 /// Bytes of a message beyond the batches it carries (topic name, other
 /// fields, gRPC framing).
@@ -53,8 +54,10 @@ pub struct ClientService {
     pub limits: Limits,
     /// Metadata and administrative requests.
     pub controller: Controller,
-    /// Hosted partitions.
-    pub table: PartitionTable,
+    /// Hosted groups.
+    pub groups: GroupRegistry,
+    /// Replicas that failed (shown by partition status).
+    pub failures: Failures,
     /// Peer liveness.
     pub liveness: Liveness,
 }
@@ -123,7 +126,7 @@ impl ClientService {
         let Some(a) = t.partitions.get(partition as usize) else {
             return Err(ApiError::UnknownTopic(format!("{topic} has no partition {partition}")));
         };
-        if let Some(p) = self.table.get(topic, partition)
+        if let Some(p) = self.groups.partition(topic, partition)
             && p.group == a.group
         {
             return Ok(p);
@@ -141,7 +144,7 @@ impl ClientService {
         // restarted, its idle leader has not sent a heartbeat yet), and a
         // broker without a replica, name the replica's broker that says in
         // its pings that it leads.
-        if let Some(b) = self.table.get(topic, partition).and_then(|p| p.leader_broker()) {
+        if let Some(b) = self.groups.partition(topic, partition).and_then(|p| p.leader_broker()) {
             return b;
         }
         a.replicas
@@ -425,7 +428,7 @@ impl Ferrolog for ClientService {
         request: Request<PartitionStatusRequest>,
     ) -> Result<Response<PartitionStatusResponse>, Status> {
         let req = request.into_inner();
-        if let Some(f) = self.table.failure(&req.topic, req.partition) {
+        if let Some(f) = self.failures.failure(&req.topic, req.partition) {
             return Ok(Response::new(PartitionStatusResponse {
                 replica_state: ReplicaState::Failed as i32,
                 replica_detail: f.to_string(),

@@ -127,7 +127,11 @@ impl Controller {
     /// registered broker (see [`MetadataImage::cluster_brokers`]). Before
     /// the metadata group has a membership, only the registered ones.
     pub fn cluster_brokers(&self) -> std::collections::BTreeSet<BrokerId> {
-        self.raft.state(|s| self.image.borrow().cluster_brokers(s.members()))
+        // The image first, then the node's state: never one borrowed inside
+        // the other's closure in the other order (CheckQuorum borrows the
+        // image, then the state), which could deadlock with writers queued.
+        let image = self.image.borrow().clone();
+        self.raft.state(|s| image.cluster_brokers(s.members()))
     }
 
     /// The controller's broker id (the metadata group's leader), if known.
@@ -168,7 +172,8 @@ impl Controller {
     pub async fn handle_via_any(&self, req: ControllerRequest) -> Result<ControllerReply, ApiError> {
         let first = self.handle(req.clone()).await;
         // No leader known here: none elected, or the one a write was sent
-        // to stepped down without naming a successor.
+        // to stepped down without naming a successor (`write_error`; a
+        // broker of the first versions said it in openraft's words).
         let unknown = |m: &str| m.starts_with("no controller") || m.contains("forward request to: None");
         if !matches!(&first, Err(ApiError::Unavailable(m)) if unknown(m)) {
             return first;
@@ -254,7 +259,7 @@ impl Controller {
             return Err(ApiError::NotLeader { leader: self.leader() });
         }
         // Apply everything committed before deciding anything.
-        let barrier = self.raft.write_barrier().await.map_err(unavailable)?;
+        let barrier = self.raft.write_barrier().await.map_err(write_error)?;
         let image = self.wait_applied(barrier.base_offset).await?;
         match req {
             ControllerRequest::RegisterBroker { id, client_addr, peer_addr, incarnation } => {
@@ -397,7 +402,7 @@ impl Controller {
             records: Bytes::from(set.encode_to_vec()),
             ..RecordBatch::default()
         };
-        let offset = self.raft.write(batch).await.map_err(unavailable)?.base_offset;
+        let offset = self.raft.write(batch).await.map_err(write_error)?.base_offset;
         self.wait_applied(offset + 1).await?;
         tracing::info!(offset, ?command, "controller committed");
         Ok(offset)
@@ -415,6 +420,18 @@ impl Controller {
 
 fn unavailable<E: std::fmt::Display>(e: E) -> ApiError {
     ApiError::Unavailable(format!("controller: {e}"))
+}
+
+/// A metadata write's failure on the wire. A leader that stepped down
+/// without naming a successor is "no controller known", which
+/// [`Controller::handle_via_any`] answers by asking the other brokers.
+fn write_error(e: ferrolog_replica::ProposeError) -> ApiError {
+    match e {
+        ferrolog_replica::ProposeError::NotLeader { leader: None } => ApiError::Unavailable(
+            "no controller known: the metadata leader stepped down without naming a successor".into(),
+        ),
+        other => unavailable(other),
+    }
 }
 
 /// Milliseconds since the Unix epoch.
