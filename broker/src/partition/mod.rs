@@ -66,8 +66,10 @@ pub struct Partition {
     ticking_change: std::sync::Mutex<()>,
     /// When the ticker last started, ms since `created`.
     ticking_since_ms: AtomicU64,
-    /// Set by [`crate::control::checkquorum`]: this replica leads without a quorum.
-    quorum_lost: AtomicBool,
+    /// Set by [`crate::control::checkquorum`]: this replica leads without a
+    /// quorum. A channel, so produces waiting on a commit learn of it at
+    /// once without polling.
+    quorum_lost: tokio::sync::watch::Sender<bool>,
     /// When this replica may campaign ([`crate::control::quiesce`]).
     pub campaign: crate::control::quiesce::Campaign,
 }
@@ -149,7 +151,7 @@ impl Partition {
             ticking: AtomicBool::new(true),
             ticking_change: std::sync::Mutex::new(()),
             ticking_since_ms: AtomicU64::new(0),
-            quorum_lost: AtomicBool::new(false),
+            quorum_lost: tokio::sync::watch::Sender::new(false),
             campaign: crate::control::quiesce::Campaign::default(),
         }
     }
@@ -226,12 +228,12 @@ impl Partition {
     /// [`crate::control::checkquorum`] last judged (every heartbeat interval). It is
     /// still the leader for Raft.
     pub fn lost_quorum(&self) -> bool {
-        self.quorum_lost.load(Ordering::Relaxed)
+        *self.quorum_lost.borrow()
     }
 
     /// Records [`crate::control::checkquorum`]'s verdict.
     pub fn set_lost_quorum(&self, lost: bool) {
-        self.quorum_lost.store(lost, Ordering::Relaxed);
+        self.quorum_lost.send_if_modified(|l| std::mem::replace(l, lost) != lost);
     }
 
     /// How long the group's ticker has run (`None`: parked, so this replica
@@ -346,22 +348,17 @@ impl Partition {
         });
         // Waiting on a leader that has lost its quorum would last until the
         // partition heals; answer once it is known lost (the batch may still
-        // commit: an idempotent retry then gets its offset).
-        let check_every = self.raft.timings().heartbeat_interval;
-        let mut settled = settled;
-        loop {
-            match tokio::time::timeout(check_every, &mut settled).await {
-                Ok(r) => {
-                    return r
-                        .unwrap_or_else(|e| Err(ApiError::Unavailable(format!("produce task failed: {e}"))));
-                }
-                Err(_) if self.lost_quorum() => {
-                    return Err(ApiError::Unavailable(
-                        "this leader lost its quorum and is handing over; the batch may still commit".into(),
-                    ));
-                }
-                Err(_) => {}
+        // commit: an idempotent retry then gets its offset). Told by
+        // CheckQuorum's verdict, without a timer per request.
+        let mut lost = self.quorum_lost.subscribe();
+        tokio::select! {
+            biased;
+            r = settled => {
+                r.unwrap_or_else(|e| Err(ApiError::Unavailable(format!("produce task failed: {e}"))))
             }
+            _ = lost.wait_for(|l| *l) => Err(ApiError::Unavailable(
+                "this leader lost its quorum and is handing over; the batch may still commit".into(),
+            )),
         }
     }
 
