@@ -15,11 +15,9 @@ use ferrolog_replica::RaftNode;
 use prost::Message;
 use tokio::sync::{Mutex, watch};
 
-use super::command::{
-    ControllerReply, ControllerRequest, MetadataCommand, PartitionAssignment, ReplicaAssignment,
-};
+use super::command::{ControllerReply, ControllerRequest, MetadataCommand};
+use super::decide::{Decision, Facts, decide};
 use super::image::MetadataImage;
-use super::placement;
 use crate::config::{BrokerId, Limits};
 use crate::control::liveness::Liveness;
 use crate::error::ApiError;
@@ -208,34 +206,6 @@ impl Controller {
     /// fewer than `rf` brokers at all; while enough brokers exist but some
     /// have not registered yet (a cluster just started) or do not answer,
     /// retriable (`UNAVAILABLE`), saying which.
-    fn too_few_brokers(&self, image: &MetadataImage, live: &[BrokerId], rf: u32) -> ApiError {
-        let cluster = self.cluster_brokers();
-        let registered = image.brokers.len();
-        let list = |ids: Vec<BrokerId>| ids.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
-        if rf == 0 || cluster.len() < rf as usize {
-            return ApiError::InvalidReplicationFactor(format!(
-                "replication factor {rf} needs that many brokers; the cluster has {} ({registered} registered)",
-                cluster.len()
-            ));
-        }
-        if registered < rf as usize {
-            let missing = cluster.iter().copied().filter(|b| !image.brokers.contains_key(b)).collect();
-            return ApiError::Unavailable(format!(
-                "replication factor {rf} needs {rf} registered brokers; {registered} of the cluster's {} have \
-                 registered so far (not yet: {})",
-                cluster.len(),
-                list(missing)
-            ));
-        }
-        let silent = image.brokers.keys().copied().filter(|b| !live.contains(b)).collect();
-        ApiError::Unavailable(format!(
-            "replication factor {rf} needs {rf} live brokers; {} of the {registered} registered answer (not \
-             answering: {})",
-            live.len(),
-            list(silent)
-        ))
-    }
-
     async fn forward(&self, addr: &str, req: &ControllerRequest) -> Result<ControllerReply, ApiError> {
         let channel = self.peers.channel(addr).map_err(|e| ApiError::Unavailable(e.to_string()))?;
         let body = serde_json::to_vec(req).map_err(|e| ApiError::Invalid(e.to_string()))?;
@@ -261,127 +231,36 @@ impl Controller {
         // Apply everything committed before deciding anything.
         let barrier = self.raft.write_barrier().await.map_err(write_error)?;
         let image = self.wait_applied(barrier.base_offset).await?;
-        match req {
-            ControllerRequest::RegisterBroker { id, client_addr, peer_addr, incarnation } => {
-                let known = image.brokers.get(&id);
-                if let Some(b) = known
-                    && b.incarnation != 0
-                    && incarnation != 0
-                    && b.incarnation != incarnation
-                {
-                    // A wiped data directory: new node ids everywhere.
-                    let mut next = image.next_node_id;
-                    let metadata_node = next;
-                    next += 1;
-                    let mut replicas = Vec::new();
-                    for (_, _, a) in image.replicas_on(id) {
-                        if let Some(r) = a.replicas.iter().find(|r| r.broker == id) {
-                            replicas.push((a.group, r.node, next));
-                            next += 1;
-                        }
-                    }
+        let facts = Facts {
+            limits: &self.limits,
+            live: image
+                .brokers
+                .keys()
+                .copied()
+                .filter(|b| *b == self.me || self.liveness.is_alive(*b))
+                .collect(),
+            cluster: self.cluster_brokers(),
+            new_topic_id: TopicId::v4_from_random(rand::random::<u128>()),
+        };
+        match decide(&image, req, &facts)? {
+            Decision::Answer(reply) => Ok(reply),
+            Decision::Commit { command, reply } => {
+                if let MetadataCommand::BrokerReplaced { id, .. } = &command {
                     tracing::warn!(
                         broker = id,
                         "broker came back with a new data directory: replacing its replicas"
                     );
-                    let cmd = MetadataCommand::BrokerReplaced {
-                        id,
-                        incarnation,
-                        client_addr,
-                        peer_addr,
-                        metadata_node,
-                        replicas,
-                    };
-                    self.propose(cmd).await?;
-                    return Ok(ControllerReply::Registered { metadata_node });
                 }
-                let same = known.is_some_and(|b| {
-                    b.client_addr == client_addr
-                        && b.peer_addr == peer_addr
-                        && (b.incarnation != 0 || incarnation == 0)
-                });
-                if !same {
-                    self.propose(MetadataCommand::BrokerRegistered {
-                        id,
-                        client_addr,
-                        peer_addr,
-                        incarnation,
-                    })
-                    .await?;
-                }
-                let metadata_node = known.map_or(u64::from(id), |b| b.metadata_node);
-                Ok(ControllerReply::Registered { metadata_node })
+                self.propose(command).await?;
+                Ok(reply)
             }
-            ControllerRequest::CreateTopic { name, partitions, replication_factor } => {
-                validate_topic_name(&name)?;
-                if partitions == 0 || partitions > self.limits.max_partitions_per_topic {
-                    return Err(ApiError::Invalid(format!(
-                        "partitions must be 1..={}, got {partitions}",
-                        self.limits.max_partitions_per_topic
-                    )));
-                }
-                if image.topics.contains_key(&name) {
-                    return Err(ApiError::TopicExists(name));
-                }
-                // Like Kafka, place new replicas only on brokers that answer.
-                let brokers: Vec<BrokerId> = image
-                    .brokers
-                    .keys()
-                    .copied()
-                    .filter(|b| *b == self.me || self.liveness.is_alive(*b))
-                    .collect();
-                let placed = placement::place(
-                    &brokers,
-                    &image.replica_counts(),
-                    &image.leader_counts(),
-                    partitions,
-                    replication_factor,
-                )
-                .ok_or_else(|| self.too_few_brokers(&image, &brokers, replication_factor))?;
-                let (mut group, mut node) = (image.next_group_id, image.next_node_id);
-                let mut assignments = Vec::with_capacity(placed.len());
-                for brokers in placed {
-                    let replicas: Vec<ReplicaAssignment> = brokers
-                        .into_iter()
-                        .map(|broker| {
-                            node += 1;
-                            ReplicaAssignment { broker, node: node - 1 }
-                        })
-                        .collect();
-                    let initial = replicas.iter().map(|r| r.node).collect();
-                    assignments.push(PartitionAssignment { group, replicas, initial });
-                    group += 1;
-                }
-                // KIP-516: a random 128-bit id per incarnation. A collision
-                // with a live topic's id (2^-122 per pair) is refused by the
-                // image and answered TOPIC_ALREADY_EXISTS; retrying draws anew.
-                let topic_id = TopicId::v4_from_random(rand::random::<u128>());
-                let offset = self
-                    .propose(MetadataCommand::TopicCreated {
-                        name: name.clone(),
-                        topic_id: Some(topic_id),
-                        replication_factor,
-                        partitions: assignments,
-                    })
-                    .await?;
+            Decision::CreateTopic { command, name } => {
+                let offset = self.propose(command).await?;
                 let image = self.wait_applied(offset + 1).await?;
                 match image.topics.get(&name) {
                     Some(t) if t.created_at_offset == offset => Ok(ControllerReply::Ok),
                     _ => Err(ApiError::TopicExists(name)),
                 }
-            }
-            ControllerRequest::DeleteTopic { name } => {
-                if !image.topics.contains_key(&name) {
-                    return Err(ApiError::UnknownTopic(name));
-                }
-                self.propose(MetadataCommand::TopicDeleted { name }).await?;
-                Ok(ControllerReply::Ok)
-            }
-            ControllerRequest::AllocateProducerId => {
-                let producer_id = image.next_producer_id;
-                self.propose(MetadataCommand::ProducerIdsAllocated { next_producer_id: producer_id + 1 })
-                    .await?;
-                Ok(ControllerReply::ProducerId { producer_id })
             }
         }
     }

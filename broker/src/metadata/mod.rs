@@ -5,7 +5,8 @@
 //! JSON-encoded [`command::MetadataCommand`]. Every broker hosts a replica
 //! and folds the committed records, in offset order, into the same
 //! [`image::MetadataImage`]; the leader of the group is the controller,
-//! which validates requests and proposes commands ([`controller`]).
+//! which decides what a request commits ([`decide`], a pure function of the
+//! image) and proposes it ([`controller`]).
 //!
 //! ```text
 //!  admin request ─> any broker ─(peer RPC)─> controller: validate, place ─> Raft ─> commit
@@ -14,6 +15,7 @@
 
 pub mod command;
 pub mod controller;
+pub mod decide;
 pub mod image;
 pub mod placement;
 
