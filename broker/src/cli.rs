@@ -111,14 +111,15 @@ pub enum Command {
 /// A bad configuration, a port already in use, an unreadable data directory.
 pub async fn run(args: BrokerArgs) -> anyhow::Result<()> {
     let config = args.resolve()?;
-    let broker = crate::server::Broker::start(config).await?;
+    let listeners = crate::server::Listeners::bind(&config).await?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    tracing::info!("shutting down");
-    broker.shutdown().await;
+    let signal = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    crate::server::Broker::start(config, listeners, signal).await?.serve().await;
     std::process::exit(0)
 }
 

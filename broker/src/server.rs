@@ -49,15 +49,51 @@ const STOP_WITHIN: Duration = Duration::from_secs(8);
 /// plus short-lived ones while joining).
 const PEER_CONNECTIONS_MAX: usize = 4096;
 
+/// How long a broker's shutdown waits for its background loops to end.
+const STOP_TASKS_WITHIN: Duration = Duration::from_secs(1);
+
 /// A running broker.
-#[derive(Debug)]
 pub struct Broker {
     config: BrokerConfig,
     stop: Vec<oneshot::Sender<()>>,
     servers: Vec<JoinHandle<()>>,
+    /// The background loops; each ends at its next await once `stopping`
+    /// says so.
     tasks: Vec<JoinHandle<()>>,
+    stopping: watch::Sender<bool>,
+    /// Resolves when the broker is asked to stop ([`Broker::serve`]).
+    shutdown: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
     metadata: RaftNode,
     reconciler: Reconciler,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+/// A broker's bound sockets: bound first (by [`Listeners::bind`] or by the
+/// caller, e.g. on port 0), then handed to [`Broker::start`].
+#[derive(Debug)]
+pub struct Listeners {
+    /// The peer port (Raft and controller traffic between brokers).
+    pub peer: TcpListener,
+    /// The client port (the client API).
+    pub client: TcpListener,
+}
+
+impl Listeners {
+    /// Binds the configured peer and client addresses.
+    ///
+    /// # Errors
+    /// An address in use or not available, naming it and its setting.
+    pub async fn bind(config: &BrokerConfig) -> anyhow::Result<Self> {
+        Ok(Self {
+            peer: bind(config.peer_addr, "peer_addr").await?,
+            client: bind(config.client_addr, "client_addr").await?,
+        })
+    }
 }
 
 /// The Raft settings of every group on a broker.
@@ -102,12 +138,27 @@ async fn bind(addr: std::net::SocketAddr, what: &str) -> anyhow::Result<TcpListe
 }
 
 impl Broker {
-    /// Starts a broker from a validated config.
+    /// Starts a broker from a validated config on `listeners`; it runs
+    /// until `shutdown` resolves (see [`Broker::serve`]). A listener bound
+    /// to port 0 is advertised with the port it got.
     ///
     /// # Errors
-    /// A port in use, an unusable data directory, a failure to open storage.
-    pub async fn start(config: BrokerConfig) -> anyhow::Result<Self> {
+    /// An unusable data directory, a failure to open storage, a founding
+    /// member that cannot be reached while deciding how to enter.
+    pub async fn start(
+        mut config: BrokerConfig,
+        listeners: Listeners,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<Self> {
+        let Listeners { peer: peer_listener, client: client_listener } = listeners;
+        if config.peer_addr.port() == 0 {
+            config.peer_addr = peer_listener.local_addr()?;
+        }
+        if config.client_addr.port() == 0 {
+            config.client_addr = client_listener.local_addr()?;
+        }
         let me = config.node_id;
+        let (stopping, _) = watch::channel(false);
         crate::control::files::raise_limit();
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;
@@ -120,8 +171,6 @@ impl Broker {
         );
 
         // Peer API first: the metadata group needs to reach the others.
-        let peer_listener = bind(config.peer_addr, "peer_addr").await?;
-        let client_listener = bind(config.client_addr, "client_addr").await?;
         let peer_server = RaftPeerServer::new(me, groups.clone())
             .with_message_bytes_max(peer_message_bytes_max(config.limits.max_batch_bytes));
         let controller_slot = peer_server.controller_slot();
@@ -218,8 +267,12 @@ impl Broker {
 
         let (image_tx, image_rx) = watch::channel(Arc::new(MetadataImage::new()));
         let liveness = Liveness::default();
-        let mut tasks =
-            vec![spawn_task("metadata_image", me, controller::follow(meta_replica.clone(), image_tx))];
+        let mut tasks = vec![spawn_task(
+            "metadata_image",
+            me,
+            &stopping,
+            controller::follow(meta_replica.clone(), image_tx),
+        )];
         let controller = Controller::new(
             metadata.clone(),
             image_rx.clone(),
@@ -245,18 +298,20 @@ impl Broker {
             incarnation: identity.incarnation,
             controller: controller.clone(),
         };
-        tasks.push(spawn_task("reconciler", me, reconciler.clone().run(image_rx.clone())));
+        tasks.push(spawn_task("reconciler", me, &stopping, reconciler.clone().run(image_rx.clone())));
         let ping_every = Duration::from_millis(config.raft.heartbeat_interval_ms);
         let dead_after = Duration::from_millis(config.raft.election_timeout_min_ms);
         tasks.push(spawn_task(
             "liveness",
             me,
+            &stopping,
             liveness.clone().run(me, image_rx.clone(), peers, ping_every, dead_after),
         ));
         let election_timeout = Duration::from_millis(config.raft.election_timeout_max_ms);
         tasks.push(spawn_task(
             "quiesce",
             me,
+            &stopping,
             crate::control::quiesce::run(
                 me,
                 reconciler.groups.clone(),
@@ -282,16 +337,23 @@ impl Broker {
         // Twice per confirmation window: a lost quorum is acted on within
         // about 1.5 × election_timeout_min; a round visits every hosted group.
         let check_every = Duration::from_millis(config.raft.election_timeout_min_ms / 2);
-        tasks.push(spawn_task("checkquorum", me, crate::control::checkquorum::run(checker, check_every)));
+        tasks.push(spawn_task(
+            "checkquorum",
+            me,
+            &stopping,
+            crate::control::checkquorum::run(checker, check_every),
+        ));
         tasks.push(spawn_task(
             "membership",
             me,
+            &stopping,
             crate::control::membership::run(reconciler.groups.clone(), image_rx.clone()),
         ));
-        tasks.push(spawn_task("files", me, crate::control::files::watch()));
+        tasks.push(spawn_task("files", me, &stopping, crate::control::files::watch()));
         tasks.push(spawn_task(
             "register",
             me,
+            &stopping,
             register(controller.clone(), image_rx, config.clone(), identity.incarnation),
         ));
 
@@ -309,7 +371,19 @@ impl Broker {
         stop.push(tx);
         servers.push(server);
         tracing::info!(client = %config.client_addr, peer = %config.peer_addr, data = %config.data_dir.display(), "broker started");
-        Ok(Self { config, stop, servers, tasks, metadata, reconciler })
+        let shutdown =
+            Some(Box::pin(shutdown) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>);
+        Ok(Self { config, stop, servers, tasks, stopping, shutdown, metadata, reconciler })
+    }
+
+    /// Runs until the shutdown signal given to [`Broker::start`] resolves,
+    /// then stops ([`Broker::shutdown`]).
+    pub async fn serve(mut self) {
+        if let Some(signal) = self.shutdown.take() {
+            signal.await;
+        }
+        tracing::info!("shutting down");
+        self.shutdown().await;
     }
 
     /// The configuration it runs with.
@@ -328,8 +402,12 @@ impl Broker {
         for s in self.stop {
             let _ = s.send(());
         }
-        for t in &self.tasks {
-            t.abort();
+        // The background loops end at their next await, and are waited
+        // for: none starts a replica or a campaign while replicas stop.
+        let _ = self.stopping.send(true);
+        let ended = tokio::time::timeout(STOP_TASKS_WITHIN, futures::future::join_all(self.tasks)).await;
+        if ended.is_err() {
+            tracing::warn!("background tasks not ended within {STOP_TASKS_WITHIN:?}");
         }
         // Under flush = always every acknowledged entry is already on disk
         // and a stop writes nothing (Replica::close_cleanly), so the
@@ -518,11 +596,19 @@ async fn join(c: &BrokerConfig, incarnation: u64, peers: &PeerAddresses) -> anyh
 /// that carries the broker's id (`node`), so every line it logs says which
 /// broker and which loop it came from (several brokers may share a log,
 /// as in the tests' and `ferrolog dev`'s output).
-fn spawn_task<F>(name: &'static str, node: u32, task: F) -> tokio::task::JoinHandle<F::Output>
+/// Spawns a background loop in a span naming it and this broker (`node`),
+/// ending it at its next await once `stopping` turns true.
+fn spawn_task<F>(name: &'static str, node: u32, stopping: &watch::Sender<bool>, task: F) -> JoinHandle<()>
 where
     F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
 {
     use tracing::Instrument;
-    tokio::spawn(task.instrument(tracing::info_span!("task", name, node)))
+    let mut stopping = stopping.subscribe();
+    let run = async move {
+        tokio::select! {
+            _ = task => {}
+            _ = stopping.wait_for(|s| *s) => {}
+        }
+    };
+    tokio::spawn(run.instrument(tracing::info_span!("task", name, node)))
 }

@@ -21,6 +21,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use ferrolog_proto::raft::PingRequest;
 use tokio::sync::watch;
@@ -255,37 +256,47 @@ impl Liveness {
             for (id, addr) in brokers {
                 let Ok(channel) = peers.channel(&addr) else { continue };
                 let this = self.clone();
-                tokio::spawn(async move {
-                    let mut req = tonic::Request::new(PingRequest { from_broker: me });
-                    req.set_timeout(this.ping_timeout(id));
-                    let sent = Instant::now();
-                    match crate::network::peer_client(channel).ping(req).await {
-                        Ok(r) => {
-                            let r = r.into_inner();
-                            // A broker of another major protocol version
-                            // cannot replicate with this one: not alive here.
-                            if r.broker_id == id
-                                && crate::network::protocol::check_peer(
-                                    id,
-                                    r.protocol_major,
-                                    r.protocol_minor,
-                                )
-                            {
-                                this.mark(id, r.leading_groups, r.boot_id, r.replicas_open, sent.elapsed());
+                // In this loop's span (`task{name, node}`), with the peer.
+                tokio::spawn(
+                    async move {
+                        let mut req = tonic::Request::new(PingRequest { from_broker: me });
+                        req.set_timeout(this.ping_timeout(id));
+                        let sent = Instant::now();
+                        match crate::network::peer_client(channel).ping(req).await {
+                            Ok(r) => {
+                                let r = r.into_inner();
+                                // A broker of another major protocol version
+                                // cannot replicate with this one: not alive here.
+                                if r.broker_id == id
+                                    && crate::network::protocol::check_peer(
+                                        id,
+                                        r.protocol_major,
+                                        r.protocol_minor,
+                                    )
+                                {
+                                    this.mark(
+                                        id,
+                                        r.leading_groups,
+                                        r.boot_id,
+                                        r.replicas_open,
+                                        sent.elapsed(),
+                                    );
+                                }
                             }
+                            // No connection (refused, reset): not merely slow.
+                            Err(s) if s.code() == tonic::Code::Unavailable => this.refused(id),
+                            Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                                tracing::error!(
+                                    peer = id,
+                                    "broker {id} refused this broker's ping: {}",
+                                    s.message()
+                                );
+                            }
+                            Err(_) => {}
                         }
-                        // No connection (refused, reset): not merely slow.
-                        Err(s) if s.code() == tonic::Code::Unavailable => this.refused(id),
-                        Err(s) if s.code() == tonic::Code::FailedPrecondition => {
-                            tracing::error!(
-                                peer = id,
-                                "broker {id} refused this broker's ping: {}",
-                                s.message()
-                            );
-                        }
-                        Err(_) => {}
                     }
-                });
+                    .in_current_span(),
+                );
             }
         }
     }

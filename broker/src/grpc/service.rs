@@ -256,36 +256,39 @@ impl Ferrolog for ClientService {
             Ok(None) => Ok(self.controller.image().topics.get(&req.topic).map(|t| t.topic_id)),
             Err(e) => Err(ApiError::Invalid(e)),
         };
-        tokio::spawn(async move {
-            let mut offset = req.offset;
-            let max_bytes = this.max_bytes(req.max_bytes);
-            loop {
-                let partition = match &topic_id {
-                    Ok(id) => this.partition(&req.topic, req.partition, *id),
-                    Err(e) => Err(e.clone()),
-                };
-                let result = match partition {
-                    Ok(p) => p.fetch(offset, max_bytes, SUBSCRIBE_WAIT).await,
-                    Err(e) => Err(e),
-                };
-                let failed = result.is_err();
-                if let Ok(out) = &result
-                    && let Some(last) = out.batches.last()
-                {
-                    offset = last.header.base_offset + u64::from(last.header.record_count);
-                } else if let Ok(out) = &result
-                    && out.batches.is_empty()
-                {
-                    if tx.is_closed() {
+        tokio::spawn(
+            async move {
+                let mut offset = req.offset;
+                let max_bytes = this.max_bytes(req.max_bytes);
+                loop {
+                    let partition = match &topic_id {
+                        Ok(id) => this.partition(&req.topic, req.partition, *id),
+                        Err(e) => Err(e.clone()),
+                    };
+                    let result = match partition {
+                        Ok(p) => p.fetch(offset, max_bytes, SUBSCRIBE_WAIT).await,
+                        Err(e) => Err(e),
+                    };
+                    let failed = result.is_err();
+                    if let Ok(out) = &result
+                        && let Some(last) = out.batches.last()
+                    {
+                        offset = last.header.base_offset + u64::from(last.header.record_count);
+                    } else if let Ok(out) = &result
+                        && out.batches.is_empty()
+                    {
+                        if tx.is_closed() {
+                            return;
+                        }
+                        continue;
+                    }
+                    if tx.send(Ok(this.fetch_response(result))).await.is_err() || failed {
                         return;
                     }
-                    continue;
-                }
-                if tx.send(Ok(this.fetch_response(result))).await.is_err() || failed {
-                    return;
                 }
             }
-        });
+            .in_current_span(),
+        );
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 

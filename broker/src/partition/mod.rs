@@ -20,6 +20,7 @@ use ferrolog_raft_store::SequenceCheck;
 use ferrolog_raft_store::{RecordBatch, Replica, StoreError, StoredBatch};
 use ferrolog_replica::{NodeId, ProposeError, RaftNode, State};
 use tokio::sync::{Mutex, Notify};
+use tracing::Instrument;
 
 use crate::config::BrokerId;
 use crate::error::ApiError;
@@ -333,19 +334,22 @@ impl Partition {
         // its outcome even if this request is cancelled (a client timeout
         // drops this future): a reservation must never outlive its write.
         let this = self.clone();
-        let settled = tokio::spawn(async move {
-            let result = pending.committed().await;
-            let mut seq = this.sequencer.lock().await;
-            seq.complete(pid, first);
-            this.sequence_advanced.notify_waiters();
-            match result {
-                Ok(r) => Ok((r.base_offset, false)),
-                Err(e) => {
-                    seq.invalidate();
-                    Err(this.propose_error(e))
+        let settled = tokio::spawn(
+            async move {
+                let result = pending.committed().await;
+                let mut seq = this.sequencer.lock().await;
+                seq.complete(pid, first);
+                this.sequence_advanced.notify_waiters();
+                match result {
+                    Ok(r) => Ok((r.base_offset, false)),
+                    Err(e) => {
+                        seq.invalidate();
+                        Err(this.propose_error(e))
+                    }
                 }
             }
-        });
+            .instrument(tracing::debug_span!("settle", group = self.group)),
+        );
         // Waiting on a leader that has lost its quorum would last until the
         // partition heals; answer once it is known lost (the batch may still
         // commit: an idempotent retry then gets its offset). Told by
