@@ -53,6 +53,9 @@ impl std::fmt::Debug for MetaStore {
     }
 }
 
+/// redb's page cache per replica's metadata database, bytes.
+const META_CACHE_BYTES: usize = 16 << 10;
+
 impl MetaStore {
     /// Opens or creates the database at `path`.
     ///
@@ -72,7 +75,12 @@ impl MetaStore {
             std::fs::rename(&fresh, path).map_err(|e| StoreError::io("rename", path, e))?;
             crate::fsutil::sync_dir(path.parent().unwrap_or(Path::new(".")))?;
         }
-        let db = Database::create(path).map_err(|e| meta_err(path, e))?;
+        // A few keys of a few bytes each: redb's default page cache (sized
+        // for large databases) only costs memory, once per replica.
+        let db = redb::Builder::new()
+            .set_cache_size(META_CACHE_BYTES)
+            .create(path)
+            .map_err(|e| meta_err(path, e))?;
         let me = Self { db, path: path.to_owned() };
         // Create the table so reads never see it missing.
         let txn = me.db.begin_write().map_err(|e| meta_err(path, e))?;

@@ -84,6 +84,10 @@ impl Settings {
             // a bug. Such a follower does not vote meanwhile, so a reverted log
             // never decides an election.
             allow_log_reversion: Some(true),
+            // Ring buffers of per-entry latency the library keeps only for
+            // its `runtime-stats` feature (not built), allocated per group
+            // all the same: the smallest allowed.
+            log_stage_capacity: Some(1),
             ..openraft::Config::default()
         };
         let raft = config.validate().map_err(|e| SettingsError(e.to_string()))?;

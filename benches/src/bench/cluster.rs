@@ -15,7 +15,20 @@ pub async fn start(name: &str) -> anyhow::Result<Cluster> {
     Cluster::start_with(name, &exe, &["broker"], 3, &env).await
 }
 
-/// CPU time (user + system) a process has used, seconds, from /proc.
+/// Resident memory of process `pid` (VmRSS of /proc/<pid>/status), bytes.
+pub fn resident_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Open file descriptors of process `pid` (entries of `/proc/<pid>/fd`).
+pub fn open_files(pid: u32) -> Option<usize> {
+    Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count())
+}
+
+/// CPU time (user + system) process `pid` has used, seconds.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = stat.rsplit_once(')')?.1;

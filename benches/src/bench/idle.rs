@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use ferrolog_client::{Admin, ClientConfig, MetadataCache};
 
-use crate::cluster::{self, cpu_seconds};
+use crate::cluster::{self, cpu_seconds, open_files, resident_bytes};
 
 /// Flags of `idle`.
 #[derive(Args, Debug)]
@@ -46,9 +46,20 @@ pub async fn run(a: IdleArgs) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(a.seconds)).await;
     let wall = start.elapsed().as_secs_f64();
     let mut total = 0.0;
+    // Replication factor 3 on 3 brokers: every broker hosts every partition.
+    let replicas = u64::from(a.partitions).max(1);
     for (i, p) in pids.iter().enumerate() {
         let used = cpu_seconds(*p).unwrap_or(0.0) - before[i];
-        println!("broker {} (pid {p}): {:.1}% of one core", i + 1, 100.0 * used / wall);
+        let rss = resident_bytes(*p).unwrap_or(0);
+        let files = open_files(*p).unwrap_or(0);
+        println!(
+            "broker {} (pid {p}): {:.1}% of one core, {:.0} MiB resident ({:.0} KiB per replica, target <= 100), {files} open files ({:.2} per replica)",
+            i + 1,
+            100.0 * used / wall,
+            rss as f64 / (1 << 20) as f64,
+            rss as f64 / 1024.0 / replicas as f64,
+            files as f64 / replicas as f64
+        );
         total += used;
     }
     println!(
