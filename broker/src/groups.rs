@@ -58,19 +58,24 @@ pub struct GroupRegistry {
     /// The reconciler has opened every replica the metadata assigns this
     /// broker at least once since it started (reported in pings).
     replicas_open: Arc<std::sync::atomic::AtomicBool>,
-    /// [`GroupRegistry::leading`] as last computed, and when.
-    leading_cache: Arc<std::sync::Mutex<Option<LeadingAt>>>,
+    /// The groups whose replica here leads and runs, with the term, kept
+    /// current by [`GroupRegistry::watch_leadership`] from the nodes' own
+    /// change notifications (see [`GroupRegistry::leading`]).
+    led: Arc<RwLock<HashMap<GroupId, u64>>>,
+    /// Hands newly registered groups to the leadership watcher, once it runs.
+    watcher: Arc<std::sync::Mutex<Option<NewGroups>>>,
+    /// [`GroupRegistry::leading`]'s answer until `led` or a hand-over changes.
+    leading_cache: Arc<std::sync::Mutex<Option<Arc<Vec<GroupId>>>>>,
 }
 
-/// [`GroupRegistry::leading`]'s answer and when it was computed.
-type LeadingAt = (std::time::Instant, Arc<Vec<GroupId>>);
+/// Where the leadership watcher learns of newly registered groups.
+type NewGroups = tokio::sync::mpsc::UnboundedSender<(GroupId, RaftNode)>;
 
-/// How long [`GroupRegistry::leading`] reuses its answer. Every broker's
-/// pings ask for it (each broker pings every other once per heartbeat
-/// interval, 100 ms by default), and computing it reads every hosted
-/// group's Raft state: at 3,000 groups that was most of an idle broker's
-/// CPU. Hand-overs and group changes drop the cached answer at once.
-pub const LEADING_CACHE_FOR: std::time::Duration = std::time::Duration::from_millis(100);
+/// How long the leadership watcher gathers change notifications before it
+/// looks at the groups that changed: under load a leader's state changes
+/// with every write, and pings (every heartbeat interval, 100 ms by
+/// default) need the answer no fresher than this.
+pub const LEADERSHIP_COALESCE: std::time::Duration = std::time::Duration::from_millis(20);
 
 impl GroupRegistry {
     /// Adds (or replaces) the replica of `group`; a partition's also
@@ -81,9 +86,13 @@ impl GroupRegistry {
             debug_assert_eq!(p.group, group, "a partition registered under another group id");
             g.by_name.insert((p.topic.clone(), p.partition), group);
         }
+        let raft = hosted.raft.clone();
         g.by_id.insert(group, hosted);
         drop(g);
-        self.forget_leading();
+        self.update_leadership(group);
+        if let Some(w) = self.watcher.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            let _ = w.send((group, raft));
+        }
     }
 
     fn forget_leading(&self) {
@@ -104,8 +113,74 @@ impl GroupRegistry {
             }
         }
         drop(g);
+        self.led.write().unwrap_or_else(|p| p.into_inner()).remove(&group);
         self.forget_leading();
         removed
+    }
+
+    /// Looks at whether the replica of `group` leads (and runs) now, and
+    /// records it for [`GroupRegistry::leading`].
+    fn update_leadership(&self, group: GroupId) {
+        let now = self
+            .get(group)
+            .and_then(|h| h.raft.state(|s| (s.is_leader() && s.is_running()).then(|| s.term())));
+        let mut led = self.led.write().unwrap_or_else(|p| p.into_inner());
+        let changed = match now {
+            Some(term) => led.insert(group, term) != Some(term),
+            None => led.remove(&group).is_some(),
+        };
+        drop(led);
+        if changed {
+            self.forget_leading();
+        }
+    }
+
+    /// Keeps [`GroupRegistry::leading`] current, forever: one task listens
+    /// to every hosted node's change notifications (a quiet group costs
+    /// nothing) and, every [`LEADERSHIP_COALESCE`] at most, looks again at
+    /// the groups that changed. Run it once per broker.
+    pub async fn watch_leadership(self) {
+        use futures::{FutureExt, StreamExt};
+        fn tagged(
+            g: GroupId,
+            raft: &RaftNode,
+        ) -> impl futures::Stream<Item = GroupId> + Send + Unpin + use<> {
+            raft.changes().map(move |()| g)
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        *self.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx.clone());
+        for (g, h) in self.all() {
+            let _ = tx.send((g, h.raft));
+        }
+        drop(tx);
+        let mut changes = futures::stream::SelectAll::new();
+        let mut changed: std::collections::HashSet<GroupId> = std::collections::HashSet::new();
+        loop {
+            tokio::select! {
+                new = rx.recv() => match new {
+                    Some((g, raft)) => {
+                        changes.push(tagged(g, &raft));
+                        changed.insert(g);
+                    }
+                    None => return,
+                },
+                Some(g) = changes.next(), if !changes.is_empty() => {
+                    changed.insert(g);
+                }
+            }
+            // Gather what else changed meanwhile, then look once per group.
+            tokio::time::sleep(LEADERSHIP_COALESCE).await;
+            while let Some(Some(g)) = changes.next().now_or_never() {
+                changed.insert(g);
+            }
+            while let Ok((g, raft)) = rx.try_recv() {
+                changes.push(tagged(g, &raft));
+                changed.insert(g);
+            }
+            for g in changed.drain() {
+                self.update_leadership(g);
+            }
+        }
     }
 
     /// Records that every replica the metadata assigns this broker has been
@@ -129,31 +204,32 @@ impl GroupRegistry {
     /// followers must not stay parked trusting it) and is not handing over
     /// (see [`GroupRegistry::set_handing_over`]).
     ///
-    /// Reused for [`LEADING_CACHE_FOR`]: a leadership won or lost here
-    /// shows in pings up to that much later (a hand-over at once).
+    /// Every broker's pings ask for it (each broker pings every other once
+    /// per heartbeat interval), so it is not computed by reading every
+    /// hosted group's state (at 3,000 groups that was most of an idle
+    /// broker's CPU): [`GroupRegistry::watch_leadership`] keeps it current,
+    /// a leadership won or lost here showing up to [`LEADERSHIP_COALESCE`]
+    /// later (a hand-over at once). Without the watcher running (tests that
+    /// host groups without a broker) it is computed on every call.
     pub fn leading(&self) -> Arc<Vec<GroupId>> {
+        let watched = self.watcher.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+        if !watched {
+            for g in self.all().into_iter().map(|(g, _)| g) {
+                self.update_leadership(g);
+            }
+        }
         let mut cache = self.leading_cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((at, list)) = cache.as_ref()
-            && at.elapsed() < LEADING_CACHE_FOR
-        {
+        if let Some(list) = cache.as_ref() {
             return list.clone();
         }
-        let list = Arc::new(self.compute_leading());
-        *cache = Some((std::time::Instant::now(), list.clone()));
-        list
-    }
-
-    fn compute_leading(&self) -> Vec<GroupId> {
-        let groups = self.groups.read().unwrap_or_else(|p| p.into_inner());
+        let led = self.led.read().unwrap_or_else(|p| p.into_inner());
         let handing_over = self.handing_over.read().unwrap_or_else(|p| p.into_inner());
-        groups
-            .by_id
-            .iter()
-            .filter(|(g, h)| {
-                h.raft.state(|s| s.is_leader() && s.is_running() && handing_over.get(g) != Some(&s.term()))
-            })
-            .map(|(g, _)| *g)
-            .collect()
+        let mut list: Vec<GroupId> =
+            led.iter().filter(|(g, term)| handing_over.get(g) != Some(term)).map(|(g, _)| *g).collect();
+        list.sort_unstable();
+        let list = Arc::new(list);
+        *cache = Some(list.clone());
+        list
     }
 
     /// Records that this broker's leader of `group` hands over `term`
@@ -217,6 +293,26 @@ impl GroupRegistry {
             .by_id
             .get(&group)
             .and_then(|h| h.partition.clone())
+    }
+
+    /// The hosted groups whose replica is recovering (`crate::control::recovery`).
+    pub fn recovering(&self) -> Vec<(GroupId, HostedGroup)> {
+        let g = self.groups.read().unwrap_or_else(|p| p.into_inner());
+        g.by_id.iter().filter(|(_, h)| h.replica.is_recovering()).map(|(id, h)| (*id, h.clone())).collect()
+    }
+
+    /// The hosted partitions whose Raft node stopped on an error, with the
+    /// error. Reads each group's state in place (no copy of the registry):
+    /// the reconciler asks every second.
+    pub fn stopped_on_error(&self) -> Vec<(Arc<Partition>, String)> {
+        let g = self.groups.read().unwrap_or_else(|p| p.into_inner());
+        g.by_id
+            .values()
+            .filter_map(|h| {
+                let p = h.partition.as_ref()?;
+                h.raft.state(|s| s.fatal()).map(|fatal| (p.clone(), fatal))
+            })
+            .collect()
     }
 
     /// Every hosted partition replica (the metadata group left out).

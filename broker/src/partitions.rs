@@ -82,6 +82,12 @@ pub fn restart_backoff(attempts: u32) -> Duration {
 }
 
 impl Failures {
+    /// Whether some failed replica is not running again yet (its restart
+    /// is due, or waits for the disk).
+    fn pending(&self) -> bool {
+        self.failures().values().any(|f| f.running_since.is_none())
+    }
+
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<u64, FailedReplica>> {
         self.failed.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -149,8 +155,11 @@ pub fn partition_dir(root: &Path, topic: &str, partition: u32, group: u64) -> Pa
 
 impl Reconciler {
     /// Starts and stops replicas to match the image, on every change and
-    /// every second, until the image's sender is dropped.
-    ///
+    /// every second, until the image's sender is dropped. A pass compares
+    /// the hosted replicas with the image (and sweeps the data directory)
+    /// only when the image changed since the last complete comparison or a
+    /// failed replica waits for its restart: an idle broker's pass reads no
+    /// more than each group's running state.
     ///
     /// Once replicas were stopped, the first pass that finds every stopped
     /// replica dropped (by its Raft node's remaining tasks and by requests and
@@ -160,6 +169,7 @@ impl Reconciler {
     /// ([`crate::control::memory::release_freed`]).
     pub async fn run(self, mut image: watch::Receiver<Arc<MetadataImage>>) {
         let mut addressed: Option<Arc<MetadataImage>> = None;
+        let mut placed: Option<Arc<MetadataImage>> = None;
         let mut stopped_at: Option<Instant> = None;
         loop {
             let current = image.borrow_and_update().clone();
@@ -168,7 +178,15 @@ impl Reconciler {
                 self.peers.set_node_addresses(current.node_addresses());
                 addressed = Some(current.clone());
             }
-            if self.reconcile(&current).await > 0 {
+            let compare =
+                placed.as_ref().is_none_or(|p| !Arc::ptr_eq(p, &current)) || self.failures.pending();
+            let (stopped, compared) = self.reconcile(&current, compare).await;
+            if compared && stopped == 0 {
+                placed = Some(current.clone());
+            } else {
+                placed = None;
+            }
+            if stopped > 0 {
                 stopped_at = Some(Instant::now());
             } else if let Some(t) = stopped_at
                 && (self.stopped_replicas_dropped() || t.elapsed() >= RELEASE_MEMORY_AFTER)
@@ -200,15 +218,18 @@ impl Reconciler {
             && image.brokers.get(&self.broker).is_some_and(|b| b.incarnation == self.incarnation)
     }
 
-    /// One pass; returns how many replicas it stopped.
-    async fn reconcile(&self, image: &MetadataImage) -> usize {
+    /// One pass; returns how many replicas it stopped, and whether it
+    /// compared the hosted replicas with the image (asked by `compare`, and
+    /// the image was usable).
+    async fn reconcile(&self, image: &MetadataImage, compare: bool) -> (usize, bool) {
         let failed = self.stop_failed_groups().await;
         self.release_recovered();
-        for p in self.groups.partitions().into_iter().filter(|p| p.replica.is_recovering()) {
+        for p in self.groups.recovering().into_iter().filter_map(|(_, h)| h.partition) {
             crate::control::recovery::seek_vote_floor(&p, &self.groups, &self.peers).await;
         }
-        if !self.image_usable(image) {
-            return failed;
+        self.failures.failures().retain(|_, f| f.running_since.is_none_or(|t| t.elapsed() < HEALTHY_AFTER));
+        if !compare || !self.image_usable(image) {
+            return (failed, false);
         }
         let wanted: BTreeMap<u64, (String, u32, PartitionAssignment)> =
             image.replicas_on(self.broker).into_iter().map(|(t, p, a)| (a.group, (t, p, a))).collect();
@@ -293,7 +314,7 @@ impl Reconciler {
         });
         self.sweep_orphans(image, &wanted);
         self.groups.set_replicas_open();
-        failed + removed + reassigned
+        (failed + removed + reassigned, true)
     }
 
     /// Stops every hosted partition whose Raft group has stopped on an
@@ -302,9 +323,7 @@ impl Reconciler {
     /// Returns how many it stopped.
     async fn stop_failed_groups(&self) -> usize {
         let mut stopped = 0;
-        for p in self.groups.partitions() {
-            let fatal = p.raft.state(|s| s.fatal());
-            let Some(fatal) = fatal else { continue };
+        for (p, fatal) in self.groups.stopped_on_error() {
             let f = self.failures.record_failure(
                 p.group,
                 &p.topic,
@@ -323,7 +342,7 @@ impl Reconciler {
     /// Ends the recovery of hosted replicas (every group, the metadata
     /// group included) that a leader has brought back (`crate::control::recovery`).
     fn release_recovered(&self) {
-        for (g, h) in self.groups.all() {
+        for (g, h) in self.groups.recovering() {
             // Partition groups' elections are scheduled by crate::control::quiesce;
             // the metadata group's by its Raft node's own timer.
             let partition = h.partition.clone();

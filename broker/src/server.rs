@@ -350,6 +350,7 @@ impl Broker {
             crate::control::membership::run(reconciler.groups.clone(), image_rx.clone()),
         ));
         tasks.push(spawn_task("files", me, &stopping, crate::control::files::watch()));
+        tasks.push(spawn_task("leadership", me, &stopping, reconciler.groups.clone().watch_leadership()));
         tasks.push(spawn_task(
             "register",
             me,

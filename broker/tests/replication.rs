@@ -17,6 +17,7 @@ const GROUP: u64 = 7;
 
 struct Broker {
     raft: RaftNode,
+    groups: GroupRegistry,
     replica: Replica,
     stop: tokio::sync::oneshot::Sender<()>,
     server: tokio::task::JoinHandle<()>,
@@ -62,6 +63,9 @@ async fn start(id: NodeId, dir: &std::path::Path, listener: TcpListener, peers: 
             partition: None,
         },
     );
+    // Pings report the groups led here from the watcher's view.
+    tokio::spawn(groups.clone().watch_leadership());
+    let registry = groups.clone();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
         tonic::transport::Server::builder()
@@ -72,7 +76,7 @@ async fn start(id: NodeId, dir: &std::path::Path, listener: TcpListener, peers: 
             .await
             .expect("serve");
     });
-    Broker { raft, replica, stop, server }
+    Broker { raft, groups: registry, replica, stop, server }
 }
 
 /// Writes `b` on the current leader, retrying while leadership settles,
@@ -136,6 +140,17 @@ async fn three_replicas_agree_and_a_lagging_one_catches_up_by_snapshot() {
     for b in brokers.values() {
         caught_up(&b.replica, next_offset).await;
     }
+    // Only the leader's broker says it leads the group.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let leading: Vec<(NodeId, Vec<u64>)> =
+            brokers.iter().map(|(id, b)| (*id, b.groups.leading().to_vec())).collect();
+        if leading.iter().all(|(id, l)| (*id == leader) == (l.as_slice() == [GROUP])) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "leadership reported wrongly: {leading:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let want = brokers[&leader].replica.read(0, usize::MAX).expect("read leader");
     assert_eq!(want.len(), 300);
     for (id, b) in &brokers {
@@ -149,7 +164,8 @@ async fn three_replicas_agree_and_a_lagging_one_catches_up_by_snapshot() {
     down.raft.shutdown().await.expect("shutdown");
     let _ = down.stop.send(());
     down.server.await.expect("server");
-    drop((down.raft, down.replica));
+    down.groups.remove(GROUP);
+    drop((down.raft, down.replica, down.groups));
     for i in 300..600 {
         let r = write(&brokers, batch(i)).await;
         assert_eq!(r.base_offset, next_offset);

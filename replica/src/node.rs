@@ -153,6 +153,18 @@ impl RaftNode {
         f(State { m: &m })
     }
 
+    /// A stream that yields whenever the node's state may have changed
+    /// (several changes between two polls yield once), and ends when the
+    /// node stops. It costs nothing while the node is quiet: for watching
+    /// many groups from one task without reading each one periodically.
+    pub fn changes(&self) -> impl futures::Stream<Item = ()> + Send + Unpin + 'static + use<> {
+        let rx = self.raft.metrics();
+        Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+            rx.changed().await.ok()?;
+            Some(((), rx))
+        }))
+    }
+
     /// Whether this replica leads its group now.
     pub fn is_leader(&self) -> bool {
         self.raft.is_leader()

@@ -33,24 +33,45 @@ pub fn wanted_voters(
     Some(p.replicas.iter().map(|r| r.node).collect())
 }
 
-/// Compares and fixes memberships every [`CHECK_INTERVAL`], forever.
+/// Compares and fixes memberships every [`CHECK_INTERVAL`], forever: every
+/// group led here when the image or the set of groups led here changed,
+/// otherwise only the groups whose change is still under way (a learner
+/// catching up), so an idle broker reads no group's state.
 pub async fn run(groups: GroupRegistry, image: watch::Receiver<Arc<MetadataImage>>) {
     let mut tick = tokio::time::interval(CHECK_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seen: Option<(Arc<MetadataImage>, Arc<Vec<GroupId>>)> = None;
+    let mut pending: BTreeSet<GroupId> = BTreeSet::new();
     loop {
         tick.tick().await;
         let img = image.borrow().clone();
-        for (group, hosted) in groups.all() {
-            if hosted.raft.is_leader()
-                && let Err(e) = reconcile(&img, group, &hosted).await
-            {
-                tracing::warn!(group, "membership change: {e}");
+        let leading = groups.leading();
+        let changed = seen.as_ref().is_none_or(|(i, l)| !Arc::ptr_eq(i, &img) || !Arc::ptr_eq(l, &leading));
+        let visit: Vec<GroupId> = if changed { leading.to_vec() } else { pending.iter().copied().collect() };
+        seen = Some((img.clone(), leading));
+        pending.clear();
+        for group in visit {
+            let Some(hosted) = groups.get(group) else { continue };
+            if !hosted.raft.is_leader() {
+                continue;
+            }
+            match reconcile(&img, group, &hosted).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    pending.insert(group);
+                }
+                Err(e) => {
+                    tracing::warn!(group, "membership change: {e}");
+                    pending.insert(group);
+                }
             }
         }
     }
 }
 
-async fn reconcile(image: &MetadataImage, group: GroupId, h: &HostedGroup) -> anyhow::Result<()> {
+/// One group's comparison and next step; returns whether its membership
+/// is what the metadata wants (nothing left to do).
+async fn reconcile(image: &MetadataImage, group: GroupId, h: &HostedGroup) -> anyhow::Result<bool> {
     let (voters, learners, last, matched) = h.raft.state(|s| {
         let voters: BTreeSet<NodeId> = s.voters().collect();
         let learners: BTreeSet<NodeId> = s.learners().collect();
@@ -58,12 +79,12 @@ async fn reconcile(image: &MetadataImage, group: GroupId, h: &HostedGroup) -> an
             s.matched().map(|r| r.map(|(n, m)| (n, m.map(|l| l.index))).collect()).unwrap_or_default();
         (voters, learners, s.last_log_index().unwrap_or(0), matched)
     });
-    let Some(wanted) = wanted_voters(image, group, &voters) else { return Ok(()) };
+    let Some(wanted) = wanted_voters(image, group, &voters) else { return Ok(true) };
     if wanted == voters || wanted.is_empty() {
-        return Ok(());
+        return Ok(true);
     }
     if !h.raft.renew_lease(CHECK_INTERVAL).await {
-        return Ok(());
+        return Ok(false);
     }
     let mut ready = true;
     for n in wanted.difference(&voters) {
@@ -85,5 +106,5 @@ async fn reconcile(image: &MetadataImage, group: GroupId, h: &HostedGroup) -> an
         tracing::info!(group, ?voters, ?wanted, "changing voters");
         h.raft.change_voters(wanted).await?;
     }
-    Ok(())
+    Ok(false)
 }
