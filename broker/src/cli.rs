@@ -113,13 +113,29 @@ pub async fn run(args: BrokerArgs) -> anyhow::Result<()> {
     let config = args.resolve()?;
     let listeners = crate::server::Listeners::bind(&config).await?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let signal = async move {
+    let (signalled, signal) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }
+        let _ = signalled.send(true);
+    });
+    let mut stop = signal.clone();
+    let shutdown = async move {
+        let _ = stop.wait_for(|s| *s).await;
     };
-    crate::server::Broker::start(config, listeners, signal).await?.serve().await;
+    // A broker still deciding how to enter (founding members unreachable)
+    // stops on the signal too.
+    let mut early = signal;
+    let broker = tokio::select! {
+        b = crate::server::Broker::start(config, listeners, shutdown) => b?,
+        _ = early.wait_for(|s| *s) => {
+            tracing::info!("stopped while starting");
+            std::process::exit(0)
+        }
+    };
+    broker.serve().await;
     std::process::exit(0)
 }
 

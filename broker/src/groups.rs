@@ -75,7 +75,7 @@ type NewGroups = tokio::sync::mpsc::UnboundedSender<(GroupId, RaftNode)>;
 /// looks at the groups that changed: under load a leader's state changes
 /// with every write, and pings (every heartbeat interval, 100 ms by
 /// default) need the answer no fresher than this.
-pub const LEADERSHIP_COALESCE: std::time::Duration = std::time::Duration::from_millis(20);
+pub const LEADERSHIP_COALESCE: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl GroupRegistry {
     /// Adds (or replaces) the replica of `group`; a partition's also
@@ -118,14 +118,24 @@ impl GroupRegistry {
         removed
     }
 
+    /// The term `group`'s replica here leads, if it leads and runs.
+    fn leads(&self, group: GroupId) -> Option<u64> {
+        let g = self.groups.read().unwrap_or_else(|p| p.into_inner());
+        g.by_id.get(&group)?.raft.state(|s| (s.is_leader() && s.is_running()).then(|| s.term()))
+    }
+
     /// Looks at whether the replica of `group` leads (and runs) now, and
-    /// records it for [`GroupRegistry::leading`].
+    /// records it for [`GroupRegistry::leading`]. Cheap when nothing
+    /// changed (the common case: a busy group's state changes with every
+    /// write); a change is written after reading the state again under the
+    /// lock, so of concurrent callers the last reading wins.
     fn update_leadership(&self, group: GroupId) {
-        let now = self
-            .get(group)
-            .and_then(|h| h.raft.state(|s| (s.is_leader() && s.is_running()).then(|| s.term())));
+        let recorded = self.led.read().unwrap_or_else(|p| p.into_inner()).get(&group).copied();
+        if recorded == self.leads(group) {
+            return;
+        }
         let mut led = self.led.write().unwrap_or_else(|p| p.into_inner());
-        let changed = match now {
+        let changed = match self.leads(group) {
             Some(term) => led.insert(group, term) != Some(term),
             None => led.remove(&group).is_some(),
         };
@@ -141,6 +151,14 @@ impl GroupRegistry {
     /// the groups that changed. Run it once per broker.
     pub async fn watch_leadership(self) {
         use futures::{FutureExt, StreamExt};
+        /// Hands [`GroupRegistry::leading`] back to computing on every call
+        /// once the watcher ends (the broker stops).
+        struct Unwatch(GroupRegistry);
+        impl Drop for Unwatch {
+            fn drop(&mut self) {
+                *self.0.watcher.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            }
+        }
         fn tagged(
             g: GroupId,
             raft: &RaftNode,
@@ -149,6 +167,7 @@ impl GroupRegistry {
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         *self.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx.clone());
+        let _unwatch = Unwatch(self.clone());
         for (g, h) in self.all() {
             let _ = tx.send((g, h.raft));
         }

@@ -406,9 +406,13 @@ impl Broker {
         // The background loops end at their next await, and are waited
         // for: none starts a replica or a campaign while replicas stop.
         let _ = self.stopping.send(true);
+        let aborts: Vec<_> = self.tasks.iter().map(JoinHandle::abort_handle).collect();
         let ended = tokio::time::timeout(STOP_TASKS_WITHIN, futures::future::join_all(self.tasks)).await;
         if ended.is_err() {
-            tracing::warn!("background tasks not ended within {STOP_TASKS_WITHIN:?}");
+            // One is inside a blocking call (a replica opening): it goes at
+            // its next await.
+            tracing::warn!("background tasks not ended within {STOP_TASKS_WITHIN:?}: aborting them");
+            aborts.iter().for_each(tokio::task::AbortHandle::abort);
         }
         // Under flush = always every acknowledged entry is already on disk
         // and a stop writes nothing (Replica::close_cleanly), so the

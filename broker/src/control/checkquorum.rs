@@ -287,6 +287,9 @@ pub async fn run(c: Checker, period: Duration) {
             // One handing over is judged as before until its term ends.
             if !p.is_ticking() && judged.get(&p.group).is_none_or(|j| j.handing_over().is_none()) {
                 judged.remove(&p.group);
+                // Judged again from scratch: not lost (a re-elected leader
+                // must not answer NOT_LEADER on an old verdict).
+                p.set_lost_quorum(false);
                 continue;
             }
             let live = |node: NodeId| p.broker_of(node).is_none_or(|b| c.liveness.is_alive(b));
