@@ -23,13 +23,16 @@
 //!
 //! Modules:
 //! - [`config`], [`cli`]: configuration (TOML, environment, flags) and the command line.
-//! - [`server`]: wiring of one broker process.
+//! - [`server`]: wiring of one broker process: `Broker::start` on bound
+//!   listeners with a shutdown signal, `Broker::serve` until it fires.
 //! - [`grpc`]: the client API (thin handlers; errors to wire codes in one place).
 //! - [`partition`]: one hosted replica = one Raft group: produce, fetch, offsets.
-//! - [`partitions`]: hosted replicas and the reconciler (starts and stops them to
-//!   match the metadata image, and restarts a group that stopped on an error).
-//! - [`groups`]: the Raft groups this broker hosts, by group id.
-//! - [`metadata`]: the controller (metadata Raft group), its commands and image.
+//! - [`partitions`]: the reconciler (starts and stops replicas to match the
+//!   metadata image, and restarts a group that stopped on an error).
+//! - [`groups`]: the one registry of the Raft groups this broker hosts, by
+//!   group id with a topic/partition index, and which of them it leads.
+//! - [`metadata`]: the controller (metadata Raft group): its commands, the
+//!   image, the pure decision of each request (`metadata::decide`), proposing.
 //! - [`network`]: the broker-to-broker Raft transport (client, server, the
 //!   peer protocol's version check), many groups multiplexed on one
 //!   connection per peer; the messages themselves are converted in
