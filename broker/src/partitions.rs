@@ -403,13 +403,25 @@ impl Reconciler {
         let dir = partition_dir(&self.root, topic, partition, a.group);
         let staging_dir = dir.join("staging");
         // Opening reads, verifies and creates files: off the async threads.
+        // If this start is dropped meanwhile (the broker stops), the opened
+        // replica is closed cleanly there, not left marked as after a crash.
         let (storage, flusher, staging) = (self.storage.clone(), self.flusher.clone(), staging_dir.clone());
-        let replica = tokio::task::spawn_blocking(move || -> anyhow::Result<Replica> {
-            std::fs::create_dir_all(&staging)?;
-            ferrolog_replica::snapshot::clear_staging(&staging)?;
-            Ok(Replica::open_with(&dir.join("replica"), storage, flusher, rescan)?)
-        })
-        .await??;
+        let (opened_tx, opened) = tokio::sync::oneshot::channel::<anyhow::Result<Replica>>();
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || {
+            let _span = span.enter();
+            let result = (|| -> anyhow::Result<Replica> {
+                std::fs::create_dir_all(&staging)?;
+                ferrolog_replica::snapshot::clear_staging(&staging)?;
+                Ok(Replica::open_with(&dir.join("replica"), storage, flusher, rescan)?)
+            })();
+            if let Err(Ok(unwanted)) = opened_tx.send(result)
+                && let Err(e) = unwanted.close_cleanly()
+            {
+                tracing::warn!("cannot record a clean stop of a replica opened during shutdown: {e}");
+            }
+        });
+        let replica = opened.await.map_err(|_| anyhow::anyhow!("the replica's open was cut off"))??;
         let raft =
             RaftNode::start(a.group, me.node, &self.raft_settings, &replica, self.peers.clone()).await?;
         // Elections of partition groups are started by crate::control::quiesce

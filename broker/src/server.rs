@@ -409,8 +409,8 @@ impl Broker {
         let aborts: Vec<_> = self.tasks.iter().map(JoinHandle::abort_handle).collect();
         let ended = tokio::time::timeout(STOP_TASKS_WITHIN, futures::future::join_all(self.tasks)).await;
         if ended.is_err() {
-            // One is inside a blocking call (a replica opening): it goes at
-            // its next await.
+            // One is inside a synchronous call (an fsync on a failing disk,
+            // say): it goes at its next await whatever happens here.
             tracing::warn!("background tasks not ended within {STOP_TASKS_WITHIN:?}: aborting them");
             aborts.iter().for_each(tokio::task::AbortHandle::abort);
         }

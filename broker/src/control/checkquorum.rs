@@ -289,7 +289,9 @@ pub async fn run(c: Checker, period: Duration) {
                 judged.remove(&p.group);
                 // Judged again from scratch: not lost (a re-elected leader
                 // must not answer NOT_LEADER on an old verdict).
-                p.set_lost_quorum(false);
+                if p.lost_quorum() {
+                    p.set_lost_quorum(false);
+                }
                 continue;
             }
             let live = |node: NodeId| p.broker_of(node).is_none_or(|b| c.liveness.is_alive(b));
