@@ -688,7 +688,7 @@ fn bench_read(replica_dir: &Path, duration: Duration) -> Result<ReadResult> {
     let log_dir = replica_dir.join(ferrolog_raft_store::replica::LOG_DIR);
     let flusher = spawn_flusher(&log_dir)?;
     let t = Instant::now();
-    let log = PartitionLog::open(&log_dir, store_config(), flusher)
+    let log = Replica::open_log(replica_dir, store_config(), flusher)
         .with_context(|| format!("open log {}", log_dir.display()))?;
     let open = t.elapsed();
     let mut result = ReadResult {

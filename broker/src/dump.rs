@@ -14,9 +14,11 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
-use ferrolog_raft_store::{Flusher, PartitionLog, StoreConfig};
+use ferrolog_raft_store::meta_db::MetaDb;
+use ferrolog_raft_store::{Flusher, Replica, StoreConfig};
 use serde_json::json;
 
 use crate::partition::records;
@@ -82,9 +84,15 @@ fn text_or_hex(name: &str, bytes: &[u8], line: &mut serde_json::Map<String, serd
 /// # Errors
 /// A log that cannot be opened or read (corruption is reported with file
 /// and position), an undecodable batch, or a write error.
-pub fn dump_replica(r: &ReplicaDir, flusher: &Flusher, out: &mut impl Write) -> anyhow::Result<u64> {
-    let log_dir = r.path.join("replica").join(ferrolog_raft_store::replica::LOG_DIR);
-    let log = PartitionLog::open(&log_dir, StoreConfig::default(), flusher.clone())
+pub fn dump_replica(
+    r: &ReplicaDir,
+    meta_db: &Arc<MetaDb>,
+    flusher: &Flusher,
+    out: &mut impl Write,
+) -> anyhow::Result<u64> {
+    let replica_dir = r.path.join(crate::partitions::REPLICA_DIR);
+    let log_dir = replica_dir.join(ferrolog_raft_store::replica::LOG_DIR);
+    let log = Replica::open_log_in(meta_db, &replica_dir, StoreConfig::default(), flusher.clone())
         .with_context(|| format!("opening {}", log_dir.display()))?;
     let committed_end = match log.committed() {
         Some(c) => log.next_offset_after(c.index)?.unwrap_or(0),
@@ -139,8 +147,14 @@ pub fn run(data_dir: &Path) -> anyhow::Result<()> {
     let flusher = Flusher::spawn("dump-log").context("starting the flusher")?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    for r in replica_dirs(data_dir)? {
-        dump_replica(&r, &flusher, &mut out)?;
+    let replicas = replica_dirs(data_dir)?;
+    if replicas.is_empty() {
+        return Ok(());
+    }
+    let root = data_dir.join("partitions");
+    let meta_db = MetaDb::open(&root).with_context(|| format!("opening the metadata database in {}", root.display()))?;
+    for r in replicas {
+        dump_replica(&r, &meta_db, &flusher, &mut out)?;
     }
     out.flush()?;
     Ok(())

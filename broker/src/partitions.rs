@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ferrolog_raft_store::meta_db::MetaDb;
 use ferrolog_raft_store::{Flusher, Replica, StoreConfig};
 use ferrolog_replica::{NodeId, RaftNode, ValidSettings};
 use tokio::sync::watch;
@@ -130,6 +131,8 @@ pub struct Reconciler {
     pub broker: BrokerId,
     /// `<data_dir>/partitions`.
     pub root: PathBuf,
+    /// The replicas' shared metadata database in `root`.
+    pub meta_db: Arc<MetaDb>,
     /// Storage settings for every replica.
     pub storage: StoreConfig,
     /// The data directory's flusher.
@@ -146,6 +149,24 @@ pub struct Reconciler {
     pub incarnation: u64,
     /// Tells whether the metadata image has caught up.
     pub controller: Controller,
+}
+
+/// The replica's storage inside its partition directory (beside `staging`).
+pub const REPLICA_DIR: &str = "replica";
+
+/// Removes a partition directory: the replica's storage and its keys in the
+/// shared metadata database first (see [`Replica::remove`]), then the rest.
+/// Blocking; failures are logged (the directory sweep tries again).
+fn remove_partition_dir(meta_db: &Arc<MetaDb>, dir: &Path) {
+    let result = Replica::remove(meta_db, &dir.join(REPLICA_DIR))
+        .map_err(anyhow::Error::from)
+        .and_then(|()| match std::fs::remove_dir_all(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        });
+    if let Err(e) = result {
+        tracing::warn!(dir = %dir.display(), "cannot remove a replica: {e:#}");
+    }
 }
 
 /// Directory of a partition replica: `<root>/<topic>-<partition>.g<group>`,
@@ -247,15 +268,13 @@ impl Reconciler {
                     // Re-assigned under a new node id: what it holds belongs to the old one.
                     tracing::warn!(topic = %p.topic, partition = p.partition, group = p.group, "node id changed: restarting the replica empty");
                     self.stop(p.group).await;
-                    let _ =
-                        std::fs::remove_dir_all(partition_dir(&self.root, &p.topic, p.partition, p.group));
+                    self.remove(&partition_dir(&self.root, &p.topic, p.partition, p.group)).await;
                     reassigned += 1;
                 }
                 None => {
                     tracing::info!(topic = %p.topic, partition = p.partition, group = p.group, "topic deleted: removing replica");
                     self.stop(p.group).await;
-                    let _ =
-                        std::fs::remove_dir_all(partition_dir(&self.root, &p.topic, p.partition, p.group));
+                    self.remove(&partition_dir(&self.root, &p.topic, p.partition, p.group)).await;
                     removed += 1;
                 }
             }
@@ -324,7 +343,7 @@ impl Reconciler {
         self.failures.failures().retain(|g, f| {
             wanted.contains_key(g) && f.running_since.is_none_or(|t| t.elapsed() < HEALTHY_AFTER)
         });
-        self.sweep_orphans(image, &wanted);
+        self.sweep_orphans(image, &wanted).await;
         self.groups.set_replicas_open();
         (failed + removed + reassigned, true)
     }
@@ -369,22 +388,28 @@ impl Reconciler {
 
     /// Removes replica directories of groups this broker no longer hosts
     /// (a topic deleted while the broker was down).
-    fn sweep_orphans(
+    async fn sweep_orphans(
         &self,
         image: &MetadataImage,
         wanted: &BTreeMap<u64, (String, u32, PartitionAssignment)>,
     ) {
         let Ok(entries) = std::fs::read_dir(&self.root) else { return };
-        for e in entries.flatten() {
+        for e in entries.flatten().filter(|e| e.path().is_dir()) {
             let name = e.file_name().to_string_lossy().into_owned();
             let Some(group) = name.rsplit_once(".g").and_then(|(_, g)| g.parse::<u64>().ok()) else {
                 continue;
             };
             if group < image.next_group_id && !wanted.contains_key(&group) && !self.groups.contains(group) {
                 tracing::info!(dir = %name, "removing the replica of a deleted topic");
-                let _ = std::fs::remove_dir_all(e.path());
+                self.remove(&e.path()).await;
             }
         }
+    }
+
+    /// Removes a stopped replica's partition directory, off the async threads.
+    async fn remove(&self, dir: &Path) {
+        let (db, dir) = (self.meta_db.clone(), dir.to_owned());
+        let _ = tokio::task::spawn_blocking(move || remove_partition_dir(&db, &dir)).await;
     }
 
     async fn start(
@@ -406,6 +431,7 @@ impl Reconciler {
         // If this start is dropped meanwhile (the broker stops), the opened
         // replica is closed cleanly there, not left marked as after a crash.
         let (storage, flusher, staging) = (self.storage.clone(), self.flusher.clone(), staging_dir.clone());
+        let meta_db = self.meta_db.clone();
         let (opened_tx, opened) = tokio::sync::oneshot::channel::<anyhow::Result<Replica>>();
         let span = tracing::Span::current();
         tokio::task::spawn_blocking(move || {
@@ -413,7 +439,7 @@ impl Reconciler {
             let result = (|| -> anyhow::Result<Replica> {
                 std::fs::create_dir_all(&staging)?;
                 ferrolog_replica::snapshot::clear_staging(&staging)?;
-                Ok(Replica::open_with(&dir.join("replica"), storage, flusher, rescan)?)
+                Ok(Replica::open_in(&meta_db, &dir.join(REPLICA_DIR), storage, flusher, rescan)?)
             })();
             if let Err(Ok(unwanted)) = opened_tx.send(result)
                 && let Err(e) = unwanted.close_cleanly()

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use ferrolog_raft_store::meta_db::MetaDb;
 use ferrolog_raft_store::{Flusher, Replica};
 use ferrolog_replica::{NodeId, RaftNode, Settings, ValidSettings};
 use tokio::net::TcpListener;
@@ -286,9 +287,14 @@ impl Broker {
         let _ = controller_slot.set(controller.clone());
 
         let failures = Failures::default();
+        let partitions_root = config.data_dir.join("partitions");
+        std::fs::create_dir_all(&partitions_root)
+            .with_context(|| format!("creating {}", partitions_root.display()))?;
+        let meta_db = MetaDb::open(&partitions_root).context("opening the replicas' metadata database")?;
         let reconciler = Reconciler {
             broker: me,
-            root: config.data_dir.join("partitions"),
+            root: partitions_root,
+            meta_db,
             storage: config.storage.clone(),
             flusher,
             raft_settings,

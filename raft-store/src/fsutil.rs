@@ -54,3 +54,12 @@ pub fn remove_if_exists(path: &Path) -> Result<()> {
         Err(e) => Err(StoreError::io("remove", path, e)),
     }
 }
+
+/// Removes a directory and everything in it; a missing one is not an error.
+pub fn remove_dir_if_exists(path: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(StoreError::io("remove", path, e)),
+    }
+}

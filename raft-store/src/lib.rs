@@ -12,7 +12,8 @@
 //!  openraft ──apply──> state_machine ──> offsets, high watermark
 //!  consumers ──read(offset)──> plan_read (under the log lock) ──> ReadPlan::run (without it,
 //!                               on a blocking thread) ──> whole CRC-checked frames
-//!  vote, committed, purge pointer, snapshot meta ──> meta (redb)
+//!  vote, committed, purge pointer, snapshot meta ──> meta ──> meta_db: one redb per
+//!                                          directory of replicas, many replicas per commit
 //! ```
 //!
 //! Modules, one responsibility each:
@@ -20,7 +21,8 @@
 //! - [`segment`]: one segment file and its sparse offset/time index.
 //! - [`log`]: the list of segments, offsets, truncate/purge, reads.
 //! - [`flusher`]: group commit across partitions of a data directory.
-//! - [`meta`]: crash-safe small metadata in redb.
+//! - [`meta`]: a replica's crash-safe small metadata (vote, commit index, ...).
+//! - [`meta_db`]: one redb database per directory of replicas, group-committed.
 //! - [`tail_cache`]: bounded cache of the newest entries.
 //! - [`producer`]: idempotent producer state (KIP-98), derived by apply.
 //! - [`snapshot`]: snapshots that carry the retained segment files.
@@ -38,6 +40,7 @@ mod fsutil;
 pub mod log;
 pub mod log_store;
 pub mod meta;
+pub mod meta_db;
 pub mod producer;
 pub mod replica;
 pub mod segment;

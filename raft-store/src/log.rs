@@ -10,6 +10,7 @@
 //!   purge, so a snapshot can ship every retained record to a new replica.
 
 use std::fs;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,6 +23,7 @@ use crate::flusher::{FlushCallback, Flusher};
 use crate::format::{self, FrameHeader, SEGMENT_HEADER_BYTES};
 use crate::fsutil;
 use crate::meta::{self, MetaStore, Sync};
+use crate::meta_db::MetaDb;
 use crate::segment::{Segment, SegmentReader, parse_segment_file_name};
 use crate::tail_cache::TailCache;
 use crate::types::{Entry, LogId, LogState, Vote};
@@ -105,7 +107,6 @@ pub struct PartitionLog {
     committed: Option<LogId>,
     vote: Option<Vote>,
     last_interval_flush: Instant,
-    last_committed_sync: Instant,
     /// First fsync failure of a background (interval-policy) flush; every
     /// later append fails with it, so an error is never silently dropped.
     flush_error: Arc<Mutex<Option<String>>>,
@@ -115,15 +116,6 @@ pub struct PartitionLog {
     /// See [`PartitionLog::damage`].
     damage: Vec<Damage>,
 }
-
-/// How often the committed log id is made durable, ms. Between these it is
-/// saved atomically but lazily; after a crash the high watermark restarts
-/// from the last durable value and Raft re-applies the rest (Kafka
-/// checkpoints its high watermark every 5 s the same way).
-pub const COMMITTED_SYNC_INTERVAL_MS: u64 = 1000;
-
-/// Name of the metadata database inside a replica directory.
-pub const META_FILE: &str = "meta.redb";
 
 impl PartitionLog {
     /// Opens (or creates) the log in `dir`: loads sealed segments from their
@@ -161,10 +153,26 @@ impl PartitionLog {
     ///
     /// # Errors
     /// As [`PartitionLog::open`].
+    ///
+    /// The log's metadata is kept in a database in `dir` itself (see
+    /// [`MetaDb`]). A replica's log is opened through
+    /// [`Replica`](crate::replica::Replica) instead, which keeps it in the
+    /// replica's database and moves an earlier version's file in.
     pub fn open_with(dir: &Path, config: StoreConfig, flusher: Flusher, rescan: bool) -> Result<Self> {
+        fs::create_dir_all(dir).map_err(|e| StoreError::io("create directory", dir, e))?;
+        let meta = MetaStore::open(MetaDb::open(dir)?, meta::ALONE, None, false)?;
+        Self::open_in(dir, meta, config, flusher, rescan)
+    }
+
+    /// As [`PartitionLog::open_with`], with its metadata in `meta` (a
+    /// replica's keys in its directory's shared database) instead of a
+    /// database of its own in `dir`.
+    ///
+    /// # Errors
+    /// As [`PartitionLog::open`].
+    pub fn open_in(dir: &Path, meta: MetaStore, config: StoreConfig, flusher: Flusher, rescan: bool) -> Result<Self> {
         config.validate().map_err(|e| StoreError::Invalid(e.to_string()))?;
         fs::create_dir_all(dir).map_err(|e| StoreError::io("create directory", dir, e))?;
-        let meta = MetaStore::open(&dir.join(META_FILE))?;
         let mut bases = Vec::new();
         for ent in fs::read_dir(dir).map_err(|e| StoreError::io("list", dir, e))? {
             let ent = ent.map_err(|e| StoreError::io("list", dir, e))?;
@@ -194,7 +202,6 @@ impl PartitionLog {
             meta,
             flusher,
             last_interval_flush: Instant::now(),
-            last_committed_sync: Instant::now(),
             flush_error: Arc::new(Mutex::new(None)),
             encode_buf: Vec::new(),
             recovering,
@@ -804,9 +811,26 @@ impl PartitionLog {
     /// # Errors
     /// [`StoreError::Meta`].
     pub fn save_vote(&mut self, vote: &Vote) -> Result<()> {
-        self.meta.put(meta::KEY_VOTE, Some(vote), Sync::Durable)?;
-        self.vote = Some(*vote);
+        futures::executor::block_on(self.queue_vote(vote)?)?;
+        self.vote_saved(*vote);
         Ok(())
+    }
+
+    /// Queues the vote's durable write: the returned future resolves once
+    /// it is fsynced, and the vote must not be acted on (a vote granted, an
+    /// election started) before then (Raft paper §5.2); then call
+    /// [`PartitionLog::vote_saved`]. Waiting there, not under the log's
+    /// lock, lets the votes of many replicas share one commit.
+    ///
+    /// # Errors
+    /// [`StoreError::Meta`], now or from the future.
+    pub fn queue_vote(&mut self, vote: &Vote) -> Result<impl Future<Output = Result<()>> + Send + 'static + use<>> {
+        self.meta.put_durable(meta::KEY_VOTE, Some(vote))
+    }
+
+    /// Records that `vote`, queued by [`PartitionLog::queue_vote`], is durable.
+    pub fn vote_saved(&mut self, vote: Vote) {
+        self.vote = Some(vote);
     }
 
     /// The persisted vote.
@@ -814,24 +838,20 @@ impl PartitionLog {
         self.vote
     }
 
-    /// Persists the committed log id atomically, durably at most every
-    /// [`COMMITTED_SYNC_INTERVAL_MS`]; after a crash it may read back older,
-    /// never newer or torn.
+    /// Persists the committed log id atomically and lazily: durable within
+    /// [`LAZY_DURABLE_WITHIN`](crate::meta_db::LAZY_DURABLE_WITHIN), without
+    /// waiting; after a crash it may read back older, never newer or torn.
+    /// The high watermark then restarts from the last durable value and
+    /// Raft re-applies the rest (Kafka checkpoints its high watermark every
+    /// 5 s the same way).
     ///
     /// # Errors
-    /// [`StoreError::Meta`].
+    /// [`StoreError::Meta`] if the value does not encode.
     pub fn save_committed(&mut self, committed: Option<LogId>) -> Result<()> {
         if committed == self.committed {
             return Ok(());
         }
-        let sync = if self.last_committed_sync.elapsed() >= Duration::from_millis(COMMITTED_SYNC_INTERVAL_MS)
-        {
-            self.last_committed_sync = Instant::now();
-            Sync::Durable
-        } else {
-            Sync::Lazy
-        };
-        self.meta.put(meta::KEY_COMMITTED, committed.as_ref(), sync)?;
+        self.meta.put(meta::KEY_COMMITTED, committed.as_ref(), Sync::Lazy)?;
         self.committed = committed;
         Ok(())
     }

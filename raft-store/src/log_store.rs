@@ -57,7 +57,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
-        Ok(self.replica.log().save_vote(vote)?)
+        // Queued under the log's lock, awaited without it.
+        let saved = self.replica.log().queue_vote(vote)?;
+        saved.await?;
+        self.replica.log().vote_saved(*vote);
+        Ok(())
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {

@@ -1,16 +1,29 @@
-//! Small, crash-safe metadata of a partition replica in a redb database:
-//! the vote, the committed log id, the Raft purge pointer and the current
-//! snapshot's metadata. Values are JSON so an operator can read them.
+//! Small, crash-safe metadata of a partition replica: the vote, the
+//! committed log id, the Raft purge pointer and the current snapshot's
+//! metadata. Kept in the shared database of its directory
+//! ([`MetaDb`](crate::meta_db::MetaDb), which commits many replicas'
+//! writes together). Values are JSON so an operator can read them.
 
-use std::path::{Path, PathBuf};
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 
-use redb::{Database, Durability, ReadableDatabase, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::{Result, StoreError};
+use crate::meta_db::{Claim, MetaDb};
 
-const TABLE: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("replica_meta");
+/// Name of the metadata database each replica kept in its log directory
+/// before metadata moved to one database per directory of replicas; moved
+/// into the shared one (and removed) when the replica opens.
+pub const LEGACY_META_FILE: &str = "meta.redb";
+
+/// The replica name of a log or replica that has a database of its own
+/// (the shared database in its own directory, under the name `.`).
+pub const ALONE: &str = ".";
 
 /// Key of the persisted vote (Raft paper Figure 2: `currentTerm`, `votedFor`).
 pub const KEY_VOTE: &str = "vote";
@@ -41,94 +54,142 @@ pub enum Sync {
     Lazy,
 }
 
-/// The metadata database of one replica.
+/// The metadata of one replica: its keys in the shared database, and the
+/// values in memory (a few small ones) so reads cost nothing. Holds the
+/// replica's claim on its name (see [`MetaDb::claim`]) until dropped.
 pub struct MetaStore {
-    db: Database,
-    path: PathBuf,
+    db: Arc<MetaDb>,
+    claim: Claim,
+    values: Arc<Mutex<HashMap<String, Vec<u8>>>>,
 }
 
 impl std::fmt::Debug for MetaStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MetaStore").field("path", &self.path).finish()
+        f.debug_struct("MetaStore").field("db", &self.db.path()).field("name", &self.claim.name()).finish()
     }
 }
 
-/// redb's page cache per replica's metadata database, bytes.
-const META_CACHE_BYTES: usize = 16 << 10;
+impl Drop for MetaStore {
+    fn drop(&mut self) {
+        self.db.release(&self.claim);
+    }
+}
 
 impl MetaStore {
-    /// Opens or creates the database at `path`.
+    /// Opens the metadata of replica `name` in `db`. With `fresh` (the
+    /// replica's directory was just created), keys an earlier replica of
+    /// that name may have left are removed first. A database the replica
+    /// kept itself in an earlier version (`legacy`, if it exists) replaces
+    /// its keys: its rows are written durably, then the file is removed
+    /// (there is no way back to that layout: a downgrade would find no
+    /// metadata).
     ///
     /// # Errors
-    /// [`StoreError::Meta`] if redb cannot open it.
-    pub fn open(path: &Path) -> Result<Self> {
-        if !path.exists() {
-            // redb's first write of a new file is not atomic: a crash during
-            // it leaves a file redb refuses to open. Create it aside, make
-            // it durable, then rename it into place.
-            let fresh = path.with_extension("redb-new");
-            crate::fsutil::remove_if_exists(&fresh)?;
-            drop(Database::create(&fresh).map_err(|e| meta_err(&fresh, e))?);
-            std::fs::File::open(&fresh)
-                .and_then(|f| f.sync_all())
-                .map_err(|e| StoreError::io("fsync", &fresh, e))?;
-            std::fs::rename(&fresh, path).map_err(|e| StoreError::io("rename", path, e))?;
-            crate::fsutil::sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+    /// [`StoreError::Meta`] if the replica is open already, or a database
+    /// cannot be read or written; [`StoreError::Io`] if the legacy file
+    /// cannot be checked or removed.
+    pub fn open(db: Arc<MetaDb>, name: &str, legacy: Option<&Path>, fresh: bool) -> Result<Self> {
+        let claim = db.claim(name)?;
+        let legacy = match legacy {
+            Some(l) if l.try_exists().map_err(|e| StoreError::io("stat", l, e))? => Some(l),
+            _ => None,
+        };
+        if let Some(legacy) = legacy {
+            let rows = read_legacy(legacy)?;
+            let keys = rows.len();
+            futures::executor::block_on(db.replace(&claim, rows))?;
+            std::fs::remove_file(legacy).map_err(|e| StoreError::io("remove", legacy, e))?;
+            crate::fsutil::sync_dir(legacy.parent().unwrap_or(Path::new(".")))?;
+            tracing::info!(from = %legacy.display(), to = %db.path().display(), keys,
+                "moved a replica's metadata into its directory's shared database");
         }
-        // A few keys of a few bytes each: redb's default page cache (sized
-        // for large databases) only costs memory, once per replica.
-        let db = redb::Builder::new()
-            .set_cache_size(META_CACHE_BYTES)
-            .create(path)
-            .map_err(|e| meta_err(path, e))?;
-        let me = Self { db, path: path.to_owned() };
-        // Create the table so reads never see it missing.
-        let txn = me.db.begin_write().map_err(|e| meta_err(path, e))?;
-        txn.open_table(TABLE).map_err(|e| meta_err(path, e))?;
-        txn.commit().map_err(|e| meta_err(path, e))?;
-        Ok(me)
+        let loaded = db.load(&claim, fresh && legacy.is_none());
+        let values = futures::executor::block_on(loaded)?.into_iter().collect();
+        Ok(Self { db, claim, values: Arc::new(Mutex::new(values)) })
     }
 
     /// Reads and decodes the value under `key`.
     ///
     /// # Errors
-    /// [`StoreError::Meta`] if redb fails or the value does not decode.
+    /// [`StoreError::Meta`] if the value does not decode.
     pub fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>> {
-        let p = &self.path;
-        let txn = self.db.begin_read().map_err(|e| meta_err(p, e))?;
-        let table = txn.open_table(TABLE).map_err(|e| meta_err(p, e))?;
-        let Some(v) = table.get(key).map_err(|e| meta_err(p, e))? else { return Ok(None) };
-        serde_json::from_slice(v.value()).map(Some).map_err(|e| meta_err(p, format!("decode {key}: {e}")))
+        let values = self.values.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(v) = values.get(key) else { return Ok(None) };
+        serde_json::from_slice(v).map(Some).map_err(|e| self.err(format!("decode {key}: {e}")))
     }
 
-    /// Writes `value` under `key` (or removes the key for `None`).
+    /// Writes `value` under `key` (or removes the key for `None`); a
+    /// durable write returns once it is fsynced.
     ///
     /// # Errors
-    /// [`StoreError::Meta`] if redb fails, including a full disk.
+    /// [`StoreError::Meta`] if a durable write fails, including a full disk.
     pub fn put<T: Serialize>(&self, key: &str, value: Option<&T>, sync: Sync) -> Result<()> {
-        let p = &self.path;
-        let mut txn = self.db.begin_write().map_err(|e| meta_err(p, e))?;
-        let durability = match sync {
-            Sync::Durable => Durability::Immediate,
-            Sync::Lazy => Durability::None,
-        };
-        txn.set_durability(durability).map_err(|e| meta_err(p, e))?;
-        {
-            let mut table = txn.open_table(TABLE).map_err(|e| meta_err(p, e))?;
-            match value {
-                Some(v) => {
-                    let bytes = serde_json::to_vec(v).map_err(|e| meta_err(p, e))?;
-                    table.insert(key, bytes.as_slice()).map_err(|e| meta_err(p, e))?;
-                }
-                None => {
-                    table.remove(key).map_err(|e| meta_err(p, e))?;
-                }
+        match sync {
+            Sync::Durable => futures::executor::block_on(self.put_durable(key, value)?),
+            Sync::Lazy => {
+                let bytes = encode(value).map_err(|e| self.err(e))?;
+                remember(&self.values, key, bytes.clone());
+                self.db.put_lazy(&self.claim, key, bytes);
+                Ok(())
             }
         }
-        txn.commit().map_err(|e| meta_err(p, e))
+    }
+
+    /// Queues a durable write of `value` under `key` and returns a future
+    /// that resolves once it is fsynced (for async callers: a Raft vote
+    /// waits there without holding a thread, so votes of many replicas
+    /// share one commit). [`MetaStore::get`] sees the value once written.
+    ///
+    /// # Errors
+    /// [`StoreError::Meta`] if the value does not encode; the future's
+    /// error if the write fails.
+    pub fn put_durable<T: Serialize>(
+        &self,
+        key: &str,
+        value: Option<&T>,
+    ) -> Result<impl Future<Output = Result<()>> + Send + 'static + use<T>> {
+        let bytes = encode(value).map_err(|e| self.err(e))?;
+        let written = self.db.put_durable(&self.claim, key, bytes.clone());
+        let (values, key) = (self.values.clone(), key.to_owned());
+        Ok(async move {
+            written.await?;
+            remember(&values, &key, bytes);
+            Ok(())
+        })
+    }
+
+    fn err(&self, e: impl std::fmt::Display) -> StoreError {
+        StoreError::Meta { path: self.db.path().to_owned(), detail: format!("{}: {e}", self.claim.name()) }
     }
 }
 
-fn meta_err(path: &Path, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Meta { path: path.to_owned(), detail: e.to_string() }
+fn encode<T: Serialize>(value: Option<&T>) -> serde_json::Result<Option<Vec<u8>>> {
+    value.map(serde_json::to_vec).transpose()
+}
+
+fn remember(values: &Mutex<HashMap<String, Vec<u8>>>, key: &str, bytes: Option<Vec<u8>>) {
+    let mut values = values.lock().unwrap_or_else(|p| p.into_inner());
+    match bytes {
+        Some(b) => values.insert(key.to_owned(), b),
+        None => values.remove(key),
+    };
+}
+
+/// Every row of a per-replica database of an earlier version.
+fn read_legacy(path: &Path) -> Result<Vec<(String, Vec<u8>)>> {
+    const TABLE: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("replica_meta");
+    let err = |e: &dyn std::fmt::Display| StoreError::Meta { path: path.to_owned(), detail: e.to_string() };
+    let db = Database::open(path).map_err(|e| err(&e))?;
+    let txn = db.begin_read().map_err(|e| err(&e))?;
+    let table = match txn.open_table(TABLE) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(err(&e)),
+    };
+    let mut rows = Vec::new();
+    for row in table.iter().map_err(|e| err(&e))? {
+        let (k, v) = row.map_err(|e| err(&e))?;
+        rows.push((k.value().to_owned(), v.value().to_vec()));
+    }
+    Ok(rows)
 }

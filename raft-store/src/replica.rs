@@ -13,7 +13,8 @@ use crate::error::{Result, StoreError};
 use crate::flusher::Flusher;
 use crate::log::{PartitionLog, ReadPlan, StoredBatch};
 use crate::log_store::LogStore;
-use crate::meta::{self, Sync};
+use crate::meta::{self, MetaStore, Sync};
+use crate::meta_db::MetaDb;
 use crate::producer::{ProducerStates, SequenceCheck};
 use crate::snapshot::{self, SnapshotFiles};
 use crate::state_machine::PartitionStateMachine;
@@ -92,7 +93,101 @@ impl Replica {
     /// # Errors
     /// As [`Replica::open`].
     pub fn open_with(dir: &Path, config: StoreConfig, flusher: Flusher, rescan: bool) -> Result<Self> {
-        let log = PartitionLog::open_with(&dir.join(LOG_DIR), config, flusher, rescan)?;
+        let meta = Self::own_meta(dir)?;
+        Self::open_with_meta(dir, meta, config, flusher, rescan)
+    }
+
+    /// The metadata of a replica alone in `dir` (opened with
+    /// [`Replica::open`]): a database in `dir` itself.
+    fn own_meta(dir: &Path) -> Result<MetaStore> {
+        let fresh = !exists(dir)?;
+        create_dirs(dir, fresh, dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))?;
+        MetaStore::open(MetaDb::open(dir)?, meta::ALONE, Some(&legacy_meta_file(dir)), false)
+    }
+
+    /// Opens (or creates) the replica stored in `dir`, one of many replicas
+    /// under the directory of `db` (a broker's partitions): its metadata are
+    /// its keys in that shared database, named by `dir`'s path relative to
+    /// it (the metadata of a directory created here start empty, whatever
+    /// an earlier replica of that name left). As [`Replica::open_with`]
+    /// otherwise. Remove such a replica with [`Replica::remove`], which also
+    /// removes its keys; a replica is open once at a time.
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] if `dir` is not inside the database's
+    /// directory; [`StoreError::Meta`] if the replica is open already; as
+    /// [`Replica::open`].
+    pub fn open_in(
+        db: &Arc<MetaDb>,
+        dir: &Path,
+        config: StoreConfig,
+        flusher: Flusher,
+        rescan: bool,
+    ) -> Result<Self> {
+        let meta = Self::shared_meta(db, dir)?;
+        Self::open_with_meta(dir, meta, config, flusher, rescan)
+    }
+
+    fn shared_meta(db: &Arc<MetaDb>, dir: &Path) -> Result<MetaStore> {
+        let name = name_in(db, dir)?;
+        // A removal cut short by a crash (see `Replica::remove`).
+        crate::fsutil::remove_dir_if_exists(&tombstone(dir))?;
+        let fresh = !exists(dir)?;
+        create_dirs(dir, fresh, db.given_dir())?;
+        MetaStore::open(db.clone(), &name, Some(&legacy_meta_file(dir)), fresh)
+    }
+
+    /// Opens only the log of the replica alone in `dir` (opened with
+    /// [`Replica::open`]), for tools and benchmarks that read its data.
+    ///
+    /// # Errors
+    /// As [`Replica::open`].
+    pub fn open_log(dir: &Path, config: StoreConfig, flusher: Flusher) -> Result<PartitionLog> {
+        let meta = Self::own_meta(dir)?;
+        PartitionLog::open_in(&dir.join(LOG_DIR), meta, config, flusher, false)
+    }
+
+    /// Opens only the log of the replica in `dir` (as [`Replica::open_in`]
+    /// would find it), for tools that read a stopped broker's data.
+    ///
+    /// # Errors
+    /// As [`Replica::open_in`].
+    pub fn open_log_in(db: &Arc<MetaDb>, dir: &Path, config: StoreConfig, flusher: Flusher) -> Result<PartitionLog> {
+        let meta = Self::shared_meta(db, dir)?;
+        PartitionLog::open_in(&dir.join(LOG_DIR), meta, config, flusher, false)
+    }
+
+    /// Removes the replica in `dir` (opened with [`Replica::open_in`], and
+    /// closed): renames its directory aside (durably), removes its keys in
+    /// `db` (durably; a handle still open is cut off), then deletes the
+    /// directory. A crash after the rename leaves keys without a directory,
+    /// which the database removes when it next opens, and a renamed
+    /// directory, which the next open of `dir` deletes: never a directory
+    /// without its metadata, nor metadata a new replica of that name could
+    /// take for its own. A missing directory is not an error.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] if the directory cannot be renamed or deleted;
+    /// [`StoreError::Meta`] if the keys cannot be removed.
+    pub fn remove(db: &Arc<MetaDb>, dir: &Path) -> Result<()> {
+        let name = name_in(db, dir)?;
+        let aside = tombstone(dir);
+        if exists(dir)? {
+            std::fs::rename(dir, &aside).map_err(|e| StoreError::io("rename", dir, e))?;
+            crate::fsutil::sync_dir(dir.parent().unwrap_or(Path::new(".")))?;
+        }
+        futures::executor::block_on(db.remove_replica(&name))?;
+        crate::fsutil::remove_dir_if_exists(&aside)
+    }
+
+    fn open_with_meta(
+        dir: &Path,
+        meta: MetaStore,
+        config: StoreConfig,
+        flusher: Flusher,
+        rescan: bool,
+    ) -> Result<Self> {
+        let log = PartitionLog::open_in(&dir.join(LOG_DIR), meta, config, flusher, rescan)?;
         let snapshot_root = dir.join(SNAPSHOT_DIR);
         std::fs::create_dir_all(&snapshot_root).map_err(|e| StoreError::io("create", &snapshot_root, e))?;
         let record: Option<SnapshotRecord> = log.meta().get(meta::KEY_SNAPSHOT)?;
@@ -388,5 +483,81 @@ impl Replica {
 
     pub(crate) fn snapshot_root(&self) -> &Path {
         &self.inner.snapshot_root
+    }
+}
+
+/// Where a replica kept its own metadata database before they were shared.
+fn legacy_meta_file(dir: &Path) -> PathBuf {
+    dir.join(LOG_DIR).join(meta::LEGACY_META_FILE)
+}
+
+/// Where [`Replica::remove`] renames a replica directory before deleting it.
+fn tombstone(dir: &Path) -> PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_owned();
+    name.push(".removing");
+    dir.with_file_name(name)
+}
+
+/// Whether `path` exists; only "not found" counts as absent.
+fn exists(path: &Path) -> Result<bool> {
+    path.try_exists().map_err(|e| StoreError::io("stat", path, e))
+}
+
+/// Creates replica directory `dir` and its subdirectories. A `fresh` one
+/// (it did not exist) is made durable up to `top`: fsynced, and each
+/// directory above it up to `top`, so a crash cannot lose the directory of
+/// a replica whose vote is already durable elsewhere.
+fn create_dirs(dir: &Path, fresh: bool, top: &Path) -> Result<()> {
+    for d in [dir.join(LOG_DIR), dir.join(SNAPSHOT_DIR)] {
+        std::fs::create_dir_all(&d).map_err(|e| StoreError::io("create", &d, e))?;
+    }
+    if fresh {
+        let mut d = Some(dir);
+        while let Some(cur) = d {
+            crate::fsutil::sync_dir(cur)?;
+            if cur == top || std::path::absolute(cur).is_ok_and(|a| a == top) {
+                break;
+            }
+            d = cur.parent().filter(|p| !p.as_os_str().is_empty());
+        }
+    }
+    Ok(())
+}
+
+/// The name of replica directory `dir` in `db`: its path relative to the
+/// database's directory, which must contain it. Compared as given (made
+/// absolute) first, so a replica directory that is a symbolic link to
+/// another disk keeps its name; then resolved.
+fn name_in(db: &MetaDb, dir: &Path) -> Result<String> {
+    let lexical = std::path::absolute(dir).ok().and_then(|a| a.strip_prefix(db.given_dir()).ok().map(Path::to_owned));
+    let rel = lexical.or_else(|| resolve(dir).strip_prefix(db.dir()).ok().map(Path::to_owned));
+    let clean = |r: &Path| r.components().all(|c| matches!(c, std::path::Component::Normal(_)));
+    match rel.as_deref().filter(|r| !r.as_os_str().is_empty() && clean(r)).and_then(Path::to_str) {
+        Some(r) => Ok(r.to_owned()),
+        None => Err(StoreError::Invalid(format!(
+            "replica directory {} is not inside {}",
+            dir.display(),
+            db.given_dir().display()
+        ))),
+    }
+}
+
+/// `path` made absolute and free of symbolic links, as far as it exists
+/// (a directory already removed still resolves through its parents).
+fn resolve(path: &Path) -> PathBuf {
+    let mut tail = Vec::new();
+    let mut p = path;
+    loop {
+        if let Ok(mut found) = std::fs::canonicalize(p) {
+            found.extend(tail.iter().rev());
+            return found;
+        }
+        match (p.parent(), p.file_name()) {
+            (Some(parent), Some(name)) => {
+                tail.push(name);
+                p = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+            }
+            _ => return path.to_owned(),
+        }
     }
 }

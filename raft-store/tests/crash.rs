@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use ferrolog_raft_store::types::EntryPayload;
-use ferrolog_raft_store::{Flusher, PartitionLog, Replica, StoreConfig};
+use ferrolog_raft_store::{Flusher, Replica, StoreConfig};
 use openraft::storage::RaftLogStorage;
 
 const DIR_ENV: &str = "FERROLOG_CRASH_DIR";
@@ -144,7 +144,7 @@ fn crash_recovery_keeps_every_acknowledged_entry() {
 /// Reopens the log and checks it against the deterministic writer.
 fn verify(dir: &std::path::Path, max_acked: Option<u64>, round: u32) {
     let flusher = Flusher::spawn("verify").expect("flusher");
-    let log = PartitionLog::open(&dir.join("log"), small_segments(), flusher)
+    let log = Replica::open_log(dir, small_segments(), flusher)
         .unwrap_or_else(|e| panic!("round {round}: reopen failed: {e}"));
     let last = log.log_state().last_log_id.map(|l| l.index);
     assert!(last >= max_acked, "round {round}: acknowledged index {max_acked:?} lost; log ends at {last:?}");

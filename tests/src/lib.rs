@@ -345,6 +345,7 @@ impl Cluster {
         let Ok(entries) = std::fs::read_dir(self.data_dir(id).join("partitions")) else { return Vec::new() };
         entries
             .flatten()
+            .filter(|e| e.path().is_dir())
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .filter(|n| n.starts_with(prefix))
             .collect()

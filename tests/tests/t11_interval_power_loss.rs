@@ -34,6 +34,9 @@ fn active_segment(c: &Cluster, id: u32) -> anyhow::Result<PathBuf> {
     let mut segs = Vec::new();
     for e in fs::read_dir(c.data_dir(id).join("partitions"))? {
         let log = e?.path().join("replica").join("log");
+        if !log.is_dir() {
+            continue;
+        }
         for f in fs::read_dir(&log)? {
             let p = f?.path();
             if p.extension().is_some_and(|x| x == "seg") {

@@ -1,6 +1,6 @@
 //! The broker's open files against its limit. Each replica keeps its
-//! active segment and its metadata database open (2 files per replica,
-//! more while segments roll or snapshots are sent), so thousands of
+//! active segment open (1 file per replica, more while segments roll or
+//! snapshots are sent; the replicas share one metadata database), so thousands of
 //! partitions need far more than the common soft limit of 1,024: at start
 //! the soft `RLIMIT_NOFILE` is raised to the hard limit (what an
 //! unprivileged process may do, POSIX `setrlimit`), the result is logged,

@@ -1,0 +1,713 @@
+//! One metadata database per directory of replicas, written by one thread
+//! that commits many replicas' changes together.
+//!
+//! Every replica keeps a few small values (its vote, commit index, purge
+//! pointer, snapshot record: see [`meta`](crate::meta)). Kept in a database
+//! of its own, each replica paid a redb file, an open descriptor, a page
+//! cache and one fsynced commit per saved vote: at creation of thousands of
+//! partitions, opening those files and fsyncing one vote at a time was a
+//! third of the brokers' work. Here all replicas under one directory share
+//! `replica-meta.redb` in it, keyed `"<replica dir, relative>/<key>"`:
+//!
+//! ```text
+//!  replica A ─ put(vote, durable) ──┐                 ┌─> A's waiter
+//!  replica B ─ put(vote, durable) ──┼─> queue ─> one ─┼─> B's waiter
+//!  replica C ─ put(committed, lazy)─┘  (lazy:   write txn, fsynced if any
+//!                                       latest   durable put is in it
+//!                                       per key)
+//! ```
+//!
+//! - A durable put resolves once a commit with `Durability::Immediate`
+//!   holds it; every durable put queued meanwhile joins that commit (group
+//!   commit).
+//! - A lazy put returns at once; the value is committed with the next round
+//!   and made durable by the next durable commit, which the writer makes
+//!   itself within [`LAZY_DURABLE_WITHIN`] (and when the database closes).
+//!   Of several lazy puts of one key before a round, only the last is
+//!   written; a lazy put is newer than any durable put of its key queued
+//!   before it, and is written after it. A crash may roll a lazy value back
+//!   to an older one, never tear it.
+//! - A commit that fails with an IO error fails the durable puts in it and
+//!   the database is reopened (as after a crash) for the next round; lazy
+//!   values not yet durable are written again then.
+//! - One replica name is open once at a time (a second open is refused, as
+//!   redb refused a second open of a replica's own file); removing a
+//!   replica invalidates its handle, whose later writes are refused.
+//! - Opening the database removes the keys of replica directories that no
+//!   longer exist (a replica removed by a crash half way, or by hand), so a
+//!   directory created later under the same name starts with no metadata.
+//!   Only a directory the file system says is not there counts as gone: any
+//!   other error stops the open.
+//!
+//! A corrupt `replica-meta.redb` stops every replica of its directory (a
+//! broker's partitions), where a corrupt per-replica file stopped one.
+//!
+//! redb refuses to open one file twice in a process, so databases are
+//! shared through a process-wide registry keyed by directory; the database
+//! closes (its lazy values made durable) when the last handle is dropped.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use futures::channel::oneshot;
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+
+use crate::error::{Result, StoreError};
+
+/// File name of the shared metadata database in a directory of replicas.
+pub const META_DB_FILE: &str = "replica-meta.redb";
+
+/// A lazy value is made durable (by a commit of the writer's own) at most
+/// this long after it was written.
+pub const LAZY_DURABLE_WITHIN: Duration = Duration::from_secs(1);
+
+const TABLE: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("replica_meta");
+
+/// redb's page cache for one shared database, bytes. The whole database of
+/// 10,000 replicas is a few MiB.
+const CACHE_BYTES: usize = 4 << 20;
+
+/// Most queued operations taken into one commit.
+const ROUND_OPS_MAX: usize = 8192;
+
+/// How long an open waits for an instance of the same database that is
+/// still closing in this process (its last handle was just dropped).
+const REOPEN_WAIT: Duration = Duration::from_secs(5);
+
+/// Counters of a shared database, for tests and benchmarks.
+#[derive(Debug, Default)]
+pub struct MetaDbStats {
+    /// Write transactions committed.
+    pub commits: AtomicU64,
+    /// Of which with `Durability::Immediate` (each an fsync or two).
+    pub durable_commits: AtomicU64,
+    /// Durable puts and removals acknowledged.
+    pub durable_writes: AtomicU64,
+    /// Lazy values written (after coalescing).
+    pub lazy_writes: AtomicU64,
+    /// Times the database was opened (1 + reopens after errors).
+    pub opens: AtomicU64,
+}
+
+type Reply<T> = oneshot::Sender<std::result::Result<T, String>>;
+
+enum Op {
+    /// Write (or, with `None`, remove) durably.
+    Put { key: String, value: Option<Vec<u8>>, done: Reply<()> },
+    /// Remove every key under `prefix` durably.
+    RemovePrefix { prefix: String, done: Option<Reply<()>> },
+    /// Read every key under `prefix`, after everything queued before it.
+    Load { prefix: String, done: Reply<Vec<(String, Vec<u8>)>> },
+}
+
+impl Op {
+    fn writes(&self) -> bool {
+        !matches!(self, Op::Load { .. })
+    }
+}
+
+type Values = HashMap<String, Option<Vec<u8>>>;
+
+#[derive(Default)]
+struct Queue {
+    ops: Vec<Op>,
+    /// Latest lazy value per key (newer than any queued durable put of it).
+    lazy: Values,
+    /// The open replica names and the id of the handle that holds each.
+    open: HashMap<String, u64>,
+    next_handle: u64,
+    closed: bool,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    stats: MetaDbStats,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The shared metadata database of one directory of replicas. Obtained with
+/// [`MetaDb::open`]; cheap to share (`Arc`).
+pub struct MetaDb {
+    /// The directory as given (made absolute), and resolved.
+    given: PathBuf,
+    dir: PathBuf,
+    path: PathBuf,
+    shared: Arc<Shared>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for MetaDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaDb").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+/// A replica's claim on its name in a [`MetaDb`] (see [`MetaDb::claim`]).
+#[derive(Debug)]
+pub struct Claim {
+    name: String,
+    id: u64,
+}
+
+impl Claim {
+    /// The replica's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+static REGISTRY: LazyLock<Mutex<HashMap<PathBuf, Weak<MetaDb>>>> = LazyLock::new(Default::default);
+
+impl MetaDb {
+    /// The database of the replicas in `dir` (which must exist), opened (or
+    /// created) on first use in this process and shared after that.
+    ///
+    /// # Errors
+    /// [`StoreError::Meta`] if redb cannot create or open it (also when
+    /// another process has it open), [`StoreError::Io`] for file errors,
+    /// including one that leaves unclear whether a replica directory exists.
+    pub fn open(dir: &Path) -> Result<Arc<Self>> {
+        let given = std::path::absolute(dir).map_err(|e| StoreError::io("resolve", dir, e))?;
+        let dir = std::fs::canonicalize(dir).map_err(|e| StoreError::io("resolve", dir, e))?;
+        let mut registry = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(db) = registry.get(&dir).and_then(Weak::upgrade) {
+            return Ok(db);
+        }
+        registry.retain(|_, w| w.strong_count() > 0);
+        let path = dir.join(META_DB_FILE);
+        let db = open_database(&path)?;
+        remove_orphans(&db, &dir, &path)?;
+        let shared = Arc::new(Shared { queue: Mutex::default(), wake: Condvar::new(), stats: MetaDbStats::default() });
+        shared.stats.opens.fetch_add(1, Ordering::Relaxed);
+        let writer = {
+            let (shared, path) = (shared.clone(), path.clone());
+            std::thread::Builder::new()
+                .name("replica-meta".into())
+                .spawn(move || {
+                    let mut w = Writer {
+                        db: Some(db),
+                        path,
+                        shared,
+                        since_durable: Values::new(),
+                        last_durable: Instant::now(),
+                        rewrite_lazy: false,
+                    };
+                    w.run();
+                })
+                .map_err(|e| StoreError::io("spawn the metadata writer for", &dir, e))?
+        };
+        let me = Arc::new(Self { given, dir: dir.clone(), path, shared, writer: Mutex::new(Some(writer)) });
+        registry.insert(dir, Arc::downgrade(&me));
+        Ok(me)
+    }
+
+    /// The directory of replicas it serves (resolved: no symbolic links).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The directory of replicas it serves, as given to [`MetaDb::open`]
+    /// (made absolute).
+    pub fn given_dir(&self) -> &Path {
+        &self.given
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Its counters.
+    pub fn stats(&self) -> &MetaDbStats {
+        &self.shared.stats
+    }
+
+    /// Claims replica `name`: only the holder of the claim writes its keys,
+    /// until the claim is released or the replica removed.
+    ///
+    /// # Errors
+    /// [`StoreError::Meta`] if the name is claimed already (the replica is
+    /// open).
+    pub fn claim(&self, name: &str) -> Result<Claim> {
+        let mut q = self.shared.lock();
+        if q.open.contains_key(name) {
+            return Err(self.err(format!("replica {name} is open already")));
+        }
+        q.next_handle += 1;
+        let id = q.next_handle;
+        q.open.insert(name.to_owned(), id);
+        Ok(Claim { name: name.to_owned(), id })
+    }
+
+    /// Gives up a claim (the replica closed). Its queued writes still land.
+    pub fn release(&self, claim: &Claim) {
+        let mut q = self.shared.lock();
+        if q.open.get(&claim.name) == Some(&claim.id) {
+            q.open.remove(&claim.name);
+        }
+    }
+
+    /// Writes `value` under the claimed replica's `key` (removes the key for
+    /// `None`); the future resolves once a durable commit holds it.
+    ///
+    /// # Errors
+    /// [`StoreError::Meta`] if the claim is no longer held (the replica was
+    /// removed) or the commit failed (e.g. a full disk).
+    pub fn put_durable(
+        &self,
+        claim: &Claim,
+        key: &str,
+        value: Option<Vec<u8>>,
+    ) -> impl Future<Output = Result<()>> + Send + 'static + use<> {
+        let (done, rx) = oneshot::channel();
+        let key = full_key(&claim.name, key);
+        let refused = {
+            let mut q = self.shared.lock();
+            if q.open.get(&claim.name) == Some(&claim.id) {
+                q.lazy.remove(&key);
+                q.ops.push(Op::Put { key, value, done });
+                None
+            } else {
+                Some(self.err(format!("replica {} was removed or reopened: write refused", claim.name)))
+            }
+        };
+        self.shared.wake.notify_one();
+        let answer = self.answer(rx);
+        async move {
+            match refused {
+                Some(e) => Err(e),
+                None => answer.await,
+            }
+        }
+    }
+
+    /// Queues `value` under the claimed replica's `key` (removes it for
+    /// `None`) for the next commit, without waiting. A failure is logged,
+    /// not reported: a lazy value may always roll back. Dropped if the
+    /// claim is no longer held.
+    pub fn put_lazy(&self, claim: &Claim, key: &str, value: Option<Vec<u8>>) {
+        let mut q = self.shared.lock();
+        if q.open.get(&claim.name) == Some(&claim.id) {
+            q.lazy.insert(full_key(&claim.name, key), value);
+            drop(q);
+            self.shared.wake.notify_one();
+        }
+    }
+
+    /// Removes every key of replica `name` durably; a claim on it ends
+    /// (later writes through it are refused).
+    ///
+    /// # Errors
+    /// [`StoreError::Meta`] if the commit failed.
+    pub fn remove_replica(&self, name: &str) -> impl Future<Output = Result<()>> + Send + 'static + use<> {
+        let prefix = prefix_of(name);
+        let (done, rx) = oneshot::channel();
+        {
+            let mut q = self.shared.lock();
+            q.open.remove(name);
+            q.lazy.retain(|k, _| !k.starts_with(&prefix));
+            q.ops.push(Op::RemovePrefix { prefix, done: Some(done) });
+        }
+        self.shared.wake.notify_one();
+        self.answer(rx)
+    }
+
+    /// Replaces every key of the claimed replica with `rows` (key, value)
+    /// durably; the future resolves once all are durable.
+    ///
+    /// # Errors
+    /// [`StoreError::Meta`] if a commit failed.
+    pub fn replace(
+        &self,
+        claim: &Claim,
+        rows: Vec<(String, Vec<u8>)>,
+    ) -> impl Future<Output = Result<()>> + Send + 'static + use<> {
+        let prefix = prefix_of(&claim.name);
+        let mut answers = Vec::with_capacity(rows.len() + 1);
+        {
+            let mut q = self.shared.lock();
+            q.lazy.retain(|k, _| !k.starts_with(&prefix));
+            let (done, rx) = oneshot::channel();
+            q.ops.push(Op::RemovePrefix { prefix, done: Some(done) });
+            answers.push(self.answer(rx));
+            for (key, value) in rows {
+                let (done, rx) = oneshot::channel();
+                q.ops.push(Op::Put { key: full_key(&claim.name, &key), value: Some(value), done });
+                answers.push(self.answer(rx));
+            }
+        }
+        self.shared.wake.notify_one();
+        async move {
+            for a in answers {
+                a.await?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Every key of the claimed replica (without the prefix) and its value,
+    /// as of after everything queued before this call. With `fresh` (a
+    /// replica just created), its keys are removed first, durably: any left
+    /// by an earlier replica of that name are not its own.
+    ///
+    /// # Errors
+    /// [`StoreError::Meta`] if the read (or the commit before it) failed.
+    pub fn load(
+        &self,
+        claim: &Claim,
+        fresh: bool,
+    ) -> impl Future<Output = Result<Vec<(String, Vec<u8>)>>> + Send + 'static + use<> {
+        let prefix = prefix_of(&claim.name);
+        let (done, rx) = oneshot::channel();
+        {
+            let mut q = self.shared.lock();
+            if fresh {
+                q.lazy.retain(|k, _| !k.starts_with(&prefix));
+                q.ops.push(Op::RemovePrefix { prefix: prefix.clone(), done: None });
+            }
+            q.ops.push(Op::Load { prefix: prefix.clone(), done });
+        }
+        self.shared.wake.notify_one();
+        let rows = self.answer(rx);
+        async move {
+            let rows = rows.await?;
+            Ok(rows.into_iter().map(|(k, v)| (k[prefix.len()..].to_owned(), v)).collect())
+        }
+    }
+
+    fn err(&self, detail: String) -> StoreError {
+        StoreError::Meta { path: self.path.clone(), detail }
+    }
+
+    fn answer<T: Send + 'static>(
+        &self,
+        rx: oneshot::Receiver<std::result::Result<T, String>>,
+    ) -> impl Future<Output = Result<T>> + Send + 'static + use<T> {
+        let path = self.path.clone();
+        async move {
+            match rx.await {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(detail)) => Err(StoreError::Meta { path, detail }),
+                Err(_) => Err(StoreError::Meta { path, detail: "the metadata writer stopped".into() }),
+            }
+        }
+    }
+}
+
+impl Drop for MetaDb {
+    /// Stops the writer after it has committed (durably) what is queued, so
+    /// the file is closed when this returns and can be opened again.
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        self.shared.wake.notify_one();
+        if let Some(writer) = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+/// The key prefix of replica `name` (its directory's path relative to the
+/// database's): the name and a slash. Keys after it contain none.
+fn prefix_of(name: &str) -> String {
+    format!("{name}/")
+}
+
+fn full_key(name: &str, key: &str) -> String {
+    debug_assert!(!key.contains('/'), "key names contain no slash");
+    format!("{name}/{key}")
+}
+
+/// The end (exclusive) of the key range of `prefix` (`"a/"` → `"a0"`:
+/// `'0'` follows `'/'`).
+fn prefix_end(prefix: &str) -> String {
+    format!("{}0", &prefix[..prefix.len() - 1])
+}
+
+fn meta_err(path: &Path, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Meta { path: path.to_owned(), detail: e.to_string() }
+}
+
+/// Whether `path` exists; only "not found" counts as absent.
+fn exists(path: &Path) -> Result<bool> {
+    path.try_exists().map_err(|e| StoreError::io("stat", path, e))
+}
+
+/// Opens the database file, creating it atomically if missing; waits up to
+/// [`REOPEN_WAIT`] for an instance of it still closing in this process.
+fn open_database(path: &Path) -> Result<Database> {
+    if !exists(path)? {
+        // redb's first write of a new file is not atomic: a crash during it
+        // leaves a file redb refuses to open. Create it aside, make it
+        // durable, then link it into place (which, unlike a rename, never
+        // replaces a file that appeared meanwhile).
+        let fresh = path.with_extension("redb-new");
+        crate::fsutil::remove_if_exists(&fresh)?;
+        drop(Database::create(&fresh).map_err(|e| meta_err(&fresh, e))?);
+        std::fs::File::open(&fresh).and_then(|f| f.sync_all()).map_err(|e| StoreError::io("fsync", &fresh, e))?;
+        match std::fs::hard_link(&fresh, path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(StoreError::io("link", path, e)),
+        }
+        crate::fsutil::remove_if_exists(&fresh)?;
+        crate::fsutil::sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+    }
+    let started = Instant::now();
+    loop {
+        match redb::Builder::new().set_cache_size(CACHE_BYTES).create(path) {
+            Ok(db) => {
+                // Create the table so reads never find it missing.
+                let txn = db.begin_write().map_err(|e| meta_err(path, e))?;
+                txn.open_table(TABLE).map_err(|e| meta_err(path, e))?;
+                txn.commit().map_err(|e| meta_err(path, e))?;
+                return Ok(db);
+            }
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) if started.elapsed() < REOPEN_WAIT => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(meta_err(path, e)),
+        }
+    }
+}
+
+/// Removes (durably) the keys of replicas whose directory under `dir` does
+/// not exist.
+fn remove_orphans(db: &Database, dir: &Path, path: &Path) -> Result<()> {
+    let mut orphans: Vec<String> = Vec::new();
+    {
+        let txn = db.begin_read().map_err(|e| meta_err(path, e))?;
+        let table = txn.open_table(TABLE).map_err(|e| meta_err(path, e))?;
+        let mut last: Option<String> = None;
+        for row in table.iter().map_err(|e| meta_err(path, e))? {
+            let (k, _) = row.map_err(|e| meta_err(path, e))?;
+            let key = k.value();
+            let name = key.rsplit_once('/').map_or(key, |(n, _)| n);
+            if last.as_deref() == Some(name) {
+                continue;
+            }
+            last = Some(name.to_owned());
+            if !exists(&dir.join(name))? {
+                orphans.push(name.to_owned());
+            }
+        }
+    }
+    if orphans.is_empty() {
+        return Ok(());
+    }
+    let txn = db.begin_write().map_err(|e| meta_err(path, e))?;
+    {
+        let mut table = txn.open_table(TABLE).map_err(|e| meta_err(path, e))?;
+        for name in &orphans {
+            let prefix = prefix_of(name);
+            let end = prefix_end(&prefix);
+            table.retain_in(prefix.as_str()..end.as_str(), |_, _| false).map_err(|e| meta_err(path, e))?;
+        }
+    }
+    txn.commit().map_err(|e| meta_err(path, e))?;
+    tracing::info!(db = %path.display(), replicas = orphans.len(), "removed the metadata of replica directories that no longer exist");
+    Ok(())
+}
+
+/// One write transaction: `ops` in order, then the lazy `values`.
+fn write(db: &Database, ops: &[Op], values: &Values, durable: bool) -> std::result::Result<(), redb::Error> {
+    let mut txn = db.begin_write()?;
+    txn.set_durability(if durable { Durability::Immediate } else { Durability::None })?;
+    {
+        let mut table = txn.open_table(TABLE)?;
+        for op in ops {
+            match op {
+                Op::Put { key, value: Some(v), .. } => {
+                    table.insert(key.as_str(), v.as_slice())?;
+                }
+                Op::Put { key, value: None, .. } => {
+                    table.remove(key.as_str())?;
+                }
+                Op::RemovePrefix { prefix, .. } => {
+                    let end = prefix_end(prefix);
+                    table.retain_in(prefix.as_str()..end.as_str(), |_, _| false)?;
+                }
+                Op::Load { .. } => {}
+            }
+        }
+        for (key, value) in values {
+            match value {
+                Some(v) => table.insert(key.as_str(), v.as_slice()).map(drop)?,
+                None => table.remove(key.as_str()).map(drop)?,
+            }
+        }
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+/// The thread that owns the database and commits rounds of operations.
+struct Writer {
+    db: Option<Database>,
+    path: PathBuf,
+    shared: Arc<Shared>,
+    /// Lazy values committed since the last durable commit: written again
+    /// after a reopen (which rolls them back).
+    since_durable: Values,
+    last_durable: Instant,
+    /// The last commit failed: the next writes all of `since_durable`.
+    rewrite_lazy: bool,
+}
+
+impl Writer {
+    fn run(&mut self) {
+        loop {
+            let (ops, lazy, closing) = {
+                let mut q = self.shared.lock();
+                loop {
+                    if !q.ops.is_empty() || !q.lazy.is_empty() || q.closed {
+                        break;
+                    }
+                    if self.since_durable.is_empty() {
+                        q = self.shared.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+                        continue;
+                    }
+                    let left = LAZY_DURABLE_WITHIN.saturating_sub(self.last_durable.elapsed());
+                    if left.is_zero() {
+                        break;
+                    }
+                    q = self.shared.wake.wait_timeout(q, left).unwrap_or_else(|p| p.into_inner()).0;
+                }
+                let take = q.ops.len().min(ROUND_OPS_MAX);
+                let ops: Vec<Op> = q.ops.drain(..take).collect();
+                // Lazy values are newer than every durable put of their key
+                // queued before them: take them only with all of those.
+                let lazy = if q.ops.is_empty() { std::mem::take(&mut q.lazy) } else { Values::new() };
+                (ops, lazy, q.closed && q.ops.is_empty())
+            };
+            let round = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.round(ops, lazy, closing)));
+            if round.is_err() {
+                // Its waiters were answered by their dropped senders.
+                tracing::error!(db = %self.path.display(), "the metadata writer panicked in a round; reopening the database");
+                self.db = None;
+            }
+            if closing {
+                return;
+            }
+        }
+    }
+
+    /// Commits one round: durable operations in order, then the latest lazy
+    /// values; then answers loads and waiters.
+    fn round(&mut self, ops: Vec<Op>, lazy: Values, closing: bool) {
+        let writes = ops.iter().any(Op::writes);
+        let lazy_due = !self.since_durable.is_empty() && self.last_durable.elapsed() >= LAZY_DURABLE_WITHIN;
+        let durable = writes || ((closing || lazy_due) && !(self.since_durable.is_empty() && lazy.is_empty()));
+        let committed = if writes || durable || !lazy.is_empty() { self.commit(&ops, lazy, durable) } else { Ok(()) };
+        if let Err(e) = &committed {
+            tracing::error!(db = %self.path.display(), error = %e,
+                "a metadata commit failed; its durable writes fail, its lazy values are written again later");
+        }
+        for op in ops {
+            match op {
+                Op::Put { done, .. } | Op::RemovePrefix { done: Some(done), .. } => {
+                    let _ = done.send(committed.clone());
+                }
+                Op::RemovePrefix { done: None, .. } => {}
+                Op::Load { prefix, done } => {
+                    let rows = match &committed {
+                        Ok(()) => self.read_prefix(&prefix),
+                        Err(e) => Err(e.clone()),
+                    };
+                    let _ = done.send(rows);
+                }
+            }
+        }
+    }
+
+    fn commit(&mut self, ops: &[Op], lazy: Values, durable: bool) -> std::result::Result<(), String> {
+        // Removed replicas' lazy values must not come back with a rewrite.
+        for op in ops {
+            if let Op::RemovePrefix { prefix, .. } = op {
+                self.since_durable.retain(|k, _| !k.starts_with(prefix.as_str()));
+            }
+        }
+        let lazy_count = lazy.len() as u64;
+        // After a failed commit (or a reopen, which rolls back what was not
+        // durable) every lazy value since the last durable commit is
+        // written again; otherwise only this round's (the rest are in).
+        let rewrite = self.rewrite_lazy || self.db.is_none();
+        self.since_durable.extend(lazy.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let result = match self.database().and_then(|()| self.db.as_ref().ok_or_else(|| "no database".to_owned())) {
+            Err(e) => Err(e),
+            Ok(db) => {
+                let values = if rewrite { &self.since_durable } else { &lazy };
+                match write(db, ops, values, durable) {
+                    Ok(()) => Ok(()),
+                    Err(e) => {
+                        if matches!(e, redb::Error::Io(_) | redb::Error::PreviousIo) {
+                            // redb refuses every later transaction after an
+                            // IO error: reopen it for the next round, as
+                            // after a crash.
+                            self.db = None;
+                        }
+                        Err(e.to_string())
+                    }
+                }
+            }
+        };
+        let stats = &self.shared.stats;
+        match result {
+            Ok(()) => {
+                self.rewrite_lazy = false;
+                stats.commits.fetch_add(1, Ordering::Relaxed);
+                stats.lazy_writes.fetch_add(lazy_count, Ordering::Relaxed);
+                if durable {
+                    stats.durable_commits.fetch_add(1, Ordering::Relaxed);
+                    let writes = ops.iter().filter(|o| o.writes()).count();
+                    stats.durable_writes.fetch_add(writes as u64, Ordering::Relaxed);
+                    self.since_durable.clear();
+                    self.last_durable = Instant::now();
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.rewrite_lazy = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// Opens the database again if an error closed it.
+    fn database(&mut self) -> std::result::Result<(), String> {
+        if self.db.is_none() {
+            let db = open_database(&self.path).map_err(|e| format!("reopening after an error: {e}"))?;
+            self.shared.stats.opens.fetch_add(1, Ordering::Relaxed);
+            self.db = Some(db);
+        }
+        Ok(())
+    }
+
+    fn read_prefix(&mut self, prefix: &str) -> std::result::Result<Vec<(String, Vec<u8>)>, String> {
+        self.database()?;
+        let db = self.db.as_ref().ok_or_else(|| "no database".to_owned())?;
+        let read = || -> std::result::Result<Vec<(String, Vec<u8>)>, redb::Error> {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(TABLE)?;
+            let end = prefix_end(prefix);
+            let mut rows = Vec::new();
+            for row in table.range(prefix..end.as_str())? {
+                let (k, v) = row?;
+                rows.push((k.value().to_owned(), v.value().to_vec()));
+            }
+            Ok(rows)
+        };
+        read().map_err(|e| e.to_string())
+    }
+}
