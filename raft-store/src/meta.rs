@@ -56,7 +56,8 @@ pub enum Sync {
 
 /// The metadata of one replica: its keys in the shared database, and the
 /// values in memory (a few small ones) so reads cost nothing. Holds the
-/// replica's claim on its name (see [`MetaDb::claim`]) until dropped.
+/// replica's claim on its name (see [`MetaDb::claim`]) until dropped (or
+/// until a failed open returns).
 pub struct MetaStore {
     db: Arc<MetaDb>,
     claim: Claim,
@@ -66,12 +67,6 @@ pub struct MetaStore {
 impl std::fmt::Debug for MetaStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MetaStore").field("db", &self.db.path()).field("name", &self.claim.name()).finish()
-    }
-}
-
-impl Drop for MetaStore {
-    fn drop(&mut self) {
-        self.db.release(&self.claim);
     }
 }
 

@@ -101,7 +101,7 @@ enum Op {
     /// Write (or, with `None`, remove) durably.
     Put { key: String, value: Option<Vec<u8>>, done: Reply<()> },
     /// Remove every key under `prefix` durably.
-    RemovePrefix { prefix: String, done: Option<Reply<()>> },
+    RemovePrefix { prefix: String, done: Reply<()> },
     /// Read every key under `prefix`, after everything queued before it.
     Load { prefix: String, done: Reply<Vec<(String, Vec<u8>)>> },
 }
@@ -159,6 +159,24 @@ impl std::fmt::Debug for MetaDb {
 pub struct Claim {
     name: String,
     id: u64,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").finish_non_exhaustive()
+    }
+}
+
+impl Drop for Claim {
+    /// Gives up the claim (the replica closed, or failed to open). Its
+    /// queued writes still land.
+    fn drop(&mut self) {
+        let mut q = self.shared.lock();
+        if q.open.get(&self.name) == Some(&self.id) {
+            q.open.remove(&self.name);
+        }
+    }
 }
 
 impl Claim {
@@ -203,6 +221,8 @@ impl MetaDb {
                         since_durable: Values::new(),
                         last_durable: Instant::now(),
                         rewrite_lazy: false,
+                        retry_at: None,
+                        retry_after: RETRY_FIRST,
                     };
                     w.run();
                 })
@@ -235,7 +255,7 @@ impl MetaDb {
     }
 
     /// Claims replica `name`: only the holder of the claim writes its keys,
-    /// until the claim is released or the replica removed.
+    /// until the claim is dropped or the replica removed.
     ///
     /// # Errors
     /// [`StoreError::Meta`] if the name is claimed already (the replica is
@@ -248,15 +268,7 @@ impl MetaDb {
         q.next_handle += 1;
         let id = q.next_handle;
         q.open.insert(name.to_owned(), id);
-        Ok(Claim { name: name.to_owned(), id })
-    }
-
-    /// Gives up a claim (the replica closed). Its queued writes still land.
-    pub fn release(&self, claim: &Claim) {
-        let mut q = self.shared.lock();
-        if q.open.get(&claim.name) == Some(&claim.id) {
-            q.open.remove(&claim.name);
-        }
+        Ok(Claim { name: name.to_owned(), id, shared: self.shared.clone() })
     }
 
     /// Writes `value` under the claimed replica's `key` (removes the key for
@@ -318,7 +330,7 @@ impl MetaDb {
             let mut q = self.shared.lock();
             q.open.remove(name);
             q.lazy.retain(|k, _| !k.starts_with(&prefix));
-            q.ops.push(Op::RemovePrefix { prefix, done: Some(done) });
+            q.ops.push(Op::RemovePrefix { prefix, done });
         }
         self.shared.wake.notify_one();
         self.answer(rx)
@@ -340,7 +352,7 @@ impl MetaDb {
             let mut q = self.shared.lock();
             q.lazy.retain(|k, _| !k.starts_with(&prefix));
             let (done, rx) = oneshot::channel();
-            q.ops.push(Op::RemovePrefix { prefix, done: Some(done) });
+            q.ops.push(Op::RemovePrefix { prefix, done });
             answers.push(self.answer(rx));
             for (key, value) in rows {
                 let (done, rx) = oneshot::channel();
@@ -371,17 +383,24 @@ impl MetaDb {
     ) -> impl Future<Output = Result<Vec<(String, Vec<u8>)>>> + Send + 'static + use<> {
         let prefix = prefix_of(&claim.name);
         let (done, rx) = oneshot::channel();
+        let mut removed = None;
         {
             let mut q = self.shared.lock();
             if fresh {
                 q.lazy.retain(|k, _| !k.starts_with(&prefix));
-                q.ops.push(Op::RemovePrefix { prefix: prefix.clone(), done: None });
+                let (done, rx) = oneshot::channel();
+                q.ops.push(Op::RemovePrefix { prefix: prefix.clone(), done });
+                removed = Some(self.answer(rx));
             }
             q.ops.push(Op::Load { prefix: prefix.clone(), done });
         }
         self.shared.wake.notify_one();
         let rows = self.answer(rx);
         async move {
+            // A failed removal must not let the load hand back old keys.
+            if let Some(removed) = removed {
+                removed.await?;
+            }
             let rows = rows.await?;
             Ok(rows.into_iter().map(|(k, v)| (k[prefix.len()..].to_owned(), v)).collect())
         }
@@ -444,6 +463,16 @@ fn exists(path: &Path) -> Result<bool> {
     path.try_exists().map_err(|e| StoreError::io("stat", path, e))
 }
 
+/// Whether a directory entry exists at `path`, not following a final
+/// symbolic link; only "not found" counts as absent.
+fn entry_exists(path: &Path) -> Result<bool> {
+    match std::fs::symlink_metadata(path) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(StoreError::io("stat", path, e)),
+    }
+}
+
 /// Opens the database file, creating it atomically if missing; waits up to
 /// [`REOPEN_WAIT`] for an instance of it still closing in this process.
 fn open_database(path: &Path) -> Result<Database> {
@@ -498,7 +527,9 @@ fn remove_orphans(db: &Database, dir: &Path, path: &Path) -> Result<()> {
                 continue;
             }
             last = Some(name.to_owned());
-            if !exists(&dir.join(name))? {
+            // A symbolic link counts as present even if what it points
+            // to is missing (a disk not mounted): only a missing entry is gone.
+            if !entry_exists(&dir.join(name))? {
                 orphans.push(name.to_owned());
             }
         }
@@ -520,12 +551,29 @@ fn remove_orphans(db: &Database, dir: &Path, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// One write transaction: `ops` in order, then the lazy `values`.
-fn write(db: &Database, ops: &[Op], values: &Values, durable: bool) -> std::result::Result<(), redb::Error> {
+/// One write transaction: the `earlier` lazy values, `ops` in order, then
+/// this round's `lazy` values (each newer than the one before).
+fn write(
+    db: &Database,
+    earlier: &Values,
+    ops: &[Op],
+    lazy: &Values,
+    durable: bool,
+) -> std::result::Result<(), redb::Error> {
     let mut txn = db.begin_write()?;
     txn.set_durability(if durable { Durability::Immediate } else { Durability::None })?;
     {
         let mut table = txn.open_table(TABLE)?;
+        let put_values = |table: &mut redb::Table<'_, &str, &[u8]>, values: &Values| -> std::result::Result<(), redb::Error> {
+            for (key, value) in values {
+                match value {
+                    Some(v) => table.insert(key.as_str(), v.as_slice()).map(drop)?,
+                    None => table.remove(key.as_str()).map(drop)?,
+                }
+            }
+            Ok(())
+        };
+        put_values(&mut table, earlier)?;
         for op in ops {
             match op {
                 Op::Put { key, value: Some(v), .. } => {
@@ -541,12 +589,7 @@ fn write(db: &Database, ops: &[Op], values: &Values, durable: bool) -> std::resu
                 Op::Load { .. } => {}
             }
         }
-        for (key, value) in values {
-            match value {
-                Some(v) => table.insert(key.as_str(), v.as_slice()).map(drop)?,
-                None => table.remove(key.as_str()).map(drop)?,
-            }
-        }
+        put_values(&mut table, lazy)?;
     }
     txn.commit()?;
     Ok(())
@@ -563,7 +606,14 @@ struct Writer {
     last_durable: Instant,
     /// The last commit failed: the next writes all of `since_durable`.
     rewrite_lazy: bool,
+    /// After a failed round: no round for lazy values alone before this.
+    retry_at: Option<Instant>,
+    /// The wait before the next retry, doubling up to [`LAZY_DURABLE_WITHIN`].
+    retry_after: Duration,
 }
+
+/// The first wait before a failed round's lazy values are tried again.
+const RETRY_FIRST: Duration = Duration::from_millis(10);
 
 impl Writer {
     fn run(&mut self) {
@@ -571,14 +621,17 @@ impl Writer {
             let (ops, lazy, closing) = {
                 let mut q = self.shared.lock();
                 loop {
-                    if !q.ops.is_empty() || !q.lazy.is_empty() || q.closed {
+                    // After a failed round, lazy work waits for the retry
+                    // (a full or failing disk must not make this spin).
+                    let retry_wait = self.retry_at.map_or(Duration::ZERO, |t| t.saturating_duration_since(Instant::now()));
+                    if !q.ops.is_empty() || q.closed || (!q.lazy.is_empty() && retry_wait.is_zero()) {
                         break;
                     }
-                    if self.since_durable.is_empty() {
+                    if self.since_durable.is_empty() && q.lazy.is_empty() {
                         q = self.shared.wake.wait(q).unwrap_or_else(|p| p.into_inner());
                         continue;
                     }
-                    let left = LAZY_DURABLE_WITHIN.saturating_sub(self.last_durable.elapsed());
+                    let left = LAZY_DURABLE_WITHIN.saturating_sub(self.last_durable.elapsed()).max(retry_wait);
                     if left.is_zero() {
                         break;
                     }
@@ -596,6 +649,7 @@ impl Writer {
                 // Its waiters were answered by their dropped senders.
                 tracing::error!(db = %self.path.display(), "the metadata writer panicked in a round; reopening the database");
                 self.db = None;
+                self.rewrite_lazy = true;
             }
             if closing {
                 return;
@@ -607,19 +661,34 @@ impl Writer {
     /// values; then answers loads and waiters.
     fn round(&mut self, ops: Vec<Op>, lazy: Values, closing: bool) {
         let writes = ops.iter().any(Op::writes);
-        let lazy_due = !self.since_durable.is_empty() && self.last_durable.elapsed() >= LAZY_DURABLE_WITHIN;
-        let durable = writes || ((closing || lazy_due) && !(self.since_durable.is_empty() && lazy.is_empty()));
-        let committed = if writes || durable || !lazy.is_empty() { self.commit(&ops, lazy, durable) } else { Ok(()) };
-        if let Err(e) = &committed {
-            tracing::error!(db = %self.path.display(), error = %e,
-                "a metadata commit failed; its durable writes fail, its lazy values are written again later");
+        let undurable = !(self.since_durable.is_empty() && lazy.is_empty());
+        let lazy_due = undurable && self.last_durable.elapsed() >= LAZY_DURABLE_WITHIN;
+        let durable = writes || ((closing || lazy_due) && undurable);
+        // Lazy values to write again (after a failure or a reopen) go in
+        // before any load reads.
+        let rewrite_due = (self.rewrite_lazy || self.db.is_none()) && !self.since_durable.is_empty();
+        let committed = if writes || durable || !lazy.is_empty() || rewrite_due {
+            self.commit(&ops, lazy, durable)
+        } else {
+            Ok(())
+        };
+        match &committed {
+            Ok(()) => {
+                self.retry_at = None;
+                self.retry_after = RETRY_FIRST;
+            }
+            Err(e) => {
+                tracing::error!(db = %self.path.display(), error = %e, retry_in = ?self.retry_after,
+                    "a metadata commit failed; its durable writes fail, its lazy values are written again later");
+                self.retry_at = Some(Instant::now() + self.retry_after);
+                self.retry_after = (self.retry_after * 2).min(LAZY_DURABLE_WITHIN);
+            }
         }
         for op in ops {
             match op {
-                Op::Put { done, .. } | Op::RemovePrefix { done: Some(done), .. } => {
+                Op::Put { done, .. } | Op::RemovePrefix { done, .. } => {
                     let _ = done.send(committed.clone());
                 }
-                Op::RemovePrefix { done: None, .. } => {}
                 Op::Load { prefix, done } => {
                     let rows = match &committed {
                         Ok(()) => self.read_prefix(&prefix),
@@ -641,14 +710,15 @@ impl Writer {
         let lazy_count = lazy.len() as u64;
         // After a failed commit (or a reopen, which rolls back what was not
         // durable) every lazy value since the last durable commit is
-        // written again; otherwise only this round's (the rest are in).
+        // written again, first (they are older than this round's ops);
+        // otherwise only this round's, after its ops.
         let rewrite = self.rewrite_lazy || self.db.is_none();
-        self.since_durable.extend(lazy.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let none = Values::new();
         let result = match self.database().and_then(|()| self.db.as_ref().ok_or_else(|| "no database".to_owned())) {
             Err(e) => Err(e),
             Ok(db) => {
-                let values = if rewrite { &self.since_durable } else { &lazy };
-                match write(db, ops, values, durable) {
+                let earlier = if rewrite { &self.since_durable } else { &none };
+                match write(db, earlier, ops, &lazy, durable) {
                     Ok(()) => Ok(()),
                     Err(e) => {
                         if matches!(e, redb::Error::Io(_) | redb::Error::PreviousIo) {
@@ -662,6 +732,7 @@ impl Writer {
                 }
             }
         };
+        self.since_durable.extend(lazy);
         let stats = &self.shared.stats;
         match result {
             Ok(()) => {

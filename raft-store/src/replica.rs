@@ -101,7 +101,8 @@ impl Replica {
     /// [`Replica::open`]): a database in `dir` itself.
     fn own_meta(dir: &Path) -> Result<MetaStore> {
         let fresh = !exists(dir)?;
-        create_dirs(dir, fresh, dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))?;
+        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        create_dirs(dir, fresh, parent)?;
         MetaStore::open(MetaDb::open(dir)?, meta::ALONE, Some(&legacy_meta_file(dir)), false)
     }
 
@@ -512,13 +513,15 @@ fn create_dirs(dir: &Path, fresh: bool, top: &Path) -> Result<()> {
         std::fs::create_dir_all(&d).map_err(|e| StoreError::io("create", &d, e))?;
     }
     if fresh {
-        let mut d = Some(dir);
-        while let Some(cur) = d {
-            crate::fsutil::sync_dir(cur)?;
-            if cur == top || std::path::absolute(cur).is_ok_and(|a| a == top) {
+        let abs = |p: &Path| std::path::absolute(p).map_err(|e| StoreError::io("resolve", p, e));
+        let (dir, top) = (abs(dir)?, abs(top)?);
+        // Not under `top`: the directory and its parent only.
+        let stop = if dir.starts_with(&top) { top } else { dir.parent().unwrap_or(&dir).to_owned() };
+        for d in dir.ancestors() {
+            crate::fsutil::sync_dir(d)?;
+            if d == stop {
                 break;
             }
-            d = cur.parent().filter(|p| !p.as_os_str().is_empty());
         }
     }
     Ok(())
