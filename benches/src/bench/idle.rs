@@ -9,6 +9,9 @@ use ferrolog_client::{Admin, ClientConfig, MetadataCache};
 
 use crate::cluster::{self, cpu_seconds, open_files, resident_bytes};
 
+/// How long all partitions may take to elect their leaders.
+const ELECTION_WAIT: Duration = Duration::from_secs(300);
+
 /// Flags of `idle`.
 #[derive(Args, Debug)]
 pub struct IdleArgs {
@@ -30,10 +33,26 @@ pub struct IdleArgs {
 pub async fn run(a: IdleArgs) -> anyhow::Result<()> {
     let c = cluster::start("idle").await?;
     let meta = MetadataCache::new(ClientConfig::from_list(&c.bootstrap()))?;
-    let admin = Admin::new(meta).with_timeout(Duration::from_secs(120));
+    let admin = Admin::new(meta.clone()).with_timeout(Duration::from_secs(120));
     let t0 = Instant::now();
     admin.create_topic("idle", a.partitions, 3).await?;
-    admin.wait_for_leaders("idle", Duration::from_secs(300)).await?;
+    // Progress every 10 s, so a slow election shows its shape.
+    let mut next_report = Duration::from_secs(10);
+    loop {
+        let led = match meta.refresh().await {
+            Ok(cluster) => cluster.topics.get("idle").map_or(0, |t| t.partitions.iter().filter(|p| p.leader != 0).count()),
+            Err(_) => 0,
+        };
+        if led == a.partitions as usize {
+            break;
+        }
+        anyhow::ensure!(t0.elapsed() < ELECTION_WAIT, "only {led} of {} partitions have a leader after {ELECTION_WAIT:?}", a.partitions);
+        if t0.elapsed() >= next_report {
+            println!("  {:>4.0} s: {led} of {} partitions have a leader", t0.elapsed().as_secs_f64(), a.partitions);
+            next_report += Duration::from_secs(10);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     println!(
         "{} partitions x 3 replicas: all leaders elected in {:.1} s",
         a.partitions,

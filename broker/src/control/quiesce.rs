@@ -29,7 +29,11 @@
 //! (up to [`BACKOFF_MAX`]); a broker starts at most [`CAMPAIGNS_PER_ROUND`]
 //! per round and keeps at most [`CAMPAIGNS_IN_FLIGHT`] unresolved, so a
 //! broker's restart among thousands of partitions costs one election per
-//! partition it led, batched, instead of a storm of timed-out votes.
+//! partition it led, batched, instead of a storm of timed-out votes. While
+//! both kinds wait, fallback campaigns get a quarter of the budget and
+//! first replicas' campaigns the rest: when thousands of groups elect at
+//! once, the budget's own delay would otherwise make every group's other
+//! replicas campaign as often as its first, splitting each other's votes.
 //! Nothing is concluded from silence until every broker has had time to
 //! answer a ping ([`Liveness::settled`]).
 //!
@@ -320,6 +324,10 @@ pub async fn run(
         let mut in_flight = visit.iter().filter(|p| p.campaign.in_flight() && !p.raft.is_leader()).count();
         let mut started = 0usize;
         let mut deferred = 0usize;
+        // Campaigns where this replica is the first live one go first;
+        // fallbacks (see below) get a quarter of the budget while any wait.
+        let mut first = Vec::new();
+        let mut fallbacks = Vec::new();
         for p in visit {
             let v = view(&p, &liveness, me);
             let decision = decide(v);
@@ -339,18 +347,43 @@ pub async fn run(
                 quiet.remove(&p.group);
             }
             match decision {
-                Decision::Tick | Decision::Park => {}
-                Decision::Campaign if !p.campaign.due() => {}
-                Decision::Campaign if started >= CAMPAIGNS_PER_ROUND || in_flight >= CAMPAIGNS_IN_FLIGHT => {
+                Decision::Campaign if p.campaign.due() && v.first_live_follower => first.push(p),
+                Decision::Campaign if p.campaign.due() => fallbacks.push(p),
+                _ => {}
+            }
+        }
+        // A fallback competes with the first live replica's own campaign,
+        // which may only be waiting for its broker's budget: when thousands
+        // of groups elect at once (a topic of thousands of partitions
+        // created), fallbacks with an equal share split the votes of every
+        // group. Fallbacks still get a share, so first replicas that cannot
+        // win (a log behind) never starve them.
+        let (round_reserve, flight_reserve) =
+            if fallbacks.is_empty() { (0, 0) } else { (CAMPAIGNS_PER_ROUND / 4, CAMPAIGNS_IN_FLIGHT / 4) };
+        for (list, round_max, flight_max, why) in [
+            (
+                first,
+                CAMPAIGNS_PER_ROUND - round_reserve,
+                CAMPAIGNS_IN_FLIGHT - flight_reserve,
+                "no live leader: campaigning",
+            ),
+            (
+                fallbacks,
+                CAMPAIGNS_PER_ROUND,
+                CAMPAIGNS_IN_FLIGHT,
+                "no live leader, and the first live replica did not win: campaigning",
+            ),
+        ] {
+            for p in list {
+                if started >= round_max || in_flight >= flight_max {
                     deferred += 1;
+                    continue;
                 }
-                Decision::Campaign => {
-                    started += 1;
-                    in_flight += 1;
-                    p.campaign.started(election_timeout);
-                    tracing::debug!(topic = %p.topic, partition = p.partition, "no live leader: campaigning");
-                    p.raft.campaign().await;
-                }
+                started += 1;
+                in_flight += 1;
+                p.campaign.started(election_timeout);
+                tracing::debug!(topic = %p.topic, partition = p.partition, "{why}");
+                p.raft.campaign().await;
             }
         }
         if started > 0 || deferred > 0 {
