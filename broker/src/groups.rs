@@ -62,6 +62,9 @@ pub struct GroupRegistry {
     /// current by [`GroupRegistry::watch_leadership`] from the nodes' own
     /// change notifications (see [`GroupRegistry::leading`]).
     led: Arc<RwLock<HashMap<GroupId, u64>>>,
+    /// The groups whose Raft node stopped on an error, with the error, kept
+    /// current by the same watcher (see [`GroupRegistry::stopped_on_error`]).
+    fatal: Arc<RwLock<HashMap<GroupId, String>>>,
     /// Hands newly registered groups to the leadership watcher, once it runs.
     watcher: Arc<std::sync::Mutex<Option<NewGroups>>>,
     /// [`GroupRegistry::leading`]'s answer until `led` or a hand-over changes.
@@ -114,6 +117,7 @@ impl GroupRegistry {
         }
         drop(g);
         self.led.write().unwrap_or_else(|p| p.into_inner()).remove(&group);
+        self.fatal.write().unwrap_or_else(|p| p.into_inner()).remove(&group);
         self.forget_leading();
         removed
     }
@@ -130,6 +134,7 @@ impl GroupRegistry {
     /// write); a change is written after reading the state again under the
     /// lock, so of concurrent callers the last reading wins.
     fn update_leadership(&self, group: GroupId) {
+        self.update_fatal(group);
         let recorded = self.led.read().unwrap_or_else(|p| p.into_inner()).get(&group).copied();
         if recorded == self.leads(group) {
             return;
@@ -143,6 +148,20 @@ impl GroupRegistry {
         if changed {
             self.forget_leading();
         }
+    }
+
+    /// Records whether the replica of `group` has stopped on an error.
+    fn update_fatal(&self, group: GroupId) {
+        let fatal = {
+            let g = self.groups.read().unwrap_or_else(|p| p.into_inner());
+            let Some(h) = g.by_id.get(&group) else { return };
+            h.raft.state(|s| s.fatal())
+        };
+        let mut map = self.fatal.write().unwrap_or_else(|p| p.into_inner());
+        match fatal {
+            Some(e) => map.insert(group, e),
+            None => map.remove(&group),
+        };
     }
 
     /// Keeps [`GroupRegistry::leading`] current, forever: one task listens
@@ -163,7 +182,9 @@ impl GroupRegistry {
             g: GroupId,
             raft: &RaftNode,
         ) -> impl futures::Stream<Item = GroupId> + Send + Unpin + use<> {
-            raft.changes().map(move |()| g)
+            // Once more when the node stops (its stream ends), so a fatal
+            // error it stopped on is seen even if no change came with it.
+            raft.changes().map(move |()| g).chain(futures::stream::iter([g]))
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         *self.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx.clone());
@@ -316,6 +337,10 @@ impl GroupRegistry {
 
     /// The hosted groups whose replica is recovering (`crate::control::recovery`).
     pub fn recovering(&self) -> Vec<(GroupId, HostedGroup)> {
+        if Replica::recovering_count() == 0 {
+            // None in the process: no look at every group (asked every second).
+            return Vec::new();
+        }
         let g = self.groups.read().unwrap_or_else(|p| p.into_inner());
         g.by_id.iter().filter(|(_, h)| h.replica.is_recovering()).map(|(id, h)| (*id, h.clone())).collect()
     }
@@ -324,7 +349,16 @@ impl GroupRegistry {
     /// error. Reads each group's state in place (no copy of the registry):
     /// the reconciler asks every second.
     pub fn stopped_on_error(&self) -> Vec<(Arc<Partition>, String)> {
+        let watched = self.watcher.lock().unwrap_or_else(|p| p.into_inner()).is_some();
         let g = self.groups.read().unwrap_or_else(|p| p.into_inner());
+        if watched {
+            // Kept by the watcher: no look at every group each time.
+            let fatal = self.fatal.read().unwrap_or_else(|p| p.into_inner());
+            return fatal
+                .iter()
+                .filter_map(|(id, e)| Some((g.by_id.get(id)?.partition.clone()?, e.clone())))
+                .collect();
+        }
         g.by_id
             .values()
             .filter_map(|h| {

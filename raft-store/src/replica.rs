@@ -57,8 +57,14 @@ pub(crate) struct Inner {
 /// Replicas open in this process (an `Inner` not dropped yet).
 static OPEN_REPLICAS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// Of those, the ones recovering (their `recovering` flag set).
+static RECOVERING_REPLICAS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 impl Drop for Inner {
     fn drop(&mut self) {
+        if self.recovering.load(std::sync::atomic::Ordering::Acquire) {
+            RECOVERING_REPLICAS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
         OPEN_REPLICAS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
@@ -209,6 +215,9 @@ impl Replica {
         };
         let applied = Applied { last_applied, membership, next_offset, snapshot: record, producers };
         let recovering = std::sync::atomic::AtomicBool::new(log.recovering().is_some());
+        if log.recovering().is_some() {
+            RECOVERING_REPLICAS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let opened_last_index = log.log_state().last_log_id.map(|l| l.index);
         OPEN_REPLICAS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(Self {
@@ -371,6 +380,12 @@ impl Replica {
         self.log().recovering().map(str::to_owned)
     }
 
+    /// How many replicas open in this process are recovering (see
+    /// [`Replica::recovering`]): zero lets a caller skip looking at each.
+    pub fn recovering_count() -> usize {
+        RECOVERING_REPLICAS.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Whether [`Replica::recovering`] is set, without taking the log's lock.
     pub fn is_recovering(&self) -> bool {
         self.inner.recovering.load(std::sync::atomic::Ordering::Acquire)
@@ -385,7 +400,9 @@ impl Replica {
     /// [`StoreError::Meta`].
     pub fn finish_recovery(&self) -> Result<()> {
         self.log().set_recovering(None)?;
-        self.inner.recovering.store(false, std::sync::atomic::Ordering::Release);
+        if self.inner.recovering.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            RECOVERING_REPLICAS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(())
     }
 
