@@ -205,9 +205,12 @@ impl Reconciler {
             let compare =
                 placed.as_ref().is_none_or(|p| !Arc::ptr_eq(p, &current)) || self.failures.pending();
             let (stopped, compared) = self.reconcile(&current, compare).await;
-            if compared && stopped == 0 {
-                placed = Some(current.clone());
-            } else {
+            // A pass that did not compare leaves what was placed as it was:
+            // resetting it there made every other pass a full comparison
+            // (and a listing of the data directory), each second, idle.
+            if compared {
+                placed = (stopped == 0).then(|| current.clone());
+            } else if stopped > 0 {
                 placed = None;
             }
             if stopped > 0 {
