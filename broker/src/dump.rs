@@ -152,7 +152,8 @@ pub fn run(data_dir: &Path) -> anyhow::Result<()> {
         return Ok(());
     }
     let root = data_dir.join("partitions");
-    let meta_db = MetaDb::open(&root).with_context(|| format!("opening the metadata database in {}", root.display()))?;
+    let meta_db = MetaDb::open(&root)
+        .with_context(|| format!("opening the metadata database in {}", root.display()))?;
     for r in replicas {
         dump_replica(&r, &meta_db, &flusher, &mut out)?;
     }

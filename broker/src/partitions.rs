@@ -158,11 +158,12 @@ pub const REPLICA_DIR: &str = "replica";
 /// shared metadata database first (see [`Replica::remove`]), then the rest.
 /// Blocking; failures are logged (the directory sweep tries again).
 fn remove_partition_dir(meta_db: &Arc<MetaDb>, dir: &Path) {
-    let result = Replica::remove(meta_db, &dir.join(REPLICA_DIR))
-        .map_err(anyhow::Error::from)
-        .and_then(|()| match std::fs::remove_dir_all(dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
-            _ => Ok(()),
+    let result =
+        Replica::remove(meta_db, &dir.join(REPLICA_DIR)).map_err(anyhow::Error::from).and_then(|()| {
+            match std::fs::remove_dir_all(dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+                _ => Ok(()),
+            }
         });
     if let Err(e) = result {
         tracing::warn!(dir = %dir.display(), "cannot remove a replica: {e:#}");

@@ -170,7 +170,13 @@ impl PartitionLog {
     ///
     /// # Errors
     /// As [`PartitionLog::open`].
-    pub fn open_in(dir: &Path, meta: MetaStore, config: StoreConfig, flusher: Flusher, rescan: bool) -> Result<Self> {
+    pub fn open_in(
+        dir: &Path,
+        meta: MetaStore,
+        config: StoreConfig,
+        flusher: Flusher,
+        rescan: bool,
+    ) -> Result<Self> {
         config.validate().map_err(|e| StoreError::Invalid(e.to_string()))?;
         fs::create_dir_all(dir).map_err(|e| StoreError::io("create directory", dir, e))?;
         let mut bases = Vec::new();
@@ -824,7 +830,10 @@ impl PartitionLog {
     ///
     /// # Errors
     /// [`StoreError::Meta`], now or from the future.
-    pub fn queue_vote(&mut self, vote: &Vote) -> Result<impl Future<Output = Result<()>> + Send + 'static + use<>> {
+    pub fn queue_vote(
+        &mut self,
+        vote: &Vote,
+    ) -> Result<impl Future<Output = Result<()>> + Send + 'static + use<>> {
         self.meta.put_durable(meta::KEY_VOTE, Some(vote))
     }
 

@@ -207,7 +207,8 @@ impl MetaDb {
         let path = dir.join(META_DB_FILE);
         let db = open_database(&path)?;
         remove_orphans(&db, &dir, &path)?;
-        let shared = Arc::new(Shared { queue: Mutex::default(), wake: Condvar::new(), stats: MetaDbStats::default() });
+        let shared =
+            Arc::new(Shared { queue: Mutex::default(), wake: Condvar::new(), stats: MetaDbStats::default() });
         shared.stats.opens.fetch_add(1, Ordering::Relaxed);
         let writer = {
             let (shared, path) = (shared.clone(), path.clone());
@@ -484,7 +485,9 @@ fn open_database(path: &Path) -> Result<Database> {
         let fresh = path.with_extension("redb-new");
         crate::fsutil::remove_if_exists(&fresh)?;
         drop(Database::create(&fresh).map_err(|e| meta_err(&fresh, e))?);
-        std::fs::File::open(&fresh).and_then(|f| f.sync_all()).map_err(|e| StoreError::io("fsync", &fresh, e))?;
+        std::fs::File::open(&fresh)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| StoreError::io("fsync", &fresh, e))?;
         match std::fs::hard_link(&fresh, path) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
@@ -564,7 +567,9 @@ fn write(
     txn.set_durability(if durable { Durability::Immediate } else { Durability::None })?;
     {
         let mut table = txn.open_table(TABLE)?;
-        let put_values = |table: &mut redb::Table<'_, &str, &[u8]>, values: &Values| -> std::result::Result<(), redb::Error> {
+        let put_values = |table: &mut redb::Table<'_, &str, &[u8]>,
+                          values: &Values|
+         -> std::result::Result<(), redb::Error> {
             for (key, value) in values {
                 match value {
                     Some(v) => table.insert(key.as_str(), v.as_slice()).map(drop)?,
@@ -623,7 +628,8 @@ impl Writer {
                 loop {
                     // After a failed round, lazy work waits for the retry
                     // (a full or failing disk must not make this spin).
-                    let retry_wait = self.retry_at.map_or(Duration::ZERO, |t| t.saturating_duration_since(Instant::now()));
+                    let retry_wait =
+                        self.retry_at.map_or(Duration::ZERO, |t| t.saturating_duration_since(Instant::now()));
                     if !q.ops.is_empty() || q.closed || (!q.lazy.is_empty() && retry_wait.is_zero()) {
                         break;
                     }
@@ -631,7 +637,8 @@ impl Writer {
                         q = self.shared.wake.wait(q).unwrap_or_else(|p| p.into_inner());
                         continue;
                     }
-                    let left = LAZY_DURABLE_WITHIN.saturating_sub(self.last_durable.elapsed()).max(retry_wait);
+                    let left =
+                        LAZY_DURABLE_WITHIN.saturating_sub(self.last_durable.elapsed()).max(retry_wait);
                     if left.is_zero() {
                         break;
                     }
@@ -644,7 +651,8 @@ impl Writer {
                 let lazy = if q.ops.is_empty() { std::mem::take(&mut q.lazy) } else { Values::new() };
                 (ops, lazy, q.closed && q.ops.is_empty())
             };
-            let round = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.round(ops, lazy, closing)));
+            let round =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.round(ops, lazy, closing)));
             if round.is_err() {
                 // Its waiters were answered by their dropped senders.
                 tracing::error!(db = %self.path.display(), "the metadata writer panicked in a round; reopening the database");
@@ -714,24 +722,25 @@ impl Writer {
         // otherwise only this round's, after its ops.
         let rewrite = self.rewrite_lazy || self.db.is_none();
         let none = Values::new();
-        let result = match self.database().and_then(|()| self.db.as_ref().ok_or_else(|| "no database".to_owned())) {
-            Err(e) => Err(e),
-            Ok(db) => {
-                let earlier = if rewrite { &self.since_durable } else { &none };
-                match write(db, earlier, ops, &lazy, durable) {
-                    Ok(()) => Ok(()),
-                    Err(e) => {
-                        if matches!(e, redb::Error::Io(_) | redb::Error::PreviousIo) {
-                            // redb refuses every later transaction after an
-                            // IO error: reopen it for the next round, as
-                            // after a crash.
-                            self.db = None;
+        let result =
+            match self.database().and_then(|()| self.db.as_ref().ok_or_else(|| "no database".to_owned())) {
+                Err(e) => Err(e),
+                Ok(db) => {
+                    let earlier = if rewrite { &self.since_durable } else { &none };
+                    match write(db, earlier, ops, &lazy, durable) {
+                        Ok(()) => Ok(()),
+                        Err(e) => {
+                            if matches!(e, redb::Error::Io(_) | redb::Error::PreviousIo) {
+                                // redb refuses every later transaction after an
+                                // IO error: reopen it for the next round, as
+                                // after a crash.
+                                self.db = None;
+                            }
+                            Err(e.to_string())
                         }
-                        Err(e.to_string())
                     }
                 }
-            }
-        };
+            };
         self.since_durable.extend(lazy);
         let stats = &self.shared.stats;
         match result {

@@ -159,7 +159,12 @@ impl Replica {
     ///
     /// # Errors
     /// As [`Replica::open_in`].
-    pub fn open_log_in(db: &Arc<MetaDb>, dir: &Path, config: StoreConfig, flusher: Flusher) -> Result<PartitionLog> {
+    pub fn open_log_in(
+        db: &Arc<MetaDb>,
+        dir: &Path,
+        config: StoreConfig,
+        flusher: Flusher,
+    ) -> Result<PartitionLog> {
         let meta = Self::shared_meta(db, dir)?;
         PartitionLog::open_in(&dir.join(LOG_DIR), meta, config, flusher, false)
     }
@@ -549,7 +554,8 @@ fn create_dirs(dir: &Path, fresh: bool, top: &Path) -> Result<()> {
 /// absolute) first, so a replica directory that is a symbolic link to
 /// another disk keeps its name; then resolved.
 fn name_in(db: &MetaDb, dir: &Path) -> Result<String> {
-    let lexical = std::path::absolute(dir).ok().and_then(|a| a.strip_prefix(db.given_dir()).ok().map(Path::to_owned));
+    let lexical =
+        std::path::absolute(dir).ok().and_then(|a| a.strip_prefix(db.given_dir()).ok().map(Path::to_owned));
     let rel = lexical.or_else(|| resolve(dir).strip_prefix(db.dir()).ok().map(Path::to_owned));
     let clean = |r: &Path| r.components().all(|c| matches!(c, std::path::Component::Normal(_)));
     match rel.as_deref().filter(|r| !r.as_os_str().is_empty() && clean(r)).and_then(Path::to_str) {

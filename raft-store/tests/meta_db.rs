@@ -40,7 +40,8 @@ async fn votes_of_many_replicas_share_commits_and_survive_reopening() {
     let n = 200u64;
     let first = {
         let db = MetaDb::open(tmp.path()).expect("db");
-        let replicas: Vec<Replica> = (0..n).map(|i| open(&db, &tmp.path().join(format!("p-{i}.g{i}")))).collect();
+        let replicas: Vec<Replica> =
+            (0..n).map(|i| open(&db, &tmp.path().join(format!("p-{i}.g{i}")))).collect();
         let before = db.stats().durable_commits.load(Ordering::Relaxed);
         // Saved as openraft saves them, concurrently from many groups.
         let saves: Vec<_> = replicas
@@ -69,7 +70,8 @@ async fn votes_of_many_replicas_share_commits_and_survive_reopening() {
     }
     assert!(tmp.path().join(META_DB_FILE).exists());
     // One database file for all of them: no per-replica file.
-    let per_replica = walk(tmp.path()).into_iter().filter(|p| p.extension().is_some_and(|e| e == "redb")).count();
+    let per_replica =
+        walk(tmp.path()).into_iter().filter(|p| p.extension().is_some_and(|e| e == "redb")).count();
     assert_eq!(per_replica, 1);
 }
 
@@ -93,7 +95,11 @@ async fn lazy_values_are_kept_when_the_database_closes() {
             assert!(std::time::Instant::now() < deadline, "no lazy write was made");
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
-        assert_eq!(db.stats().durable_writes.load(Ordering::Relaxed), durable_before, "no durable put for them");
+        assert_eq!(
+            db.stats().durable_writes.load(Ordering::Relaxed),
+            durable_before,
+            "no durable put for them"
+        );
     }
     let db = MetaDb::open(tmp.path()).expect("db");
     let r = open(&db, &dir);
@@ -121,7 +127,8 @@ fn a_replica_is_open_once_and_a_removed_ones_handle_writes_nothing() {
     let dir = tmp.path().join("t-0.g1").join("replica");
     let db = MetaDb::open(tmp.path()).expect("db");
     let r = open(&db, &dir);
-    let again = Replica::open_in(&db, &dir, StoreConfig::default(), flusher(), false).expect_err("second open");
+    let again =
+        Replica::open_in(&db, &dir, StoreConfig::default(), flusher(), false).expect_err("second open");
     assert!(again.to_string().contains("open already"), "{again}");
     // Removed while a handle lingers: its later vote is refused, and a new
     // replica of the name does not see it.

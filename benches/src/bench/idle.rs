@@ -40,15 +40,26 @@ pub async fn run(a: IdleArgs) -> anyhow::Result<()> {
     let mut next_report = Duration::from_secs(10);
     loop {
         let led = match meta.refresh().await {
-            Ok(cluster) => cluster.topics.get("idle").map_or(0, |t| t.partitions.iter().filter(|p| p.leader != 0).count()),
+            Ok(cluster) => cluster
+                .topics
+                .get("idle")
+                .map_or(0, |t| t.partitions.iter().filter(|p| p.leader != 0).count()),
             Err(_) => 0,
         };
         if led == a.partitions as usize {
             break;
         }
-        anyhow::ensure!(t0.elapsed() < ELECTION_WAIT, "only {led} of {} partitions have a leader after {ELECTION_WAIT:?}", a.partitions);
+        anyhow::ensure!(
+            t0.elapsed() < ELECTION_WAIT,
+            "only {led} of {} partitions have a leader after {ELECTION_WAIT:?}",
+            a.partitions
+        );
         if t0.elapsed() >= next_report {
-            println!("  {:>4.0} s: {led} of {} partitions have a leader", t0.elapsed().as_secs_f64(), a.partitions);
+            println!(
+                "  {:>4.0} s: {led} of {} partitions have a leader",
+                t0.elapsed().as_secs_f64(),
+                a.partitions
+            );
             next_report += Duration::from_secs(10);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
