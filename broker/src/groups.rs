@@ -58,6 +58,9 @@ pub struct GroupRegistry {
     /// The reconciler has opened every replica the metadata assigns this
     /// broker at least once since it started (reported in pings).
     replicas_open: Arc<std::sync::atomic::AtomicBool>,
+    /// The lowest group id the reconciler is still opening (0: none); see
+    /// [`GroupRegistry::opening_floor`].
+    opening_floor: Arc<std::sync::atomic::AtomicU64>,
     /// The groups whose replica here leads and runs, with the term, kept
     /// current by [`GroupRegistry::watch_leadership`] from the nodes' own
     /// change notifications (see [`GroupRegistry::leading`]).
@@ -236,6 +239,31 @@ impl GroupRegistry {
     /// their followers here.
     pub fn replicas_open(&self) -> bool {
         self.replicas_open.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Records the lowest group id the reconciler is still opening in its
+    /// current pass, 0 when it opens none (see [`GroupRegistry::opening_floor`]).
+    pub fn set_opening_floor(&self, floor: u64) {
+        self.opening_floor.store(floor, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The lowest group id whose replica here the reconciler is still
+    /// opening, 0 when it opens none: every group below it that the
+    /// metadata assigns this broker is open (or failed to open). Reported in
+    /// pings, so a replica elsewhere campaigns for a new group only once a
+    /// majority of its replicas can vote (`crate::control::quiesce`): group
+    /// ids grow with creation and every broker opens in group order, so
+    /// when thousands of partitions are created, a campaign sent before the
+    /// voters had opened the group would fail and back off, and hold the
+    /// campaigner's budget meanwhile.
+    pub fn opening_floor(&self) -> u64 {
+        self.opening_floor.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the replica of `group` here leads and runs, as the
+    /// leadership watcher last saw it (see [`GroupRegistry::leading`]).
+    pub fn is_led(&self, group: GroupId) -> bool {
+        self.led.read().unwrap_or_else(|p| p.into_inner()).contains_key(&group)
     }
 
     /// Ids of the hosted groups whose replica here is the Raft leader, is

@@ -2,7 +2,7 @@
 //! the metadata image changes (they are hosted in [`GroupRegistry`]), and
 //! the record of replicas that failed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -326,11 +326,24 @@ impl Reconciler {
         // Many at once: each start waits for a few fsyncs (a new replica's
         // files and metadata, its founding entry), which the disk serves
         // side by side; one at a time, 10,000 new partitions took minutes.
+        // In group order (`wanted` is sorted), with the lowest group still
+        // being opened reported in pings (GroupRegistry::opening_floor):
+        // replicas elsewhere campaign for a group once a majority has it open.
+        let opening = std::sync::Mutex::new(to_start.iter().map(|s| s.0).collect::<BTreeSet<u64>>());
+        let opened = |group: u64| {
+            let mut pending = opening.lock().unwrap_or_else(|p| p.into_inner());
+            pending.remove(&group);
+            self.groups.set_opening_floor(pending.first().copied().unwrap_or(0));
+        };
+        let opened = &opened;
+        self.groups.set_opening_floor(to_start.first().map_or(0, |s| s.0));
         use futures::StreamExt;
         futures::stream::iter(to_start)
             .for_each_concurrent(STARTS_AT_ONCE, |(group, topic, partition, assignment, rescan)| async move {
                 let span = tracing::info_span!("partition", node = self.broker, partition = %format!("{topic}-{partition}"), group);
-                match self.start(image, topic, partition, assignment, rescan).instrument(span).await {
+                let started = self.start(image, topic, partition, assignment, rescan).instrument(span).await;
+                opened(group);
+                match started {
                     Ok(()) => {
                         if let Some(f) = self.failures.failures().get_mut(&group) {
                             f.running_since = Some(Instant::now());
@@ -429,6 +442,7 @@ impl Reconciler {
             .iter()
             .find(|r| r.broker == self.broker)
             .ok_or_else(|| anyhow::anyhow!("not a replica"))?;
+        let founders = Self::founders(image, a, me.node)?;
         let dir = partition_dir(&self.root, topic, partition, a.group);
         let staging_dir = dir.join("staging");
         // Opening reads, verifies and creates files: off the async threads.
@@ -475,31 +489,33 @@ impl Reconciler {
             staging_dir,
             partition: Some(p.clone()),
         };
-        // Registered before it is founded: the other founders' first
-        // messages must find it.
+        // A new group is founded by its first campaign (crate::control::quiesce),
+        // not by every founding member here: a member's founding entry is
+        // its own (its node id is in the entry's log id), so the elected
+        // founder's followers would cut and rewrite theirs, two fsyncs each.
+        p.campaign.set_founders(founders);
         self.groups.insert(a.group, hosted);
-        if let Err(e) = Self::found(image, a, me.node, &raft).await {
-            self.stop(a.group).await;
-            return Err(e);
-        }
         let held = crate::control::recovery::hold_if_recovering(&raft, &replica, me.node);
         tracing::info!(group = a.group, node = me.node, "replica started");
         p.campaign.set_allowed(!held);
         Ok(())
     }
 
-    /// Founds the group with its initial voters if `me` is one of them and
-    /// its log is empty. The placement's preferred leader (first replica)
-    /// campaigns first (crate::control::quiesce), so new partitions start
-    /// balanced.
-    async fn found(
+    /// The group's initial voters (node id → peer address) if `me` is one
+    /// of them: a replica that finds its group without a configuration
+    /// founds it with these before it first campaigns (the placement's
+    /// preferred leader, the first replica, campaigns first, so new
+    /// partitions start balanced). `None` for a replica that joins later.
+    ///
+    /// # Errors
+    /// A voter's broker is not registered.
+    fn founders(
         image: &MetadataImage,
         a: &PartitionAssignment,
         me: NodeId,
-        raft: &RaftNode,
-    ) -> anyhow::Result<()> {
-        if !a.initial.contains(&me) || raft.is_initialized().await? {
-            return Ok(());
+    ) -> anyhow::Result<Option<BTreeMap<NodeId, String>>> {
+        if !a.initial.contains(&me) {
+            return Ok(None);
         }
         let mut members: BTreeMap<NodeId, String> = BTreeMap::new();
         for r in a.replicas.iter().filter(|r| a.initial.contains(&r.node)) {
@@ -510,10 +526,7 @@ impl Reconciler {
                 .ok_or_else(|| anyhow::anyhow!("broker {} is not registered", r.broker))?;
             members.insert(r.node, addr);
         }
-        if let Err(e) = raft.initialize(members).await {
-            tracing::debug!("initialize: {e}");
-        }
-        Ok(())
+        Ok(Some(members))
     }
 
     async fn stop(&self, group: u64) {

@@ -545,9 +545,10 @@ mod tests {
                     replicas_open: true,
                     protocol_major: 1,
                     protocol_minor: 0,
+                    opening_floor: 1001,
                 }
                 .encode_to_vec(),
-                "0801120305ac02180120092801304d38edfd0340014801",
+                "0801120305ac02180120092801304d38edfd034001480158e907",
             ),
             (
                 "LogStateRequest",

@@ -138,7 +138,9 @@ impl State<'_> {
     /// Whether the group has a membership yet (it was initialized, or this
     /// replica heard from a member).
     pub fn has_membership(&self) -> bool {
-        self.voters().next().is_some()
+        // Not `voters()`, which collects every voter set into a new one:
+        // this is asked of every hosted group every round.
+        self.voter_sets().iter().any(|set| !set.is_empty())
     }
 
     /// Leader only: each replica's matched log position (the leader's own

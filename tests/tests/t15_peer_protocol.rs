@@ -68,14 +68,14 @@ async fn all_led(c: &Cluster, topic: &str) -> anyhow::Result<()> {
 #[tokio::test]
 async fn a_broker_one_minor_version_ahead_replicates_with_the_others() -> anyhow::Result<()> {
     let mut c = Cluster::prepare("t15-minor", BIN, 3, &[])?;
-    c.set_env(3, OVERRIDE, "1.1");
+    c.set_env(3, OVERRIDE, "1.2");
     c.launch().await?;
     // The override took effect (else this test would show nothing).
     assert!(log_of(&c, 3).contains("announcing another peer protocol version"), "{}", c.logs_tail(20));
     assert!(!log_of(&c, 1).contains("refused a peer request"), "{}", c.logs_tail(20));
 
-    // Six partitions: preferred leaders are spread, so the 1.1 broker
-    // leads some (sending appends to 1.0 brokers) and follows others. On a
+    // Six partitions: preferred leaders are spread, so the 1.2 broker
+    // leads some (sending appends to 1.1 brokers) and follows others. On a
     // loaded machine a preferred leader may lose its first election: then
     // the broker leading most partitions is stopped until they have new
     // leaders, and started again (up to five times).
@@ -100,7 +100,7 @@ async fn a_broker_one_minor_version_ahead_replicates_with_the_others() -> anyhow
         n += batch;
         leaders = self_claimed_leaders(&c, topic).await?;
     }
-    assert!(mixed(&leaders), "the 1.1 broker does not lead some and follow others: {leaders:?}");
+    assert!(mixed(&leaders), "the 1.2 broker does not lead some and follow others: {leaders:?}");
 
     // Every replica on every broker holds every record.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -144,18 +144,18 @@ async fn a_broker_of_another_major_version_is_refused_and_the_rest_carry_on() ->
         wait_for_log(
             &c,
             id,
-            "refused a peer request: peer protocol 2.0 is not spoken here: this broker speaks 1.0",
+            "refused a peer request: peer protocol 2.0 is not spoken here: this broker speaks 1.1",
         )
         .await?;
     }
     wait_for_log(
         &c,
         3,
-        "refused a peer request: peer protocol 1.0 is not spoken here: this broker speaks 2.0",
+        "refused a peer request: peer protocol 1.1 is not spoken here: this broker speaks 2.0",
     )
     .await?;
 
-    // The 1.0 brokers do not count the 2.0 broker as alive, and carry on
+    // The 1.1 brokers do not count the 2.0 broker as alive, and carry on
     // without it: its partitions have a majority on them.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -167,7 +167,7 @@ async fn a_broker_of_another_major_version_is_refused_and_the_rest_carry_on() ->
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // (Broker 1 may still forward to broker 3 as the controller it knew,
-    // and be refused, until the metadata group elects a 1.0 leader.)
+    // and be refused, until the metadata group elects a 1.1 leader.)
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let r = connect(c.broker(1).client_addr)
@@ -184,7 +184,7 @@ async fn a_broker_of_another_major_version_is_refused_and_the_rest_carry_on() ->
         if why.contains("not answering: 3") {
             break;
         }
-        assert!(why.contains("peer protocol 1.0 is not spoken here"), "{why}");
+        assert!(why.contains("peer protocol 1.1 is not spoken here"), "{why}");
         anyhow::ensure!(Instant::now() < deadline, "still: {why}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -198,7 +198,7 @@ async fn a_broker_of_another_major_version_is_refused_and_the_rest_carry_on() ->
         assert!(catching_up || s.high_watermark <= 10, "broker 3 partition {p} while cut off: {s:?}");
     }
 
-    // Rolled back to 1.0, broker 3 catches up with what it missed.
+    // Rolled back to 1.1, broker 3 catches up with what it missed.
     c.kill(3);
     c.clear_env(3);
     c.spawn(3)?;

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
 
-use ferrolog_proto::raft::PingRequest;
+use ferrolog_proto::raft::{PingRequest, PingResponse};
 use tokio::sync::watch;
 
 use crate::config::BrokerId;
@@ -52,6 +52,9 @@ struct Heard {
     /// Since when it has answered without a gap, on this boot, with its
     /// replicas open (`None`: not open yet).
     returned_at: Option<Instant>,
+    /// The lowest group id it is still opening, 0: none
+    /// (`PingResponse.opening_floor`).
+    opening_floor: u64,
 }
 
 /// Last successful ping per broker. Cheap to clone.
@@ -128,6 +131,7 @@ impl Liveness {
             leading: HashSet::new(),
             boot_id: 0,
             returned_at: None,
+            opening_floor: 0,
         });
         if Self::fresh(h, dead_after) {
             self.changed();
@@ -182,6 +186,17 @@ impl Liveness {
         self.returned_at(broker).is_some()
     }
 
+    /// Whether `broker` is alive and has `group`'s replica open as far as
+    /// its pings say: it opens no group now, or only groups from a higher
+    /// id on (`PingResponse.opening_floor`). A group it hosts that failed
+    /// to open counts as open: nothing here would change that.
+    pub fn has_open(&self, broker: BrokerId, group: u64) -> bool {
+        let dead_after = self.dead_after();
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.get(&broker)
+            .is_some_and(|h| Self::fresh(h, dead_after) && (h.opening_floor == 0 || group < h.opening_floor))
+    }
+
     /// When `broker` came back (see the module comment), if it is alive.
     pub fn returned_at(&self, broker: BrokerId) -> Option<Instant> {
         let dead_after = self.dead_after();
@@ -189,7 +204,9 @@ impl Liveness {
         seen.get(&broker).filter(|h| Self::fresh(h, dead_after)).and_then(|h| h.returned_at)
     }
 
-    fn mark(&self, broker: BrokerId, leading: Vec<u64>, boot_id: u64, replicas_open: bool, rtt: Duration) {
+    /// Records `broker`'s answer `r`, which took `rtt`.
+    fn mark(&self, broker: BrokerId, r: PingResponse, rtt: Duration) {
+        let PingResponse { leading_groups: leading, boot_id, replicas_open, opening_floor, .. } = r;
         let dead_after = self.dead_after();
         let now = Instant::now();
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
@@ -205,7 +222,10 @@ impl Liveness {
         let same = continuous
             && previous
                 .is_some_and(|h| h.returned_at.is_some() == returned_at.is_some() && h.leading == leading);
-        seen.insert(broker, Heard { at: now, rtt, refused: false, leading, boot_id, returned_at });
+        seen.insert(
+            broker,
+            Heard { at: now, rtt, refused: false, leading, boot_id, returned_at, opening_floor },
+        );
         if !same {
             self.changed();
         }
@@ -274,13 +294,7 @@ impl Liveness {
                                         r.protocol_minor,
                                     )
                                 {
-                                    this.mark(
-                                        id,
-                                        r.leading_groups,
-                                        r.boot_id,
-                                        r.replicas_open,
-                                        sent.elapsed(),
-                                    );
+                                    this.mark(id, r, sent.elapsed());
                                 }
                             }
                             // No connection (refused, reset): not merely slow.
@@ -313,6 +327,30 @@ pub fn silence_allowed(dead_after: Duration, rtt: Duration) -> Duration {
 mod tests {
     use super::*;
 
+    /// A ping's answer from a broker with its replicas open.
+    fn answer(leading: &[u64], boot_id: u64, opening_floor: u64) -> PingResponse {
+        PingResponse {
+            leading_groups: leading.to_vec(),
+            boot_id,
+            replicas_open: true,
+            opening_floor,
+            ..PingResponse::default()
+        }
+    }
+
+    #[test]
+    fn a_broker_has_open_the_groups_below_its_opening_floor() {
+        let l = Liveness::default();
+        assert!(!l.has_open(2, 7), "never heard from");
+        l.mark(2, answer(&[], 1, 10), Duration::from_millis(1));
+        assert!(l.has_open(2, 7) && l.has_open(2, 9));
+        assert!(!l.has_open(2, 10) && !l.has_open(2, 11), "still opening");
+        l.mark(2, answer(&[], 1, 0), Duration::from_millis(1));
+        assert!(l.has_open(2, 11), "opens nothing now");
+        l.refused(2);
+        assert!(!l.has_open(2, 7), "dead");
+    }
+
     #[test]
     fn slow_answers_stretch_the_allowed_silence_within_bounds() {
         let d = Duration::from_millis(500);
@@ -325,15 +363,15 @@ mod tests {
     fn changes_count_what_the_pings_say_not_every_ping() {
         let l = Liveness::default();
         let c0 = l.changes();
-        l.mark(2, vec![7], 1, true, Duration::from_millis(1));
+        l.mark(2, answer(&[7], 1, 0), Duration::from_millis(1));
         let c1 = l.changes();
         assert!(c1 > c0, "a broker heard from for the first time");
-        l.mark(2, vec![7], 1, true, Duration::from_millis(1));
+        l.mark(2, answer(&[7], 1, 0), Duration::from_millis(1));
         assert_eq!(l.changes(), c1, "the same answer again");
-        l.mark(2, vec![7, 8], 1, true, Duration::from_millis(1));
+        l.mark(2, answer(&[7, 8], 1, 0), Duration::from_millis(1));
         let c2 = l.changes();
         assert!(c2 > c1, "it leads another group");
-        l.mark(2, vec![7, 8], 2, true, Duration::from_millis(1));
+        l.mark(2, answer(&[7, 8], 2, 0), Duration::from_millis(1));
         let c3 = l.changes();
         assert!(c3 > c2, "it restarted");
         l.refused(2);
@@ -358,11 +396,11 @@ mod tests {
         assert!(!l.settled(), "no broker pinged yet");
         assert_eq!(l.ping_timeout(2), SILENCE_MAX, "a broker never heard from may answer slowly");
         *l.pinged.lock().unwrap() = vec![1, 2, 3];
-        l.mark(1, vec![], 1, true, Duration::from_millis(1));
+        l.mark(1, answer(&[], 1, 0), Duration::from_millis(1));
         assert!(!l.settled(), "brokers 2 and 3 have neither answered nor refused");
         l.refused(3);
         assert!(!l.settled() && !l.is_alive(3), "broker 2 is still unheard");
-        l.mark(2, vec![7], 1, true, Duration::from_millis(1));
+        l.mark(2, answer(&[7], 1, 0), Duration::from_millis(1));
         assert!(l.settled());
         *l.pinged.lock().unwrap() = vec![1, 2, 3, 4];
         assert!(!l.settled(), "a broker registered since");
@@ -373,11 +411,11 @@ mod tests {
     #[test]
     fn a_refused_ping_kills_at_once_and_an_answer_revives() {
         let l = Liveness::default();
-        l.mark(2, vec![7], 1, true, Duration::from_millis(1));
+        l.mark(2, answer(&[7], 1, 0), Duration::from_millis(1));
         assert!(l.is_alive(2) && l.leads(2, 7));
         l.refused(2);
         assert!(!l.is_alive(2) && !l.leads(2, 7));
-        l.mark(2, vec![], 2, true, Duration::from_millis(1));
+        l.mark(2, answer(&[], 2, 0), Duration::from_millis(1));
         assert!(l.is_alive(2) && !l.leads(2, 7));
     }
 }

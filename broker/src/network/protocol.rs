@@ -19,8 +19,10 @@ use tonic::{Request, Status};
 
 /// This build's major version: brokers speak to each other only within one.
 pub const MAJOR: u32 = 1;
-/// This build's minor version: additive changes within [`MAJOR`].
-pub const MINOR: u32 = 0;
+/// This build's minor version: additive changes within [`MAJOR`]. 1.1 added
+/// `PingResponse.opening_floor` (a 1.0 broker leaves it 0, read as "opens
+/// nothing", so campaigns toward it are not held back).
+pub const MINOR: u32 = 1;
 /// The gRPC metadata key carrying the sender's version, `MAJOR.MINOR`.
 pub const HEADER: &str = "ferrolog-peer-protocol";
 /// A version to announce instead of this build's, set by

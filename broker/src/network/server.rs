@@ -268,6 +268,7 @@ impl Peer for RaftPeerServer {
             replicas_open: self.groups.replicas_open(),
             protocol_major: protocol::ours().major,
             protocol_minor: protocol::ours().minor,
+            opening_floor: self.groups.opening_floor(),
         }))
     }
 }
