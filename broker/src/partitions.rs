@@ -329,14 +329,19 @@ impl Reconciler {
         // In group order (`wanted` is sorted), with the lowest group still
         // being opened reported in pings (GroupRegistry::opening_floor):
         // replicas elsewhere campaign for a group once a majority has it open.
-        let opening = std::sync::Mutex::new(to_start.iter().map(|s| s.0).collect::<BTreeSet<u64>>());
+        // Restarts of failed replicas (which may verify every segment, for
+        // minutes) are left out: they are not new groups.
+        let opening =
+            std::sync::Mutex::new(to_start.iter().filter(|s| !s.4).map(|s| s.0).collect::<BTreeSet<u64>>());
         let opened = |group: u64| {
             let mut pending = opening.lock().unwrap_or_else(|p| p.into_inner());
             pending.remove(&group);
             self.groups.set_opening_floor(pending.first().copied().unwrap_or(0));
         };
         let opened = &opened;
-        self.groups.set_opening_floor(to_start.first().map_or(0, |s| s.0));
+        self.groups.set_opening_floor(
+            opening.lock().unwrap_or_else(|p| p.into_inner()).first().copied().unwrap_or(0),
+        );
         use futures::StreamExt;
         futures::stream::iter(to_start)
             .for_each_concurrent(STARTS_AT_ONCE, |(group, topic, partition, assignment, rescan)| async move {
@@ -466,6 +471,11 @@ impl Reconciler {
             }
         });
         let replica = opened.await.map_err(|_| anyhow::anyhow!("the replica's open was cut off"))??;
+        // A new group's founding members each write the same first
+        // configuration before their node starts (Replica::found).
+        if let Some(voters) = founders {
+            replica.found(voters).await?;
+        }
         let raft =
             RaftNode::start(a.group, me.node, &self.raft_settings, &replica, self.peers.clone()).await?;
         // Elections of partition groups are started by crate::control::quiesce
@@ -489,11 +499,6 @@ impl Reconciler {
             staging_dir,
             partition: Some(p.clone()),
         };
-        // A new group is founded by its first campaign (crate::control::quiesce),
-        // not by every founding member here: a member's founding entry is
-        // its own (its node id is in the entry's log id), so the elected
-        // founder's followers would cut and rewrite theirs, two fsyncs each.
-        p.campaign.set_founders(founders);
         self.groups.insert(a.group, hosted);
         let held = crate::control::recovery::hold_if_recovering(&raft, &replica, me.node);
         tracing::info!(group = a.group, node = me.node, "replica started");
@@ -502,10 +507,10 @@ impl Reconciler {
     }
 
     /// The group's initial voters (node id → peer address) if `me` is one
-    /// of them: a replica that finds its group without a configuration
-    /// founds it with these before it first campaigns (the placement's
-    /// preferred leader, the first replica, campaigns first, so new
-    /// partitions start balanced). `None` for a replica that joins later.
+    /// of them, to found the group with if its log is empty
+    /// ([`Replica::found`]); `None` for a replica that joins later. The
+    /// placement's preferred leader (first replica) campaigns first
+    /// (crate::control::quiesce), so new partitions start balanced.
     ///
     /// # Errors
     /// A voter's broker is not registered.

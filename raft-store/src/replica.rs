@@ -238,6 +238,69 @@ impl Replica {
         })
     }
 
+    /// Founds a new group in this replica's log: if the log is empty (no
+    /// entry, nothing purged, no snapshot), appends the group's first
+    /// configuration, `voters` (node id → peer address) as its only voter
+    /// set, and waits until it is durable under the flush policy. Returns
+    /// whether it wrote it. Call it before the Raft node starts.
+    ///
+    /// Every founding member writes the same entry, log id (term 0, the
+    /// lowest voter's node id, index 0), so any of them can campaign and
+    /// no follower replaces its first entry with the leader's. (openraft's
+    /// own initialization writes an entry carrying the calling node's id,
+    /// so the followers of whichever founder won cut theirs and wrote the
+    /// leader's: two fsyncs each at every partition's creation; and
+    /// founding only by a campaigner leaves a group without anyone able to
+    /// campaign if that campaigner is lost after winning votes.) Entries
+    /// with one log id are identical on every replica, as Raft's Log
+    /// Matching property requires (Raft paper §5.3), as long as the voters'
+    /// addresses agree; addresses are informational (peers are found
+    /// through the cluster's metadata).
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] for no voters; [`StoreError::Io`] if the
+    /// append or its flush fails.
+    pub async fn found(
+        &self,
+        voters: std::collections::BTreeMap<crate::types::NodeId, String>,
+    ) -> Result<bool> {
+        use crate::types::{Entry, EntryPayload, Membership, Node};
+        let Some(&lowest) = voters.keys().next() else {
+            return Err(StoreError::Invalid("a group needs at least one voter".into()));
+        };
+        let nodes: std::collections::BTreeMap<_, _> =
+            voters.into_iter().map(|(n, addr)| (n, Node { addr })).collect();
+        let membership = Membership::new(vec![nodes.keys().copied().collect()], nodes)
+            .map_err(|e| StoreError::Invalid(format!("founding configuration: {e}")))?;
+        let entry = Entry {
+            log_id: crate::types::log_id(0, lowest, 0),
+            payload: EntryPayload::Membership(membership),
+        };
+        let (flushed, durable) = futures::channel::oneshot::channel();
+        let dir = {
+            if self.inner.applied.lock().unwrap_or_else(|p| p.into_inner()).snapshot.is_some() {
+                return Ok(false);
+            }
+            let mut log = self.log();
+            let state = log.log_state();
+            if state.last_log_id.is_some() || state.last_purged_log_id.is_some() {
+                return Ok(false);
+            }
+            log.append(
+                vec![entry],
+                Box::new(move |r| {
+                    let _ = flushed.send(r);
+                }),
+            )?;
+            log.dir().to_path_buf()
+        };
+        match durable.await {
+            Ok(Ok(())) => Ok(true),
+            Ok(Err(e)) => Err(StoreError::io("flush", dir, e)),
+            Err(_) => Err(StoreError::io("flush", dir, std::io::Error::other("the flush was dropped"))),
+        }
+    }
+
     /// How many replicas are open in this process: opened and not yet
     /// dropped by every holder (openraft's tasks, the broker's tables). A
     /// count that does not fall back after replicas are stopped means

@@ -123,11 +123,27 @@ struct Member {
 }
 
 async fn start(id: NodeId, root: &Path, net: &Local, flusher: &Flusher) -> Member {
+    start_founded(id, root, net, flusher, None).await
+}
+
+/// As [`start`]; with `voters`, founds the group in the replica's log first
+/// (as a broker does for a new partition).
+async fn start_founded(
+    id: NodeId,
+    root: &Path,
+    net: &Local,
+    flusher: &Flusher,
+    voters: Option<&BTreeMap<NodeId, String>>,
+) -> Member {
     let dir = root.join(format!("n{id}"));
     let staging = dir.join("staging");
     std::fs::create_dir_all(&staging).expect("staging dir");
     let replica =
         Replica::open(&dir.join("replica"), StoreConfig::default(), flusher.clone()).expect("replica");
+    if let Some(voters) = voters {
+        assert!(replica.found(voters.clone()).await.expect("found"), "an empty log is founded");
+        assert!(!replica.found(voters.clone()).await.expect("found again"), "founded once");
+    }
     let node = RaftNode::start(GROUP, id, &settings(), &replica, net.clone()).await.expect("start");
     net.nodes.lock().expect("nodes").insert(id, (node.clone(), staging));
     Member { node, replica }
@@ -258,5 +274,50 @@ async fn a_group_driven_through_the_interface_commits_hands_over_and_changes_vot
     }
     for m in members.values() {
         m.node.shutdown().await.expect("shutdown");
+    }
+}
+
+/// Every founding member writes the same first entry before its node
+/// starts (`Replica::found`), so any of them can lead, including the one
+/// with the highest node id, and the group works without `initialize`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn founding_members_share_one_first_entry_and_any_of_them_can_lead() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let flusher = Flusher::spawn("found-test").expect("flusher");
+    let net = Local::default();
+    let voters: BTreeMap<NodeId, String> = (1..=3).map(|id| (id, format!("n{id}"))).collect();
+    let mut members = BTreeMap::new();
+    for id in 1..=3 {
+        members.insert(id, start_founded(id, root.path(), &net, &flusher, Some(&voters)).await);
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    for m in members.values() {
+        m.node.set_elections(false);
+        // The node publishes its state once its core has loaded the log.
+        let founded = loop {
+            let seen =
+                m.node.state(|s| (s.has_membership(), s.voters().collect::<Vec<_>>(), s.last_log_index()));
+            if seen.0 || tokio::time::Instant::now() >= deadline {
+                break seen;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(founded, (true, vec![1, 2, 3], Some(0)), "the founding entry is the log");
+    }
+    assert!(members[&3].node.is_initialized().await.expect("running"));
+    assert!(members[&3].node.initialize(voters).await.is_err(), "a founded group is initialized");
+    members[&3].node.campaign().await;
+    assert_eq!(leader(&members).await, 3, "the highest node id leads when it campaigns");
+    let (base, count) = produce(&members[&3], 7).await;
+    assert_eq!((base, count), (0, 2));
+    // Replaced by nothing: every member keeps the one first entry and
+    // holds the leader's blank entry and the batch after it.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while members.values().any(|m| m.node.state(|s| s.last_applied().map(|p| p.index)) != Some(2)) {
+        assert!(tokio::time::Instant::now() < deadline, "not every member applied the batch");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for m in members.values() {
+        assert_eq!(m.replica.log_end_offset(), 2);
     }
 }

@@ -39,20 +39,17 @@
 //! a majority of its group's replicas have the group open, as their pings
 //! say ([`Liveness::has_open`]; at most [`OPEN_WAIT_MAX`]): when thousands
 //! of partitions are created, a campaign sent before the voters had opened
-//! the group would fail and hold the budget through its back-off. A new
-//! group is founded by its first campaigner ([`Campaign::set_founders`]),
-//! not by every founding member.
+//! the group would fail and hold the budget through its back-off.
 //!
 //! Safety does not depend on this: it only decides when the nodes' timers
 //! run and when elections start; votes and commits are Raft's (§5.2, §5.4).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::control::liveness::Liveness;
 use crate::partition::Partition;
-use ferrolog_replica::NodeId;
 
 /// How long a leader keeps ticking after its last write, so followers learn
 /// the final commit index from heartbeats.
@@ -96,10 +93,6 @@ pub struct Campaign {
     /// Whether this replica may campaign at all (`crate::control::recovery` clears it
     /// while a recovering replica's log may be behind what was acknowledged).
     allowed: AtomicBool,
-    /// The group's initial voters (node id → peer address) if this replica
-    /// is one, until it has founded the group or learnt its configuration
-    /// (see [`Campaign::set_founders`]).
-    founders: std::sync::Mutex<Option<BTreeMap<NodeId, String>>>,
     /// The last look at the group decided to campaign, and none was
     /// started (the broker's budget was spent).
     waiting: AtomicBool,
@@ -113,7 +106,6 @@ impl Default for Campaign {
             not_before_ms: AtomicU64::new(0),
             leaderless_since_ms: AtomicU64::new(0),
             allowed: AtomicBool::new(true),
-            founders: std::sync::Mutex::new(None),
             waiting: AtomicBool::new(false),
         }
     }
@@ -134,42 +126,8 @@ impl Campaign {
         self.allowed.load(Ordering::Relaxed)
     }
 
-    /// Sets the group's initial voters if this replica is one (`None`
-    /// otherwise). A replica whose group has no configuration yet (a new
-    /// partition) founds it with them right before its first campaign, so
-    /// only the campaigner writes a founding entry: the others take the
-    /// elected leader's, instead of writing their own and then replacing
-    /// it (each member's founding entry carries its own node id). A replica
-    /// with an empty log may vote (Raft paper §5.2, §5.4.1: any log is at
-    /// least as up to date as an empty one).
-    pub fn set_founders(&self, founders: Option<BTreeMap<NodeId, String>>) {
-        *self.founders.lock().unwrap_or_else(|p| p.into_inner()) = founders;
-    }
-
-    /// Whether this replica is one of its group's initial voters (and has
-    /// not seen the group configured yet).
-    fn is_founder(&self) -> bool {
-        self.founders.lock().unwrap_or_else(|p| p.into_inner()).is_some()
-    }
-
-    /// The founders to found the group with before a campaign: the group
-    /// has none yet and this replica is a founder. Forgets them once the
-    /// group is configured.
-    fn founders_if_unfounded(&self, raft: &ferrolog_replica::RaftNode) -> Option<BTreeMap<NodeId, String>> {
-        let mut founders = self.founders.lock().unwrap_or_else(|p| p.into_inner());
-        founders.as_ref()?;
-        if raft.state(|s| s.has_membership()) {
-            *founders = None;
-            return None;
-        }
-        founders.clone()
-    }
-
     /// Records that a live leader is known (or this replica leads).
     fn led(&self) {
-        // Its entries come from the leader now (a founding map per replica
-        // would otherwise stay for the replica's life).
-        self.founders.lock().unwrap_or_else(|p| p.into_inner()).take();
         self.attempts.store(0, Ordering::Relaxed);
         self.leaderless_since_ms.store(0, Ordering::Relaxed);
         self.not_before_ms.store(0, Ordering::Relaxed);
@@ -253,7 +211,10 @@ pub struct GroupView {
     pub leaderless_for: Duration,
     /// Every broker has had time to answer a ping ([`Liveness::settled`]).
     pub settled: bool,
-    /// Campaigning is allowed ([`Campaign::allowed`]).
+    /// Campaigning is allowed ([`Campaign::allowed`]) and possible: the
+    /// group has a configuration here (a replica without one waits for its
+    /// leader's entries: its campaigns would do nothing but hold the
+    /// broker's budget).
     pub may_campaign: bool,
     /// Follower: a majority of the group's replicas have it open (this one
     /// and those whose brokers' pings say so, [`Liveness::has_open`]), so
@@ -286,7 +247,7 @@ fn view(p: &Partition, liveness: &Liveness, me: u32) -> GroupView {
     // Borrowed, not cloned: this runs for every hosted group every round,
     // and a clone of the metrics (maps of replication and heartbeat
     // progress, the membership) was most of an idle broker's CPU.
-    let (is_leader, followers_caught_up, follower_returned, current_leader, unfounded) = p.raft.state(|s| {
+    let (is_leader, followers_caught_up, follower_returned, current_leader, configured) = p.raft.state(|s| {
         let is_leader = s.is_leader();
         let last = s.last_log_index();
         let followers_caught_up =
@@ -304,11 +265,7 @@ fn view(p: &Partition, liveness: &Liveness, me: u32) -> GroupView {
                     back.elapsed() < RETURN_WINDOW && acked_ago.is_none_or(|ago| ago >= back.elapsed())
                 })
             });
-        // No configuration: it can found the group only before it has
-        // voted (a vote makes the node count as founded, and it then waits
-        // for its leader's entries).
-        let unfounded = (!s.has_membership()).then_some(s.term() == 0);
-        (is_leader, followers_caught_up, follower_returned, s.leader(), unfounded)
+        (is_leader, followers_caught_up, follower_returned, s.leader(), s.has_membership())
     });
     let replicas = p.replicas();
     let own_idea = current_leader.and_then(|n| p.broker_of(n)).filter(|b| *b != me);
@@ -323,14 +280,16 @@ fn view(p: &Partition, liveness: &Liveness, me: u32) -> GroupView {
     let (first_live_follower, majority_open, leaderless_for) = if is_leader || leader_alive {
         (false, true, Duration::ZERO)
     } else {
-        let open = |b: u32| b == me || (liveness.is_ready(b) && liveness.has_open(b, p.group));
         // In assignment order: the first replica is the preferred leader. A
-        // broker still opening its replicas (after a restart, or a new
-        // topic's) cannot campaign for them yet.
+        // broker still opening its replicas after a restart cannot campaign
+        // yet. (Not whether it has this group open yet, which each broker
+        // learns from the pings at its own time: replicas would disagree
+        // on which is first and both campaign.)
         let first = replicas
             .iter()
-            .find(|r| Some(r.broker) != own_idea && open(r.broker))
+            .find(|r| Some(r.broker) != own_idea && (r.broker == me || liveness.is_ready(r.broker)))
             .is_some_and(|r| r.node == p.node_id);
+        let open = |b: u32| b == me || (liveness.is_ready(b) && liveness.has_open(b, p.group));
         let majority = replicas.iter().filter(|r| open(r.broker)).count() > replicas.len() / 2;
         (first, majority, p.campaign.leaderless())
     };
@@ -343,7 +302,7 @@ fn view(p: &Partition, liveness: &Liveness, me: u32) -> GroupView {
         first_live_follower,
         leaderless_for,
         settled: liveness.settled(),
-        may_campaign: p.campaign.allowed() && unfounded.is_none_or(|fresh| fresh && p.campaign.is_founder()),
+        may_campaign: p.campaign.allowed() && configured,
         majority_open,
     }
 }
@@ -401,7 +360,7 @@ pub async fn run(
         // Campaigning groups are never quiet: this counts all of them.
         let in_flight = visit.iter().filter(|p| p.campaign.in_flight() && !p.raft.is_leader()).count();
         // Campaigns where this replica is the first live one go first;
-        // fallbacks (see below) get a quarter of the budget while any wait.
+        // fallbacks get what they leave ([`admit`]).
         let mut first = Vec::new();
         let mut fallbacks = Vec::new();
         for p in visit {
@@ -413,7 +372,7 @@ pub async fn run(
             // when that changes (leaders are always looked at).
             let stalled = p.campaign.in_flight()
                 || (first.len() >= CAMPAIGNS_PER_ROUND && p.campaign.waiting.load(Ordering::Relaxed));
-            if stalled && !groups.is_led(p.group) {
+            if stalled && !groups.is_led(p.group) && !p.raft.is_leader() {
                 quiet.remove(&p.group);
                 continue;
             }
@@ -449,18 +408,11 @@ pub async fn run(
             .into_iter()
             .take(fallback_n)
             .map(|p| (p, "no live leader, and the first live replica did not win: campaigning"));
-        // Side by side: founding a group waits for its first entry's fsync.
-        futures::future::join_all(first.chain(fallbacks).map(|(p, why)| async move {
+        for (p, why) in first.chain(fallbacks) {
             p.campaign.started(election_timeout);
             tracing::debug!(topic = %p.topic, partition = p.partition, "{why}");
-            if let Some(voters) = p.campaign.founders_if_unfounded(&p.raft)
-                && let Err(e) = p.raft.initialize(voters).await
-            {
-                tracing::debug!(topic = %p.topic, partition = p.partition, "cannot found the group: {e}");
-            }
             p.raft.campaign().await;
-        }))
-        .await;
+        }
         if started > 0 || deferred > 0 {
             crate::logging::every(
                 "quiesce.campaigns",
