@@ -22,9 +22,9 @@
 //! When no live leader is left, one replica campaigns (with pre-vote, so a
 //! leader still healthy for a quorum is not disrupted): the first live
 //! replica in assignment order (the preferred leader first) at once, any
-//! other live replica only after
-//! [`FALLBACK_AFTER`] (for when the first cannot win, e.g. its log is
-//! shorter). Campaigns are spread out: each group waits a randomised
+//! other live replica only after [`FALLBACK_AFTER`], longer while its
+//! broker has many campaigns due ([`fallback_after`]) (for when the first
+//! cannot win, e.g. its log is shorter). Campaigns are spread out: each group waits a randomised
 //! back-off that doubles with each campaign that did not make it leader
 //! (up to [`BACKOFF_MAX`]); a broker starts at most [`CAMPAIGNS_PER_ROUND`]
 //! per round and keeps at most [`CAMPAIGNS_IN_FLIGHT`] unresolved, so a
@@ -58,6 +58,21 @@ pub const ACTIVE_AFTER_WRITE: Duration = Duration::from_secs(2);
 /// How long a replica that is not the first live one waits, without a live
 /// leader, before it campaigns too.
 pub const FALLBACK_AFTER: Duration = Duration::from_secs(5);
+
+/// How long a fallback waits, without a live leader, when this broker has
+/// `backlog` campaigns due (the last round's count): [`FALLBACK_AFTER`],
+/// plus the time this broker's budget ([`CAMPAIGNS_PER_ROUND`] per `period`)
+/// takes to start that many. The first live replica, on a broker with a
+/// similar backlog, may only be waiting for its own budget: when thousands
+/// of groups elect at once (a topic of thousands of partitions created, a
+/// broker leading thousands restarted), fallbacks after a fixed 5 s
+/// collided with the first replicas' campaigns (every founding member can
+/// campaign) and split their votes, and the failed campaigns and their
+/// retries kept the CPU saturated.
+pub fn fallback_after(backlog: usize, period: Duration) -> Duration {
+    let rounds = backlog.div_ceil(CAMPAIGNS_PER_ROUND) as u32;
+    FALLBACK_AFTER + period.saturating_mul(rounds)
+}
 
 /// Longest back-off between two campaigns of one group.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(8);
@@ -209,6 +224,9 @@ pub struct GroupView {
     pub first_live_follower: bool,
     /// Follower: how long it has known no live leader.
     pub leaderless_for: Duration,
+    /// Follower that is not the first live replica: how long without a
+    /// live leader before it campaigns too ([`fallback_after`]).
+    pub fallback_after: Duration,
     /// Every broker has had time to answer a ping ([`Liveness::settled`]).
     pub settled: bool,
     /// Campaigning is allowed ([`Campaign::allowed`]) and possible: the
@@ -236,14 +254,14 @@ pub fn decide(v: GroupView) -> Decision {
     if !v.majority_open && v.leaderless_for < OPEN_WAIT_MAX {
         return Decision::Park;
     }
-    if v.first_live_follower || v.leaderless_for >= FALLBACK_AFTER {
+    if v.first_live_follower || v.leaderless_for >= v.fallback_after {
         Decision::Campaign
     } else {
         Decision::Park
     }
 }
 
-fn view(p: &Partition, liveness: &Liveness, me: u32) -> GroupView {
+fn view(p: &Partition, liveness: &Liveness, me: u32, fallback_after: Duration) -> GroupView {
     // Borrowed, not cloned: this runs for every hosted group every round,
     // and a clone of the metrics (maps of replication and heartbeat
     // progress, the membership) was most of an idle broker's CPU.
@@ -301,6 +319,7 @@ fn view(p: &Partition, liveness: &Liveness, me: u32) -> GroupView {
         leader_alive,
         first_live_follower,
         leaderless_for,
+        fallback_after,
         settled: liveness.settled(),
         may_campaign: p.campaign.allowed() && configured,
         majority_open,
@@ -345,6 +364,8 @@ pub async fn run(
     let mut quiet: HashSet<u64> = HashSet::new();
     let mut changes = None;
     let mut full_at = Instant::now();
+    // Fallbacks wait longer while this broker has many campaigns due.
+    let mut fallback_wait = FALLBACK_AFTER;
     loop {
         tick.tick().await;
         let now_changes = liveness.changes();
@@ -376,7 +397,7 @@ pub async fn run(
                 quiet.remove(&p.group);
                 continue;
             }
-            let v = view(&p, &liveness, me);
+            let v = view(&p, &liveness, me, fallback_wait);
             let decision = decide(v);
             p.campaign.waiting.store(decision == Decision::Campaign, Ordering::Relaxed);
             // Only a leader's ticker does anything (heartbeats): elections
@@ -401,6 +422,7 @@ pub async fn run(
             }
         }
         let (first_n, fallback_n) = admit(first.len(), fallbacks.len(), in_flight);
+        fallback_wait = fallback_after(first.len() + fallbacks.len(), period);
         let deferred = first.len() + fallbacks.len() - first_n - fallback_n;
         let started = first_n + fallback_n;
         let first = first.into_iter().take(first_n).map(|p| (p, "no live leader: campaigning"));
@@ -458,6 +480,7 @@ mod tests {
         leader_alive: true,
         first_live_follower: false,
         leaderless_for: Duration::ZERO,
+        fallback_after: FALLBACK_AFTER,
         settled: true,
         may_campaign: true,
         majority_open: true,
@@ -518,6 +541,23 @@ mod tests {
             "waits at most OPEN_WAIT_MAX"
         );
         assert_eq!(decide(first), Decision::Campaign);
+    }
+
+    #[test]
+    fn fallbacks_wait_longer_while_many_campaigns_are_due() {
+        let period = Duration::from_millis(100);
+        assert_eq!(fallback_after(0, period), FALLBACK_AFTER);
+        assert_eq!(fallback_after(1, period), FALLBACK_AFTER + period);
+        assert_eq!(fallback_after(CAMPAIGNS_PER_ROUND * 30, period), FALLBACK_AFTER + Duration::from_secs(3));
+        let dead = GroupView { leader_alive: false, ..FOLLOWER };
+        let busy = GroupView { fallback_after: fallback_after(3200, period), ..dead };
+        assert_eq!(decide(GroupView { leaderless_for: FALLBACK_AFTER, ..busy }), Decision::Park);
+        assert_eq!(decide(GroupView { leaderless_for: busy.fallback_after, ..busy }), Decision::Campaign);
+        assert_eq!(
+            decide(GroupView { first_live_follower: true, ..busy }),
+            Decision::Campaign,
+            "first replicas do not wait"
+        );
     }
 
     #[test]
