@@ -24,12 +24,13 @@
 //! replica in assignment order (the preferred leader first) at once, any
 //! other live replica only after [`FALLBACK_AFTER`], longer while its
 //! broker has many campaigns due ([`fallback_after`]) (for when the first
-//! cannot win, e.g. its log is shorter). Campaigns are spread out: each group waits a randomised
-//! back-off that doubles with each campaign that did not make it leader
-//! (up to [`BACKOFF_MAX`]); a broker starts at most [`CAMPAIGNS_PER_ROUND`]
-//! per round and keeps at most [`CAMPAIGNS_IN_FLIGHT`] unresolved, so a
-//! broker's restart among thousands of partitions costs one election per
-//! partition it led, batched, instead of a storm of timed-out votes. First
+//! cannot win, e.g. its log is shorter). Campaigns are spread out: each
+//! group waits a randomised back-off that doubles with each campaign that
+//! did not make it leader (up to [`BACKOFF_MAX`]); a broker starts at most
+//! [`CAMPAIGNS_PER_ROUND`] per round and keeps at most
+//! [`CAMPAIGNS_IN_FLIGHT`] unresolved, so a broker's restart among
+//! thousands of partitions costs one election per partition it led,
+//! batched, instead of a storm of timed-out votes. First
 //! replicas' campaigns go before fallbacks, which get what is left of the
 //! budget ([`admit`]): when thousands of groups elect at once, the budget's
 //! own delay would otherwise make every group's other replicas campaign as
@@ -384,6 +385,8 @@ pub async fn run(
         // fallbacks get what they leave ([`admit`]).
         let mut first = Vec::new();
         let mut fallbacks = Vec::new();
+        // Groups skipped below that still wait for the budget.
+        let mut skipped_waiting = 0usize;
         for p in visit {
             // While thousands of groups elect at once, looking at every one
             // each round (a few cache misses each) took most of a broker's
@@ -395,6 +398,7 @@ pub async fn run(
                 || (first.len() >= CAMPAIGNS_PER_ROUND && p.campaign.waiting.load(Ordering::Relaxed));
             if stalled && !groups.is_led(p.group) && !p.raft.is_leader() {
                 quiet.remove(&p.group);
+                skipped_waiting += usize::from(p.campaign.due());
                 continue;
             }
             let v = view(&p, &liveness, me, fallback_wait);
@@ -422,7 +426,7 @@ pub async fn run(
             }
         }
         let (first_n, fallback_n) = admit(first.len(), fallbacks.len(), in_flight);
-        fallback_wait = fallback_after(first.len() + fallbacks.len(), period);
+        fallback_wait = fallback_after(first.len() + fallbacks.len() + skipped_waiting, period);
         let deferred = first.len() + fallbacks.len() - first_n - fallback_n;
         let started = first_n + fallback_n;
         let first = first.into_iter().take(first_n).map(|p| (p, "no live leader: campaigning"));
