@@ -567,6 +567,38 @@ mod tests {
                 .encode_to_vec(),
                 "1001180620292801",
             ),
+            (
+                "BatchRequest",
+                pb::BatchRequest {
+                    calls: vec![
+                        pb::BatchCall {
+                            call: Some(pb::batch_call::Call::AppendEntries(
+                                append_request_to_wire(
+                                    5,
+                                    3,
+                                    &AppendEntriesRequest { entries: vec![], ..append.clone() },
+                                )
+                                .unwrap(),
+                            )),
+                            timeout_ms: 500,
+                        },
+                        pb::BatchCall { call: None, timeout_ms: 0 },
+                    ],
+                }
+                .encode_to_vec(),
+                "0a210a1c080510031a0608071002180122060806100118292a0608061001182810f4030a00",
+            ),
+            (
+                "BatchAnswer",
+                pb::BatchAnswer {
+                    index: 0,
+                    answer: Some(pb::batch_answer::Answer::AppendEntries(append_response_to_wire(
+                        &AppendEntriesResponse::Conflict,
+                    ))),
+                }
+                .encode_to_vec(),
+                "12022200",
+            ),
         ];
         let mut wrong = Vec::new();
         for (name, bytes, want) in &cases {

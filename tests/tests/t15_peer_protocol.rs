@@ -1,6 +1,8 @@
 //! The versioned peer protocol (issue 10) between real broker processes:
 //! a broker one minor version ahead replicates with the others (a rolling
-//! upgrade's middle state), and a broker of another major version is
+//! upgrade's middle state: a 1.2 broker among brokers announcing 1.1, which
+//! refuse its `Batch` calls as a 1.1 build does, so it falls back to single
+//! RPCs), and a broker of another major version is
 //! refused on both sides with the documented error while the rest of the
 //! cluster carries on. The version a broker announces is set for one broker
 //! with `FERROLOG_TEST_PEER_PROTOCOL`, which only the tests' broker program
@@ -68,14 +70,19 @@ async fn all_led(c: &Cluster, topic: &str) -> anyhow::Result<()> {
 #[tokio::test]
 async fn a_broker_one_minor_version_ahead_replicates_with_the_others() -> anyhow::Result<()> {
     let mut c = Cluster::prepare("t15-minor", BIN, 3, &[])?;
-    c.set_env(3, OVERRIDE, "1.2");
+    c.set_env(1, OVERRIDE, "1.1");
+    c.set_env(2, OVERRIDE, "1.1");
     c.launch().await?;
     // The override took effect (else this test would show nothing).
-    assert!(log_of(&c, 3).contains("announcing another peer protocol version"), "{}", c.logs_tail(20));
+    for id in [1, 2] {
+        assert!(log_of(&c, id).contains("announcing another peer protocol version"), "{}", c.logs_tail(20));
+    }
+    assert!(!log_of(&c, 3).contains("announcing another peer protocol version"), "{}", c.logs_tail(20));
     assert!(!log_of(&c, 1).contains("refused a peer request"), "{}", c.logs_tail(20));
 
     // Six partitions: preferred leaders are spread, so the 1.2 broker
-    // leads some (sending appends to 1.1 brokers) and follows others. On a
+    // leads some (sending appends and heartbeats to 1.1 brokers) and
+    // follows others. On a
     // loaded machine a preferred leader may lose its first election: then
     // the broker leading most partitions is stopped until they have new
     // leaders, and started again (up to five times).
@@ -101,6 +108,9 @@ async fn a_broker_one_minor_version_ahead_replicates_with_the_others() -> anyhow
         leaders = self_claimed_leaders(&c, topic).await?;
     }
     assert!(mixed(&leaders), "the 1.2 broker does not lead some and follow others: {leaders:?}");
+    // It tried to batch its small calls to the 1.1 brokers, was refused,
+    // and sent them singly.
+    wait_for_log(&c, 3, "the peer does not take batched calls (peer protocol 1.1)").await?;
 
     // Every replica on every broker holds every record.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -144,18 +154,18 @@ async fn a_broker_of_another_major_version_is_refused_and_the_rest_carry_on() ->
         wait_for_log(
             &c,
             id,
-            "refused a peer request: peer protocol 2.0 is not spoken here: this broker speaks 1.1",
+            "refused a peer request: peer protocol 2.0 is not spoken here: this broker speaks 1.2",
         )
         .await?;
     }
     wait_for_log(
         &c,
         3,
-        "refused a peer request: peer protocol 1.1 is not spoken here: this broker speaks 2.0",
+        "refused a peer request: peer protocol 1.2 is not spoken here: this broker speaks 2.0",
     )
     .await?;
 
-    // The 1.1 brokers do not count the 2.0 broker as alive, and carry on
+    // The 1.2 brokers do not count the 2.0 broker as alive, and carry on
     // without it: its partitions have a majority on them.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -167,7 +177,7 @@ async fn a_broker_of_another_major_version_is_refused_and_the_rest_carry_on() ->
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // (Broker 1 may still forward to broker 3 as the controller it knew,
-    // and be refused, until the metadata group elects a 1.1 leader.)
+    // and be refused, until the metadata group elects a 1.2 leader.)
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let r = connect(c.broker(1).client_addr)
@@ -184,7 +194,7 @@ async fn a_broker_of_another_major_version_is_refused_and_the_rest_carry_on() ->
         if why.contains("not answering: 3") {
             break;
         }
-        assert!(why.contains("peer protocol 1.1 is not spoken here"), "{why}");
+        assert!(why.contains("peer protocol 1.2 is not spoken here"), "{why}");
         anyhow::ensure!(Instant::now() < deadline, "still: {why}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -198,7 +208,7 @@ async fn a_broker_of_another_major_version_is_refused_and_the_rest_carry_on() ->
         assert!(catching_up || s.high_watermark <= 10, "broker 3 partition {p} while cut off: {s:?}");
     }
 
-    // Rolled back to 1.1, broker 3 catches up with what it missed.
+    // Rolled back to 1.2, broker 3 catches up with what it missed.
     c.kill(3);
     c.clear_env(3);
     c.spawn(3)?;

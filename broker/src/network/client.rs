@@ -13,7 +13,8 @@ use futures::Stream;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
-use super::protocol::{Stamp, peer_client};
+use super::batch::PeerQueue;
+use super::protocol::{self, Stamp, peer_client};
 
 /// Reset streams a peer channel remembers (h2's default is 10).
 const PEER_RESETS_REMEMBERED: usize = 10_000;
@@ -23,6 +24,8 @@ const PEER_RESETS_REMEMBERED: usize = 10_000;
 #[derive(Clone, Debug)]
 pub struct PeerAddresses {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// The batch queue of each peer, by address (see [`super::batch`]).
+    queues: Arc<Mutex<HashMap<String, PeerQueue>>>,
     /// Raft node id → its broker's peer address as the metadata records it
     /// now (see [`PeerAddresses::set_node_addresses`]).
     nodes: Arc<std::sync::RwLock<Arc<HashMap<NodeId, String>>>>,
@@ -51,6 +54,7 @@ impl PeerAddresses {
     ) -> Self {
         Self {
             channels: Arc::default(),
+            queues: Arc::default(),
             nodes: Arc::default(),
             routes: Arc::new(routes.into_iter().collect()),
             min_rpc_timeout,
@@ -117,6 +121,31 @@ impl PeerAddresses {
         Ok(peer_client(channel).max_decoding_message_size(usize::MAX))
     }
 
+    /// Batched calls sent so far to all peers: (batches, calls in them).
+    pub fn batch_stats(&self) -> (u64, u64) {
+        let queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        queues.values().map(PeerQueue::sent).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+
+    /// The batch queue to the broker of Raft node `target`, if this broker
+    /// and that peer take batches ([`super::batch`]).
+    fn queue(&self, target: NodeId, recorded: &str) -> Result<Option<PeerQueue>, PeerUnreachable> {
+        if !protocol::speaks_batch() {
+            return Ok(None);
+        }
+        let addr = self.address_of(target, recorded);
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let queue = match queues.get(&addr) {
+            Some(q) => q.clone(),
+            None => {
+                let q = PeerQueue::spawn(addr.clone(), self.channel(&addr)?);
+                queues.insert(addr, q.clone());
+                q
+            }
+        };
+        Ok(queue.batches().then_some(queue))
+    }
+
     /// `message` as a request whose deadline is the node's `timeout`, but at
     /// least the floor of [`PeerAddresses::new`].
     fn request<T>(&self, message: T, timeout: Duration) -> tonic::Request<T> {
@@ -138,6 +167,14 @@ impl PeerTransport for PeerAddresses {
         req: pb::AppendEntriesRequest,
         timeout: Duration,
     ) -> Result<pb::AppendEntriesResponse, PeerUnreachable> {
+        if req.entries.is_empty()
+            && let Some(queue) = self.queue(target, addr)?
+        {
+            let call = pb::batch_call::Call::AppendEntries(req);
+            let pb::batch_answer::Answer::AppendEntries(r) =
+                queue.call(call, timeout.max(self.min_rpc_timeout)).await?;
+            return Ok(r);
+        }
         let req = self.request(req, timeout);
         Ok(self.client(target, addr)?.append_entries(req).await.map_err(unreachable)?.into_inner())
     }

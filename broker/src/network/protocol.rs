@@ -21,8 +21,9 @@ use tonic::{Request, Status};
 pub const MAJOR: u32 = 1;
 /// This build's minor version: additive changes within [`MAJOR`]. 1.1 added
 /// `PingResponse.opening_floor` (a 1.0 broker leaves it 0, read as "opens
-/// nothing", so campaigns toward it are not held back).
-pub const MINOR: u32 = 1;
+/// nothing", so campaigns toward it are not held back). 1.2 added the
+/// `Batch` RPC (`super::batch`; a 1.1 broker answers it `UNIMPLEMENTED`).
+pub const MINOR: u32 = 2;
 /// The gRPC metadata key carrying the sender's version, `MAJOR.MINOR`.
 pub const HEADER: &str = "ferrolog-peer-protocol";
 /// A version to announce instead of this build's, set by
@@ -81,6 +82,12 @@ static OURS: LazyLock<Version> = LazyLock::new(|| {
 /// The version this broker speaks.
 pub fn ours() -> Version {
     *OURS
+}
+
+/// Whether this broker sends and serves the `Batch` RPC (1.2 on): a broker
+/// told to announce 1.1 for a test acts as a 1.1 broker does.
+pub fn speaks_batch() -> bool {
+    ours() >= Version { major: 1, minor: 2 }
 }
 
 /// The client-side interceptor: stamps every request with [`ours`].

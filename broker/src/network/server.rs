@@ -16,6 +16,7 @@ use crate::metadata::controller::Controller;
 use ferrolog_proto::raft::{
     ControllerAnswer, ControllerCall, LogStateRequest, LogStateResponse, PingRequest, PingResponse,
 };
+use futures::StreamExt;
 use std::sync::{Arc, OnceLock};
 
 /// Whether this process has accepted an AppendEntries of the metadata group
@@ -81,6 +82,48 @@ impl RaftPeerServer {
 }
 
 impl RaftPeerServer {
+    /// AppendEntries for the named group.
+    async fn handle_append(&self, req: pb::AppendEntriesRequest) -> pb::AppendEntriesResponse {
+        let refused = |error| pb::AppendEntriesResponse { error: Some(error), result: None };
+        let group = req.group_id;
+        let h = match self.hosted(group, req.target_node) {
+            Ok(h) => h,
+            Err(e) => return refused(e),
+        };
+        match h.raft.handle_append(req).await {
+            Ok(a) => {
+                if group == crate::metadata::METADATA_GROUP && a.success {
+                    METADATA_LEADER_HEARD.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                a.response
+            }
+            Err(e) => refused(handle_error(e)),
+        }
+    }
+
+    /// One call of a [`pb::BatchRequest`], answered as the single RPC would
+    /// be; `None` once its sender stopped waiting (`timeout_ms`).
+    async fn handle_batch_call(&self, index: u32, call: pb::BatchCall) -> Option<pb::BatchAnswer> {
+        let answer = self.answer_batch_call(index, call.call);
+        match call.timeout_ms {
+            0 => Some(answer.await),
+            ms => tokio::time::timeout(std::time::Duration::from_millis(ms.into()), answer).await.ok(),
+        }
+    }
+
+    async fn answer_batch_call(&self, index: u32, call: Option<pb::batch_call::Call>) -> pb::BatchAnswer {
+        use pb::batch_answer::Answer;
+        use pb::batch_call::Call;
+        let answer = match call {
+            Some(Call::AppendEntries(req)) => Answer::AppendEntries(self.handle_append(req).await),
+            None => Answer::AppendEntries(pb::AppendEntriesResponse {
+                error: Some(refuse(PeerErrorCode::InvalidRequest, "a batch call without a request".into())),
+                result: None,
+            }),
+        };
+        pb::BatchAnswer { index, answer: Some(answer) }
+    }
+
     /// RequestVote or PreVote for the named group.
     async fn handle_vote(&self, req: pb::VoteRequest, pre_vote: bool) -> pb::VoteResponse {
         let refused = |error| pb::VoteResponse { error: Some(error), ..pb::VoteResponse::default() };
@@ -136,23 +179,28 @@ impl Peer for RaftPeerServer {
         &self,
         request: Request<pb::AppendEntriesRequest>,
     ) -> Result<Response<pb::AppendEntriesResponse>, Status> {
-        let refused =
-            |error| Ok(Response::new(pb::AppendEntriesResponse { error: Some(error), result: None }));
-        let req = request.into_inner();
-        let group = req.group_id;
-        let h = match self.hosted(group, req.target_node) {
-            Ok(h) => h,
-            Err(e) => return refused(e),
-        };
-        match h.raft.handle_append(req).await {
-            Ok(a) => {
-                if group == crate::metadata::METADATA_GROUP && a.success {
-                    METADATA_LEADER_HEARD.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
-                Ok(Response::new(a.response))
-            }
-            Err(e) => refused(handle_error(e)),
+        Ok(Response::new(self.handle_append(request.into_inner()).await))
+    }
+
+    type BatchStream = futures::stream::BoxStream<'static, Result<pb::BatchAnswer, Status>>;
+
+    /// Handles every call at once and streams each answer as it is ready,
+    /// so a slow group delays only its own answer; a call whose sender
+    /// stopped waiting is dropped unanswered.
+    async fn batch(&self, request: Request<pb::BatchRequest>) -> Result<Response<Self::BatchStream>, Status> {
+        if !protocol::speaks_batch() {
+            return Err(Status::unimplemented("this broker speaks peer protocol 1.1: no Batch"));
         }
+        let calls = request.into_inner().calls;
+        let answers: futures::stream::FuturesUnordered<_> = calls
+            .into_iter()
+            .zip(0u32..)
+            .map(|(call, index)| {
+                let this = self.clone();
+                async move { this.handle_batch_call(index, call).await.map(Ok) }
+            })
+            .collect();
+        Ok(Response::new(Box::pin(answers.filter_map(std::future::ready))))
     }
 
     async fn vote(&self, request: Request<pb::VoteRequest>) -> Result<Response<pb::VoteResponse>, Status> {

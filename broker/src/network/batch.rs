@@ -1,0 +1,226 @@
+//! Many groups' heartbeats and commit notices to one broker in one `Batch`
+//! RPC (peer protocol 1.2; `proto/ferrolog/raft/v1/raft.proto`).
+//!
+//! A broker leading thousands of partitions sends thousands of heartbeats
+//! and commit notices (AppendEntries without entries) a second, and more
+//! while they are elected: when many partitions are created, after a
+//! restart. As single RPCs each costs an HTTP/2 stream, its headers and
+//! trailers, a task on each side and a timer. Here the calls to one peer
+//! broker wait in a queue; one sender task per peer takes
+//! everything queued and sends it as one `Batch` request, at most one batch
+//! per [`BATCH_GAP`] so that calls arriving meanwhile share the next. The
+//! receiver handles the calls concurrently and streams each answer back as
+//! it is ready, so a slow group delays only its own answer, and gives up
+//! on a call once its caller has (its `timeout_ms`). Entries never go this
+//! way: an AppendEntries with entries is its own RPC. Votes do not either:
+//! batched, pre-votes waited behind other calls and timed out, and at
+//! 10,000 partitions elections stalled for minutes (measured 2026-12-01).
+//!
+//! A peer that answers `UNIMPLEMENTED` (a 1.1 broker) is remembered for
+//! [`UNBATCHED_FOR`]; its calls meanwhile go as single RPCs, and after that a
+//! batch is tried again (the peer may have been upgraded). The calls of a
+//! refused batch fail as unreachable, and the Raft nodes send them again
+//! (the next heartbeat, the next replication request).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferrolog_proto::raft as pb;
+use ferrolog_replica::PeerUnreachable;
+use tokio::sync::{mpsc, oneshot};
+use tonic::transport::Channel;
+
+use super::protocol::peer_client;
+
+/// The least time between two batches to one peer. A call waits at most
+/// this long for the batch before it.
+pub const BATCH_GAP: Duration = Duration::from_millis(1);
+/// Calls in one batch at most.
+pub const BATCH_CALLS_MAX: usize = 2048;
+/// How often a batch in flight checks whether anyone still waits for it.
+const ABANDONED_CHECK: Duration = Duration::from_millis(20);
+/// How long calls to a peer that refused a batch go singly before a batch
+/// is tried again.
+pub const UNBATCHED_FOR: Duration = Duration::from_secs(60);
+
+/// When the peer last refused a batch (`UNIMPLEMENTED`).
+type Refused = Arc<Mutex<Option<tokio::time::Instant>>>;
+
+/// A call waiting for its batch.
+struct Queued {
+    call: pb::batch_call::Call,
+    /// How long the caller waits for the answer.
+    timeout: Duration,
+    reply: oneshot::Sender<Result<pb::batch_answer::Answer, PeerUnreachable>>,
+}
+
+/// The queue of calls to one peer broker, drained by its sender task.
+#[derive(Clone, Debug)]
+pub struct PeerQueue {
+    tx: mpsc::UnboundedSender<Queued>,
+    refused: Refused,
+    sent: Arc<BatchStats>,
+}
+
+/// What one peer queue has sent: batches, and calls in them.
+#[derive(Debug, Default)]
+pub struct BatchStats {
+    batches: AtomicU64,
+    calls: AtomicU64,
+}
+
+impl BatchStats {
+    /// (batches sent, calls in them).
+    pub fn get(&self) -> (u64, u64) {
+        (self.batches.load(Ordering::Relaxed), self.calls.load(Ordering::Relaxed))
+    }
+}
+
+impl PeerQueue {
+    /// A queue to the peer behind `channel`, with its sender task; the task
+    /// ends when the last clone of the queue is dropped.
+    pub fn spawn(peer: String, channel: Channel) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let refused = Refused::default();
+        let sent = Arc::<BatchStats>::default();
+        tokio::spawn(send_batches(peer, channel, rx, refused.clone(), sent.clone()));
+        Self { tx, refused, sent }
+    }
+
+    /// (batches sent, calls in them) so far.
+    pub fn sent(&self) -> (u64, u64) {
+        self.sent.get()
+    }
+
+    /// Whether calls to the peer go in batches: it has not refused one in
+    /// the last [`UNBATCHED_FOR`].
+    pub fn batches(&self) -> bool {
+        let refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        refused.is_none_or(|at| at.elapsed() >= UNBATCHED_FOR)
+    }
+
+    /// Sends `call` in the next batch and waits up to `timeout` for its
+    /// answer.
+    ///
+    /// # Errors
+    /// [`PeerUnreachable`]: the batch failed or timed out, the peer refused
+    /// batches, or it answered without this call.
+    pub async fn call(
+        &self,
+        call: pb::batch_call::Call,
+        timeout: Duration,
+    ) -> Result<pb::batch_answer::Answer, PeerUnreachable> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Queued { call, timeout, reply })
+            .map_err(|_| PeerUnreachable("the peer's batch sender has stopped".into()))?;
+        match tokio::time::timeout(timeout, answer).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(PeerUnreachable("the batch was dropped before its answer".into())),
+            Err(_) => Err(PeerUnreachable(format!("no answer within {} ms (batched)", timeout.as_millis()))),
+        }
+    }
+}
+
+/// The sender task of one peer: takes every queued call, at most one batch
+/// per [`BATCH_GAP`], and sends each batch in a task of its own.
+async fn send_batches(
+    peer: String,
+    channel: Channel,
+    mut rx: mpsc::UnboundedReceiver<Queued>,
+    refused: Refused,
+    sent: Arc<BatchStats>,
+) {
+    let mut last = tokio::time::Instant::now();
+    while let Some(first) = rx.recv().await {
+        tokio::time::sleep_until(last + BATCH_GAP).await;
+        let mut calls = vec![first];
+        while calls.len() < BATCH_CALLS_MAX {
+            match rx.try_recv() {
+                Ok(q) => calls.push(q),
+                Err(_) => break,
+            }
+        }
+        last = tokio::time::Instant::now();
+        // Callers that gave up already need no answer.
+        calls.retain(|q| !q.reply.is_closed());
+        if !calls.is_empty() {
+            sent.batches.fetch_add(1, Ordering::Relaxed);
+            sent.calls.fetch_add(calls.len() as u64, Ordering::Relaxed);
+            tokio::spawn(send_batch(peer.clone(), channel.clone(), calls, refused.clone()));
+        }
+    }
+}
+
+/// Sends one batch and hands each answer to its caller as it arrives.
+async fn send_batch(peer: String, channel: Channel, calls: Vec<Queued>, refused: Refused) {
+    let timeout = calls.iter().map(|q| q.timeout).max().unwrap_or(BATCH_GAP);
+    let (calls, mut waiting): (Vec<_>, Vec<_>) = calls
+        .into_iter()
+        .map(|q| {
+            let timeout_ms = u32::try_from(q.timeout.as_millis()).unwrap_or(u32::MAX).max(1);
+            (pb::BatchCall { call: Some(q.call), timeout_ms }, Some(q.reply))
+        })
+        .unzip();
+    let mut req = tonic::Request::new(pb::BatchRequest { calls });
+    req.set_timeout(timeout);
+    let mut client = peer_client(channel).max_decoding_message_size(usize::MAX);
+    let fail_all = |waiting: &mut Vec<Option<oneshot::Sender<_>>>, why: &str| {
+        for w in waiting.iter_mut().filter_map(Option::take) {
+            let _ = w.send(Err(PeerUnreachable(why.to_owned())));
+        }
+    };
+    let mut answers = match client.batch(req).await {
+        Ok(r) => r.into_inner(),
+        Err(s) if s.code() == tonic::Code::Unimplemented => {
+            let first =
+                refused.lock().unwrap_or_else(|p| p.into_inner()).replace(tokio::time::Instant::now());
+            if first.is_none() {
+                tracing::info!(
+                    peer,
+                    "the peer does not take batched calls (peer protocol 1.1): sending them singly for {} s",
+                    UNBATCHED_FOR.as_secs()
+                );
+            }
+            return fail_all(&mut waiting, "the peer does not take batched calls");
+        }
+        Err(s) => return fail_all(&mut waiting, &s.to_string()),
+    };
+    let mut check = tokio::time::interval(ABANDONED_CHECK);
+    loop {
+        let next = tokio::select! {
+            next = answers.message() => next,
+            _ = check.tick() => {
+                // Every caller gave up: drop the call, which resets its
+                // stream, and the peer stops working on it.
+                if waiting.iter().flatten().all(oneshot::Sender::is_closed) {
+                    return;
+                }
+                continue;
+            }
+        };
+        match next {
+            Ok(Some(a)) => {
+                let w = usize::try_from(a.index).ok().and_then(|i| waiting.get_mut(i)).and_then(Option::take);
+                match (w, a.answer) {
+                    (Some(w), Some(answer)) => {
+                        let _ = w.send(Ok(answer));
+                    }
+                    (Some(w), None) => {
+                        let _ = w.send(Err(PeerUnreachable(
+                            "the peer answered a batched call with nothing".into(),
+                        )));
+                    }
+                    (None, _) => {
+                        tracing::warn!(peer, index = a.index, "an answer to no call of the batch, ignored")
+                    }
+                }
+            }
+            Ok(None) => {
+                return fail_all(&mut waiting, "the peer ended the batch without answering this call");
+            }
+            Err(s) => return fail_all(&mut waiting, &s.to_string()),
+        }
+    }
+}
