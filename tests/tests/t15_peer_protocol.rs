@@ -110,7 +110,7 @@ async fn a_broker_one_minor_version_ahead_replicates_with_the_others() -> anyhow
     assert!(mixed(&leaders), "the 1.2 broker does not lead some and follow others: {leaders:?}");
     // It tried to batch its small calls to the 1.1 brokers, was refused,
     // and sent them singly.
-    wait_for_log(&c, 3, "the peer does not take batched calls (peer protocol 1.1)").await?;
+    wait_for_log(&c, 3, "the peer does not take batched calls (peer protocol older than 1.2)").await?;
 
     // Every replica on every broker holds every record.
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -11,16 +11,18 @@
 //! per [`BATCH_GAP`] so that calls arriving meanwhile share the next. The
 //! receiver handles the calls concurrently and streams each answer back as
 //! it is ready, so a slow group delays only its own answer, and gives up
-//! on a call once its caller has (its `timeout_ms`). Entries never go this
+//! on a call after the time its caller waits (`timeout_ms`: the transport's
+//! wait, at least the minimum RPC timeout; openraft's heartbeat worker may
+//! stop waiting sooner). A batch whose callers all gave up is dropped,
+//! which resets its stream. Entries never go this
 //! way: an AppendEntries with entries is its own RPC. Votes do not either:
 //! batched, pre-votes waited behind other calls and timed out, and at
 //! 10,000 partitions elections stalled for minutes (measured 2026-12-01).
 //!
-//! A peer that answers `UNIMPLEMENTED` (a 1.1 broker) is remembered for
-//! [`UNBATCHED_FOR`]; its calls meanwhile go as single RPCs, and after that a
-//! batch is tried again (the peer may have been upgraded). The calls of a
-//! refused batch fail as unreachable, and the Raft nodes send them again
-//! (the next heartbeat, the next replication request).
+//! A peer that answers `UNIMPLEMENTED` (a broker older than 1.2) is
+//! remembered for [`UNBATCHED_FOR`]; the refused batch's calls, and calls
+//! meanwhile, go as single RPCs, and after that a batch is tried again (the
+//! peer may have been upgraded).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,8 +35,8 @@ use tonic::transport::Channel;
 
 use super::protocol::peer_client;
 
-/// The least time between two batches to one peer. A call waits at most
-/// this long for the batch before it.
+/// The least time between two batches to one peer (timers round it up to
+/// about 2 ms), so calls arriving meanwhile share the next.
 pub const BATCH_GAP: Duration = Duration::from_millis(1);
 /// Calls in one batch at most.
 pub const BATCH_CALLS_MAX: usize = 2048;
@@ -63,7 +65,8 @@ pub struct PeerQueue {
     sent: Arc<BatchStats>,
 }
 
-/// What one peer queue has sent: batches, and calls in them.
+/// What one peer queue has handed to the network: batches, and calls in
+/// them (a batch may still fail or be refused).
 #[derive(Debug, Default)]
 pub struct BatchStats {
     batches: AtomicU64,
@@ -88,7 +91,7 @@ impl PeerQueue {
         Self { tx, refused, sent }
     }
 
-    /// (batches sent, calls in them) so far.
+    /// (batches handed to the network, calls in them) so far.
     pub fn sent(&self) -> (u64, u64) {
         self.sent.get()
     }
@@ -96,8 +99,12 @@ impl PeerQueue {
     /// Whether calls to the peer go in batches: it has not refused one in
     /// the last [`UNBATCHED_FOR`].
     pub fn batches(&self) -> bool {
-        let refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
-        refused.is_none_or(|at| at.elapsed() >= UNBATCHED_FOR)
+        batches(&self.refused)
+    }
+
+    /// Whether the sender task still runs (it ends only with the queue).
+    pub fn is_open(&self) -> bool {
+        !self.tx.is_closed()
     }
 
     /// Sends `call` in the next batch and waits up to `timeout` for its
@@ -123,8 +130,10 @@ impl PeerQueue {
     }
 }
 
-/// The sender task of one peer: takes every queued call, at most one batch
-/// per [`BATCH_GAP`], and sends each batch in a task of its own.
+/// The sender task of one peer: takes what is queued (up to
+/// [`BATCH_CALLS_MAX`]), at most one batch per [`BATCH_GAP`], and sends each
+/// batch in a task of its own; while the peer refuses batches, sends the
+/// calls singly instead.
 async fn send_batches(
     peer: String,
     channel: Channel,
@@ -145,45 +154,90 @@ async fn send_batches(
         last = tokio::time::Instant::now();
         // Callers that gave up already need no answer.
         calls.retain(|q| !q.reply.is_closed());
-        if !calls.is_empty() {
-            sent.batches.fetch_add(1, Ordering::Relaxed);
-            sent.calls.fetch_add(calls.len() as u64, Ordering::Relaxed);
-            tokio::spawn(send_batch(peer.clone(), channel.clone(), calls, refused.clone()));
+        if calls.is_empty() {
+            continue;
         }
+        if !batches(&refused) {
+            send_singly(&channel, calls);
+            continue;
+        }
+        sent.batches.fetch_add(1, Ordering::Relaxed);
+        sent.calls.fetch_add(calls.len() as u64, Ordering::Relaxed);
+        tokio::spawn(send_batch(peer.clone(), channel.clone(), calls, refused.clone()));
     }
 }
 
-/// Sends one batch and hands each answer to its caller as it arrives.
+/// Whether the peer has not refused a batch in the last [`UNBATCHED_FOR`].
+fn batches(refused: &Refused) -> bool {
+    let refused = refused.lock().unwrap_or_else(|p| p.into_inner());
+    refused.is_none_or(|at| at.elapsed() >= UNBATCHED_FOR)
+}
+
+/// Sends each call as its own AppendEntries RPC (to a peer that refuses
+/// batches), answering its caller.
+fn send_singly(channel: &Channel, calls: Vec<Queued>) {
+    for q in calls {
+        let mut client = peer_client(channel.clone()).max_decoding_message_size(usize::MAX);
+        tokio::spawn(async move {
+            let pb::batch_call::Call::AppendEntries(req) = q.call;
+            let mut req = tonic::Request::new(req);
+            req.set_timeout(q.timeout);
+            let answer = client.append_entries(req).await;
+            let _ = q.reply.send(
+                answer
+                    .map(|r| pb::batch_answer::Answer::AppendEntries(r.into_inner()))
+                    .map_err(|s| PeerUnreachable(s.to_string())),
+            );
+        });
+    }
+}
+
+/// Sends one batch (of at least one call) and hands each answer to its
+/// caller as it arrives. A refused batch (`UNIMPLEMENTED`) is sent again
+/// singly.
 async fn send_batch(peer: String, channel: Channel, calls: Vec<Queued>, refused: Refused) {
-    let timeout = calls.iter().map(|q| q.timeout).max().unwrap_or(BATCH_GAP);
+    let timeout = calls.iter().map(|q| q.timeout).max().unwrap_or_default();
+    // Kept to send singly if the peer refuses the batch: requests without
+    // entries are a few dozen bytes each.
+    let copies: Vec<pb::batch_call::Call> = calls.iter().map(|q| q.call.clone()).collect();
     let (calls, mut waiting): (Vec<_>, Vec<_>) = calls
         .into_iter()
         .map(|q| {
             let timeout_ms = u32::try_from(q.timeout.as_millis()).unwrap_or(u32::MAX).max(1);
-            (pb::BatchCall { call: Some(q.call), timeout_ms }, Some(q.reply))
+            (pb::BatchCall { call: Some(q.call), timeout_ms }, Some((q.reply, q.timeout)))
         })
         .unzip();
     let mut req = tonic::Request::new(pb::BatchRequest { calls });
     req.set_timeout(timeout);
-    let mut client = peer_client(channel).max_decoding_message_size(usize::MAX);
-    let fail_all = |waiting: &mut Vec<Option<oneshot::Sender<_>>>, why: &str| {
-        for w in waiting.iter_mut().filter_map(Option::take) {
+    let mut client = peer_client(channel.clone()).max_decoding_message_size(usize::MAX);
+    let fail_all = |waiting: &mut Vec<Option<(oneshot::Sender<_>, Duration)>>, why: &str| {
+        for (w, _) in waiting.iter_mut().filter_map(Option::take) {
             let _ = w.send(Err(PeerUnreachable(why.to_owned())));
         }
     };
-    let mut answers = match client.batch(req).await {
+    let answers = match tokio::time::timeout(timeout, client.batch(req)).await {
+        Err(_) => return fail_all(&mut waiting, "no answer to the batch in time"),
+        Ok(answers) => answers,
+    };
+    let mut answers = match answers {
         Ok(r) => r.into_inner(),
         Err(s) if s.code() == tonic::Code::Unimplemented => {
-            let first =
+            let before =
                 refused.lock().unwrap_or_else(|p| p.into_inner()).replace(tokio::time::Instant::now());
-            if first.is_none() {
+            if before.is_none_or(|at| at.elapsed() >= UNBATCHED_FOR) {
                 tracing::info!(
                     peer,
-                    "the peer does not take batched calls (peer protocol 1.1): sending them singly for {} s",
+                    "the peer does not take batched calls (peer protocol older than 1.2): sending them \
+                     singly for {} s",
                     UNBATCHED_FOR.as_secs()
                 );
             }
-            return fail_all(&mut waiting, "the peer does not take batched calls");
+            let singles = copies
+                .into_iter()
+                .zip(waiting)
+                .filter_map(|(call, w)| w.map(|(reply, timeout)| Queued { call, timeout, reply }))
+                .collect();
+            return send_singly(&channel, singles);
         }
         Err(s) => return fail_all(&mut waiting, &s.to_string()),
     };
@@ -194,7 +248,7 @@ async fn send_batch(peer: String, channel: Channel, calls: Vec<Queued>, refused:
             _ = check.tick() => {
                 // Every caller gave up: drop the call, which resets its
                 // stream, and the peer stops working on it.
-                if waiting.iter().flatten().all(oneshot::Sender::is_closed) {
+                if waiting.iter().flatten().all(|(w, _)| w.is_closed()) {
                     return;
                 }
                 continue;
@@ -204,16 +258,16 @@ async fn send_batch(peer: String, channel: Channel, calls: Vec<Queued>, refused:
             Ok(Some(a)) => {
                 let w = usize::try_from(a.index).ok().and_then(|i| waiting.get_mut(i)).and_then(Option::take);
                 match (w, a.answer) {
-                    (Some(w), Some(answer)) => {
+                    (Some((w, _)), Some(answer)) => {
                         let _ = w.send(Ok(answer));
                     }
-                    (Some(w), None) => {
+                    (Some((w, _)), None) => {
                         let _ = w.send(Err(PeerUnreachable(
                             "the peer answered a batched call with nothing".into(),
                         )));
                     }
                     (None, _) => {
-                        tracing::warn!(peer, index = a.index, "an answer to no call of the batch, ignored")
+                        tracing::warn!(peer, index = a.index, "an answer to no call of the batch, ignored");
                     }
                 }
             }

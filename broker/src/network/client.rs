@@ -136,8 +136,8 @@ impl PeerAddresses {
         let addr = self.address_of(target, recorded);
         let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
         let queue = match queues.get(&addr) {
-            Some(q) => q.clone(),
-            None => {
+            Some(q) if q.is_open() => q.clone(),
+            _ => {
                 let q = PeerQueue::spawn(addr.clone(), self.channel(&addr)?);
                 queues.insert(addr, q.clone());
                 q

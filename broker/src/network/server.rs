@@ -115,7 +115,16 @@ impl RaftPeerServer {
         use pb::batch_answer::Answer;
         use pb::batch_call::Call;
         let answer = match call {
-            Some(Call::AppendEntries(req)) => Answer::AppendEntries(self.handle_append(req).await),
+            Some(Call::AppendEntries(req)) if req.entries.is_empty() => {
+                Answer::AppendEntries(self.handle_append(req).await)
+            }
+            Some(Call::AppendEntries(_)) => Answer::AppendEntries(pb::AppendEntriesResponse {
+                error: Some(refuse(
+                    PeerErrorCode::InvalidRequest,
+                    "entries go in their own AppendEntries RPC, not in a batch".into(),
+                )),
+                result: None,
+            }),
             None => Answer::AppendEntries(pb::AppendEntriesResponse {
                 error: Some(refuse(PeerErrorCode::InvalidRequest, "a batch call without a request".into())),
                 result: None,
@@ -192,6 +201,13 @@ impl Peer for RaftPeerServer {
             return Err(Status::unimplemented("this broker speaks peer protocol 1.1: no Batch"));
         }
         let calls = request.into_inner().calls;
+        if calls.len() > super::batch::BATCH_CALLS_MAX {
+            return Err(Status::invalid_argument(format!(
+                "a batch of {} calls: at most {} are taken",
+                calls.len(),
+                super::batch::BATCH_CALLS_MAX
+            )));
+        }
         let answers: futures::stream::FuturesUnordered<_> = calls
             .into_iter()
             .zip(0u32..)
