@@ -6,16 +6,16 @@
 //! while they are elected: when many partitions are created, after a
 //! restart. As single RPCs each costs an HTTP/2 stream, its headers and
 //! trailers, a task on each side and a timer. Here the calls to one peer
-//! broker wait in a queue; one sender task per peer takes
-//! everything queued and sends it as one `Batch` request, at most one batch
-//! per [`BATCH_GAP`] so that calls arriving meanwhile share the next. The
-//! receiver handles the calls concurrently and streams each answer back as
-//! it is ready, so a slow group delays only its own answer, and gives up
-//! on a call after the time its caller waits (`timeout_ms`: the transport's
-//! wait, at least the minimum RPC timeout; openraft's heartbeat worker may
-//! stop waiting sooner). A batch whose callers all gave up is dropped,
-//! which resets its stream. Entries never go this
-//! way: an AppendEntries with entries is its own RPC. Votes do not either:
+//! broker wait in a queue; one sender task per peer takes what is queued
+//! (up to [`BATCH_CALLS_MAX`]) and sends it as one `Batch` request, at most
+//! one batch per [`BATCH_GAP`] so that calls arriving meanwhile share the
+//! next. The receiver handles the calls concurrently and streams each
+//! answer back as it is ready, so a slow group delays only its own answer,
+//! and gives up on a call after the time its caller waits (`timeout_ms`:
+//! the transport's wait, at least the minimum RPC timeout; openraft's
+//! heartbeat worker may stop waiting sooner). A batch whose callers all
+//! gave up is dropped, which resets its stream. Entries never go this way:
+//! an AppendEntries with entries is its own RPC. Votes do not either:
 //! batched, pre-votes waited behind other calls and timed out, and at
 //! 10,000 partitions elections stalled for minutes (measured 2026-12-01).
 //!
@@ -74,7 +74,7 @@ pub struct BatchStats {
 }
 
 impl BatchStats {
-    /// (batches sent, calls in them).
+    /// (batches handed to the network, calls in them).
     pub fn get(&self) -> (u64, u64) {
         (self.batches.load(Ordering::Relaxed), self.calls.load(Ordering::Relaxed))
     }
