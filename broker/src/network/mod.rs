@@ -1,4 +1,4 @@
-//! Broker-to-broker Raft transport over gRPC (`ferrolog.raft.v1.RaftPeer`).
+//! Broker-to-broker Raft transport over gRPC (`ferrolog.raft.v1.Peer`).
 //!
 //! Every group hosted on a pair of brokers shares one HTTP/2 connection;
 //! each request names its group, and HTTP/2 streams keep a slow group's
@@ -6,8 +6,8 @@
 //! groups travel together in `Batch` RPCs ([`batch`]). Entries travel as
 //! CRC32C-checked segment frames, every other field is a protobuf message
 //! of Ferrolog's own (`ferrolog_raft_store::wire`); snapshots stream their
-//! files in chunks (`ferrolog_replica::snapshot`). Both sides check each other's
-//! [`protocol`] version. The groups' Raft nodes send through
+//! files in chunks (`ferrolog_replica::snapshot`). Both sides check each
+//! other's [`protocol`] version. The groups' Raft nodes send through
 //! [`PeerAddresses`] (the `ferrolog_replica::PeerTransport` of this
 //! broker) and receive through [`RaftPeerServer`].
 
