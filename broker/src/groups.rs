@@ -314,6 +314,12 @@ impl GroupRegistry {
         self.forget_leading();
     }
 
+    /// Whether this broker's leader of `group` hands over `term` (see
+    /// [`GroupRegistry::set_handing_over`]).
+    pub fn hands_over(&self, group: GroupId, term: u64) -> bool {
+        self.handing_over.read().unwrap_or_else(|p| p.into_inner()).get(&group) == Some(&term)
+    }
+
     /// Sets (`Some`) or clears the vote floor of a recovering replica of
     /// `group` (see `crate::control::recovery`).
     /// The floor itself is `None` when no voter holds any entry.
@@ -402,10 +408,11 @@ impl GroupRegistry {
         g.by_id.values().filter_map(|h| h.partition.clone()).collect()
     }
 
-    /// Every hosted partition replica whose group is not in `skip`. Looks
-    /// only at group ids for the skipped ones (does not touch their replicas).
-    pub fn partitions_except(&self, skip: &std::collections::HashSet<GroupId>) -> Vec<Arc<Partition>> {
+    /// Every hosted partition replica whose group id `keep` accepts. Looks
+    /// only at group ids for the others (does not touch their replicas);
+    /// `keep` runs under this registry's lock and must not call into it.
+    pub fn partitions_where(&self, keep: impl Fn(GroupId) -> bool) -> Vec<Arc<Partition>> {
         let g = self.groups.read().unwrap_or_else(|p| p.into_inner());
-        g.by_id.iter().filter(|(id, _)| !skip.contains(id)).filter_map(|(_, h)| h.partition.clone()).collect()
+        g.by_id.iter().filter(|(id, _)| keep(**id)).filter_map(|(_, h)| h.partition.clone()).collect()
     }
 }

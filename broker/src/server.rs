@@ -172,8 +172,12 @@ impl Broker {
         );
 
         // Peer API first: the metadata group needs to reach the others.
+        // What the pings say of other brokers: elections here, and the
+        // peer service's answer to pre-votes.
+        let liveness = Liveness::default();
         let peer_server = RaftPeerServer::new(me, groups.clone())
-            .with_message_bytes_max(peer_message_bytes_max(config.limits.max_batch_bytes));
+            .with_message_bytes_max(peer_message_bytes_max(config.limits.max_batch_bytes))
+            .with_liveness(liveness.clone());
         let controller_slot = peer_server.controller_slot();
         let mut stop = Vec::new();
         let mut servers = Vec::new();
@@ -267,7 +271,6 @@ impl Broker {
         }
 
         let (image_tx, image_rx) = watch::channel(Arc::new(MetadataImage::new()));
-        let liveness = Liveness::default();
         let mut tasks = vec![spawn_task(
             "metadata_image",
             me,

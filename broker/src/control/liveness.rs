@@ -18,7 +18,7 @@
 //! acknowledged a heartbeat since (`crate::control::quiesce`).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
@@ -41,6 +41,9 @@ pub const SILENCE_MAX: Duration = Duration::from_secs(5);
 struct Heard {
     /// When it answered.
     at: Instant,
+    /// When the ping it answered was sent: what the answer says (`leading`)
+    /// was true at some time after this.
+    asked: Instant,
     /// Smoothed ping round trip (7/8 old + 1/8 new, as TCP's SRTT, RFC 6298).
     rtt: Duration,
     /// A ping was refused (connection refused or reset) after `at`.
@@ -68,6 +71,41 @@ pub struct Liveness {
     changes: Arc<AtomicU64>,
     /// The brokers pinged in the last round (the registered ones).
     pinged: Arc<Mutex<Vec<BrokerId>>>,
+    /// This broker's id (0 until [`Liveness::run`] starts): its own pings
+    /// tell whether it is itself answering late (see [`Judge`]).
+    me: Arc<AtomicU32>,
+}
+
+/// How the freshness of an answer is judged, for one look at the answers.
+#[derive(Clone, Copy, Debug)]
+struct Judge {
+    dead_after: Duration,
+    /// When this broker last answered its own ping (through its own
+    /// listener, like every peer's).
+    self_at: Option<Instant>,
+}
+
+impl Judge {
+    /// Whether `h` is recent enough: not refused, and answered within the
+    /// silence allowed ([`silence_allowed`]), or, while this broker's own
+    /// pings are answered late too, within that silence of its own last
+    /// answer (at most [`SILENCE_MAX`]). A saturated machine delays every
+    /// answer, this broker's own included: measured at 5,000 partitions,
+    /// brokers counted each other (and themselves) dead after 550–650 ms of
+    /// silence a few times a minute, and each time every follower of the
+    /// "dead" broker's groups campaigned. A broker that stopped answering
+    /// while this one answers itself is judged as before, and a refused
+    /// connection (a killed process) at once.
+    fn fresh(&self, h: &Heard) -> bool {
+        if h.refused {
+            return false;
+        }
+        let silent = h.at.elapsed();
+        let allowed = silence_allowed(self.dead_after, h.rtt);
+        silent < allowed
+            || (silent < SILENCE_MAX
+                && self.self_at.is_some_and(|s| s.saturating_duration_since(h.at) < allowed))
+    }
 }
 
 impl Default for Liveness {
@@ -78,6 +116,7 @@ impl Default for Liveness {
             started: Arc::default(),
             changes: Arc::default(),
             pinged: Arc::default(),
+            me: Arc::default(),
         }
     }
 }
@@ -87,23 +126,34 @@ impl Liveness {
         *self.dead_after.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether `h` is recent enough (see the module comment).
-    fn fresh(h: &Heard, dead_after: Duration) -> bool {
-        !h.refused && h.at.elapsed() < silence_allowed(dead_after, h.rtt)
+    /// How answers are judged now, given `seen` (see [`Judge`]).
+    fn judge(&self, seen: &HashMap<BrokerId, Heard>) -> Judge {
+        let me = self.me.load(Ordering::Relaxed);
+        let self_at = (me != 0).then(|| seen.get(&me)).flatten().filter(|h| !h.refused).map(|h| h.at);
+        Judge { dead_after: self.dead_after(), self_at }
     }
 
     /// Whether `broker` answered recently enough.
     pub fn is_alive(&self, broker: BrokerId) -> bool {
-        let dead_after = self.dead_after();
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        seen.get(&broker).is_some_and(|h| Self::fresh(h, dead_after))
+        let judge = self.judge(&seen);
+        seen.get(&broker).is_some_and(|h| judge.fresh(h))
     }
 
     /// Whether `broker` answered recently and said it leads `group`.
     pub fn leads(&self, broker: BrokerId, group: u64) -> bool {
-        let dead_after = self.dead_after();
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        seen.get(&broker).is_some_and(|h| Self::fresh(h, dead_after) && h.leading.contains(&group))
+        let judge = self.judge(&seen);
+        seen.get(&broker).is_some_and(|h| judge.fresh(h) && h.leading.contains(&group))
+    }
+
+    /// Whether `broker` answered recently, to a ping sent at `since` or
+    /// later, without saying it leads `group`: what it led before `since`
+    /// it has had time to announce (see `crate::control::quiesce`).
+    pub fn denies_leading(&self, broker: BrokerId, group: u64, since: Instant) -> bool {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let judge = self.judge(&seen);
+        seen.get(&broker).is_some_and(|h| judge.fresh(h) && h.asked >= since && !h.leading.contains(&group))
     }
 
     /// How long a ping to `broker` may take before it is given up. A broker
@@ -111,10 +161,10 @@ impl Liveness {
     /// an answer slower than `dead_after` must still count as heard (see
     /// [`Liveness::settled`]), or a loaded peer would never be.
     fn ping_timeout(&self, broker: BrokerId) -> Duration {
-        let dead_after = self.dead_after();
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let judge = self.judge(&seen);
         match seen.get(&broker) {
-            Some(h) => silence_allowed(dead_after, h.rtt),
+            Some(h) => silence_allowed(judge.dead_after, h.rtt),
             None => SILENCE_MAX,
         }
     }
@@ -122,10 +172,11 @@ impl Liveness {
     /// Records that a ping to `broker` was refused: it is dead now (and,
     /// if it never answered, known to be: see [`Liveness::settled`]).
     fn refused(&self, broker: BrokerId) {
-        let dead_after = self.dead_after();
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let judge = self.judge(&seen);
         let h = seen.entry(broker).or_insert_with(|| Heard {
             at: Instant::now(),
+            asked: Instant::now(),
             rtt: Duration::ZERO,
             refused: true,
             leading: HashSet::new(),
@@ -133,7 +184,7 @@ impl Liveness {
             returned_at: None,
             opening_floor: 0,
         });
-        if Self::fresh(h, dead_after) {
+        if judge.fresh(h) {
             self.changed();
         }
         h.refused = true;
@@ -191,27 +242,32 @@ impl Liveness {
     /// id on (`PingResponse.opening_floor`). A group it hosts that failed
     /// to open counts as open: nothing here would change that.
     pub fn has_open(&self, broker: BrokerId, group: u64) -> bool {
-        let dead_after = self.dead_after();
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        seen.get(&broker)
-            .is_some_and(|h| Self::fresh(h, dead_after) && (h.opening_floor == 0 || group < h.opening_floor))
+        let judge = self.judge(&seen);
+        seen.get(&broker).is_some_and(|h| judge.fresh(h) && (h.opening_floor == 0 || group < h.opening_floor))
     }
 
     /// When `broker` came back (see the module comment), if it is alive.
     pub fn returned_at(&self, broker: BrokerId) -> Option<Instant> {
-        let dead_after = self.dead_after();
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        seen.get(&broker).filter(|h| Self::fresh(h, dead_after)).and_then(|h| h.returned_at)
+        let judge = self.judge(&seen);
+        seen.get(&broker).filter(|h| judge.fresh(h)).and_then(|h| h.returned_at)
     }
 
     /// Records `broker`'s answer `r`, which took `rtt`.
     fn mark(&self, broker: BrokerId, r: PingResponse, rtt: Duration) {
         let PingResponse { leading_groups: leading, boot_id, replicas_open, opening_floor, .. } = r;
-        let dead_after = self.dead_after();
         let now = Instant::now();
+        let asked = now.checked_sub(rtt).unwrap_or(now);
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let judge = self.judge(&seen);
         let previous = seen.get(&broker);
-        let continuous = previous.is_some_and(|h| h.boot_id == boot_id && Self::fresh(h, dead_after));
+        // Pings overlap: an answer to an older ping that arrives after a
+        // newer one's says nothing newer.
+        if previous.is_some_and(|h| !h.refused && h.asked > asked) {
+            return;
+        }
+        let continuous = previous.is_some_and(|h| h.boot_id == boot_id && judge.fresh(h));
         let returned_at = match previous {
             _ if !replicas_open => None,
             Some(h) if continuous => h.returned_at.or(Some(now)),
@@ -224,7 +280,7 @@ impl Liveness {
                 .is_some_and(|h| h.returned_at.is_some() == returned_at.is_some() && h.leading == leading);
         seen.insert(
             broker,
-            Heard { at: now, rtt, refused: false, leading, boot_id, returned_at, opening_floor },
+            Heard { at: now, asked, rtt, refused: false, leading, boot_id, returned_at, opening_floor },
         );
         if !same {
             self.changed();
@@ -232,15 +288,31 @@ impl Liveness {
     }
 
     /// Which brokers are alive now; a change of it (a broker fell silent)
-    /// counts as a change ([`Liveness::changes`]).
+    /// counts as a change ([`Liveness::changes`]) and is logged: a broker
+    /// counted dead makes its groups' followers elsewhere campaign, so an
+    /// operator reading about an election storm needs to see it.
     fn note_silences(&self, alive_before: &mut Vec<BrokerId>) {
-        let dead_after = self.dead_after();
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        let mut alive: Vec<BrokerId> =
-            seen.iter().filter(|(_, h)| Self::fresh(h, dead_after)).map(|(b, _)| *b).collect();
-        drop(seen);
+        let judge = self.judge(&seen);
+        let mut alive: Vec<BrokerId> = seen.iter().filter(|(_, h)| judge.fresh(h)).map(|(b, _)| *b).collect();
         alive.sort_unstable();
         if alive != *alive_before {
+            for b in alive_before.iter().filter(|b| !alive.contains(b)) {
+                if let Some(h) = seen.get(b) {
+                    tracing::warn!(
+                        peer = b,
+                        silent_ms = h.at.elapsed().as_millis() as u64,
+                        allowed_ms = silence_allowed(judge.dead_after, h.rtt).as_millis() as u64,
+                        srtt_ms = h.rtt.as_millis() as u64,
+                        refused = h.refused,
+                        "broker {b} counts as dead: its groups' followers here may campaign"
+                    );
+                }
+            }
+            for b in alive.iter().filter(|b| !alive_before.contains(b)) {
+                tracing::info!(peer = b, "broker {b} answers pings: alive");
+            }
+            drop(seen);
             *alive_before = alive;
             self.changed();
         }
@@ -260,6 +332,7 @@ impl Liveness {
     ) {
         *self.dead_after.lock().unwrap_or_else(|p| p.into_inner()) = dead_after;
         *self.started.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        self.me.store(me, Ordering::Relaxed);
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut alive = Vec::new();
@@ -349,6 +422,46 @@ mod tests {
         assert!(l.has_open(2, 11), "opens nothing now");
         l.refused(2);
         assert!(!l.has_open(2, 7), "dead");
+    }
+
+    #[test]
+    fn only_an_answer_to_a_ping_sent_after_a_moment_denies_leading_since_then() {
+        let l = Liveness::default();
+        let before = Instant::now();
+        assert!(!l.denies_leading(2, 7, before), "never heard from: says nothing");
+        std::thread::sleep(Duration::from_millis(5));
+        l.mark(2, answer(&[8], 1, 0), Duration::from_millis(1));
+        assert!(l.denies_leading(2, 7, before), "asked after `before`, and 7 is not listed");
+        assert!(!l.denies_leading(2, 8, before), "it leads 8");
+        let later = Instant::now() + Duration::from_millis(1);
+        assert!(!l.denies_leading(2, 7, later), "no ping sent after `later` yet");
+        // An answer to an older ping, arriving late, does not replace what a
+        // newer one said.
+        l.mark(2, answer(&[7], 1, 0), Duration::from_millis(200));
+        assert!(l.denies_leading(2, 7, before));
+        assert!(!l.leads(2, 7));
+        l.refused(2);
+        assert!(!l.denies_leading(2, 7, before), "dead: denies nothing (it is not alive)");
+    }
+
+    #[test]
+    fn a_broker_answering_itself_late_does_not_count_others_dead_for_it() {
+        let l = Liveness::default();
+        *l.dead_after.lock().unwrap() = Duration::from_millis(30);
+        l.me.store(1, Ordering::Relaxed);
+        l.mark(1, answer(&[], 1, 0), Duration::from_millis(1));
+        l.mark(2, answer(&[], 1, 0), Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(
+            l.is_alive(2),
+            "no answer since, but this broker's own answer is as old: it may be the slow one"
+        );
+        l.mark(1, answer(&[], 1, 0), Duration::from_millis(1));
+        assert!(!l.is_alive(2), "this broker answers itself again, and 2 stayed silent");
+        l.mark(2, answer(&[], 1, 0), Duration::from_millis(1));
+        assert!(l.is_alive(2));
+        l.refused(2);
+        assert!(!l.is_alive(2), "a refused connection is dead at once");
     }
 
     #[test]

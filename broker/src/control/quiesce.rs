@@ -15,9 +15,12 @@
 //!   next write. Otherwise it parks its ticker.
 //! - a **follower** never ticks: the node's own election timer is switched
 //!   off for partition groups (`RaftNode::set_elections(false)`) and this module
-//!   decides every election. A follower stays quiet while some live broker
-//!   says it leads the group (its own idea of the leader, or, after a
-//!   restart when it knows none yet, any replica's broker that claims it).
+//!   decides every election. A follower stays quiet while it presumes a
+//!   live leader ([`presumed_leader`]): some live broker says it leads the
+//!   group (its own idea of the leader, or, after a restart when it knows
+//!   none yet, any replica's broker that claims it), or the leader it has
+//!   just learned of has not had [`ANNOUNCE_GRACE`] to say so in its pings.
+//!   Such a follower also refuses other candidates' pre-votes.
 //!
 //! When no live leader is left, one replica campaigns (with pre-vote, so a
 //! leader still healthy for a quorum is not disrupted): the first live
@@ -45,10 +48,14 @@
 //! Safety does not depend on this: it only decides when the nodes' timers
 //! run and when elections start; votes and commits are Raft's (§5.2, §5.4).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use ferrolog_replica::NodeId;
+
+use crate::config::BrokerId;
 use crate::control::liveness::Liveness;
 use crate::partition::Partition;
 
@@ -95,15 +102,35 @@ pub const OPEN_WAIT_MAX: Duration = Duration::from_secs(30);
 /// if that follower never acknowledges a heartbeat.
 pub const RETURN_WINDOW: Duration = Duration::from_secs(30);
 
+/// How long a replica that has just learned its group's leader (from the
+/// leader's own messages) takes it for alive while the leader's broker
+/// answers pings without saying so yet: a broker announces what it leads
+/// up to [`crate::groups::LEADERSHIP_COALESCE`] after it won, in the
+/// answer to the next ping, later when it is loaded. Without it a
+/// follower that had just accepted a new leader's entries could count the
+/// group leaderless and campaign against it (at 10,000 partitions, two
+/// replicas of 2,906 groups took turns campaigning, some groups ten times
+/// or more, which this and the pre-vote rule in
+/// `crate::network::server` are meant to prevent).
+pub const ANNOUNCE_GRACE: Duration = Duration::from_secs(1);
+
+/// The origin of the campaigns' clocks: one for the process, so a round
+/// of [`run`] reads the clock once, not once per group.
+static ORIGIN: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
+/// Now, ms since [`ORIGIN`] (at least 1: 0 means "never" below).
+fn now_ms() -> u64 {
+    (ORIGIN.elapsed().as_millis() as u64).max(1)
+}
+
 /// One group's election bookkeeping on this replica.
 #[derive(Debug)]
 pub struct Campaign {
-    origin: Instant,
     /// Campaigns since this replica last knew a live leader.
     attempts: AtomicU32,
-    /// No campaign before this, ms since `origin` (0 until one is started).
+    /// No campaign before this, ms since [`ORIGIN`] (0 until one is started).
     not_before_ms: AtomicU64,
-    /// Since when this replica has known no live leader, ms since `origin`
+    /// Since when this replica has known no live leader, ms since [`ORIGIN`]
     /// (0: it knows one).
     leaderless_since_ms: AtomicU64,
     /// Whether this replica may campaign at all (`crate::control::recovery` clears it
@@ -112,26 +139,24 @@ pub struct Campaign {
     /// The last look at the group decided to campaign, and none was
     /// started (the broker's budget was spent).
     waiting: AtomicBool,
+    /// The leader this replica knows (its node id), and since when.
+    known_leader: Mutex<Option<(NodeId, Instant)>>,
 }
 
 impl Default for Campaign {
     fn default() -> Self {
         Self {
-            origin: Instant::now(),
             attempts: AtomicU32::new(0),
             not_before_ms: AtomicU64::new(0),
             leaderless_since_ms: AtomicU64::new(0),
             allowed: AtomicBool::new(true),
             waiting: AtomicBool::new(false),
+            known_leader: Mutex::new(None),
         }
     }
 }
 
 impl Campaign {
-    fn now_ms(&self) -> u64 {
-        (self.origin.elapsed().as_millis() as u64).max(1)
-    }
-
     /// Allows or forbids campaigning (see `crate::control::recovery`).
     pub fn set_allowed(&self, allowed: bool) {
         self.allowed.store(allowed, Ordering::Relaxed);
@@ -140,6 +165,24 @@ impl Campaign {
     /// Whether campaigning is allowed.
     pub fn allowed(&self) -> bool {
         self.allowed.load(Ordering::Relaxed)
+    }
+
+    /// Records that this replica knows `leader` as its group's leader now
+    /// (`None`: none); returns since when it has known that one.
+    pub fn leader_known_since(&self, leader: Option<NodeId>) -> Option<Instant> {
+        let mut known = self.known_leader.lock().unwrap_or_else(|p| p.into_inner());
+        match (leader, *known) {
+            (None, _) => {
+                *known = None;
+                None
+            }
+            (Some(n), Some((k, since))) if k == n => Some(since),
+            (Some(n), _) => {
+                let now = Instant::now();
+                *known = Some((n, now));
+                Some(now)
+            }
+        }
     }
 
     /// Records that a live leader is known (or this replica leads).
@@ -151,7 +194,7 @@ impl Campaign {
 
     /// Records that no live leader is known; returns for how long.
     fn leaderless(&self) -> Duration {
-        let now = self.now_ms();
+        let now = now_ms();
         let since =
             match self.leaderless_since_ms.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => now,
@@ -160,29 +203,32 @@ impl Campaign {
         Duration::from_millis(now.saturating_sub(since))
     }
 
-    /// Whether the back-off since the last campaign has passed.
-    fn due(&self) -> bool {
-        self.now_ms() >= self.not_before_ms.load(Ordering::Relaxed)
+    /// Whether the back-off since the last campaign has passed at `now`
+    /// (ms since [`ORIGIN`]).
+    fn due(&self, now: u64) -> bool {
+        now >= self.not_before_ms.load(Ordering::Relaxed)
     }
 
     /// Whether a campaign was started and its back-off has not passed yet
-    /// (it may still win, or it failed and waits): such groups count
-    /// against the broker's [`CAMPAIGNS_IN_FLIGHT`], so when campaigns fail
-    /// under load, fewer new ones start.
-    fn in_flight(&self) -> bool {
-        !self.due()
+    /// at `now` (it may still win, or it failed and waits): such groups
+    /// count against the broker's [`CAMPAIGNS_IN_FLIGHT`], so when
+    /// campaigns fail under load, fewer new ones start.
+    fn in_flight(&self, now: u64) -> bool {
+        !self.due(now)
     }
 
     /// Records a campaign started now; the next one waits a randomised
     /// back-off of `base` × 2^attempts (capped at [`BACKOFF_MAX`]), between
     /// half and all of it.
-    fn started(&self, base: Duration) {
-        let now = self.now_ms();
+    /// Returns the end of that back-off, ms since [`ORIGIN`].
+    fn started(&self, base: Duration) -> u64 {
+        let now = now_ms();
         self.waiting.store(false, Ordering::Relaxed);
         let attempts = self.attempts.fetch_add(1, Ordering::Relaxed);
         let full = base.saturating_mul(1 << attempts.min(8)).min(BACKOFF_MAX).as_millis() as u64;
         let wait = full / 2 + jitter(full / 2 + 1);
         self.not_before_ms.store(now + wait, Ordering::Relaxed);
+        now + wait
     }
 }
 
@@ -262,6 +308,34 @@ pub fn decide(v: GroupView) -> Decision {
     }
 }
 
+/// The broker this replica takes for the live leader of its group, other
+/// than its own: one whose pings say it leads the group, or the leader this
+/// replica knows (`current_leader`, learned from the leader's messages)
+/// while its broker answers pings and has not had [`ANNOUNCE_GRACE`] to
+/// say so. A follower with a presumed leader does not campaign, and refuses
+/// others' pre-votes (`crate::network::server`): a quiet leader sends no
+/// heartbeats, so its followers' leader leases lapse and the Raft node's
+/// own pre-vote check would let any candidate depose it; the pings stand
+/// in for the heartbeats (Raft thesis §4.2.3, disruptive servers; §9.6).
+pub fn presumed_leader(
+    p: &Partition,
+    liveness: &Liveness,
+    me: BrokerId,
+    current_leader: Option<NodeId>,
+) -> Option<BrokerId> {
+    let learned = p.campaign.leader_known_since(current_leader);
+    let own_idea = current_leader.and_then(|n| p.broker_of(n)).filter(|b| *b != me);
+    if let (Some(b), Some(learned)) = (own_idea, learned) {
+        let announced = liveness.leads(b, p.group);
+        let not_yet_denied =
+            liveness.is_alive(b) && !liveness.denies_leading(b, p.group, learned + ANNOUNCE_GRACE);
+        if announced || not_yet_denied {
+            return Some(b);
+        }
+    }
+    p.replicas().iter().map(|r| r.broker).find(|b| *b != me && liveness.leads(*b, p.group))
+}
+
 fn view(p: &Partition, liveness: &Liveness, me: u32, fallback_after: Duration) -> GroupView {
     // Borrowed, not cloned: this runs for every hosted group every round,
     // and a clone of the metrics (maps of replication and heartbeat
@@ -288,10 +362,7 @@ fn view(p: &Partition, liveness: &Liveness, me: u32, fallback_after: Duration) -
     });
     let replicas = p.replicas();
     let own_idea = current_leader.and_then(|n| p.broker_of(n)).filter(|b| *b != me);
-    let leader_broker = own_idea
-        .filter(|b| liveness.leads(*b, p.group))
-        .or_else(|| replicas.iter().map(|r| r.broker).find(|b| *b != me && liveness.leads(*b, p.group)));
-    let leader_alive = leader_broker.is_some();
+    let leader_alive = !is_leader && presumed_leader(p, liveness, me, current_leader).is_some();
     if is_leader || leader_alive {
         p.campaign.led();
     }
@@ -363,6 +434,9 @@ pub async fn run(
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut quiet: HashSet<u64> = HashSet::new();
+    // The groups whose campaign was started here, and when its back-off
+    // ends (ms since ORIGIN): at most CAMPAIGNS_IN_FLIGHT unresolved.
+    let mut backing_off: HashMap<u64, u64> = HashMap::new();
     let mut changes = None;
     let mut full_at = Instant::now();
     // Fallbacks wait longer while this broker has many campaigns due.
@@ -371,16 +445,24 @@ pub async fn run(
         tick.tick().await;
         let now_changes = liveness.changes();
         let full = changes != Some(now_changes) || full_at.elapsed() >= FULL_ROUND_EVERY;
-        let visit = if full {
+        if full {
             changes = Some(now_changes);
             full_at = Instant::now();
             quiet.clear();
-            groups.partitions()
-        } else {
-            groups.partitions_except(&quiet)
-        };
-        // Campaigning groups are never quiet: this counts all of them.
-        let in_flight = visit.iter().filter(|p| p.campaign.in_flight() && !p.raft.is_leader()).count();
+        }
+        // One clock read for the round. While thousands of groups elect at
+        // once, looking at every one each round (a clock read and a few
+        // cache misses each, twice) was a quarter of a broker's CPU at
+        // 10,000 partitions.
+        let now = now_ms();
+        // Unresolved campaigns: started here, back-off not over, and not
+        // leading here (as the pings report it). They count against the
+        // broker's CAMPAIGNS_IN_FLIGHT and are not looked at: such a group
+        // cannot start another campaign before its back-off ends.
+        backing_off.retain(|_, until| *until > now);
+        let unresolved: HashSet<u64> = backing_off.keys().copied().filter(|g| !groups.is_led(*g)).collect();
+        let in_flight = unresolved.len();
+        let visit = groups.partitions_where(|g| !unresolved.contains(&g) && (full || !quiet.contains(&g)));
         // Campaigns where this replica is the first live one go first;
         // fallbacks get what they leave ([`admit`]).
         let mut first = Vec::new();
@@ -388,19 +470,18 @@ pub async fn run(
         // Groups skipped below that still wait for the budget.
         let mut skipped_waiting = 0usize;
         for p in visit {
-            // While thousands of groups elect at once, looking at every one
-            // each round (a few cache misses each) took most of a broker's
-            // CPU: a follower whose campaign backs off cannot start another,
-            // and one that waited for the budget last round cannot start
-            // once this round has enough first campaigns. Looked at again
-            // when that changes (leaders are always looked at).
-            let stalled = p.campaign.in_flight()
-                || (first.len() >= CAMPAIGNS_PER_ROUND && p.campaign.waiting.load(Ordering::Relaxed));
-            if stalled && !groups.is_led(p.group) && !p.raft.is_leader() {
+            // One that waited for the budget last round cannot start once
+            // this round has enough first campaigns: looked at again when
+            // that changes (leaders are always looked at).
+            let stalled = first.len() >= CAMPAIGNS_PER_ROUND && p.campaign.waiting.load(Ordering::Relaxed);
+            if stalled && !groups.is_led(p.group) {
                 quiet.remove(&p.group);
-                skipped_waiting += usize::from(p.campaign.due());
+                skipped_waiting += 1;
                 continue;
             }
+            // A campaign led() reset, or one whose group was looked at
+            // because it leads here now.
+            let campaigning = p.campaign.in_flight(now);
             let v = view(&p, &liveness, me, fallback_wait);
             let decision = decide(v);
             p.campaign.waiting.store(decision == Decision::Campaign, Ordering::Relaxed);
@@ -420,8 +501,8 @@ pub async fn run(
                 quiet.remove(&p.group);
             }
             match decision {
-                Decision::Campaign if p.campaign.due() && v.first_live_follower => first.push(p),
-                Decision::Campaign if p.campaign.due() => fallbacks.push(p),
+                Decision::Campaign if !campaigning && v.first_live_follower => first.push(p),
+                Decision::Campaign if !campaigning => fallbacks.push(p),
                 _ => {}
             }
         }
@@ -435,7 +516,7 @@ pub async fn run(
             .take(fallback_n)
             .map(|p| (p, "no live leader, and the first live replica did not win: campaigning"));
         for (p, why) in first.chain(fallbacks) {
-            p.campaign.started(election_timeout);
+            backing_off.insert(p.group, p.campaign.started(election_timeout));
             tracing::debug!(topic = %p.topic, partition = p.partition, "{why}");
             p.raft.campaign().await;
         }
@@ -585,18 +666,31 @@ mod tests {
     }
 
     #[test]
+    fn a_leader_is_known_since_it_was_first_seen_and_forgotten_when_none_is() {
+        let c = Campaign::default();
+        assert_eq!(c.leader_known_since(None), None);
+        let first = c.leader_known_since(Some(5)).expect("known");
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(c.leader_known_since(Some(5)), Some(first), "the same leader: since it was first seen");
+        let other = c.leader_known_since(Some(6)).expect("known");
+        assert!(other > first, "another leader: since now");
+        assert_eq!(c.leader_known_since(None), None);
+        assert!(c.leader_known_since(Some(6)).expect("known") > other, "seen again after none: anew");
+    }
+
+    #[test]
     fn backoff_doubles_with_attempts_within_bounds() {
         let c = Campaign::default();
-        assert!(c.due());
+        assert!(c.due(now_ms()));
         c.started(Duration::from_millis(1000));
-        assert!(!c.due(), "waits at least half the base");
-        assert!(c.in_flight());
+        assert!(!c.due(now_ms()), "waits at least half the base");
+        assert!(c.in_flight(now_ms()));
         let first = c.not_before_ms.load(Ordering::Relaxed);
-        assert!((500..=1001 + c.now_ms()).contains(&first), "{first}");
+        assert!((500..=1001 + now_ms()).contains(&first), "{first}");
         for _ in 0..19 {
             c.started(Duration::from_millis(1000));
         }
-        let started = c.now_ms();
+        let started = now_ms();
         c.started(Duration::from_millis(1000));
         let wait = c.not_before_ms.load(Ordering::Relaxed) - started;
         assert!(
@@ -604,7 +698,7 @@ mod tests {
             "{wait}"
         );
         c.led();
-        assert!(c.due());
+        assert!(c.due(now_ms()));
         assert_eq!(c.attempts.load(Ordering::Relaxed), 0);
     }
 }
