@@ -409,8 +409,10 @@ impl GroupRegistry {
     }
 
     /// Every hosted partition replica whose group id `keep` accepts. Looks
-    /// only at group ids for the others (does not touch their replicas);
-    /// `keep` runs under this registry's lock and must not call into it.
+    /// only at group ids for the others (does not touch their replicas).
+    /// `keep` runs under this registry's lock and must not call into it
+    /// (the leadership watcher holds `led` while it takes this lock, so an
+    /// [`GroupRegistry::is_led`] inside `keep` could deadlock).
     pub fn partitions_where(&self, keep: impl Fn(GroupId) -> bool) -> Vec<Arc<Partition>> {
         let g = self.groups.read().unwrap_or_else(|p| p.into_inner());
         g.by_id.iter().filter(|(id, _)| keep(**id)).filter_map(|(_, h)| h.partition.clone()).collect()

@@ -41,8 +41,9 @@ pub const SILENCE_MAX: Duration = Duration::from_secs(5);
 struct Heard {
     /// When it answered.
     at: Instant,
-    /// When the ping it answered was sent: what the answer says (`leading`)
-    /// was true at some time after this.
+    /// When the ping it answered was sent (its arrival less its round
+    /// trip): what the answer says (`leading`) was true at some time after
+    /// this. For a refused ping, when the refusal came.
     asked: Instant,
     /// Smoothed ping round trip (7/8 old + 1/8 new, as TCP's SRTT, RFC 6298).
     rtt: Duration,
@@ -80,22 +81,25 @@ pub struct Liveness {
 #[derive(Clone, Copy, Debug)]
 struct Judge {
     dead_after: Duration,
-    /// When this broker last answered its own ping (through its own
-    /// listener, like every peer's).
-    self_at: Option<Instant>,
+    /// When the last ping this broker answered itself (through its own
+    /// listener, like every peer's) was sent.
+    self_asked: Option<Instant>,
 }
 
 impl Judge {
     /// Whether `h` is recent enough: not refused, and answered within the
-    /// silence allowed ([`silence_allowed`]), or, while this broker's own
-    /// pings are answered late too, within that silence of its own last
-    /// answer (at most [`SILENCE_MAX`]). A saturated machine delays every
-    /// answer, this broker's own included: measured at 5,000 partitions,
-    /// brokers counted each other (and themselves) dead after 550–650 ms of
-    /// silence a few times a minute, and each time every follower of the
-    /// "dead" broker's groups campaigned. A broker that stopped answering
-    /// while this one answers itself is judged as before, and a refused
-    /// connection (a killed process) at once.
+    /// silence allowed ([`silence_allowed`]), or answering a ping sent
+    /// within that silence of the last ping this broker answered itself
+    /// (at most [`SILENCE_MAX`] ago). While this broker answers itself
+    /// promptly that is the same rule; while its own answers come late too
+    /// (the machine is saturated, or this process stalled), a peer is not
+    /// judged by a silence this broker shares. Measured at 5,000
+    /// partitions before this: brokers counted each other (and themselves)
+    /// dead after 550–650 ms of silence several times a minute, and each
+    /// time the followers of the "dead" broker's groups campaigned. A
+    /// refused connection (a killed process) is dead at once, and if this
+    /// broker's own pings stop being answered at all, a silent peer is
+    /// dead after [`SILENCE_MAX`].
     fn fresh(&self, h: &Heard) -> bool {
         if h.refused {
             return false;
@@ -104,7 +108,7 @@ impl Judge {
         let allowed = silence_allowed(self.dead_after, h.rtt);
         silent < allowed
             || (silent < SILENCE_MAX
-                && self.self_at.is_some_and(|s| s.saturating_duration_since(h.at) < allowed))
+                && self.self_asked.is_some_and(|s| s.saturating_duration_since(h.asked) < allowed))
     }
 }
 
@@ -129,8 +133,8 @@ impl Liveness {
     /// How answers are judged now, given `seen` (see [`Judge`]).
     fn judge(&self, seen: &HashMap<BrokerId, Heard>) -> Judge {
         let me = self.me.load(Ordering::Relaxed);
-        let self_at = (me != 0).then(|| seen.get(&me)).flatten().filter(|h| !h.refused).map(|h| h.at);
-        Judge { dead_after: self.dead_after(), self_at }
+        let self_asked = (me != 0).then(|| seen.get(&me)).flatten().filter(|h| !h.refused).map(|h| h.asked);
+        Judge { dead_after: self.dead_after(), self_asked }
     }
 
     /// Whether `broker` answered recently enough.
@@ -171,12 +175,12 @@ impl Liveness {
 
     /// Records that a ping to `broker` was refused: it is dead now (and,
     /// if it never answered, known to be: see [`Liveness::settled`]).
-    fn refused(&self, broker: BrokerId) {
+    fn refused(&self, broker: BrokerId, sent: Instant) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let judge = self.judge(&seen);
         let h = seen.entry(broker).or_insert_with(|| Heard {
             at: Instant::now(),
-            asked: Instant::now(),
+            asked: sent,
             rtt: Duration::ZERO,
             refused: true,
             leading: HashSet::new(),
@@ -188,6 +192,9 @@ impl Liveness {
             self.changed();
         }
         h.refused = true;
+        // An answer to a ping sent before the refused one, arriving late,
+        // does not bring the broker back (see `mark`).
+        h.asked = h.asked.max(sent);
     }
 
     /// A number that grows whenever what the pings say changes: a broker
@@ -263,8 +270,8 @@ impl Liveness {
         let judge = self.judge(&seen);
         let previous = seen.get(&broker);
         // Pings overlap: an answer to an older ping that arrives after a
-        // newer one's says nothing newer.
-        if previous.is_some_and(|h| !h.refused && h.asked > asked) {
+        // newer one's (or after a refusal) says nothing newer.
+        if previous.is_some_and(|h| h.asked > asked) {
             return;
         }
         let continuous = previous.is_some_and(|h| h.boot_id == boot_id && judge.fresh(h));
@@ -297,22 +304,36 @@ impl Liveness {
         let mut alive: Vec<BrokerId> = seen.iter().filter(|(_, h)| judge.fresh(h)).map(|(b, _)| *b).collect();
         alive.sort_unstable();
         if alive != *alive_before {
-            for b in alive_before.iter().filter(|b| !alive.contains(b)) {
-                if let Some(h) = seen.get(b) {
-                    tracing::warn!(
-                        peer = b,
-                        silent_ms = h.at.elapsed().as_millis() as u64,
-                        allowed_ms = silence_allowed(judge.dead_after, h.rtt).as_millis() as u64,
-                        srtt_ms = h.rtt.as_millis() as u64,
-                        refused = h.refused,
-                        "broker {b} counts as dead: its groups' followers here may campaign"
-                    );
-                }
+            // Gathered under the lock, logged after it.
+            let ms = |d: Duration| d.as_millis() as u64;
+            let died: Vec<(BrokerId, u64, u64, u64, bool)> = alive_before
+                .iter()
+                .filter(|b| !alive.contains(b))
+                .filter_map(|b| {
+                    let h = seen.get(b)?;
+                    Some((
+                        *b,
+                        ms(h.at.elapsed()),
+                        ms(silence_allowed(judge.dead_after, h.rtt)),
+                        ms(h.rtt),
+                        h.refused,
+                    ))
+                })
+                .collect();
+            drop(seen);
+            for (b, silent_ms, allowed_ms, srtt_ms, refused) in died {
+                tracing::warn!(
+                    peer = b,
+                    silent_ms,
+                    allowed_ms,
+                    srtt_ms,
+                    refused,
+                    "broker {b} counts as dead: its groups' followers here may campaign"
+                );
             }
             for b in alive.iter().filter(|b| !alive_before.contains(b)) {
                 tracing::info!(peer = b, "broker {b} answers pings: alive");
             }
-            drop(seen);
             *alive_before = alive;
             self.changed();
         }
@@ -371,7 +392,7 @@ impl Liveness {
                                 }
                             }
                             // No connection (refused, reset): not merely slow.
-                            Err(s) if s.code() == tonic::Code::Unavailable => this.refused(id),
+                            Err(s) if s.code() == tonic::Code::Unavailable => this.refused(id, sent),
                             Err(s) if s.code() == tonic::Code::FailedPrecondition => {
                                 tracing::error!(
                                     peer = id,
@@ -420,7 +441,7 @@ mod tests {
         assert!(!l.has_open(2, 10) && !l.has_open(2, 11), "still opening");
         l.mark(2, answer(&[], 1, 0), Duration::from_millis(1));
         assert!(l.has_open(2, 11), "opens nothing now");
-        l.refused(2);
+        l.refused(2, Instant::now());
         assert!(!l.has_open(2, 7), "dead");
     }
 
@@ -440,7 +461,7 @@ mod tests {
         l.mark(2, answer(&[7], 1, 0), Duration::from_millis(200));
         assert!(l.denies_leading(2, 7, before));
         assert!(!l.leads(2, 7));
-        l.refused(2);
+        l.refused(2, Instant::now());
         assert!(!l.denies_leading(2, 7, before), "dead: denies nothing (it is not alive)");
     }
 
@@ -460,7 +481,7 @@ mod tests {
         assert!(!l.is_alive(2), "this broker answers itself again, and 2 stayed silent");
         l.mark(2, answer(&[], 1, 0), Duration::from_millis(1));
         assert!(l.is_alive(2));
-        l.refused(2);
+        l.refused(2, Instant::now());
         assert!(!l.is_alive(2), "a refused connection is dead at once");
     }
 
@@ -487,10 +508,10 @@ mod tests {
         l.mark(2, answer(&[7, 8], 2, 0), Duration::from_millis(1));
         let c3 = l.changes();
         assert!(c3 > c2, "it restarted");
-        l.refused(2);
+        l.refused(2, Instant::now());
         let c4 = l.changes();
         assert!(c4 > c3, "it died");
-        l.refused(2);
+        l.refused(2, Instant::now());
         assert_eq!(l.changes(), c4, "still dead");
         let mut alive = vec![2];
         l.note_silences(&mut alive);
@@ -511,7 +532,7 @@ mod tests {
         *l.pinged.lock().unwrap() = vec![1, 2, 3];
         l.mark(1, answer(&[], 1, 0), Duration::from_millis(1));
         assert!(!l.settled(), "brokers 2 and 3 have neither answered nor refused");
-        l.refused(3);
+        l.refused(3, Instant::now());
         assert!(!l.settled() && !l.is_alive(3), "broker 2 is still unheard");
         l.mark(2, answer(&[7], 1, 0), Duration::from_millis(1));
         assert!(l.settled());
@@ -526,8 +547,10 @@ mod tests {
         let l = Liveness::default();
         l.mark(2, answer(&[7], 1, 0), Duration::from_millis(1));
         assert!(l.is_alive(2) && l.leads(2, 7));
-        l.refused(2);
+        l.refused(2, Instant::now());
         assert!(!l.is_alive(2) && !l.leads(2, 7));
+        // The next ping, sent after the refusal.
+        std::thread::sleep(Duration::from_millis(3));
         l.mark(2, answer(&[], 2, 0), Duration::from_millis(1));
         assert!(l.is_alive(2) && !l.leads(2, 7));
     }

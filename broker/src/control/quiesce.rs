@@ -105,8 +105,9 @@ pub const RETURN_WINDOW: Duration = Duration::from_secs(30);
 /// How long a replica that has just learned its group's leader (from the
 /// leader's own messages) takes it for alive while the leader's broker
 /// answers pings without saying so yet: a broker announces what it leads
-/// up to [`crate::groups::LEADERSHIP_COALESCE`] after it won, in the
-/// answer to the next ping, later when it is loaded. Without it a
+/// about [`crate::groups::LEADERSHIP_COALESCE`] after it won, in the
+/// answer to the next ping (100 ms apart by default), later when it is
+/// loaded; this is a guess, not a bound. Without it a
 /// follower that had just accepted a new leader's entries could count the
 /// group leaderless and campaign against it (at 10,000 partitions, two
 /// replicas of 2,906 groups took turns campaigning, some groups ten times
@@ -139,8 +140,9 @@ pub struct Campaign {
     /// The last look at the group decided to campaign, and none was
     /// started (the broker's budget was spent).
     waiting: AtomicBool,
-    /// The leader this replica knows (its node id), and since when.
-    known_leader: Mutex<Option<(NodeId, Instant)>>,
+    /// The leader this replica knows (its node id and term), and since
+    /// when.
+    known_leader: Mutex<Option<((NodeId, u64), Instant)>>,
 }
 
 impl Default for Campaign {
@@ -167,9 +169,11 @@ impl Campaign {
         self.allowed.load(Ordering::Relaxed)
     }
 
-    /// Records that this replica knows `leader` as its group's leader now
-    /// (`None`: none); returns since when it has known that one.
-    pub fn leader_known_since(&self, leader: Option<NodeId>) -> Option<Instant> {
+    /// Records that this replica knows `leader` (node id, term) as its
+    /// group's leader now (`None`: none); returns since when it has known
+    /// that one. A node that leads again in a later term is a new leader
+    /// here: its broker needs the time to announce it again.
+    pub fn leader_known_since(&self, leader: Option<(NodeId, u64)>) -> Option<Instant> {
         let mut known = self.known_leader.lock().unwrap_or_else(|p| p.into_inner());
         match (leader, *known) {
             (None, _) => {
@@ -210,9 +214,9 @@ impl Campaign {
     }
 
     /// Whether a campaign was started and its back-off has not passed yet
-    /// at `now` (it may still win, or it failed and waits): such groups
-    /// count against the broker's [`CAMPAIGNS_IN_FLIGHT`], so when
-    /// campaigns fail under load, fewer new ones start.
+    /// at `now` (it may still win, or it failed and waits). [`run`] keeps
+    /// its own record of these to count them against the broker's
+    /// [`CAMPAIGNS_IN_FLIGHT`] without looking at each group.
     fn in_flight(&self, now: u64) -> bool {
         !self.due(now)
     }
@@ -264,7 +268,7 @@ pub struct GroupView {
     /// Leader: a follower's broker came back and that follower has not
     /// acknowledged a heartbeat since.
     pub follower_returned: bool,
-    /// Follower: a live broker says it leads the group.
+    /// Follower: it presumes a live leader ([`presumed_leader`]).
     pub leader_alive: bool,
     /// Follower: this is the first live replica in assignment order whose
     /// broker has opened its replicas (it campaigns when the leader dies).
@@ -310,7 +314,8 @@ pub fn decide(v: GroupView) -> Decision {
 
 /// The broker this replica takes for the live leader of its group, other
 /// than its own: one whose pings say it leads the group, or the leader this
-/// replica knows (`current_leader`, learned from the leader's messages)
+/// replica knows (`current_leader`: node id and term, learned from the
+/// leader's messages)
 /// while its broker answers pings and has not had [`ANNOUNCE_GRACE`] to
 /// say so. A follower with a presumed leader does not campaign, and refuses
 /// others' pre-votes (`crate::network::server`): a quiet leader sends no
@@ -321,10 +326,10 @@ pub fn presumed_leader(
     p: &Partition,
     liveness: &Liveness,
     me: BrokerId,
-    current_leader: Option<NodeId>,
+    current_leader: Option<(NodeId, u64)>,
 ) -> Option<BrokerId> {
     let learned = p.campaign.leader_known_since(current_leader);
-    let own_idea = current_leader.and_then(|n| p.broker_of(n)).filter(|b| *b != me);
+    let own_idea = current_leader.and_then(|(n, _)| p.broker_of(n)).filter(|b| *b != me);
     if let (Some(b), Some(learned)) = (own_idea, learned) {
         let announced = liveness.leads(b, p.group);
         let not_yet_denied =
@@ -358,10 +363,11 @@ fn view(p: &Partition, liveness: &Liveness, me: u32, fallback_after: Duration) -
                     back.elapsed() < RETURN_WINDOW && acked_ago.is_none_or(|ago| ago >= back.elapsed())
                 })
             });
-        (is_leader, followers_caught_up, follower_returned, s.leader(), s.has_membership())
+        let current_leader = s.leader().map(|n| (n, s.term()));
+        (is_leader, followers_caught_up, follower_returned, current_leader, s.has_membership())
     });
     let replicas = p.replicas();
-    let own_idea = current_leader.and_then(|n| p.broker_of(n)).filter(|b| *b != me);
+    let own_idea = current_leader.and_then(|(n, _)| p.broker_of(n)).filter(|b| *b != me);
     let leader_alive = !is_leader && presumed_leader(p, liveness, me, current_leader).is_some();
     if is_leader || leader_alive {
         p.campaign.led();
@@ -409,7 +415,9 @@ const _: () = assert!(FULL_ROUND_EVERY.as_millis() < ACTIVE_AFTER_WRITE.as_milli
 /// Whether a group's decision can only change with the pings: a parked
 /// leader (not written, followers caught up) or a parked follower with a
 /// live leader. Writes wake a leader on their own path; everything else
-/// that matters to [`decide`] is in [`Liveness`].
+/// that matters to [`decide`] is in [`Liveness`], except the end of
+/// [`ANNOUNCE_GRACE`] for a leader presumed only on it, which the next full
+/// round ([`FULL_ROUND_EVERY`]) sees.
 fn settled(v: &GroupView, decision: Decision) -> bool {
     decision == Decision::Park && (v.is_leader || v.leader_alive)
 }
@@ -456,9 +464,10 @@ pub async fn run(
         // 10,000 partitions.
         let now = now_ms();
         // Unresolved campaigns: started here, back-off not over, and not
-        // leading here (as the pings report it). They count against the
-        // broker's CAMPAIGNS_IN_FLIGHT and are not looked at: such a group
-        // cannot start another campaign before its back-off ends.
+        // leading here (as this broker's leadership watcher has it,
+        // `GroupRegistry::is_led`). They count against the broker's
+        // CAMPAIGNS_IN_FLIGHT and are not looked at: such a group cannot
+        // start another campaign before its back-off ends.
         backing_off.retain(|_, until| *until > now);
         let unresolved: HashSet<u64> = backing_off.keys().copied().filter(|g| !groups.is_led(*g)).collect();
         let in_flight = unresolved.len();
@@ -479,10 +488,14 @@ pub async fn run(
                 skipped_waiting += 1;
                 continue;
             }
-            // A campaign led() reset, or one whose group was looked at
-            // because it leads here now.
+            // Still backing off, for a group looked at because it leads here
+            // now (then it will not campaign anyway).
             let campaigning = p.campaign.in_flight(now);
             let v = view(&p, &liveness, me, fallback_wait);
+            if v.is_leader || v.leader_alive {
+                // Resolved: it no longer holds the budget.
+                backing_off.remove(&p.group);
+            }
             let decision = decide(v);
             p.campaign.waiting.store(decision == Decision::Campaign, Ordering::Relaxed);
             // Only a leader's ticker does anything (heartbeats): elections
@@ -669,13 +682,20 @@ mod tests {
     fn a_leader_is_known_since_it_was_first_seen_and_forgotten_when_none_is() {
         let c = Campaign::default();
         assert_eq!(c.leader_known_since(None), None);
-        let first = c.leader_known_since(Some(5)).expect("known");
+        let first = c.leader_known_since(Some((5, 1))).expect("known");
         std::thread::sleep(Duration::from_millis(2));
-        assert_eq!(c.leader_known_since(Some(5)), Some(first), "the same leader: since it was first seen");
-        let other = c.leader_known_since(Some(6)).expect("known");
-        assert!(other > first, "another leader: since now");
+        assert_eq!(
+            c.leader_known_since(Some((5, 1))),
+            Some(first),
+            "the same leader: since it was first seen"
+        );
+        let again = c.leader_known_since(Some((5, 2))).expect("known");
+        assert!(again > first, "the same node leading a later term: since now");
+        let other = c.leader_known_since(Some((6, 3))).expect("known");
+        assert!(other >= again, "another leader: since now");
+        std::thread::sleep(Duration::from_millis(2));
         assert_eq!(c.leader_known_since(None), None);
-        assert!(c.leader_known_since(Some(6)).expect("known") > other, "seen again after none: anew");
+        assert!(c.leader_known_since(Some((6, 3))).expect("known") > other, "seen again after none: anew");
     }
 
     #[test]

@@ -173,30 +173,34 @@ impl RaftPeerServer {
             Ok(a) => a,
             Err(e) => return refused(handle_error(e)),
         };
-        if pre_vote && answer.vote_granted && self.refuses_pre_vote(&h, &req) {
+        if pre_vote && answer.vote_granted && self.refuses_pre_vote(&h, &req).await {
             answer.vote_granted = false;
         }
         answer
     }
 
     /// Whether this replica of a partition refuses a pre-vote whatever its
-    /// Raft node would say: while it leads and keeps leading (it has not
-    /// lost its quorum and is not handing over), or while it presumes a
-    /// live leader other than the candidate
+    /// Raft node would say: while it leads and a quorum has just
+    /// acknowledged it (it has not lost its quorum, is not handing over, and
+    /// a parked leader first renews its lease with one heartbeat round,
+    /// which also ends a leadership whose term a follower has passed), or
+    /// while it presumes a live leader other than the candidate
     /// ([`crate::control::quiesce::presumed_leader`]). A quiet leader sends
     /// no heartbeats, so the leases that make Raft nodes refuse pre-votes
     /// lapse, and a candidate whose pings had not caught up with the leader
-    /// would depose it: measured at 10,000 partitions, leaders elected a
-    /// moment earlier were deposed by the next campaign, again and again.
-    /// A pre-vote changes nothing and a refused one only delays an
-    /// election, so this can cost availability, never safety; a leadership
-    /// transfer skips pre-votes and is not affected (Raft thesis §4.2.3).
-    fn refuses_pre_vote(&self, h: &HostedGroup, req: &pb::VoteRequest) -> bool {
+    /// would depose it. A pre-vote changes nothing and a refused one only
+    /// delays an election, so this can cost availability, never safety; a
+    /// leadership transfer skips pre-votes and is not affected (Raft thesis
+    /// §4.2.3, §9.6).
+    async fn refuses_pre_vote(&self, h: &HostedGroup, req: &pb::VoteRequest) -> bool {
         let Some(p) = &h.partition else { return false };
         if let Some(term) = h.raft.leader_term() {
-            return !p.lost_quorum() && !self.groups.hands_over(req.group_id, term);
+            if p.lost_quorum() || self.groups.hands_over(req.group_id, term) {
+                return false;
+            }
+            return h.raft.renew_lease(h.raft.timings().election_timeout_min / 2).await;
         }
-        let current = h.raft.state(|s| s.leader());
+        let current = h.raft.state(|s| s.leader().map(|n| (n, s.term())));
         let candidate = req.vote.as_ref().and_then(|v| p.broker_of(v.node));
         crate::control::quiesce::presumed_leader(p, &self.liveness, self.broker_id, current)
             .is_some_and(|b| Some(b) != candidate)
