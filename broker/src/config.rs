@@ -55,6 +55,11 @@ pub struct RaftTimings {
     pub election_timeout_max_ms: u64,
     /// Build a partition snapshot after this many applied entries.
     pub snapshot_after_entries: u64,
+    /// A partition's follower replica that has been idle this long, ms,
+    /// while its leader's broker says it leads, stops its Raft node's tasks
+    /// (it goes dormant) until the group's next message
+    /// (`crate::control::dormant`); 0: never.
+    pub dormant_after_ms: u64,
 }
 
 impl Default for RaftTimings {
@@ -64,6 +69,7 @@ impl Default for RaftTimings {
             election_timeout_min_ms: 500,
             election_timeout_max_ms: 1000,
             snapshot_after_entries: 100_000,
+            dormant_after_ms: 10_000,
         }
     }
 }

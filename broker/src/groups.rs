@@ -408,6 +408,12 @@ impl GroupRegistry {
         g.by_id.values().filter_map(|h| h.partition.clone()).collect()
     }
 
+    /// How many partition replicas are hosted here (the metadata group left out).
+    pub fn partition_count(&self) -> usize {
+        let g = self.groups.read().unwrap_or_else(|p| p.into_inner());
+        g.by_id.values().filter(|h| h.partition.is_some()).count()
+    }
+
     /// Every hosted partition replica whose group id `keep` accepts. Looks
     /// only at group ids for the others (does not touch their replicas).
     /// `keep` runs under this registry's lock and must not call into it

@@ -329,6 +329,17 @@ impl Broker {
                 election_timeout,
             ),
         ));
+        tasks.push(spawn_task(
+            "dormant",
+            me,
+            &stopping,
+            crate::control::dormant::run(
+                me,
+                reconciler.groups.clone(),
+                liveness.clone(),
+                Duration::from_millis(config.raft.dormant_after_ms),
+            ),
+        ));
         let checker = crate::control::checkquorum::Checker {
             metadata: crate::control::checkquorum::MetadataGroup {
                 raft: metadata.clone(),

@@ -108,6 +108,10 @@ pub struct ClusterStatus {
     /// Per broker that answered: files it has open and its open-file limit
     /// (brokers that did not answer, or do not report it, are missing).
     pub open_files: BTreeMap<u32, (u64, u64)>,
+    /// Per broker that answered: the partition replicas it hosts and how
+    /// many of them are dormant (idle followers whose Raft node is stopped
+    /// until their group's next message).
+    pub replicas: BTreeMap<u32, (u64, u64)>,
 }
 
 /// Whether the cluster can take topics of any replication factor up to its
@@ -385,7 +389,7 @@ impl Admin {
         let mut files = tokio::task::JoinSet::new();
         for b in cluster.brokers.values().filter(|b| b.alive) {
             let (meta, id, address) = (self.meta.clone(), b.id, b.address.clone());
-            files.spawn(async move { (id, open_files(&meta, id, &address).await) });
+            files.spawn(async move { (id, own_entry(&meta, id, &address).await) });
         }
         let mut partitions = Vec::new();
         while let Some(joined) = tasks.join_next().await {
@@ -395,10 +399,11 @@ impl Admin {
             }
         }
         partitions.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
-        let mut open_files = BTreeMap::new();
+        let (mut open_files, mut replicas) = (BTreeMap::new(), BTreeMap::new());
         while let Some(joined) = files.join_next().await {
-            if let Ok((id, Some(usage))) = joined {
-                open_files.insert(id, usage);
+            if let Ok((id, Some(b))) = joined {
+                open_files.insert(id, (b.open_files, b.open_files_limit));
+                replicas.insert(id, (b.replicas, b.dormant_replicas));
             }
         }
         Ok(ClusterStatus {
@@ -408,13 +413,15 @@ impl Admin {
             answered_by: cluster.answered_by.clone(),
             partitions,
             open_files,
+            replicas,
         })
     }
 }
 
-/// The open files and open-file limit broker `id` at `address` reports of
-/// itself in its `Metadata` answer; `None` if it does not answer or report.
-async fn open_files(meta: &MetadataCache, id: u32, address: &str) -> Option<(u64, u64)> {
+/// What broker `id` at `address` reports of itself in its `Metadata`
+/// answer (open files and their limit, replicas hosted and dormant); `None`
+/// if it does not answer or report.
+async fn own_entry(meta: &MetadataCache, id: u32, address: &str) -> Option<pb::BrokerInfo> {
     let op = Op::new("metadata", "");
     let r =
         meta.call(&op, address, 0, |mut c| async move {
@@ -422,10 +429,7 @@ async fn open_files(meta: &MetadataCache, id: u32, address: &str) -> Option<(u64
         })
         .await
         .ok()?;
-    r.brokers
-        .iter()
-        .find(|b| b.id == id && b.open_files_limit > 0)
-        .map(|b| (b.open_files, b.open_files_limit))
+    r.brokers.iter().find(|b| b.id == id && b.open_files_limit > 0).cloned()
 }
 
 fn unavailable(operation: &str, topic: &str, message: &str) -> Error {
@@ -550,6 +554,7 @@ mod tests {
                 .collect(),
             cluster_brokers: cluster.to_vec(),
             open_files: BTreeMap::new(),
+            replicas: BTreeMap::new(),
             controller,
             answered_by: "a1".into(),
             partitions: vec![],

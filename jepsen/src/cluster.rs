@@ -74,6 +74,8 @@ pub struct Cluster {
     pub brokers: Vec<Broker>,
     binary: PathBuf,
     initial_cluster: String,
+    /// The config file every broker reads.
+    config: PathBuf,
 }
 
 fn signal(pid: u32, sig: libc::c_int) {
@@ -86,8 +88,15 @@ fn signal(pid: u32, sig: libc::c_int) {
 
 impl Cluster {
     /// Describes brokers `1..=sites.len()` at `sites`, keeping data and
-    /// logs under `dir`. Starts nothing.
-    pub fn new(binary: &Path, dir: &Path, sites: &[Site]) -> Self {
+    /// logs under `dir`, their followers going dormant after
+    /// `dormant_after_ms` idle (`raft.dormant_after_ms`). Starts nothing.
+    ///
+    /// # Errors
+    /// The brokers' config file cannot be written in `dir`.
+    pub fn new(binary: &Path, dir: &Path, sites: &[Site], dormant_after_ms: u64) -> anyhow::Result<Self> {
+        let config = dir.join("broker.toml");
+        std::fs::write(&config, format!("[raft]\ndormant_after_ms = {dormant_after_ms}\n"))
+            .with_context(|| format!("writing {}", config.display()))?;
         let brokers: Vec<Broker> = sites
             .iter()
             .enumerate()
@@ -107,7 +116,7 @@ impl Cluster {
             .collect();
         let initial_cluster =
             brokers.iter().map(|b| format!("{}={}", b.id, b.peer_addr())).collect::<Vec<_>>().join(",");
-        Cluster { brokers, binary: binary.to_owned(), initial_cluster }
+        Ok(Cluster { brokers, binary: binary.to_owned(), initial_cluster, config })
     }
 
     /// Broker ids.
@@ -129,7 +138,8 @@ impl Cluster {
     /// # Errors
     /// If it cannot be spawned.
     pub fn spawn(&mut self, id: u32) -> anyhow::Result<()> {
-        let (binary, initial) = (self.binary.clone(), self.initial_cluster.clone());
+        let (binary, initial, config) =
+            (self.binary.clone(), self.initial_cluster.clone(), self.config.clone());
         let b = self.slot(id);
         if b.child.is_some() {
             return Ok(());
@@ -145,7 +155,9 @@ impl Cluster {
             }
             None => Command::new(&binary),
         };
-        cmd.arg("--node-id")
+        cmd.arg("--config")
+            .arg(&config)
+            .arg("--node-id")
             .arg(id.to_string())
             .arg("--client-addr")
             .arg(b.client_addr().to_string())

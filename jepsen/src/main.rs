@@ -103,6 +103,11 @@ struct TestArgs {
     /// Keep brokers' data directories of passing runs.
     #[arg(long)]
     keep_data: bool,
+    /// The brokers' `raft.dormant_after_ms`: shorter than their default
+    /// (10 s), so that the followers of partitions the workload leaves idle
+    /// go dormant and wake again while the faults run.
+    #[arg(long, default_value_t = 2000)]
+    dormant_after_ms: u64,
     /// The network between brokers: namespaces, the TCP proxy, or auto
     /// (namespaces where they, and tc netem if netem is asked for, work).
     #[arg(long, value_enum, default_value = "auto")]
@@ -140,6 +145,7 @@ impl TestArgs {
             },
             broker_bin,
             keep_data: self.keep_data,
+            dormant_after_ms: self.dormant_after_ms,
             network: self.network,
         })
     }

@@ -50,6 +50,8 @@ pub struct TestOptions {
     pub network: NetworkChoice,
     /// Keep brokers' data directories even when the run passes.
     pub keep_data: bool,
+    /// The brokers' `raft.dormant_after_ms`.
+    pub dormant_after_ms: u64,
 }
 
 /// What a run found, for the matrix table.
@@ -118,7 +120,7 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
     let sites: Vec<Site> = (1..=opts.nodes)
         .map(|id| Site { ip: net.broker_ip(id), ns: net.namespace(id), peer_routes: net.peer_routes(id) })
         .collect();
-    let mut cluster = Cluster::new(&opts.broker_bin, dir, &sites);
+    let mut cluster = Cluster::new(&opts.broker_bin, dir, &sites, opts.dormant_after_ms)?;
     for id in cluster.ids() {
         cluster.spawn(id)?;
     }

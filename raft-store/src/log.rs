@@ -875,6 +875,12 @@ impl PartitionLog {
         &self.meta
     }
 
+    /// The active segment's file and path, to fsync without holding the
+    /// log (see [`crate::Replica::sync`]); `None` without segments.
+    pub fn active_file(&self) -> Option<(Arc<std::fs::File>, PathBuf)> {
+        self.segments.last().map(|s| (s.file().clone(), s.path().to_path_buf()))
+    }
+
     /// fsyncs the active segment now (used before a clean shutdown).
     ///
     /// # Errors

@@ -301,6 +301,17 @@ impl Replica {
         }
     }
 
+    /// fsyncs the log's active segment now: everything appended so far is
+    /// durable when it returns (sealed segments were fsynced when sealed).
+    /// Blocking file IO, outside the log's lock.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    pub fn sync(&self) -> Result<()> {
+        let Some((file, path)) = self.log().active_file() else { return Ok(()) };
+        file.sync_data().map_err(|e| StoreError::io("fsync", path, e))
+    }
+
     /// How many replicas are open in this process: opened and not yet
     /// dropped by every holder (openraft's tasks, the broker's tables). A
     /// count that does not fall back after replicas are stopped means

@@ -17,6 +17,9 @@
 //! Modules, one responsibility each:
 //! - [`node`]: [`RaftNode`], one group's node: propose, read its state,
 //!   elections and tickers, leadership hand-over, membership, peer messages.
+//! - [`lifecycle`]: keeps a node's Raft library instance running only
+//!   while it is needed; an idle follower's node goes dormant and starts
+//!   again on its next use.
 //! - [`state`]: [`State`], a borrowed view of the node's state in
 //!   Ferrolog's types ([`LogPosition`], [`Role`]).
 //! - [`transport`]: [`PeerTransport`], what the broker provides to reach
@@ -24,12 +27,14 @@
 //! - [`snapshot`]: a snapshot's files streamed in chunks and staged.
 //! - [`settings`]: Raft timings and the behaviour every group relies on.
 
+pub mod lifecycle;
 pub mod node;
 pub mod settings;
 pub mod snapshot;
 pub mod state;
 pub mod transport;
 
+pub use lifecycle::dormant_count;
 pub use node::{Appended, HandleError, NodeError, Pending, ProposeError, RaftNode, candidate_last_log};
 pub use settings::{Settings, SettingsError, Timings, ValidSettings};
 pub use state::{LogPosition, Role, State};

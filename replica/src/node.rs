@@ -2,6 +2,7 @@
 //! interface.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferrolog_proto::raft as pb;
@@ -13,6 +14,7 @@ use openraft::error::ClientWriteError;
 use openraft::impls::ProgressResponder;
 use openraft::type_config::TypeConfigExt;
 
+use crate::lifecycle::{InUse, Lifecycle};
 use crate::settings::{Timings, ValidSettings};
 use crate::snapshot::Received;
 use crate::state::{LogPosition, State};
@@ -20,10 +22,12 @@ use crate::transport::{GroupNetwork, PeerTransport};
 
 /// One replica's Raft node: a partition's (or the metadata group's) member
 /// on this broker, over its storage ([`Replica`]). Cheap to clone; clones
-/// drive the same node.
+/// drive the same node. An idle follower's node may be made dormant
+/// ([`RaftNode::make_dormant`]; [`crate::lifecycle`]): every method works
+/// the same, starting the node again first where it needs to.
 #[derive(Clone)]
 pub struct RaftNode {
-    raft: PartitionRaft,
+    life: Arc<Lifecycle>,
     timings: Timings,
 }
 
@@ -128,17 +132,57 @@ impl RaftNode {
         replica: &Replica,
         transport: T,
     ) -> Result<Self, NodeError> {
-        let network = GroupNetwork { group, transport };
-        let raft = PartitionRaft::new(
-            node,
-            settings.raft.clone(),
-            network,
-            replica.log_store(),
-            replica.state_machine(),
-        )
-        .await
-        .map_err(|e| NodeError::Stopped(e.to_string()))?;
-        Ok(Self { raft, timings: settings.timings })
+        let config = settings.raft.clone();
+        let store = replica.clone();
+        let start: crate::lifecycle::Starter = Box::new(move |tick, elect| {
+            let network = GroupNetwork { group, transport: transport.clone() };
+            let store = store.clone();
+            let config = if config.enable_tick == tick && config.enable_elect == elect {
+                config.clone()
+            } else {
+                Arc::new(openraft::Config { enable_tick: tick, enable_elect: elect, ..(*config).clone() })
+            };
+            Box::pin(async move {
+                PartitionRaft::new(node, config, network, store.log_store(), store.state_machine())
+                    .await
+                    .map_err(|e| NodeError::Stopped(e.to_string()))
+            })
+        });
+        let raft = start(settings.raft.enable_tick, settings.raft.enable_elect).await?;
+        let life = Lifecycle::new(raft, start, replica.clone(), &settings.raft);
+        Ok(Self { life: Arc::new(life), timings: settings.timings })
+    }
+
+    /// The running instance of the Raft library, started again first if
+    /// the node is dormant.
+    async fn running(&self) -> Result<InUse<'_>, String> {
+        self.life.running().await
+    }
+
+    /// Stops the node's Raft library instance, keeping its last state, if
+    /// it is a follower of a known leader with everything in its log
+    /// committed and applied, unused for `idle` (see [`crate::lifecycle`]).
+    /// Its next use starts it again. Returns whether it went dormant.
+    ///
+    /// # Errors
+    /// [`NodeError::Stopped`]: its log could not be fsynced.
+    pub async fn make_dormant(&self, idle: Duration) -> Result<bool, NodeError> {
+        self.life.make_dormant(idle).await
+    }
+
+    /// Whether the node is dormant now.
+    pub fn is_dormant(&self) -> bool {
+        self.life.is_dormant()
+    }
+
+    /// A refusal of a pre-vote, answered from a dormant node's kept state
+    /// (its vote and last log id) without starting it: for a broker that
+    /// refuses the pre-vote whatever the node would say (a follower that
+    /// presumes a live leader, Raft thesis §9.6). `None` if the node runs.
+    pub fn dormant_pre_vote_refusal(&self) -> Option<pb::VoteResponse> {
+        let vote = self.life.with(|node| node.err().map(|m| m.vote))?;
+        let refused = openraft::raft::VoteResponse::<TypeConfig>::new(vote, self.life.last_log_id(), false);
+        Some(wire::vote_response_to_wire(&refused))
     }
 
     /// The timings it runs with.
@@ -148,32 +192,34 @@ impl RaftNode {
 
     /// Calls `f` with the node's latest state, borrowed (see [`State`]).
     pub fn state<R>(&self, f: impl FnOnce(State<'_>) -> R) -> R {
-        let metrics = self.raft.metrics();
-        let m = metrics.borrow_watched();
-        f(State { m: &m })
+        self.life.with(|node| match node {
+            Ok(raft) => {
+                let metrics = raft.metrics();
+                let m = metrics.borrow_watched();
+                f(State { m: &m })
+            }
+            Err(m) => f(State { m }),
+        })
     }
 
     /// A stream that yields whenever the node's state may have changed
-    /// (several changes between two polls yield once), and ends when the
-    /// node stops. It costs nothing while the node is quiet: for watching
-    /// many groups from one task without reading each one periodically.
+    /// (several changes between two polls yield once; going dormant and
+    /// waking count as changes), and ends when the node stops for good. It
+    /// costs nothing while the node is quiet: for watching many groups
+    /// from one task without reading each one periodically.
     pub fn changes(&self) -> impl futures::Stream<Item = ()> + Send + Unpin + 'static + use<> {
-        let rx = self.raft.metrics();
-        Box::pin(futures::stream::unfold(rx, |mut rx| async move {
-            rx.changed().await.ok()?;
-            Some(((), rx))
-        }))
+        self.life.changes()
     }
 
-    /// Whether this replica leads its group now.
+    /// Whether this replica leads its group now (a dormant node never does).
     pub fn is_leader(&self) -> bool {
-        self.raft.is_leader()
+        self.life.with(|node| node.is_ok_and(|raft| raft.is_leader()))
     }
 
     /// The term this replica leads, if it leads (its vote for itself was
     /// granted by a quorum).
     pub fn leader_term(&self) -> Option<u64> {
-        self.raft.as_leader().ok().map(|l| l.to_committed_leader_id().term)
+        self.life.with(|node| node.ok()?.as_leader().ok().map(|l| l.to_committed_leader_id().term))
     }
 
     /// Waits up to `timeout` until `until` holds of the node's state.
@@ -184,13 +230,21 @@ impl RaftNode {
         what: &str,
         until: impl Fn(State<'_>) -> bool + Send,
     ) -> bool {
-        self.raft.wait(Some(timeout)).metrics(move |m| until(State { m }), what).await.is_ok()
+        if self.state(&until) {
+            return true;
+        }
+        let Ok(raft) = self.running().await else { return false };
+        raft.wait(Some(timeout)).metrics(move |m| until(State { m }), what).await.is_ok()
     }
 
     /// Waits up to `timeout` until the entry at `index` is applied here.
     /// Returns whether it was.
     pub async fn wait_applied(&self, index: u64, timeout: Duration) -> bool {
-        self.raft.wait(Some(timeout)).applied_index_at_least(Some(index), "applied").await.is_ok()
+        if self.state(|s| s.last_applied().is_some_and(|a| a.index >= index)) {
+            return true;
+        }
+        let Ok(raft) = self.running().await else { return false };
+        raft.wait(Some(timeout)).applied_index_at_least(Some(index), "applied").await.is_ok()
     }
 
     /// Proposes `batch` as the leader of `term`: accepted only if this
@@ -202,7 +256,12 @@ impl RaftNode {
     /// [`ProposeError::Unavailable`] if it leads another term (retry) or
     /// the node has stopped.
     pub async fn propose(&self, batch: RecordBatch, term: u64) -> Result<Pending, ProposeError> {
-        let leader_id = match self.raft.as_leader() {
+        // A dormant node is a follower: it leads no term.
+        let leader = self.life.with(|node| match node {
+            Ok(raft) => Ok(raft.clone()),
+            Err(m) => Err(ProposeError::NotLeader { leader: m.current_leader }),
+        })?;
+        let leader_id = match leader.as_leader() {
             Ok(l) if l.to_committed_leader_id().term == term => l.to_committed_leader_id(),
             Ok(l) => {
                 let now = l.to_committed_leader_id().term;
@@ -213,7 +272,7 @@ impl RaftNode {
             Err(f) => return Err(ProposeError::NotLeader { leader: f.leader_id }),
         };
         let (responder, rx) = ProgressResponder::complete_only();
-        self.raft
+        leader
             .write(batch)
             .with_leader(leader_id)
             .responder(responder)
@@ -227,7 +286,8 @@ impl RaftNode {
     /// # Errors
     /// As [`RaftNode::propose`] and [`Pending::committed`].
     pub async fn write(&self, batch: RecordBatch) -> Result<AppendResult, ProposeError> {
-        match self.raft.client_write(batch).await {
+        let raft = self.running().await.map_err(ProposeError::Unavailable)?;
+        match raft.client_write(batch).await {
             Ok(resp) => Ok(resp.data),
             Err(e) => Err(client_write_error(e)),
         }
@@ -241,7 +301,8 @@ impl RaftNode {
     /// # Errors
     /// As [`RaftNode::write`].
     pub async fn write_barrier(&self) -> Result<AppendResult, ProposeError> {
-        match self.raft.write_blank().await {
+        let raft = self.running().await.map_err(ProposeError::Unavailable)?;
+        match raft.write_blank().await {
             Ok(resp) => Ok(resp.data),
             Err(e) => Err(client_write_error(e)),
         }
@@ -271,11 +332,11 @@ impl RaftNode {
         if voters <= 1 || fresh {
             return true;
         }
-        if self.raft.trigger().heartbeat().await.is_err() {
+        let Ok(raft) = self.running().await else { return false };
+        if raft.trigger().heartbeat().await.is_err() {
             return false;
         }
-        self.raft
-            .wait(Some(wait))
+        raft.wait(Some(wait))
             .metrics(|m| m.last_quorum_acked.as_ref().is_some_and(|t| **t >= now), "quorum acked a heartbeat")
             .await
             .is_ok()
@@ -284,23 +345,27 @@ impl RaftNode {
     /// Runs or parks the node's ticker (a leader's heartbeats, a follower's
     /// election timer where elections are on).
     pub fn set_ticking(&self, on: bool) {
-        self.raft.runtime_config().tick(on);
+        self.life.set_ticking(on);
     }
 
     /// Switches the node's own election timer on or off. Off, it campaigns
     /// only when told ([`RaftNode::campaign`]).
     pub fn set_elections(&self, on: bool) {
-        self.raft.runtime_config().elect(on);
+        self.life.set_elections(on);
     }
 
     /// Starts an election now (with a pre-vote first, thesis §9.6).
     pub async fn campaign(&self) {
-        let _ = self.raft.trigger().elect(true).await;
+        if let Ok(raft) = self.running().await {
+            let _ = raft.trigger().elect(true).await;
+        }
     }
 
     /// Asks this leader to hand leadership to `to` (Raft thesis §3.10).
     pub async fn transfer_leader(&self, to: NodeId) {
-        let _ = self.raft.trigger().transfer_leader(to).await;
+        if let Ok(raft) = self.running().await {
+            let _ = raft.trigger().transfer_leader(to).await;
+        }
     }
 
     /// Starts building a snapshot now (the settings build one every
@@ -309,7 +374,13 @@ impl RaftNode {
     /// # Errors
     /// [`NodeError::Stopped`].
     pub async fn build_snapshot(&self) -> Result<(), NodeError> {
-        self.raft.trigger().snapshot().await.map_err(|e| NodeError::Stopped(e.to_string()))
+        self.running()
+            .await
+            .map_err(NodeError::Stopped)?
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| NodeError::Stopped(e.to_string()))
     }
 
     /// Purges the log up to and including `index`, which a snapshot must
@@ -319,7 +390,13 @@ impl RaftNode {
     /// # Errors
     /// [`NodeError::Stopped`].
     pub async fn purge_log(&self, index: u64) -> Result<(), NodeError> {
-        self.raft.trigger().purge_log(index).await.map_err(|e| NodeError::Stopped(e.to_string()))
+        self.running()
+            .await
+            .map_err(NodeError::Stopped)?
+            .trigger()
+            .purge_log(index)
+            .await
+            .map_err(|e| NodeError::Stopped(e.to_string()))
     }
 
     /// Whether the group has ever been initialized (on this replica's log).
@@ -327,7 +404,12 @@ impl RaftNode {
     /// # Errors
     /// [`NodeError::Stopped`].
     pub async fn is_initialized(&self) -> Result<bool, NodeError> {
-        self.raft.is_initialized().await.map_err(|e| NodeError::Stopped(e.to_string()))
+        self.running()
+            .await
+            .map_err(NodeError::Stopped)?
+            .is_initialized()
+            .await
+            .map_err(|e| NodeError::Stopped(e.to_string()))
     }
 
     /// Founds the group with `voters` (node id → peer address) as its first
@@ -339,7 +421,8 @@ impl RaftNode {
     pub async fn initialize(&self, voters: BTreeMap<NodeId, String>) -> Result<(), NodeError> {
         let members: BTreeMap<NodeId, Node> =
             voters.into_iter().map(|(n, addr)| (n, Node { addr })).collect();
-        self.raft.initialize(members).await.map_err(|e| NodeError::Refused(e.to_string()))
+        let raft = self.running().await.map_err(NodeError::Stopped)?;
+        raft.initialize(members).await.map_err(|e| NodeError::Refused(e.to_string()))
     }
 
     /// Adds `node` at `addr` as a learner (it receives the log but does not
@@ -348,7 +431,8 @@ impl RaftNode {
     /// # Errors
     /// [`NodeError::NotLeader`], [`NodeError::Refused`], [`NodeError::Stopped`].
     pub async fn add_learner(&self, node: NodeId, addr: String) -> Result<(), NodeError> {
-        self.raft.add_learner(node, Node { addr }, false).await.map(|_| ()).map_err(membership_error)
+        let raft = self.running().await.map_err(NodeError::Stopped)?;
+        raft.add_learner(node, Node { addr }, false).await.map(|_| ()).map_err(membership_error)
     }
 
     /// Changes the voters to `voters` through joint consensus (Raft paper
@@ -357,7 +441,8 @@ impl RaftNode {
     /// # Errors
     /// [`NodeError::NotLeader`], [`NodeError::Refused`], [`NodeError::Stopped`].
     pub async fn change_voters(&self, voters: BTreeSet<NodeId>) -> Result<(), NodeError> {
-        self.raft.change_membership(voters, false).await.map(|_| ()).map_err(membership_error)
+        let raft = self.running().await.map_err(NodeError::Stopped)?;
+        raft.change_membership(voters, false).await.map(|_| ()).map_err(membership_error)
     }
 
     /// Stops the node and waits for its tasks.
@@ -365,7 +450,7 @@ impl RaftNode {
     /// # Errors
     /// A task that panicked or could not be joined.
     pub async fn shutdown(&self) -> Result<(), NodeError> {
-        self.raft.shutdown().await.map_err(|e| NodeError::Stopped(e.to_string()))
+        self.life.shutdown().await
     }
 
     /// Answers a peer's RequestVote, or pre-vote.
@@ -378,7 +463,8 @@ impl RaftNode {
         pre_vote: bool,
     ) -> Result<pb::VoteResponse, HandleError> {
         let v = wire::vote_request_from_wire(req).map_err(|e| HandleError::Invalid(e.to_string()))?;
-        let answer = if pre_vote { self.raft.pre_vote(v).await } else { self.raft.vote(v).await };
+        let raft = self.running().await.map_err(HandleError::Stopped)?;
+        let answer = if pre_vote { raft.pre_vote(v).await } else { raft.vote(v).await };
         answer.map(|a| wire::vote_response_to_wire(&a)).map_err(|e| HandleError::Stopped(e.to_string()))
     }
 
@@ -388,7 +474,8 @@ impl RaftNode {
     /// [`HandleError`].
     pub async fn handle_append(&self, req: pb::AppendEntriesRequest) -> Result<Appended, HandleError> {
         let rpc = wire::append_request_from_wire(req).map_err(|e| HandleError::Invalid(e.to_string()))?;
-        let a = self.raft.append_entries(rpc).await.map_err(|e| HandleError::Stopped(e.to_string()))?;
+        let raft = self.running().await.map_err(HandleError::Stopped)?;
+        let a = raft.append_entries(rpc).await.map_err(|e| HandleError::Stopped(e.to_string()))?;
         Ok(Appended { response: wire::append_response_to_wire(&a), success: a.is_success() })
     }
 
@@ -401,8 +488,8 @@ impl RaftNode {
         req: &pb::TransferLeaderRequest,
     ) -> Result<pb::TransferLeaderResponse, HandleError> {
         let rpc = wire::transfer_request_from_wire(req).map_err(|e| HandleError::Invalid(e.to_string()))?;
-        let a =
-            self.raft.handle_transfer_leader(rpc).await.map_err(|e| HandleError::Stopped(e.to_string()))?;
+        let raft = self.running().await.map_err(HandleError::Stopped)?;
+        let a = raft.handle_transfer_leader(rpc).await.map_err(|e| HandleError::Stopped(e.to_string()))?;
         Ok(wire::transfer_response_to_wire(&a))
     }
 
@@ -416,11 +503,14 @@ impl RaftNode {
     pub async fn install_snapshot(&self, received: Received) -> Result<pb::SnapshotResponse, HandleError> {
         let staged = received.files.dir.clone();
         let snapshot = Snapshot { meta: received.meta, snapshot: received.files };
-        let result = self.raft.install_full_snapshot(received.vote, snapshot).await;
+        let result = match self.running().await {
+            Ok(raft) => raft.install_full_snapshot(received.vote, snapshot).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
         // The state machine adopted its own copy (hard links); the staging
         // directory is no longer needed either way.
         let _ = std::fs::remove_dir_all(&staged);
-        let r = result.map_err(|e| HandleError::Stopped(e.to_string()))?;
+        let r = result.map_err(HandleError::Stopped)?;
         Ok(pb::SnapshotResponse { error: None, vote: Some(wire::vote_to_wire(&r.vote)) })
     }
 }

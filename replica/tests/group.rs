@@ -321,3 +321,81 @@ async fn founding_members_share_one_first_entry_and_any_of_them_can_lead() {
         assert_eq!(m.replica.log_end_offset(), 2);
     }
 }
+
+/// A follower made dormant keeps answering for its state, is started again
+/// by the leader's next append (with both followers dormant nothing
+/// commits otherwise), and its change stream goes on across the restart;
+/// a leader never goes dormant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dormant_followers_keep_their_state_and_wake_for_the_leaders_appends() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let flusher = Flusher::spawn("dormant-test").expect("flusher");
+    let net = Local::default();
+    let mut members = BTreeMap::new();
+    for id in 1..=3 {
+        members.insert(id, start(id, root.path(), &net, &flusher).await);
+    }
+    let voters: BTreeMap<NodeId, String> = (1..=3).map(|id| (id, format!("n{id}"))).collect();
+    members[&1].node.initialize(voters).await.expect("initialize");
+    let l = leader(&members).await;
+    let mut next = 0u64;
+    for i in 0..10 {
+        next += u64::from(produce(&members[&l], i).await.1);
+    }
+    let followers: Vec<NodeId> = members.keys().copied().filter(|id| *id != l).collect();
+    let last = members[&l].node.state(|s| s.last_log_index());
+    for f in &followers {
+        let node = &members[f].node;
+        let caught_up =
+            node.wait_for(WAIT, "caught up", move |s| s.last_applied().map(|a| a.index) == last).await;
+        let seen = node.state(|s| (s.role(), s.term(), s.leader(), s.last_applied(), s.committed()));
+        assert!(caught_up, "follower {f} did not apply up to {last:?}: {seen:?}");
+    }
+    // Parked heartbeats (an idle, quiesced group): only appends reach the followers.
+    members[&l].node.set_ticking(false);
+    assert!(!members[&l].node.make_dormant(Duration::ZERO).await.expect("leader"), "a leader went dormant");
+    let mut changes = members[&followers[0]].node.changes();
+    for f in &followers {
+        let node = &members[f].node;
+        let before = node.state(|s| (s.term(), s.leader(), s.last_applied(), s.committed()));
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !node.make_dormant(Duration::ZERO).await.expect("dormant") {
+            assert!(tokio::time::Instant::now() < deadline, "follower {f} never went dormant");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(node.is_dormant());
+        let after = node.state(|s| (s.term(), s.leader(), s.last_applied(), s.committed()));
+        assert_eq!(after, before, "follower {f}: its state changed going dormant");
+        assert_eq!(node.state(|s| s.role()), Role::Follower);
+    }
+    assert_eq!(ferrolog_replica::dormant_count(), 2);
+    // Going dormant is a change, and the stream does not end with it.
+    tokio::time::timeout(WAIT, changes.next()).await.expect("a change").expect("the stream goes on");
+
+    // The next write commits only if a dormant follower wakes to store it.
+    let t0 = std::time::Instant::now();
+    let (base, count) = produce(&members[&l], 10).await;
+    println!("a write to a group with both followers dormant committed in {:?}", t0.elapsed());
+    assert_eq!(base, next);
+    next += u64::from(count);
+    assert!(followers.iter().any(|f| !members[f].node.is_dormant()), "no follower woke");
+    for f in &followers {
+        let node = &members[f].node;
+        // Replication catches up whichever follower was not needed for the commit.
+        let _ = node.wait_for(WAIT, "woke", |s| s.is_running()).await;
+        let r = &members[f].replica;
+        let mut hw = r.watch_high_watermark();
+        tokio::time::timeout(WAIT, hw.wait_for(|hw| *hw >= next)).await.expect("caught up").expect("open");
+        assert_eq!(
+            r.read(0, usize::MAX).expect("read"),
+            members[&l].replica.read(0, usize::MAX).expect("read")
+        );
+    }
+    for m in members.values() {
+        m.node.shutdown().await.expect("shutdown");
+    }
+    // Once shut down for good, the stream ends.
+    let ended = tokio::time::timeout(WAIT, async { while changes.next().await.is_some() {} }).await;
+    assert!(ended.is_ok(), "the change stream did not end at shutdown");
+    assert_eq!(ferrolog_replica::dormant_count(), 0);
+}

@@ -373,3 +373,54 @@ pub fn restart_cost(
     }
     cost
 }
+
+/// A pre-vote for `group` to node `target` on broker `to`, from candidate
+/// node `candidate` in `term`, with a log longer than any voter's, sent over
+/// the peer protocol as a broker would (a pre-vote changes nothing).
+///
+/// # Errors
+/// Transport errors, or the broker refused the request itself.
+pub async fn pre_vote(
+    c: &Cluster,
+    to: u32,
+    group: u64,
+    target: u64,
+    candidate: u64,
+    term: u64,
+) -> anyhow::Result<ferrolog_proto::raft::VoteResponse> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.broker(to).peer_addr))?
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await?;
+    let req = ferrolog_proto::raft::VoteRequest {
+        group_id: group,
+        target_node: target,
+        vote: Some(ferrolog_proto::raft::Vote { term, node: candidate, committed: false }),
+        last_log_id: Some(ferrolog_proto::raft::LogId { term, leader_node: candidate, index: 1 << 40 }),
+        leadership_transfer: false,
+    };
+    let answer = ferrolog_broker::network::peer_client(channel).pre_vote(req).await?.into_inner();
+    anyhow::ensure!(answer.error.is_none(), "broker {to} refused the request itself: {:?}", answer.error);
+    Ok(answer)
+}
+
+/// The Raft node id of `group`'s replica on broker `broker`: a pre-vote to
+/// node 0 is refused with the node id the broker hosts.
+///
+/// # Errors
+/// Transport errors, or an answer without a node id.
+pub async fn node_on(c: &Cluster, broker: u32, group: u64) -> anyhow::Result<u64> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.broker(broker).peer_addr))?
+        .connect()
+        .await?;
+    let probe = ferrolog_proto::raft::VoteRequest { group_id: group, target_node: 0, ..Default::default() };
+    let answer = ferrolog_broker::network::peer_client(channel).pre_vote(probe).await?.into_inner();
+    let message = answer.error.map(|e| e.message).unwrap_or_default();
+    message
+        .split("hosted here as node ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .ok_or_else(|| anyhow::anyhow!("no node id in {message:?}"))
+}

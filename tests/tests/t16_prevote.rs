@@ -15,37 +15,9 @@
 use std::time::Duration;
 
 use ferrolog_proto::client::{MetadataRequest, PartitionStatusRequest};
-use ferrolog_proto::raft::{LogId, Vote, VoteRequest, VoteResponse};
 use ferrolog_tests::{Cluster, connect, raw};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
-
-/// A pre-vote for `group` to node `target` on broker `to`, from candidate
-/// node `candidate` in `term`, with a log longer than any voter's.
-async fn pre_vote(
-    c: &Cluster,
-    to: u32,
-    group: u64,
-    target: u64,
-    candidate: u64,
-    term: u64,
-) -> anyhow::Result<VoteResponse> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.broker(to).peer_addr))?
-        .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(10))
-        .connect()
-        .await?;
-    let req = VoteRequest {
-        group_id: group,
-        target_node: target,
-        vote: Some(Vote { term, node: candidate, committed: false }),
-        last_log_id: Some(LogId { term, leader_node: candidate, index: 1 << 40 }),
-        leadership_transfer: false,
-    };
-    let answer = ferrolog_broker::network::peer_client(channel).pre_vote(req).await?.into_inner();
-    anyhow::ensure!(answer.error.is_none(), "broker {to} refused the request itself: {:?}", answer.error);
-    Ok(answer)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_healthy_leader_and_its_followers_refuse_pre_votes() -> anyhow::Result<()> {
@@ -73,22 +45,7 @@ async fn a_quiet_healthy_leader_and_its_followers_refuse_pre_votes() -> anyhow::
     anyhow::ensure!(led.followers.len() == 2, "the leader reports {} followers", led.followers.len());
     let (f1, f2) = (&led.followers[0], &led.followers[1]);
     // The leader's node id: the one replica node that is not a follower's.
-    // Asking its broker for a wrong node is refused with the right one.
-    let leader_node = {
-        let channel =
-            tonic::transport::Endpoint::from_shared(format!("http://{}", c.broker(leader).peer_addr))?
-                .connect()
-                .await?;
-        let probe = VoteRequest { group_id: group, target_node: 0, ..VoteRequest::default() };
-        let answer = ferrolog_broker::network::peer_client(channel).pre_vote(probe).await?.into_inner();
-        let message = answer.error.map(|e| e.message).unwrap_or_default();
-        message
-            .split("hosted here as node ")
-            .nth(1)
-            .and_then(|s| s.split(',').next())
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .ok_or_else(|| anyhow::anyhow!("no node id in {message:?}"))?
-    };
+    let leader_node = raw::node_on(c, leader, group).await?;
 
     // Parked: 2 s after the write (ACTIVE_AFTER_WRITE), and the followers'
     // leases (one maximum election timeout, 1 s) have lapsed since.
@@ -97,14 +54,14 @@ async fn a_quiet_healthy_leader_and_its_followers_refuse_pre_votes() -> anyhow::
 
     // The control first: the leader's answer below renews the followers'
     // leases (its heartbeat round), after which they refuse on their own.
-    let control = pre_vote(c, f2.broker_id, group, f2.node_id, leader_node, term + 1).await?;
+    let control = raw::pre_vote(c, f2.broker_id, group, f2.node_id, leader_node, term + 1).await?;
     assert!(
         control.vote_granted,
         "the leader's own pre-vote was refused: the refusals below may be for another reason"
     );
-    let to_follower = pre_vote(c, f2.broker_id, group, f2.node_id, f1.node_id, term + 1).await?;
+    let to_follower = raw::pre_vote(c, f2.broker_id, group, f2.node_id, f1.node_id, term + 1).await?;
     assert!(!to_follower.vote_granted, "a follower of a live leader granted another candidate's pre-vote");
-    let to_leader = pre_vote(c, leader, group, leader_node, f1.node_id, term + 1).await?;
+    let to_leader = raw::pre_vote(c, leader, group, leader_node, f1.node_id, term + 1).await?;
     assert!(!to_leader.vote_granted, "a healthy leader granted a pre-vote");
 
     for id in 1..=3 {

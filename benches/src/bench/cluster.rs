@@ -9,10 +9,32 @@ use ferrolog_tests::Cluster;
 /// # Errors
 /// If the brokers cannot start or form a cluster.
 pub async fn start(name: &str) -> anyhow::Result<Cluster> {
+    Ok(start_with_dormant(name, None).await?.0)
+}
+
+/// As [`start`], with the brokers' `raft.dormant_after_ms` set to
+/// `dormant_after_ms` if given (their default otherwise), through a config
+/// file returned with the cluster: keep it while the brokers may restart.
+///
+/// # Errors
+/// As [`start`], or a config file that cannot be written.
+pub async fn start_with_dormant(
+    name: &str,
+    dormant_after_ms: Option<u64>,
+) -> anyhow::Result<(Cluster, Option<tempfile::TempPath>)> {
     let exe = std::env::current_exe()?;
     let exe = exe.to_string_lossy().into_owned();
-    let env = [("RUST_LOG", "warn")];
-    Cluster::start_with(name, &exe, &["broker"], 3, &env).await
+    let mut env = vec![("RUST_LOG".to_owned(), "warn".to_owned())];
+    let mut config = None;
+    if let Some(ms) = dormant_after_ms {
+        let file = tempfile::Builder::new().prefix("ferrolog-bench-").suffix(".toml").tempfile()?;
+        std::fs::write(file.path(), format!("[raft]\ndormant_after_ms = {ms}\n"))?;
+        let path = file.into_temp_path();
+        env.push(("FERROLOG_CONFIG".to_owned(), path.to_string_lossy().into_owned()));
+        config = Some(path);
+    }
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    Ok((Cluster::start_with(name, &exe, &["broker"], 3, &env).await?, config))
 }
 
 /// Resident memory of process `pid` (VmRSS of /proc/<pid>/status), bytes.

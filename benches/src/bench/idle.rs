@@ -22,8 +22,12 @@ pub struct IdleArgs {
     #[arg(long, default_value_t = 20)]
     seconds: u64,
     /// Time to let the cluster settle after the leaders are elected, seconds.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 15)]
     settle_seconds: u64,
+    /// The brokers' `raft.dormant_after_ms` (idle followers' Raft nodes
+    /// stop after this long; 0: never); the broker's default if not given.
+    #[arg(long)]
+    dormant_after_ms: Option<u64>,
 }
 
 /// Runs the idle benchmark.
@@ -31,7 +35,7 @@ pub struct IdleArgs {
 /// # Errors
 /// Cluster start-up or topic creation failures.
 pub async fn run(a: IdleArgs) -> anyhow::Result<()> {
-    let c = cluster::start("idle").await?;
+    let (c, _config) = cluster::start_with_dormant("idle", a.dormant_after_ms).await?;
     let meta = MetadataCache::new(ClientConfig::from_list(&c.bootstrap()))?;
     let admin = Admin::new(meta.clone()).with_timeout(Duration::from_secs(120));
     let t0 = Instant::now();
@@ -82,9 +86,13 @@ pub async fn run(a: IdleArgs) -> anyhow::Result<()> {
         let used = cpu_seconds(*p).unwrap_or(0.0) - before[i];
         let rss = resident_bytes(*p).unwrap_or(0);
         let files = open_files(*p).unwrap_or(0);
+        let id = i as u32 + 1;
+        let dormant = match dormant_replicas(&c, id).await {
+            Some(n) => n.to_string(),
+            None => "?".into(),
+        };
         println!(
-            "broker {} (pid {p}): {:.1}% of one core, {:.0} MiB resident ({:.0} KiB per replica, target <= 100), {files} open files ({:.2} per replica)",
-            i + 1,
+            "broker {id} (pid {p}): {:.1}% of one core, {:.0} MiB resident ({:.0} KiB per replica, target <= 100), {files} open files ({:.2} per replica), {dormant} dormant replicas",
             100.0 * used / wall,
             rss as f64 / (1 << 20) as f64,
             rss as f64 / 1024.0 / replicas as f64,
@@ -99,4 +107,12 @@ pub async fn run(a: IdleArgs) -> anyhow::Result<()> {
         wall
     );
     Ok(())
+}
+
+/// How many of broker `id`'s replicas are dormant, as its `Metadata`
+/// answer says of itself; `None` if it does not answer.
+async fn dormant_replicas(c: &ferrolog_tests::Cluster, id: u32) -> Option<u64> {
+    let mut client = ferrolog_tests::connect(c.broker(id).client_addr).await.ok()?;
+    let answer = client.metadata(ferrolog_proto::client::MetadataRequest { topics: vec![] }).await.ok()?;
+    answer.into_inner().brokers.iter().find(|b| b.id == id).map(|b| b.dormant_replicas)
 }

@@ -34,6 +34,10 @@ pub struct RestartArgs {
     /// Give up waiting for leaders after this many seconds.
     #[arg(long, default_value_t = 300)]
     timeout_seconds: u64,
+    /// The brokers' `raft.dormant_after_ms` (idle followers' Raft nodes
+    /// stop after this long; 0: never); the broker's default if not given.
+    #[arg(long)]
+    dormant_after_ms: Option<u64>,
 }
 
 const TOPIC: &str = "restart";
@@ -53,7 +57,7 @@ fn cpu_of(c: &ferrolog_tests::Cluster, brokers: &[u32]) -> f64 {
 /// without a leader after `--timeout-seconds`.
 pub async fn run(a: RestartArgs) -> anyhow::Result<()> {
     anyhow::ensure!((1..=3).contains(&a.broker), "--broker must be 1, 2 or 3");
-    let mut c = cluster::start("restart").await?;
+    let (mut c, _config) = cluster::start_with_dormant("restart", a.dormant_after_ms).await?;
     let meta = MetadataCache::new(ClientConfig::from_list(&c.bootstrap()))?;
     let admin = Admin::new(meta).with_timeout(Duration::from_secs(120));
     let t = Instant::now();

@@ -6,6 +6,8 @@
 //!   brokers answer, which groups each leads, and when one came back.
 //! - [`quiesce`]: idle groups park their tickers; elections are started here,
 //!   spread out with back-off, instead of by per-group timers.
+//! - [`dormant`]: an idle follower stops its Raft node's tasks until its
+//!   group's next message.
 //! - [`checkquorum`]: a leader that lost its quorum hands over (Raft thesis §6.2).
 //! - [`membership`]: each led group's voters follow the metadata (learner, then
 //!   joint consensus).
@@ -17,6 +19,7 @@
 //! - [`files`]: the open-file limit, raised at start and watched.
 
 pub mod checkquorum;
+pub mod dormant;
 pub mod files;
 pub mod liveness;
 pub mod membership;

@@ -327,6 +327,8 @@ impl Ferrolog for ClientService {
         let req = request.into_inner();
         let image = self.controller.image();
         let (open_files, open_files_limit) = crate::control::files::last_usage().unwrap_or_default();
+        let replicas = self.groups.partition_count() as u64;
+        let dormant_replicas = ferrolog_replica::dormant_count() as u64;
         let brokers = image
             .brokers
             .iter()
@@ -339,6 +341,8 @@ impl Ferrolog for ClientService {
                     alive: own || self.liveness.is_alive(*id),
                     open_files: if own { open_files } else { 0 },
                     open_files_limit: if own { open_files_limit } else { 0 },
+                    replicas: if own { replicas } else { 0 },
+                    dormant_replicas: if own { dormant_replicas } else { 0 },
                 }
             })
             .collect();

@@ -169,6 +169,15 @@ impl RaftPeerServer {
                 ),
             ));
         }
+        // A dormant follower that refuses anyway answers without starting
+        // its node (crate::control::dormant).
+        if pre_vote
+            && h.raft.is_dormant()
+            && self.refuses_pre_vote(&h, &req).await
+            && let Some(refused) = h.raft.dormant_pre_vote_refusal()
+        {
+            return refused;
+        }
         let mut answer = match h.raft.handle_vote(&req, pre_vote).await {
             Ok(a) => a,
             Err(e) => return refused(handle_error(e)),

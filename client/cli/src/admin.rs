@@ -180,21 +180,33 @@ fn render_status(s: &ClusterStatus) -> String {
                 || "-".to_owned(),
                 |(open, limit)| format!("{open} / {limit} ({}%)", open.saturating_mul(100) / (*limit).max(1)),
             );
+            let replicas = s
+                .replicas
+                .get(&b.id)
+                .map_or_else(|| "-".to_owned(), |(hosted, dormant)| format!("{hosted} ({dormant} dormant)"));
             vec![
                 id,
                 b.address.clone(),
                 b.peer_address.clone(),
                 if b.alive { "yes" } else { "NO" }.to_owned(),
                 files,
+                replicas,
             ]
         })
         .collect();
     for id in s.readiness().unregistered {
-        brokers.push(vec![id.to_string(), "-".into(), "-".into(), "not registered".into(), "-".into()]);
+        brokers.push(vec![
+            id.to_string(),
+            "-".into(),
+            "-".into(),
+            "not registered".into(),
+            "-".into(),
+            "-".into(),
+        ]);
     }
     brokers.sort_by_key(|row| row[0].split(' ').next().and_then(|id| id.parse::<u32>().ok()));
     out.push_str(&table::render(
-        &["BROKER", "ADDRESS", "PEER ADDRESS", "ALIVE", "OPEN FILES / LIMIT"],
+        &["BROKER", "ADDRESS", "PEER ADDRESS", "ALIVE", "OPEN FILES / LIMIT", "REPLICAS"],
         &brokers,
     ));
     out.push_str("(* = controller)\n\n");
