@@ -34,7 +34,7 @@ pub mod snapshot;
 pub mod state;
 pub mod transport;
 
-pub use lifecycle::dormant_count;
+pub use lifecycle::{dormant_count, woken_by, woken_count};
 pub use node::{Appended, HandleError, NodeError, Pending, ProposeError, RaftNode, candidate_last_log};
 pub use settings::{Settings, SettingsError, Timings, ValidSettings};
 pub use state::{LogPosition, Role, State};

@@ -52,6 +52,11 @@ const STARTUP_WAIT: Duration = Duration::from_secs(5);
 /// How many nodes of this process are dormant now.
 static DORMANT: AtomicUsize = AtomicUsize::new(0);
 
+/// How many times a dormant node of this process was started again, by
+/// the call that needed it.
+static WOKEN: LazyLock<std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>> =
+    LazyLock::new(Default::default);
+
 /// When the process first looked at a clock, for timestamps in atomics.
 static ORIGIN: LazyLock<Instant> = LazyLock::new(Instant::now);
 
@@ -63,6 +68,19 @@ fn now_ms() -> u64 {
 /// documentation).
 pub fn dormant_count() -> usize {
     DORMANT.load(Ordering::Relaxed)
+}
+
+/// How many times a dormant node of this process has been started again
+/// since the process started.
+pub fn woken_count() -> u64 {
+    WOKEN.lock().unwrap_or_else(|p| p.into_inner()).values().sum()
+}
+
+/// How many times dormant nodes of this process have been started again
+/// since the process started, by the name of the call that needed them
+/// (`append`, `vote`, `campaign`, ...).
+pub fn woken_by() -> Vec<(&'static str, u64)> {
+    WOKEN.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(k, v)| (*k, *v)).collect()
 }
 
 /// Counts one dormant node while it lives.
@@ -188,7 +206,8 @@ impl Lifecycle {
     ///
     /// # Errors
     /// The node was shut down, or a new instance could not start.
-    pub(crate) async fn running(self: &Arc<Self>) -> Result<InUse<'_>, String> {
+    /// `why` names the call, for [`woken_by`].
+    pub(crate) async fn running(self: &Arc<Self>, why: &'static str) -> Result<InUse<'_>, String> {
         loop {
             {
                 let slot = self.slot();
@@ -204,7 +223,7 @@ impl Lifecycle {
                 return Err("raft stopped: the node was shut down".into());
             }
             let this = self.clone();
-            tokio::spawn(async move { this.wake().await })
+            tokio::spawn(async move { this.wake(why).await })
                 .await
                 .map_err(|e| format!("starting a dormant node: {e}"))??;
         }
@@ -212,7 +231,7 @@ impl Lifecycle {
 
     /// Starts a new instance if the node is dormant; run in its own task
     /// (see the module's documentation).
-    async fn wake(self: Arc<Self>) -> Result<(), String> {
+    async fn wake(self: Arc<Self>, why: &'static str) -> Result<(), String> {
         let _serial = self.transition.clone().lock_owned().await;
         if self.stopped.load(Ordering::Acquire) {
             return Err("raft stopped: the node was shut down".into());
@@ -254,6 +273,7 @@ impl Lifecycle {
         drop(slot);
         self.last_used_ms.store(now_ms(), Ordering::Relaxed);
         self.incarnation.send_modify(|n| *n += 1);
+        *WOKEN.lock().unwrap_or_else(|p| p.into_inner()).entry(why).or_default() += 1;
         tracing::trace!(took_us = began.elapsed().as_micros() as u64, "dormant node woke");
         Ok(())
     }

@@ -155,8 +155,8 @@ impl RaftNode {
 
     /// The running instance of the Raft library, started again first if
     /// the node is dormant.
-    async fn running(&self) -> Result<InUse<'_>, String> {
-        self.life.running().await
+    async fn running(&self, why: &'static str) -> Result<InUse<'_>, String> {
+        self.life.running(why).await
     }
 
     /// Stops the node's Raft library instance, keeping its last state, if
@@ -233,7 +233,7 @@ impl RaftNode {
         if self.state(&until) {
             return true;
         }
-        let Ok(raft) = self.running().await else { return false };
+        let Ok(raft) = self.running("wait_for").await else { return false };
         raft.wait(Some(timeout)).metrics(move |m| until(State { m }), what).await.is_ok()
     }
 
@@ -243,7 +243,7 @@ impl RaftNode {
         if self.state(|s| s.last_applied().is_some_and(|a| a.index >= index)) {
             return true;
         }
-        let Ok(raft) = self.running().await else { return false };
+        let Ok(raft) = self.running("wait_applied").await else { return false };
         raft.wait(Some(timeout)).applied_index_at_least(Some(index), "applied").await.is_ok()
     }
 
@@ -286,7 +286,7 @@ impl RaftNode {
     /// # Errors
     /// As [`RaftNode::propose`] and [`Pending::committed`].
     pub async fn write(&self, batch: RecordBatch) -> Result<AppendResult, ProposeError> {
-        let raft = self.running().await.map_err(ProposeError::Unavailable)?;
+        let raft = self.running("write").await.map_err(ProposeError::Unavailable)?;
         match raft.client_write(batch).await {
             Ok(resp) => Ok(resp.data),
             Err(e) => Err(client_write_error(e)),
@@ -301,7 +301,7 @@ impl RaftNode {
     /// # Errors
     /// As [`RaftNode::write`].
     pub async fn write_barrier(&self) -> Result<AppendResult, ProposeError> {
-        let raft = self.running().await.map_err(ProposeError::Unavailable)?;
+        let raft = self.running("write_barrier").await.map_err(ProposeError::Unavailable)?;
         match raft.write_blank().await {
             Ok(resp) => Ok(resp.data),
             Err(e) => Err(client_write_error(e)),
@@ -332,7 +332,7 @@ impl RaftNode {
         if voters <= 1 || fresh {
             return true;
         }
-        let Ok(raft) = self.running().await else { return false };
+        let Ok(raft) = self.running("renew_lease").await else { return false };
         if raft.trigger().heartbeat().await.is_err() {
             return false;
         }
@@ -356,14 +356,14 @@ impl RaftNode {
 
     /// Starts an election now (with a pre-vote first, thesis §9.6).
     pub async fn campaign(&self) {
-        if let Ok(raft) = self.running().await {
+        if let Ok(raft) = self.running("campaign").await {
             let _ = raft.trigger().elect(true).await;
         }
     }
 
     /// Asks this leader to hand leadership to `to` (Raft thesis §3.10).
     pub async fn transfer_leader(&self, to: NodeId) {
-        if let Ok(raft) = self.running().await {
+        if let Ok(raft) = self.running("transfer_leader").await {
             let _ = raft.trigger().transfer_leader(to).await;
         }
     }
@@ -374,7 +374,7 @@ impl RaftNode {
     /// # Errors
     /// [`NodeError::Stopped`].
     pub async fn build_snapshot(&self) -> Result<(), NodeError> {
-        self.running()
+        self.running("build_snapshot")
             .await
             .map_err(NodeError::Stopped)?
             .trigger()
@@ -390,7 +390,7 @@ impl RaftNode {
     /// # Errors
     /// [`NodeError::Stopped`].
     pub async fn purge_log(&self, index: u64) -> Result<(), NodeError> {
-        self.running()
+        self.running("purge_log")
             .await
             .map_err(NodeError::Stopped)?
             .trigger()
@@ -404,7 +404,7 @@ impl RaftNode {
     /// # Errors
     /// [`NodeError::Stopped`].
     pub async fn is_initialized(&self) -> Result<bool, NodeError> {
-        self.running()
+        self.running("is_initialized")
             .await
             .map_err(NodeError::Stopped)?
             .is_initialized()
@@ -421,7 +421,7 @@ impl RaftNode {
     pub async fn initialize(&self, voters: BTreeMap<NodeId, String>) -> Result<(), NodeError> {
         let members: BTreeMap<NodeId, Node> =
             voters.into_iter().map(|(n, addr)| (n, Node { addr })).collect();
-        let raft = self.running().await.map_err(NodeError::Stopped)?;
+        let raft = self.running("initialize").await.map_err(NodeError::Stopped)?;
         raft.initialize(members).await.map_err(|e| NodeError::Refused(e.to_string()))
     }
 
@@ -431,7 +431,7 @@ impl RaftNode {
     /// # Errors
     /// [`NodeError::NotLeader`], [`NodeError::Refused`], [`NodeError::Stopped`].
     pub async fn add_learner(&self, node: NodeId, addr: String) -> Result<(), NodeError> {
-        let raft = self.running().await.map_err(NodeError::Stopped)?;
+        let raft = self.running("add_learner").await.map_err(NodeError::Stopped)?;
         raft.add_learner(node, Node { addr }, false).await.map(|_| ()).map_err(membership_error)
     }
 
@@ -441,7 +441,7 @@ impl RaftNode {
     /// # Errors
     /// [`NodeError::NotLeader`], [`NodeError::Refused`], [`NodeError::Stopped`].
     pub async fn change_voters(&self, voters: BTreeSet<NodeId>) -> Result<(), NodeError> {
-        let raft = self.running().await.map_err(NodeError::Stopped)?;
+        let raft = self.running("change_voters").await.map_err(NodeError::Stopped)?;
         raft.change_membership(voters, false).await.map(|_| ()).map_err(membership_error)
     }
 
@@ -463,7 +463,7 @@ impl RaftNode {
         pre_vote: bool,
     ) -> Result<pb::VoteResponse, HandleError> {
         let v = wire::vote_request_from_wire(req).map_err(|e| HandleError::Invalid(e.to_string()))?;
-        let raft = self.running().await.map_err(HandleError::Stopped)?;
+        let raft = self.running("vote").await.map_err(HandleError::Stopped)?;
         let answer = if pre_vote { raft.pre_vote(v).await } else { raft.vote(v).await };
         answer.map(|a| wire::vote_response_to_wire(&a)).map_err(|e| HandleError::Stopped(e.to_string()))
     }
@@ -473,10 +473,36 @@ impl RaftNode {
     /// # Errors
     /// [`HandleError`].
     pub async fn handle_append(&self, req: pb::AppendEntriesRequest) -> Result<Appended, HandleError> {
+        if let Some(answered) = self.dormant_heartbeat(&req) {
+            return Ok(answered);
+        }
         let rpc = wire::append_request_from_wire(req).map_err(|e| HandleError::Invalid(e.to_string()))?;
-        let raft = self.running().await.map_err(HandleError::Stopped)?;
+        let raft = self.running("handle_append").await.map_err(HandleError::Stopped)?;
         let a = raft.append_entries(rpc).await.map_err(|e| HandleError::Stopped(e.to_string()))?;
         Ok(Appended { response: wire::append_response_to_wire(&a), success: a.is_success() })
+    }
+
+    /// A heartbeat a dormant node answers from its kept state without
+    /// starting: from the leader it follows (the same vote), ending where
+    /// its log ends (the same last log id) and with the commit index it
+    /// knows. The node's own answer would be the same (Raft paper §5.3:
+    /// the logs match there, nothing to store, commit or apply); any other
+    /// message starts it. Leaders send heartbeats to idle groups' followers
+    /// when they renew their lease (a first write after a quiet spell) or
+    /// when a broker seemed to come back, and, while thousands of groups
+    /// elect at once, woke nearly every dormant follower again (measured
+    /// at 10,000 partitions: 10,156 wakes in four minutes on one broker).
+    fn dormant_heartbeat(&self, req: &pb::AppendEntriesRequest) -> Option<Appended> {
+        if !req.entries.is_empty() {
+            return None;
+        }
+        let (vote, committed) = self.life.with(|node| node.err().map(|m| (m.vote, m.local_committed)))?;
+        let last = self.life.last_log_id()?;
+        let same = req.vote.as_ref() == Some(&wire::vote_to_wire(&vote))
+            && req.prev_log_id.as_ref() == Some(&wire::log_id_to_wire(&last))
+            && req.leader_commit.as_ref() == committed.as_ref().map(wire::log_id_to_wire).as_ref();
+        let success = openraft::raft::AppendEntriesResponse::<TypeConfig>::Success;
+        same.then(|| Appended { response: wire::append_response_to_wire(&success), success: true })
     }
 
     /// Answers a leader's request to take over.
@@ -488,7 +514,7 @@ impl RaftNode {
         req: &pb::TransferLeaderRequest,
     ) -> Result<pb::TransferLeaderResponse, HandleError> {
         let rpc = wire::transfer_request_from_wire(req).map_err(|e| HandleError::Invalid(e.to_string()))?;
-        let raft = self.running().await.map_err(HandleError::Stopped)?;
+        let raft = self.running("handle_transfer").await.map_err(HandleError::Stopped)?;
         let a = raft.handle_transfer_leader(rpc).await.map_err(|e| HandleError::Stopped(e.to_string()))?;
         Ok(wire::transfer_response_to_wire(&a))
     }
@@ -503,7 +529,7 @@ impl RaftNode {
     pub async fn install_snapshot(&self, received: Received) -> Result<pb::SnapshotResponse, HandleError> {
         let staged = received.files.dir.clone();
         let snapshot = Snapshot { meta: received.meta, snapshot: received.files };
-        let result = match self.running().await {
+        let result = match self.running("install_snapshot").await {
             Ok(raft) => raft.install_full_snapshot(received.vote, snapshot).await.map_err(|e| e.to_string()),
             Err(e) => Err(e),
         };

@@ -322,10 +322,11 @@ async fn founding_members_share_one_first_entry_and_any_of_them_can_lead() {
     }
 }
 
-/// A follower made dormant keeps answering for its state, is started again
-/// by the leader's next append (with both followers dormant nothing
-/// commits otherwise), and its change stream goes on across the restart;
-/// a leader never goes dormant.
+/// A follower made dormant keeps answering for its state, acknowledges its
+/// leader's heartbeats without starting, is started again by the leader's
+/// next append (with both followers dormant nothing commits otherwise),
+/// and its change stream goes on across the restart; a leader never goes
+/// dormant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dormant_followers_keep_their_state_and_wake_for_the_leaders_appends() {
     let root = tempfile::tempdir().expect("tempdir");
@@ -371,6 +372,15 @@ async fn dormant_followers_keep_their_state_and_wake_for_the_leaders_appends() {
     assert_eq!(ferrolog_replica::dormant_count(), 2);
     // Going dormant is a change, and the stream does not end with it.
     tokio::time::timeout(WAIT, changes.next()).await.expect("a change").expect("the stream goes on");
+
+    // A heartbeat from the leader they follow, at the end of their logs, is
+    // answered from the kept state: the lease renews, nobody wakes.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        members[&l].node.state(|s| s.since_quorum_ack()).is_some_and(|d| d >= Duration::from_millis(300))
+    );
+    assert!(members[&l].node.renew_lease(WAIT).await, "dormant followers did not acknowledge a heartbeat");
+    assert!(followers.iter().all(|f| members[f].node.is_dormant()), "a heartbeat woke a follower");
 
     // The next write commits only if a dormant follower wakes to store it.
     let t0 = std::time::Instant::now();

@@ -24,7 +24,10 @@ pub async fn start_with_dormant(
 ) -> anyhow::Result<(Cluster, Option<tempfile::TempPath>)> {
     let exe = std::env::current_exe()?;
     let exe = exe.to_string_lossy().into_owned();
-    let mut env = vec![("RUST_LOG".to_owned(), "warn".to_owned())];
+    // FERROLOG_BENCH_BROKER_LOG: the brokers' log filter (with
+    // FERROLOG_KEEP_DATA=1 to keep their logs); warnings only by default.
+    let filter = std::env::var("FERROLOG_BENCH_BROKER_LOG").unwrap_or_else(|_| "warn".to_owned());
+    let mut env = vec![("RUST_LOG".to_owned(), filter)];
     let mut config = None;
     if let Some(ms) = dormant_after_ms {
         let file = tempfile::Builder::new().prefix("ferrolog-bench-").suffix(".toml").tempfile()?;

@@ -83,8 +83,9 @@ pub async fn run(me: BrokerId, groups: GroupRegistry, liveness: Liveness, after:
                 "dormant.went",
                 Duration::from_secs(10),
                 format_args!(
-                    "{went} idle follower replicas went dormant this round ({} dormant in all)",
-                    ferrolog_replica::dormant_count()
+                    "{went} idle follower replicas went dormant this round ({} dormant in all; woken since start: {:?})",
+                    ferrolog_replica::dormant_count(),
+                    ferrolog_replica::woken_by()
                 ),
             );
         }
