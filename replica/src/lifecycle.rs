@@ -78,7 +78,7 @@ pub fn woken_count() -> u64 {
 
 /// How many times dormant nodes of this process have been started again
 /// since the process started, by the name of the call that needed them
-/// (`append`, `vote`, `campaign`, ...).
+/// (`handle_append`, `vote`, `campaign`, ...).
 pub fn woken_by() -> Vec<(&'static str, u64)> {
     WOKEN.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(k, v)| (*k, *v)).collect()
 }
@@ -125,6 +125,11 @@ pub(crate) struct Lifecycle {
     incarnation: tokio::sync::watch::Sender<u64>,
     /// Shut down for good (or could not start again).
     stopped: AtomicBool,
+    /// Until when (ms since [`ORIGIN`]) the dormant node keeps the lease of
+    /// the leader whose heartbeat it acknowledged from its kept state: as a
+    /// running follower does (Raft thesis §4.2.3, §6.4), it refuses other
+    /// candidates' votes meanwhile.
+    lease_until_ms: AtomicU64,
 }
 
 /// The running instance, held by a call in progress: the node does not go
@@ -168,6 +173,7 @@ impl Lifecycle {
             elections: AtomicBool::new(config.enable_elect),
             incarnation: tokio::sync::watch::Sender::new(0),
             stopped: AtomicBool::new(false),
+            lease_until_ms: AtomicU64::new(0),
         }
     }
 
@@ -190,6 +196,36 @@ impl Lifecycle {
             Slot::Running(raft) => f(Ok(raft)),
             Slot::Dormant(m, _) => f(Err(m)),
         }
+    }
+
+    /// Calls `f` with a dormant node's kept state while nothing starts or
+    /// stops it (its transition lock held); `None` if it runs, is starting
+    /// or stopping, or has stopped for good (or on an error).
+    pub(crate) fn with_dormant<R>(
+        &self,
+        f: impl FnOnce(&openraft::RaftMetrics<TypeConfig>) -> R,
+    ) -> Option<R> {
+        let _serial = self.transition.try_lock().ok()?;
+        if self.stopped.load(Ordering::Acquire) {
+            return None;
+        }
+        match &*self.slot() {
+            Slot::Dormant(m, _) if m.running_state.is_ok() && m.state == openraft::ServerState::Follower => {
+                Some(f(m))
+            }
+            _ => None,
+        }
+    }
+
+    /// Records that the dormant node acknowledged its leader's heartbeat:
+    /// it keeps that leader's lease for `lease` from now.
+    pub(crate) fn lease_for(&self, lease: Duration) {
+        self.lease_until_ms.store(now_ms() + lease.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Whether a lease recorded by [`Lifecycle::lease_for`] still runs.
+    pub(crate) fn leased(&self) -> bool {
+        self.lease_until_ms.load(Ordering::Relaxed) > now_ms()
     }
 
     /// The last log id in the node's storage.

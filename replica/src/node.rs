@@ -180,8 +180,8 @@ impl RaftNode {
     /// refuses the pre-vote whatever the node would say (a follower that
     /// presumes a live leader, Raft thesis §9.6). `None` if the node runs.
     pub fn dormant_pre_vote_refusal(&self) -> Option<pb::VoteResponse> {
-        let vote = self.life.with(|node| node.err().map(|m| m.vote))?;
-        let refused = openraft::raft::VoteResponse::<TypeConfig>::new(vote, self.life.last_log_id(), false);
+        let (vote, last) = self.life.with_dormant(|m| (m.vote, self.life.last_log_id()))?;
+        let refused = openraft::raft::VoteResponse::<TypeConfig>::new(vote, last, false);
         Some(wire::vote_response_to_wire(&refused))
     }
 
@@ -463,6 +463,15 @@ impl RaftNode {
         pre_vote: bool,
     ) -> Result<pb::VoteResponse, HandleError> {
         let v = wire::vote_request_from_wire(req).map_err(|e| HandleError::Invalid(e.to_string()))?;
+        // A dormant follower that acknowledged its leader's heartbeat
+        // within the lease refuses other candidates, as a running one does;
+        // a leadership transfer is not refused (Raft thesis §3.10).
+        if !req.leadership_transfer
+            && self.life.leased()
+            && let Some(refused) = self.dormant_pre_vote_refusal()
+        {
+            return Ok(refused);
+        }
         let raft = self.running("vote").await.map_err(HandleError::Stopped)?;
         let answer = if pre_vote { raft.pre_vote(v).await } else { raft.vote(v).await };
         answer.map(|a| wire::vote_response_to_wire(&a)).map_err(|e| HandleError::Stopped(e.to_string()))
@@ -486,8 +495,12 @@ impl RaftNode {
     /// starting: from the leader it follows (the same vote), ending where
     /// its log ends (the same last log id) and with the commit index it
     /// knows. The node's own answer would be the same (Raft paper §5.3:
-    /// the logs match there, nothing to store, commit or apply); any other
-    /// message starts it. Leaders send heartbeats to idle groups' followers
+    /// the logs match there, nothing to store, commit or apply), and it
+    /// keeps the leader's lease as the node would (refusing other
+    /// candidates' votes for one maximum election timeout, see
+    /// [`RaftNode::handle_vote`]); any other message starts it. Answered
+    /// only while the node is neither starting nor stopping, and not
+    /// after it stopped for good. Leaders send heartbeats to idle groups' followers
     /// when they renew their lease (a first write after a quiet spell) or
     /// when a broker seemed to come back, and, while thousands of groups
     /// elect at once, woke nearly every dormant follower again (measured
@@ -496,13 +509,18 @@ impl RaftNode {
         if !req.entries.is_empty() {
             return None;
         }
-        let (vote, committed) = self.life.with(|node| node.err().map(|m| (m.vote, m.local_committed)))?;
-        let last = self.life.last_log_id()?;
-        let same = req.vote.as_ref() == Some(&wire::vote_to_wire(&vote))
-            && req.prev_log_id.as_ref() == Some(&wire::log_id_to_wire(&last))
-            && req.leader_commit.as_ref() == committed.as_ref().map(wire::log_id_to_wire).as_ref();
+        let same = self.life.with_dormant(|m| {
+            let Some(last) = self.life.last_log_id() else { return false };
+            req.vote.as_ref() == Some(&wire::vote_to_wire(&m.vote))
+                && req.prev_log_id.as_ref() == Some(&wire::log_id_to_wire(&last))
+                && req.leader_commit.as_ref() == m.local_committed.as_ref().map(wire::log_id_to_wire).as_ref()
+        })?;
+        if !same {
+            return None;
+        }
+        self.life.lease_for(self.timings.election_timeout_max);
         let success = openraft::raft::AppendEntriesResponse::<TypeConfig>::Success;
-        same.then(|| Appended { response: wire::append_response_to_wire(&success), success: true })
+        Some(Appended { response: wire::append_response_to_wire(&success), success: true })
     }
 
     /// Answers a leader's request to take over.

@@ -323,7 +323,8 @@ async fn founding_members_share_one_first_entry_and_any_of_them_can_lead() {
 }
 
 /// A follower made dormant keeps answering for its state, acknowledges its
-/// leader's heartbeats without starting, is started again by the leader's
+/// leader's heartbeats without starting (and then refuses other candidates'
+/// votes within that leader's lease, as a running one does), is started again by the leader's
 /// next append (with both followers dormant nothing commits otherwise),
 /// and its change stream goes on across the restart; a leader never goes
 /// dormant.
@@ -379,8 +380,24 @@ async fn dormant_followers_keep_their_state_and_wake_for_the_leaders_appends() {
     assert!(
         members[&l].node.state(|s| s.since_quorum_ack()).is_some_and(|d| d >= Duration::from_millis(300))
     );
+    let wakes = ferrolog_replica::woken_count();
     assert!(members[&l].node.renew_lease(WAIT).await, "dormant followers did not acknowledge a heartbeat");
+    assert!(members[&l].node.state(|s| s.since_quorum_ack()).is_some_and(|d| d < Duration::from_millis(300)));
     assert!(followers.iter().all(|f| members[f].node.is_dormant()), "a heartbeat woke a follower");
+    assert_eq!(ferrolog_replica::woken_count(), wakes, "a heartbeat woke a follower");
+    // Having acknowledged it, a dormant follower keeps the leader's lease as
+    // a running one would: another candidate's vote is refused, unwoken.
+    let term = members[&l].node.state(|s| s.term());
+    let vote = pb::VoteRequest {
+        group_id: GROUP,
+        target_node: followers[0],
+        vote: Some(pb::Vote { term: term + 1, node: followers[1], committed: false }),
+        last_log_id: Some(pb::LogId { term: term + 1, leader_node: followers[1], index: 1 << 40 }),
+        leadership_transfer: false,
+    };
+    let answer = members[&followers[0]].node.handle_vote(&vote, false).await.expect("answered");
+    assert!(!answer.vote_granted, "a dormant follower within its leader's lease granted a vote");
+    assert_eq!(ferrolog_replica::woken_count(), wakes, "a vote within the lease woke a follower");
 
     // The next write commits only if a dormant follower wakes to store it.
     let t0 = std::time::Instant::now();

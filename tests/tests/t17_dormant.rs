@@ -19,15 +19,24 @@ const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
 const CONFIG: &str = "[raft]\ndormant_after_ms = 300\n";
 const PARTITIONS: u32 = 6;
 
-/// Dormant replicas summed over the running brokers, as each reports itself.
-async fn dormant(c: &Cluster) -> u64 {
-    let mut sum = 0;
+/// Dormant replicas, and wakes of dormant replicas since start, summed over
+/// the running brokers as each reports itself.
+async fn dormant_and_wakes(c: &Cluster) -> anyhow::Result<(u64, u64)> {
+    let (mut dormant, mut wakes) = (0, 0);
     for b in c.brokers.iter().filter(|b| c.is_running(b.id)) {
-        let Ok(mut client) = connect(b.client_addr).await else { continue };
-        let Ok(m) = client.metadata(MetadataRequest { topics: vec![] }).await else { continue };
-        sum += m.into_inner().brokers.iter().find(|i| i.id == b.id).map_or(0, |i| i.dormant_replicas);
+        let m = connect(b.client_addr).await?.metadata(MetadataRequest { topics: vec![] }).await?;
+        let own = m.into_inner().brokers.into_iter().find(|i| i.id == b.id);
+        let own = own.ok_or_else(|| anyhow::anyhow!("broker {} does not report itself", b.id))?;
+        dormant += own.dormant_replicas;
+        wakes += own.dormant_wakes;
     }
-    sum
+    Ok((dormant, wakes))
+}
+
+/// Dormant replicas summed over the running brokers (0 for a broker that
+/// does not answer now: the caller waits for the count it wants).
+async fn dormant(c: &Cluster) -> u64 {
+    dormant_and_wakes(c).await.map_or(0, |(d, _)| d)
 }
 
 /// Waits until `want` replicas are dormant in all.
@@ -91,17 +100,19 @@ async fn dormant_followers_wake_for_writes_and_elections() -> anyhow::Result<()>
     let group = meta.into_inner().topics.iter().find(|t| t.name == "d").map(|t| t.partitions[0].group_id);
     let group = group.ok_or_else(|| anyhow::anyhow!("no topic d"))?;
     let leader_node = raw::node_on(&c, leader, group).await?;
+    let (_, wakes) = dormant_and_wakes(&c).await?;
     let refused = raw::pre_vote(&c, f2.broker_id, group, f2.node_id, f1.node_id, led.term + 1).await?;
     assert!(
         !refused.vote_granted,
         "a dormant follower of a live leader granted another candidate's pre-vote"
     );
-    assert_eq!(dormant(&c).await, followers, "a refused pre-vote woke a dormant follower");
+    assert_eq!(dormant_and_wakes(&c).await?.1, wakes, "a refused pre-vote woke a dormant follower");
     let control = raw::pre_vote(&c, f2.broker_id, group, f2.node_id, leader_node, led.term + 1).await?;
     assert!(
         control.vote_granted,
         "the leader's own pre-vote was refused: the refusal above may be for another reason"
     );
+    assert!(dormant_and_wakes(&c).await?.1 > wakes, "the control was answered without waking the follower");
     wait_dormant(&c, followers, "after the pre-votes").await?;
 
     // Every follower is dormant: each of these commits needs one to wake.

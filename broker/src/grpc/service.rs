@@ -329,6 +329,7 @@ impl Ferrolog for ClientService {
         let (open_files, open_files_limit) = crate::control::files::last_usage().unwrap_or_default();
         let replicas = self.groups.partition_count() as u64;
         let dormant_replicas = ferrolog_replica::dormant_count() as u64;
+        let dormant_wakes = ferrolog_replica::woken_count();
         let brokers = image
             .brokers
             .iter()
@@ -343,6 +344,7 @@ impl Ferrolog for ClientService {
                     open_files_limit: if own { open_files_limit } else { 0 },
                     replicas: if own { replicas } else { 0 },
                     dormant_replicas: if own { dormant_replicas } else { 0 },
+                    dormant_wakes: if own { dormant_wakes } else { 0 },
                 }
             })
             .collect();
