@@ -238,11 +238,11 @@ impl Lifecycle {
         matches!(&*self.slot(), Slot::Dormant(..))
     }
 
-    /// The running instance, started again first if the node is dormant.
+    /// The running instance, started again first if the node is dormant;
+    /// `why` names the call, for [`woken_by`].
     ///
     /// # Errors
     /// The node was shut down, or a new instance could not start.
-    /// `why` names the call, for [`woken_by`].
     pub(crate) async fn running(self: &Arc<Self>, why: &'static str) -> Result<InUse<'_>, String> {
         loop {
             {

@@ -16,8 +16,12 @@
 //! tolerates by construction (its safety rests on the persisted vote and
 //! log, Raft paper §5). Leaders are never made dormant.
 //!
-//! The cost is the first message after a quiet spell: it waits for the
-//! node to start (reading its state from the open storage, no file IO).
+//! The cost is the first message after a quiet spell that needs the node
+//! (entries from the leader, a vote): it waits for the node to start, which
+//! reads its state from the open storage (mostly memory; log entries past
+//! the tail cache come from the segment files). A heartbeat from its leader
+//! at the end of its log is answered without starting it
+//! (`ferrolog_replica::RaftNode::handle_append`).
 
 use std::time::Duration;
 
