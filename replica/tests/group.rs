@@ -357,18 +357,21 @@ async fn dormant_followers_keep_their_state_and_wake_for_the_leaders_appends() {
     members[&l].node.set_ticking(false);
     assert!(!members[&l].node.make_dormant(Duration::ZERO).await.expect("leader"), "a leader went dormant");
     let mut changes = members[&followers[0]].node.changes();
-    for f in &followers {
-        let node = &members[f].node;
-        let before = node.state(|s| (s.term(), s.leader(), s.last_applied(), s.committed()));
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while !node.make_dormant(Duration::ZERO).await.expect("dormant") {
-            assert!(tokio::time::Instant::now() < deadline, "follower {f} never went dormant");
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    // A late replication message (the leader's last commit notice) may wake
+    // a follower made dormant first: go on until both are dormant at once.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !followers.iter().all(|f| members[f].node.is_dormant()) {
+        assert!(tokio::time::Instant::now() < deadline, "the followers never were dormant together");
+        for f in &followers {
+            let node = &members[f].node;
+            let before = node.state(|s| (s.term(), s.leader(), s.last_applied(), s.committed()));
+            if node.make_dormant(Duration::ZERO).await.expect("dormant") {
+                let after = node.state(|s| (s.term(), s.leader(), s.last_applied(), s.committed()));
+                assert_eq!(after, before, "follower {f}: its state changed going dormant");
+                assert_eq!(node.state(|s| s.role()), Role::Follower);
+            }
         }
-        assert!(node.is_dormant());
-        let after = node.state(|s| (s.term(), s.leader(), s.last_applied(), s.committed()));
-        assert_eq!(after, before, "follower {f}: its state changed going dormant");
-        assert_eq!(node.state(|s| s.role()), Role::Follower);
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(ferrolog_replica::dormant_count(), 2);
     // Going dormant is a change, and the stream does not end with it.
@@ -384,6 +387,16 @@ async fn dormant_followers_keep_their_state_and_wake_for_the_leaders_appends() {
     assert!(members[&l].node.renew_lease(WAIT).await, "dormant followers did not acknowledge a heartbeat");
     assert!(members[&l].node.state(|s| s.since_quorum_ack()).is_some_and(|d| d < Duration::from_millis(300)));
     assert!(followers.iter().all(|f| members[f].node.is_dormant()), "a heartbeat woke a follower");
+    // renew_lease needs one follower's answer; the other's may still be on
+    // its way: wait until both acknowledged since.
+    let both_acked = members[&l]
+        .node
+        .wait_for(WAIT, "both followers acknowledged", |s| {
+            s.acknowledged_ago()
+                .is_some_and(|mut a| a.all(|(_, ago)| ago.is_some_and(|d| d < Duration::from_millis(300))))
+        })
+        .await;
+    assert!(both_acked, "a dormant follower did not acknowledge the heartbeat");
     assert_eq!(ferrolog_replica::woken_count(), wakes, "a heartbeat woke a follower");
     // Having acknowledged it, a dormant follower keeps the leader's lease as
     // a running one would: another candidate's vote is refused, unwoken.
