@@ -1,5 +1,5 @@
 //! The `ferrolog` command line against a real 3-broker cluster: brokers are
-//! `ferrolog broker` processes on free 127.0.0.1 ports; every step runs the
+//! `ferrolog broker` processes on a loopback address of the test's own; every step runs the
 //! binary as a user would and checks its exit code and output.
 
 use std::path::{Path, PathBuf};
@@ -7,6 +7,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use ferrolog_client::partitioner::partition_for_key;
+
+mod common;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferrolog");
 
@@ -26,24 +28,19 @@ impl Drop for Brokers {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
 impl Brokers {
     fn start() -> Brokers {
         let dir = tempfile::tempdir().expect("temp dir");
-        let client: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let peer: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let initial =
-            (0..3).map(|i| format!("{}=127.0.0.1:{}", i + 1, peer[i])).collect::<Vec<_>>().join(",");
+        let (ip, ports) = common::private_addrs(6);
+        let (client, peer) = ports.split_at(3);
+        let initial = (0..3).map(|i| format!("{}={ip}:{}", i + 1, peer[i])).collect::<Vec<_>>().join(",");
         let mut children = Vec::new();
         for i in 0..3 {
             let log = std::fs::File::create(dir.path().join(format!("broker-{}.log", i + 1))).expect("log");
             let child = Command::new(BIN)
                 .args(["broker", "--node-id", &(i + 1).to_string()])
-                .args(["--client-addr", &format!("127.0.0.1:{}", client[i])])
-                .args(["--peer-addr", &format!("127.0.0.1:{}", peer[i])])
+                .args(["--client-addr", &format!("{ip}:{}", client[i])])
+                .args(["--peer-addr", &format!("{ip}:{}", peer[i])])
                 .arg("--data-dir")
                 .arg(dir.path().join(format!("broker-{}", i + 1)))
                 .args(["--initial-cluster", &initial])
@@ -55,7 +52,7 @@ impl Brokers {
                 .expect("start a broker");
             children.push(child);
         }
-        let bootstrap = client.iter().map(|p| format!("127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
+        let bootstrap = client.iter().map(|p| format!("{ip}:{p}")).collect::<Vec<_>>().join(",");
         let brokers = Brokers { children, bootstrap, dir };
         brokers.wait_ready();
         brokers

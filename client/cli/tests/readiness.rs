@@ -9,6 +9,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_ferrolog");
 /// Bound on waits for things that must happen (never asserted on).
 const PATIENCE: Duration = Duration::from_secs(90);
@@ -17,8 +19,12 @@ const PATIENCE: Duration = Duration::from_secs(90);
 /// each is started on demand and killed when dropped.
 struct Slots {
     children: Vec<Option<Child>>,
+    /// The loopback address every broker of this test listens on.
+    ip: std::net::Ipv4Addr,
     client: Vec<u16>,
     peer: Vec<u16>,
+    /// A port on `ip` nothing listens on.
+    closed: u16,
     dir: tempfile::TempDir,
 }
 
@@ -31,16 +37,15 @@ impl Drop for Slots {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
 impl Slots {
     fn new() -> Slots {
+        let (ip, ports) = common::private_addrs(7);
         Slots {
             children: vec![None, None, None],
-            client: (0..3).map(|_| free_port()).collect(),
-            peer: (0..3).map(|_| free_port()).collect(),
+            ip,
+            client: ports[0..3].to_vec(),
+            peer: ports[3..6].to_vec(),
+            closed: ports[6],
             dir: tempfile::tempdir().expect("temp dir"),
         }
     }
@@ -53,7 +58,7 @@ impl Slots {
     /// Starts broker `id` with extra broker flags.
     fn start_with(&mut self, id: usize, flags: &[&str]) {
         let initial =
-            (0..3).map(|i| format!("{}=127.0.0.1:{}", i + 1, self.peer[i])).collect::<Vec<_>>().join(",");
+            (0..3).map(|i| format!("{}={}:{}", i + 1, self.ip, self.peer[i])).collect::<Vec<_>>().join(",");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -61,8 +66,8 @@ impl Slots {
             .expect("log");
         let child = Command::new(BIN)
             .args(["broker", "--node-id", &id.to_string()])
-            .args(["--client-addr", &format!("127.0.0.1:{}", self.client[id - 1])])
-            .args(["--peer-addr", &format!("127.0.0.1:{}", self.peer[id - 1])])
+            .args(["--client-addr", &format!("{}:{}", self.ip, self.client[id - 1])])
+            .args(["--peer-addr", &format!("{}:{}", self.ip, self.peer[id - 1])])
             .arg("--data-dir")
             .arg(self.dir.path().join(format!("broker-{id}")))
             .args(["--initial-cluster", &initial])
@@ -86,7 +91,7 @@ impl Slots {
 
     /// Every broker's client address, running or not.
     fn bootstrap(&self) -> String {
-        self.client.iter().map(|p| format!("127.0.0.1:{p}")).collect::<Vec<_>>().join(",")
+        self.client.iter().map(|p| format!("{}:{p}", self.ip)).collect::<Vec<_>>().join(",")
     }
 
     fn command(&self, bootstrap: &str, args: &[&str]) -> Command {
@@ -148,8 +153,8 @@ fn topic_create_waits_for_registration_and_gives_up_clearly() {
     // brokers have not registered yet.
     c.start(1);
     c.start(2);
-    let nowhere = format!("127.0.0.1:{}", free_port());
-    let routes = format!("127.0.0.1:{}={nowhere},127.0.0.1:{}={nowhere}", c.peer[0], c.peer[1]);
+    let nowhere = format!("{}:{}", c.ip, c.closed);
+    let routes = format!("{ip}:{}={nowhere},{ip}:{}={nowhere}", c.peer[0], c.peer[1], ip = c.ip);
     c.start_with(3, &["--peer-routes", &routes]);
 
     // Create at once, without waiting for anything.
@@ -237,7 +242,7 @@ fn topic_create_waits_for_registration_and_gives_up_clearly() {
     // of 3 cannot be placed; the create gives up after --timeout.
     c.kill(3);
     for id in [1, 2] {
-        let one = format!("127.0.0.1:{}", c.client[id - 1]);
+        let one = format!("{}:{}", c.ip, c.client[id - 1]);
         c.status_until(&one, "broker 3 not alive", |s| {
             broker_row(s, 3).is_some_and(|r| r.split_whitespace().any(|w| w == "NO"))
         });
