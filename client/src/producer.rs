@@ -130,7 +130,7 @@ impl BufferGauge {
 
 /// Messages from [`Producer`] handles to the worker.
 pub(crate) enum Command {
-    Send { topic: String, record: Record, waiter: queue::Waiter },
+    Send { topic: Arc<str>, record: Record, waiter: queue::Waiter },
     Flush(oneshot::Sender<()>),
 }
 
@@ -138,6 +138,20 @@ struct Inner {
     commands: mpsc::UnboundedSender<Command>,
     buffer: Arc<BufferGauge>,
     closed: AtomicBool,
+    /// The topic of the last `send`, shared with its command, so a stream
+    /// of records to one topic does not allocate a name per record.
+    last_topic: std::sync::Mutex<Option<Arc<str>>>,
+}
+
+impl Inner {
+    /// `topic` as a shared name: the last one again if it is the same.
+    fn topic(&self, topic: &str) -> Arc<str> {
+        let mut last = self.last_topic.lock().unwrap_or_else(|p| p.into_inner());
+        match &*last {
+            Some(t) if &**t == topic => t.clone(),
+            _ => last.insert(Arc::from(topic)).clone(),
+        }
+    }
 }
 
 /// The producer handle; cheap to clone, all clones share one worker. The
@@ -189,7 +203,14 @@ impl Producer {
             freed: Notify::new(),
         });
         worker::spawn(meta, config, rx, buffer.clone());
-        Ok(Producer { inner: Arc::new(Inner { commands: tx, buffer, closed: AtomicBool::new(false) }) })
+        Ok(Producer {
+            inner: Arc::new(Inner {
+                commands: tx,
+                buffer,
+                closed: AtomicBool::new(false),
+                last_topic: std::sync::Mutex::new(None),
+            }),
+        })
     }
 
     /// Hands a record to the producer for `topic` and returns its
@@ -204,7 +225,7 @@ impl Producer {
             return Delivery { rx };
         }
         self.inner.buffer.add(record_size(&record));
-        let command = Command::Send { topic: topic.to_owned(), record, waiter: tx };
+        let command = Command::Send { topic: self.inner.topic(topic), record, waiter: tx };
         if let Err(mpsc::error::SendError(Command::Send { waiter, record, .. })) =
             self.inner.commands.send(command)
         {

@@ -61,16 +61,20 @@ impl Record {
         self
     }
 
-    /// The wire form (copies the bytes: the generated code uses `Vec<u8>`).
+    /// The wire form; the key, value and header values are shared, not
+    /// copied (`bytes::Bytes` on both sides).
+    #[cfg(test)]
     pub(crate) fn to_wire(&self) -> pb::Record {
+        self.clone().into_wire()
+    }
+
+    /// The wire form, taking the record apart (no reference counts are
+    /// touched: the producer's hot path, once per record).
+    pub(crate) fn into_wire(self) -> pb::Record {
         pb::Record {
-            key: self.key.clone(),
-            value: self.value.clone(),
-            headers: self
-                .headers
-                .iter()
-                .map(|h| pb::Header { key: h.key.clone(), value: h.value.clone() })
-                .collect(),
+            key: self.key,
+            value: self.value,
+            headers: self.headers.into_iter().map(|h| pb::Header { key: h.key, value: h.value }).collect(),
             timestamp_ms: self.timestamp_ms,
         }
     }
