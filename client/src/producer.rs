@@ -144,9 +144,12 @@ struct Inner {
 }
 
 impl Inner {
-    /// `topic` as a shared name: the last one again if it is the same.
+    /// `topic` as a shared name: the last one again if it is the same. Never
+    /// waits: while another thread holds the cache, the name is copied.
     fn topic(&self, topic: &str) -> Arc<str> {
-        let mut last = self.last_topic.lock().unwrap_or_else(|p| p.into_inner());
+        let Ok(mut last) = self.last_topic.try_lock() else {
+            return Arc::from(topic);
+        };
         match &*last {
             Some(t) if &**t == topic => t.clone(),
             _ => last.insert(Arc::from(topic)).clone(),

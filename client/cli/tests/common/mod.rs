@@ -11,10 +11,12 @@
 use std::net::{Ipv4Addr, TcpListener};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-/// A loopback address used by this test only (127.X.Y.1, X from the process
-/// id, Y counting the calls in this process; never 127.0.0.x, which the
-/// cluster harness and `ferrolog dev` use), and `n` distinct ports free on
-/// it.
+/// A loopback address used by this test only (127.X.Y.Z: X and Y from the
+/// process id, so two test processes running at once differ unless their
+/// ids are equal modulo 60,000; Z counting the calls in this process; never
+/// 127.0.0.x, which the cluster harness and `ferrolog dev` use), and `n`
+/// distinct ports free on it. Linux routes all of 127.0.0.0/8 to the
+/// loopback device.
 ///
 /// # Panics
 /// After 250 calls in one process, or if the ports cannot be bound.
@@ -22,7 +24,8 @@ pub fn private_addrs(n: usize) -> (Ipv4Addr, Vec<u16>) {
     static CALLS: AtomicU8 = AtomicU8::new(1);
     let call = CALLS.fetch_add(1, Ordering::Relaxed);
     assert!((1..=250).contains(&call), "too many test clusters in one process");
-    let ip = Ipv4Addr::new(127, 10 + (std::process::id() % 240) as u8, call, 1);
+    let pid = std::process::id();
+    let ip = Ipv4Addr::new(127, 10 + (pid % 240) as u8, (pid / 240 % 250) as u8, call);
     // All n listeners are held until every port is known, so the ports are
     // distinct.
     let held: Vec<TcpListener> =
