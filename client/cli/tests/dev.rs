@@ -15,14 +15,29 @@ fn free_run(base: u16) -> bool {
     (1..=3).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok())
 }
 
-/// A base such that base+1..=base+3 are free, for client and peer ports.
+/// The lowest port the kernel hands out as a source port
+/// (`net.ipv4.ip_local_port_range`; Linux's default 32768 if unreadable).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next().and_then(|p| p.parse().ok()))
+        .unwrap_or(32_768)
+}
+
+/// A base such that base+1..=base+3 are free, for client and peer ports,
+/// below the ephemeral range: `ferrolog dev` binds them after this check,
+/// and a port in that range could meanwhile become some outgoing
+/// connection's source port (CI failed that way once in another test).
 fn port_bases() -> (u16, u16) {
-    let mut candidate = 30_000 + (std::process::id() % 2000) as u16 * 10;
+    const LOW: u16 = 10_000;
+    let high = ephemeral_low().saturating_sub(10).max(LOW + 10);
+    let span = (high - LOW) / 10;
+    let mut candidate = LOW + (std::process::id() % u32::from(span)) as u16 * 10;
     loop {
         if free_run(candidate) && free_run(candidate + 5) {
             return (candidate, candidate + 5);
         }
-        candidate = candidate.wrapping_add(10).max(30_000);
+        candidate = if candidate + 20 >= high { LOW } else { candidate + 10 };
     }
 }
 
