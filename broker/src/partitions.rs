@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferrolog_raft_store::meta_db::MetaDb;
-use ferrolog_raft_store::{Flusher, Replica, StoreConfig};
+use ferrolog_raft_store::{Flusher, Founding, Replica, StoreConfig};
 use ferrolog_replica::{NodeId, RaftNode, ValidSettings};
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -472,12 +472,25 @@ impl Reconciler {
         });
         let replica = opened.await.map_err(|_| anyhow::anyhow!("the replica's open was cut off"))??;
         // A new group's founding members each write the same first
-        // configuration before their node starts (Replica::found).
-        if let Some(voters) = founders {
-            replica.found(voters).await?;
-        }
-        let raft =
-            RaftNode::start(a.group, me.node, &self.raft_settings, &replica, self.peers.clone()).await?;
+        // configuration, and their vote for the founding leader (the
+        // preferred leader), before their node starts (Replica::found):
+        // that leader leads from its first start, without an election.
+        let founding = match founders {
+            Some(voters) => replica.found(voters, Self::founding_leader(a)).await?,
+            None => Founding::Existing,
+        };
+        let raft = if founding == (Founding::Founded { leader: Some(me.node) }) {
+            RaftNode::start_founding_leader(
+                a.group,
+                me.node,
+                &self.raft_settings,
+                &replica,
+                self.peers.clone(),
+            )
+            .await?
+        } else {
+            RaftNode::start(a.group, me.node, &self.raft_settings, &replica, self.peers.clone()).await?
+        };
         // Elections of partition groups are started by crate::control::quiesce
         // (spread out, with back-off), never by the node's own per-group timer.
         raft.set_elections(false);
@@ -534,6 +547,19 @@ impl Reconciler {
         Ok(Some(members))
     }
 
+    /// The leader a new group is founded with (see [`Replica::found`]): the
+    /// first initial voter, which is the preferred leader (`initial` is
+    /// written in assignment order at creation and never rewritten), as
+    /// long as every initial voter is still a replica. Once a founding
+    /// replica's broker has been replaced (`BrokerReplaced` gives it a new
+    /// node id) a late founder's view of the voters differs from the
+    /// others', and a leader it restored without an election would skip
+    /// Raft's up-to-date check (§5.4.1): such a group elects as usual.
+    pub(crate) fn founding_leader(a: &PartitionAssignment) -> Option<NodeId> {
+        let intact = a.initial.iter().all(|n| a.replicas.iter().any(|r| r.node == *n));
+        a.initial.first().copied().filter(|_| intact)
+    }
+
     async fn stop(&self, group: u64) {
         if let Some(p) = self.groups.remove(group).and_then(|h| h.partition) {
             match p.raft.shutdown().await {
@@ -561,5 +587,33 @@ impl Reconciler {
         futures::stream::iter(self.groups.partitions())
             .for_each_concurrent(STOPS_AT_ONCE, |p| async move { self.stop(p.group).await })
             .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metadata::command::ReplicaAssignment;
+
+    fn assignment(replicas: &[(BrokerId, NodeId)], initial: &[NodeId]) -> PartitionAssignment {
+        PartitionAssignment {
+            group: 7,
+            replicas: replicas.iter().map(|&(broker, node)| ReplicaAssignment { broker, node }).collect(),
+            initial: initial.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_group_is_founded_with_its_preferred_leader_only_while_its_founders_are_intact() {
+        let created = assignment(&[(2, 11), (3, 12), (1, 13)], &[11, 12, 13]);
+        assert_eq!(Reconciler::founding_leader(&created), Some(11), "the first initial voter");
+        // Broker 3 replaced: its replica has a new node id. A founder that
+        // opens only now sees other voters than the first founders did.
+        let replaced = assignment(&[(2, 11), (3, 20), (1, 13)], &[11, 12, 13]);
+        assert_eq!(Reconciler::founding_leader(&replaced), None);
+        let leader_replaced = assignment(&[(2, 21), (3, 12), (1, 13)], &[11, 12, 13]);
+        assert_eq!(Reconciler::founding_leader(&leader_replaced), None);
+        let joined = assignment(&[(2, 11), (3, 12)], &[]);
+        assert_eq!(Reconciler::founding_leader(&joined), None, "no founders: nothing to found");
     }
 }

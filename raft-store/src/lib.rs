@@ -57,5 +57,5 @@ pub use flusher::Flusher;
 pub use log::{Damage, PartitionLog, ReadPlan, StoredBatch};
 pub use log_store::LogStore;
 pub use producer::{ProducerStates, SequenceCheck};
-pub use replica::Replica;
+pub use replica::{FOUNDING_TERM, Founding, Replica};
 pub use state_machine::PartitionStateMachine;

@@ -75,6 +75,24 @@ pub struct Replica {
     pub(crate) inner: Arc<Inner>,
 }
 
+/// The term a founded group's first leader leads without an election
+/// ([`Replica::found`]); elections start from the next.
+pub const FOUNDING_TERM: u64 = 1;
+
+/// What [`Replica::found`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Founding {
+    /// The log already held entries (or a snapshot): nothing written.
+    Existing,
+    /// The group's first configuration was written now.
+    Founded {
+        /// The founding leader whose vote was recorded with it
+        /// (committed, term [`FOUNDING_TERM`]); `None` if none was asked
+        /// for or a vote was already recorded.
+        leader: Option<crate::types::NodeId>,
+    },
+}
+
 /// Subdirectory of a replica directory that holds its log (segments, indexes, metadata).
 pub const LOG_DIR: &str = "log";
 /// Subdirectory of a replica directory that holds its snapshots.
@@ -241,8 +259,8 @@ impl Replica {
     /// Founds a new group in this replica's log: if the log is empty (no
     /// entry, nothing purged, no snapshot), appends the group's first
     /// configuration, `voters` (node id → peer address) as its only voter
-    /// set, and waits until it is durable under the flush policy. Returns
-    /// whether it wrote it. Call it before the Raft node starts.
+    /// set, and waits until it is durable under the flush policy. Call it
+    /// before the Raft node starts.
     ///
     /// Every founding member writes the same entry, log id (term 0, the
     /// lowest voter's node id, index 0), so any of them can campaign and
@@ -257,17 +275,44 @@ impl Replica {
     /// addresses agree; addresses are informational (peers are found
     /// through the cluster's metadata).
     ///
+    /// With `leader` (one of `voters`, the same on every founding member),
+    /// each member also records, durably and before its node starts, its
+    /// vote for that leader in term [`FOUNDING_TERM`], as committed: the
+    /// founding leader then holds every voter's vote for its term by
+    /// construction and leads from its first start, without an election
+    /// (see `ferrolog_replica::RaftNode::start_founding_leader`). A member
+    /// holding that vote grants no other candidate of a leadership ranked
+    /// at or below it (Raft paper §5.2: one vote per term); openraft's
+    /// leader ids carry the node id, so a founder that recorded no
+    /// founding vote may still lead a later-ranked leadership of the same
+    /// term, and Raft's up-to-date check (§5.4.1) keeps that safe as for
+    /// any election. The vote is written only if none is recorded, so it
+    /// never moves a vote backwards.
+    ///
+    /// The entry (a segment fsync) and the vote (a metadata commit) are
+    /// made durable separately, so a crash between them keeps either:
+    /// with only the vote, the next call writes the entry and reports no
+    /// founding leader (`Founded { leader: None }`), and the node elects
+    /// as usual; with only the entry, the log is not empty, nothing is
+    /// written (`Existing`) and it elects as usual (term 2 and on). When
+    /// thousands of partitions are created at once, this saves each one
+    /// its pre-vote and vote rounds and their fsyncs.
+    ///
     /// # Errors
-    /// [`StoreError::Invalid`] for no voters; [`StoreError::Io`] if the
-    /// append or its flush fails.
+    /// [`StoreError::Invalid`] for no voters, or a `leader` that is not one
+    /// of them; [`StoreError::Io`] if the append, the vote or a flush fails.
     pub async fn found(
         &self,
         voters: std::collections::BTreeMap<crate::types::NodeId, String>,
-    ) -> Result<bool> {
-        use crate::types::{Entry, EntryPayload, Membership, Node};
+        leader: Option<crate::types::NodeId>,
+    ) -> Result<Founding> {
+        use crate::types::{Entry, EntryPayload, Membership, Node, Vote};
         let Some(&lowest) = voters.keys().next() else {
             return Err(StoreError::Invalid("a group needs at least one voter".into()));
         };
+        if let Some(l) = leader.filter(|l| !voters.contains_key(l)) {
+            return Err(StoreError::Invalid(format!("founding leader {l} is not a founding voter")));
+        }
         let nodes: std::collections::BTreeMap<_, _> =
             voters.into_iter().map(|(n, addr)| (n, Node { addr })).collect();
         let membership = Membership::new(vec![nodes.keys().copied().collect()], nodes)
@@ -277,14 +322,14 @@ impl Replica {
             payload: EntryPayload::Membership(membership),
         };
         let (flushed, durable) = futures::channel::oneshot::channel();
-        let dir = {
+        let (dir, vote) = {
             if self.inner.applied.lock().unwrap_or_else(|p| p.into_inner()).snapshot.is_some() {
-                return Ok(false);
+                return Ok(Founding::Existing);
             }
             let mut log = self.log();
             let state = log.log_state();
             if state.last_log_id.is_some() || state.last_purged_log_id.is_some() {
-                return Ok(false);
+                return Ok(Founding::Existing);
             }
             log.append(
                 vec![entry],
@@ -292,10 +337,26 @@ impl Replica {
                     let _ = flushed.send(r);
                 }),
             )?;
-            log.dir().to_path_buf()
+            // Queued right after the entry; each is awaited below.
+            let vote = match leader.filter(|_| log.vote().is_none()) {
+                Some(l) => {
+                    let v = Vote::new_committed(FOUNDING_TERM, l);
+                    Some((v, log.queue_vote(&v)?))
+                }
+                None => None,
+            };
+            (log.dir().to_path_buf(), vote)
+        };
+        let leader = match vote {
+            Some((v, saved)) => {
+                saved.await?;
+                self.log().vote_saved(v);
+                leader
+            }
+            None => None,
         };
         match durable.await {
-            Ok(Ok(())) => Ok(true),
+            Ok(Ok(())) => Ok(Founding::Founded { leader }),
             Ok(Err(e)) => Err(StoreError::io("flush", dir, e)),
             Err(_) => Err(StoreError::io("flush", dir, std::io::Error::other("the flush was dropped"))),
         }
@@ -507,6 +568,12 @@ impl Replica {
     /// `ferrolog_broker::control::recovery`).
     pub fn opened_last_index(&self) -> Option<u64> {
         self.inner.opened_last_index
+    }
+
+    /// The vote this replica has durably recorded (Raft paper Figure 2:
+    /// `currentTerm`, `votedFor`), if any.
+    pub fn vote(&self) -> Option<crate::types::Vote> {
+        self.log().vote()
     }
 
     /// Raft index and term of the last log entry, if any.

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use ferrolog_proto::raft as pb;
 use ferrolog_raft_store::state_machine::{PartitionRaft, Snapshot};
-use ferrolog_raft_store::types::{Node, NodeId, TypeConfig};
-use ferrolog_raft_store::{AppendResult, RecordBatch, Replica, wire};
+use ferrolog_raft_store::types::{Node, NodeId, TypeConfig, Vote};
+use ferrolog_raft_store::{AppendResult, FOUNDING_TERM, RecordBatch, Replica, wire};
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::error::ClientWriteError;
 use openraft::impls::ProgressResponder;
@@ -132,8 +132,61 @@ impl RaftNode {
         replica: &Replica,
         transport: T,
     ) -> Result<Self, NodeError> {
+        Self::start_with(group, node, settings, replica, transport, false).await
+    }
+
+    /// Starts the founding leader of a group founded just now
+    /// ([`Replica::found`] answered `Founding::Founded` naming `node`):
+    /// it leads term [`FOUNDING_TERM`] from its start, with every voter's
+    /// vote recorded by the founding, and appends its blank entry at once,
+    /// without a pre-vote or a vote round. Otherwise as [`RaftNode::start`].
+    ///
+    /// Only this first start restores leadership from the stored vote: a
+    /// leader started again later (after a crash, or out of dormancy) must
+    /// win an election, since its commit index is saved lazily
+    /// ([`crate::settings`]). Here nothing was ever committed.
+    ///
+    /// # Errors
+    /// [`NodeError::Stopped`] if the replica is not in the founded state
+    /// (its log is more than the founding configuration, its vote is not
+    /// the committed founding vote for `node`, or it is recovering), or the
+    /// storage cannot be read.
+    pub async fn start_founding_leader<T: PeerTransport>(
+        group: u64,
+        node: NodeId,
+        settings: &ValidSettings,
+        replica: &Replica,
+        transport: T,
+    ) -> Result<Self, NodeError> {
+        if let Some(why) = replica.recovering() {
+            return Err(NodeError::Stopped(format!(
+                "not a founding leader: the replica is recovering: {why}"
+            )));
+        }
+        let founded = Vote::new_committed(FOUNDING_TERM, node);
+        let last = replica.last_log_id().map(|l| l.index);
+        let vote = replica.vote();
+        if vote != Some(founded) || last != Some(0) {
+            return Err(NodeError::Stopped(format!(
+                "not a founding leader: vote {vote:?} (expected {founded:?}), last log index {last:?} (expected 0)"
+            )));
+        }
+        Self::start_with(group, node, settings, replica, transport, true).await
+    }
+
+    /// [`RaftNode::start`], restoring a leader from its stored vote on
+    /// this first start if `restore_leader`.
+    async fn start_with<T: PeerTransport>(
+        group: u64,
+        node: NodeId,
+        settings: &ValidSettings,
+        replica: &Replica,
+        transport: T,
+        restore_leader: bool,
+    ) -> Result<Self, NodeError> {
         let config = settings.raft.clone();
         let store = replica.clone();
+        let first_network = GroupNetwork { group, transport: transport.clone() };
         let start: crate::lifecycle::Starter = Box::new(move |tick, elect| {
             let network = GroupNetwork { group, transport: transport.clone() };
             let store = store.clone();
@@ -148,7 +201,17 @@ impl RaftNode {
                     .map_err(|e| NodeError::Stopped(e.to_string()))
             })
         });
-        let raft = start(settings.raft.enable_tick, settings.raft.enable_elect).await?;
+        let raft = if restore_leader {
+            // The first start only; `start` (kept for restarts out of
+            // dormancy) keeps the settings' rule.
+            let config =
+                Arc::new(openraft::Config { enable_leader_restore: Some(true), ..(*settings.raft).clone() });
+            PartitionRaft::new(node, config, first_network, replica.log_store(), replica.state_machine())
+                .await
+                .map_err(|e| NodeError::Stopped(e.to_string()))?
+        } else {
+            start(settings.raft.enable_tick, settings.raft.enable_elect).await?
+        };
         let life = Lifecycle::new(raft, start, replica.clone(), &settings.raft);
         Ok(Self { life: Arc::new(life), timings: settings.timings })
     }
@@ -217,9 +280,23 @@ impl RaftNode {
     }
 
     /// The term this replica leads, if it leads (its vote for itself was
-    /// granted by a quorum).
+    /// granted by a quorum and it acts as leader).
+    ///
+    /// Both the role and the flushed vote are read, from one snapshot of
+    /// the node's state: the library reports the last flushed vote, and a
+    /// leader started again keeps its committed vote for itself on disk
+    /// while it starts as a follower (leadership is not restored,
+    /// [`crate::settings`]), so the vote alone named it leader of its old
+    /// term until it next voted.
     pub fn leader_term(&self) -> Option<u64> {
-        self.life.with(|node| node.ok()?.as_leader().ok().map(|l| l.to_committed_leader_id().term))
+        self.life.with(|node| {
+            let raft = node.ok()?;
+            let metrics = raft.metrics();
+            let m = metrics.borrow_watched();
+            let (vote, leader) = (&m.vote, &m.vote.leader_id);
+            let leads = vote.committed && m.state == openraft::ServerState::Leader && leader.node_id == m.id;
+            leads.then_some(leader.term)
+        })
     }
 
     /// Waits up to `timeout` until `until` holds of the node's state.

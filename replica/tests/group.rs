@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferrolog_proto::raft as pb;
-use ferrolog_raft_store::{Flusher, RecordBatch, Replica, StoreConfig};
+use ferrolog_raft_store::{FOUNDING_TERM, Flusher, Founding, RecordBatch, Replica, StoreConfig};
 use ferrolog_replica::{
     NodeId, PeerTransport, PeerUnreachable, ProposeError, RaftNode, Role, Settings, ValidSettings, snapshot,
 };
@@ -29,6 +29,8 @@ const WAIT: Duration = Duration::from_secs(20);
 #[derive(Clone, Default)]
 struct Local {
     nodes: Arc<Mutex<HashMap<NodeId, (RaftNode, PathBuf)>>>,
+    /// Vote and pre-vote requests sent through it.
+    votes: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Local {
@@ -65,6 +67,7 @@ impl PeerTransport for Local {
         pre_vote: bool,
         _timeout: Duration,
     ) -> Result<pb::VoteResponse, PeerUnreachable> {
+        self.votes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (node, _) = self.node(target)?;
         Ok(node
             .handle_vote(&req, pre_vote)
@@ -141,8 +144,10 @@ async fn start_founded(
     let replica =
         Replica::open(&dir.join("replica"), StoreConfig::default(), flusher.clone()).expect("replica");
     if let Some(voters) = voters {
-        assert!(replica.found(voters.clone()).await.expect("found"), "an empty log is founded");
-        assert!(!replica.found(voters.clone()).await.expect("found again"), "founded once");
+        let founded = replica.found(voters.clone(), None).await.expect("found");
+        assert_eq!(founded, Founding::Founded { leader: None }, "an empty log is founded");
+        let again = replica.found(voters.clone(), None).await.expect("found again");
+        assert_eq!(again, Founding::Existing, "founded once");
     }
     let node = RaftNode::start(GROUP, id, &settings(), &replica, net.clone()).await.expect("start");
     net.nodes.lock().expect("nodes").insert(id, (node.clone(), staging));
@@ -320,6 +325,98 @@ async fn founding_members_share_one_first_entry_and_any_of_them_can_lead() {
     for m in members.values() {
         assert_eq!(m.replica.log_end_offset(), 2);
     }
+}
+
+/// A group founded with a leader is led by it from its first start, in
+/// the founding term, without a single vote or pre-vote, and commits at
+/// once; the founding vote is never written over a recorded one, a
+/// follower cannot start as the founding leader, and the founding leader
+/// started again elects as any node does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_founded_with_a_leader_is_led_by_it_without_an_election() {
+    use ferrolog_raft_store::types::Vote;
+    use openraft::storage::RaftLogStorage;
+    use std::sync::atomic::Ordering;
+    let root = tempfile::tempdir().expect("tempdir");
+    let flusher = Flusher::spawn("found-leader-test").expect("flusher");
+    let net = Local::default();
+    let voters: BTreeMap<NodeId, String> = (1..=3).map(|id| (id, format!("n{id}"))).collect();
+    let open = |id: NodeId| {
+        let dir = root.path().join(format!("n{id}"));
+        std::fs::create_dir_all(dir.join("staging")).expect("staging dir");
+        Replica::open(&dir.join("replica"), StoreConfig::default(), flusher.clone()).expect("replica")
+    };
+    let err = open(9).found(voters.clone(), Some(4)).await.expect_err("a leader outside the voters");
+    assert!(err.to_string().contains("not a founding voter"), "{err}");
+    let mut members = BTreeMap::new();
+    // The followers first, so the leader's first messages find them.
+    for id in [1, 3, 2] {
+        let replica = open(id);
+        let founded = replica.found(voters.clone(), Some(2)).await.expect("found");
+        assert_eq!(founded, Founding::Founded { leader: Some(2) });
+        let node = if id == 2 {
+            RaftNode::start_founding_leader(GROUP, id, &settings(), &replica, net.clone())
+                .await
+                .expect("start")
+        } else {
+            let refused =
+                RaftNode::start_founding_leader(GROUP, id, &settings(), &replica, net.clone()).await;
+            assert!(refused.is_err(), "node {id} was not founded as the leader");
+            RaftNode::start(GROUP, id, &settings(), &replica, net.clone()).await.expect("start")
+        };
+        node.set_elections(false);
+        let staging = root.path().join(format!("n{id}")).join("staging");
+        net.nodes.lock().expect("nodes").insert(id, (node.clone(), staging));
+        members.insert(id, Member { node, replica });
+    }
+    assert_eq!(leader(&members).await, 2, "the founding leader leads");
+    assert_eq!(members[&2].node.leader_term(), Some(FOUNDING_TERM));
+    let (base, count) = produce(&members[&2], 4).await;
+    assert_eq!((base, count), (0, 2));
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while members.values().any(|m| m.node.state(|s| s.last_applied().map(|p| p.index)) != Some(2)) {
+        assert!(tokio::time::Instant::now() < deadline, "not every member applied the batch");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(net.votes.load(Ordering::Relaxed), 0, "no vote or pre-vote was asked for");
+
+    assert_eq!(members[&1].replica.vote(), Some(Vote::new_committed(FOUNDING_TERM, 2)), "the founding vote");
+
+    // A vote already recorded is kept: no founding leader then.
+    let voted = open(7);
+    voted.log_store().save_vote(&Vote::new(5, 3)).await.expect("vote");
+    let founded = voted.found(voters.clone(), Some(2)).await.expect("found");
+    assert_eq!(founded, Founding::Founded { leader: None });
+    assert_eq!(voted.vote(), Some(Vote::new(5, 3)), "the recorded vote stays");
+
+    // Started again, the founding leader does not restore itself: it must
+    // win an election (its log is more than the founding entry now, too).
+    let l = members.remove(&2).expect("leader");
+    l.node.shutdown().await.expect("shutdown");
+    assert!(
+        RaftNode::start_founding_leader(GROUP, 2, &settings(), &l.replica, net.clone()).await.is_err(),
+        "no longer as founded"
+    );
+    let node = RaftNode::start(GROUP, 2, &settings(), &l.replica, net.clone()).await.expect("restart");
+    node.set_elections(false);
+    net.nodes.lock().expect("nodes").insert(2, (node.clone(), root.path().join("n2").join("staging")));
+    // Once its state is loaded (the library reports the vote it flushed,
+    // its committed vote for itself of the founding term):
+    assert!(node.wait_for(WAIT, "log loaded", |s| s.last_log_index() == Some(2)).await);
+    assert_eq!(node.state(|s| s.role()), Role::Follower, "not restored as leader");
+    assert_eq!(node.leader_term(), None, "and not named leader of its old term");
+    members.insert(2, Member { node, replica: l.replica });
+    // The followers refuse pre-votes until the lease they gave the old
+    // term lapses (an election timeout).
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while members[&2].node.leader_term().is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "the restarted node was not elected");
+        members[&2].node.campaign().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(leader(&members).await, 2);
+    assert!(members[&2].node.leader_term().is_some_and(|t| t > FOUNDING_TERM));
+    assert!(net.votes.load(Ordering::Relaxed) > 0, "elected by votes");
 }
 
 /// A follower made dormant keeps answering for its state, acknowledges its

@@ -8,7 +8,8 @@
 //! leader's heartbeats) runs only while it is needed:
 //!
 //! - a **leader** ticks while it wrote within [`ACTIVE_AFTER_WRITE`], while a
-//!   follower has not matched its log yet, or while a follower's broker came
+//!   follower whose broker is alive and has the group open has not matched
+//!   its log yet, or while a follower's broker came
 //!   back (restarted) and that follower has not acknowledged a heartbeat
 //!   since: the heartbeat tells the leader where the follower's log really
 //!   ends, so one that lost its tail is caught up without waiting for the
@@ -143,6 +144,10 @@ pub struct Campaign {
     /// The leader this replica knows (its node id and term), and since
     /// when.
     known_leader: Mutex<Option<((NodeId, u64), Instant)>>,
+    /// Since when this replica has presumed its founding leader alive only
+    /// because that leader's broker had not opened the group yet, ms since
+    /// [`ORIGIN`] (0: never). Bounded by [`OPEN_WAIT_MAX`].
+    founder_wait_since_ms: AtomicU64,
 }
 
 impl Default for Campaign {
@@ -154,6 +159,7 @@ impl Default for Campaign {
             allowed: AtomicBool::new(true),
             waiting: AtomicBool::new(false),
             known_leader: Mutex::new(None),
+            founder_wait_since_ms: AtomicU64::new(0),
         }
     }
 }
@@ -186,6 +192,27 @@ impl Campaign {
                 *known = Some((n, now));
                 Some(now)
             }
+        }
+    }
+
+    /// How long this replica has waited for its founding leader's broker
+    /// to open the group, since it first did (see [`presumed_leader`]).
+    fn waited_for_founder(&self) -> Duration {
+        let now = now_ms();
+        let since =
+            match self.founder_wait_since_ms.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => now,
+                Err(t) => t,
+            };
+        Duration::from_millis(now.saturating_sub(since))
+    }
+
+    /// Restarts the time since which the leader it knows has been known
+    /// (see [`presumed_leader`]): its broker could not announce it yet.
+    pub fn leader_seen_now(&self) {
+        let mut known = self.known_leader.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, since)) = known.as_mut() {
+            *since = Instant::now();
         }
     }
 
@@ -263,7 +290,9 @@ pub struct GroupView {
     pub is_leader: bool,
     /// A write was proposed within [`ACTIVE_AFTER_WRITE`].
     pub recently_written: bool,
-    /// Leader: every follower matched the last log index.
+    /// Leader: every follower that can take its messages (its broker is
+    /// alive and has the group open, as its pings say) matched the last
+    /// log index.
     pub followers_caught_up: bool,
     /// Leader: a follower's broker came back and that follower has not
     /// acknowledged a heartbeat since.
@@ -312,6 +341,28 @@ pub fn decide(v: GroupView) -> Decision {
     }
 }
 
+/// A replica's idea of its group's leader, as [`presumed_leader`] reads it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KnownLeader {
+    /// The leader's node id and term (learned from the leader's messages,
+    /// or from the founding vote).
+    pub leader: Option<(NodeId, u64)>,
+    /// The group is as founded: the leader is the founding leader of term
+    /// `FOUNDING_TERM` and this replica's log holds only the founding
+    /// entry, so that leader may not have started yet.
+    pub founding: bool,
+}
+
+impl KnownLeader {
+    /// Reads it from a node's state.
+    pub fn of(s: &ferrolog_replica::State<'_>) -> Self {
+        let leader = s.leader().map(|n| (n, s.term()));
+        let founding = leader.is_some_and(|(_, t)| t == ferrolog_raft_store::FOUNDING_TERM)
+            && s.last_log_index() == Some(0);
+        KnownLeader { leader, founding }
+    }
+}
+
 /// The broker this replica takes for the live leader of its group, other
 /// than its own: one whose pings say it leads the group, or the leader this
 /// replica knows (`current_leader`: node id and term, learned from the
@@ -322,15 +373,33 @@ pub fn decide(v: GroupView) -> Decision {
 /// heartbeats, so its followers' leader leases lapse and the Raft node's
 /// own pre-vote check would let any candidate depose it; the pings stand
 /// in for the heartbeats (Raft thesis §4.2.3, disruptive servers; §9.6).
+///
+/// A group founded with a leader (`Replica::found`) knows it from its
+/// first start; while that leader's broker, alive, has not opened the
+/// group yet (as its pings say), it is presumed alive too, for
+/// [`OPEN_WAIT_MAX`] at most.
 pub fn presumed_leader(
     p: &Partition,
     liveness: &Liveness,
     me: BrokerId,
-    current_leader: Option<(NodeId, u64)>,
+    known: KnownLeader,
 ) -> Option<BrokerId> {
+    let current_leader = known.leader;
     let learned = p.campaign.leader_known_since(current_leader);
     let own_idea = current_leader.and_then(|(n, _)| p.broker_of(n)).filter(|b| *b != me);
     if let (Some(b), Some(learned)) = (own_idea, learned) {
+        // A founding leader whose live broker has not opened the group yet
+        // (brokers open thousands of new replicas each at its own pace)
+        // cannot have announced it: its grace starts once it has; for
+        // [`OPEN_WAIT_MAX`] at most (an open stuck on its disk).
+        if known.founding
+            && liveness.is_alive(b)
+            && !liveness.has_open(b, p.group)
+            && p.campaign.waited_for_founder() < OPEN_WAIT_MAX
+        {
+            p.campaign.leader_seen_now();
+            return Some(b);
+        }
         let announced = liveness.leads(b, p.group);
         let not_yet_denied =
             liveness.is_alive(b) && !liveness.denies_leading(b, p.group, learned + ANNOUNCE_GRACE);
@@ -345,11 +414,25 @@ fn view(p: &Partition, liveness: &Liveness, me: u32, fallback_after: Duration) -
     // Borrowed, not cloned: this runs for every hosted group every round,
     // and a clone of the metrics (maps of replication and heartbeat
     // progress, the membership) was most of an idle broker's CPU.
-    let (is_leader, followers_caught_up, follower_returned, current_leader, configured) = p.raft.state(|s| {
+    let (is_leader, followers_caught_up, follower_returned, known, configured) = p.raft.state(|s| {
         let is_leader = s.is_leader();
         let last = s.last_log_index();
-        let followers_caught_up =
-            s.matched().is_some_and(|mut r| r.all(|(_, matched)| matched.map(|l| l.index) == last));
+        // A follower whose broker is alive but has not opened the group yet
+        // cannot take heartbeats: the leader does not tick for it. When
+        // thousands of partitions are created, every founding leader would
+        // otherwise heartbeat, ten times a second, followers still being
+        // opened, and the failed heartbeats saturated the brokers. The next
+        // full round after its broker's pings say it has the group open
+        // ([`FULL_ROUND_EVERY`]) wakes the leader. A follower whose broker
+        // is dead still keeps the leader ticking: CheckQuorum judges only a
+        // heartbeating leader (`crate::control::checkquorum`).
+        let can_follow = |node: NodeId| {
+            p.broker_of(node)
+                .is_none_or(|b| b == me || !liveness.is_alive(b) || liveness.has_open(b, p.group))
+        };
+        let followers_caught_up = s.matched().is_some_and(|mut r| {
+            r.all(|(node, matched)| matched.map(|l| l.index) == last || !can_follow(node))
+        });
         let follower_returned = is_leader
             && s.acknowledged_ago().is_some_and(|mut acks| {
                 acks.any(|(node, acked_ago)| {
@@ -363,12 +446,11 @@ fn view(p: &Partition, liveness: &Liveness, me: u32, fallback_after: Duration) -
                     back.elapsed() < RETURN_WINDOW && acked_ago.is_none_or(|ago| ago >= back.elapsed())
                 })
             });
-        let current_leader = s.leader().map(|n| (n, s.term()));
-        (is_leader, followers_caught_up, follower_returned, current_leader, s.has_membership())
+        (is_leader, followers_caught_up, follower_returned, KnownLeader::of(&s), s.has_membership())
     });
     let replicas = p.replicas();
-    let own_idea = current_leader.and_then(|(n, _)| p.broker_of(n)).filter(|b| *b != me);
-    let leader_alive = !is_leader && presumed_leader(p, liveness, me, current_leader).is_some();
+    let own_idea = known.leader.and_then(|(n, _)| p.broker_of(n)).filter(|b| *b != me);
+    let leader_alive = !is_leader && presumed_leader(p, liveness, me, known).is_some();
     if is_leader || leader_alive {
         p.campaign.led();
     }

@@ -209,9 +209,9 @@ impl RaftPeerServer {
             }
             return h.raft.renew_lease(h.raft.timings().election_timeout_min / 2).await;
         }
-        let current = h.raft.state(|s| s.leader().map(|n| (n, s.term())));
+        let known = h.raft.state(|s| crate::control::quiesce::KnownLeader::of(&s));
         let candidate = req.vote.as_ref().and_then(|v| p.broker_of(v.node));
-        crate::control::quiesce::presumed_leader(p, &self.liveness, self.broker_id, current)
+        crate::control::quiesce::presumed_leader(p, &self.liveness, self.broker_id, known)
             .is_some_and(|b| Some(b) != candidate)
     }
 }
