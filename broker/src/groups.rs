@@ -213,8 +213,21 @@ impl GroupRegistry {
             }
             // Gather what else changed meanwhile, then look once per group.
             tokio::time::sleep(LEADERSHIP_COALESCE).await;
-            while let Some(Some(g)) = changes.next().now_or_never() {
-                changed.insert(g);
+            // The changes that are ready, outside tokio's cooperative budget
+            // (128 ready operations per poll of a task, after which the
+            // notifications read as not ready): while 10,000 new groups
+            // elected, their changes came faster than 128 per round, and
+            // leaders went unannounced for a minute while their followers
+            // took them for dead and campaigned. At most one per watched
+            // group: a group is looked at once however often it changed,
+            // and later changes are seen next round.
+            for _ in 0..changes.len() {
+                match tokio::task::coop::unconstrained(changes.next()).now_or_never() {
+                    Some(Some(g)) => {
+                        changed.insert(g);
+                    }
+                    _ => break,
+                }
             }
             while let Ok((g, raft)) = rx.try_recv() {
                 changes.push(tagged(g, &raft));
