@@ -371,6 +371,9 @@ async fn a_group_founded_with_a_leader_is_led_by_it_without_an_election() {
     }
     assert_eq!(leader(&members).await, 2, "the founding leader leads");
     assert_eq!(members[&2].node.leader_term(), Some(FOUNDING_TERM));
+    // Its lease starts with a quorum's first acknowledgement (no votes were
+    // cast for it): a broker's produce waits for it the same way.
+    assert!(members[&2].node.renew_lease(WAIT).await, "a quorum acknowledges the founding leader");
     let (base, count) = produce(&members[&2], 4).await;
     assert_eq!((base, count), (0, 2));
     let deadline = tokio::time::Instant::now() + WAIT;
