@@ -48,8 +48,18 @@ async fn deleted_partitions_give_their_memory_back() -> anyhow::Result<()> {
         assert_eq!(t.partitions.len(), PARTITIONS as usize);
         assert!(t.partitions.iter().all(|p| p.leader != 0), "loop {l}: a partition without a leader");
         for id in 1..=3 {
-            // Replication factor 3 on 3 brokers: every broker hosts every partition.
-            let dirs = c.replica_dirs(id, &format!("{TOPIC}-")).len();
+            // Replication factor 3 on 3 brokers: every broker hosts every
+            // partition. A new partition has a leader from its founding
+            // leader's first start, possibly before its followers' brokers
+            // have opened it: waited for.
+            let mut dirs = 0;
+            for _ in 0..600 {
+                dirs = c.replica_dirs(id, &format!("{TOPIC}-")).len();
+                if dirs == PARTITIONS as usize {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             assert_eq!(dirs, PARTITIONS as usize, "loop {l}: broker {id} has {dirs} replica directories");
         }
         let hosting: Vec<u64> = (1..=3).map(|id| c.rss(id).unwrap_or(0)).collect();
