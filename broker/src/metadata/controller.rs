@@ -106,13 +106,19 @@ impl Controller {
     }
 
     /// Whether this broker's metadata replica is the controller now, or has
-    /// accepted entries from the controller since the process started. A
-    /// leader restored from the persisted vote proves nothing: until then the
-    /// image may lack what was committed meanwhile, although
-    /// [`Controller::image_caught_up`] holds.
+    /// accepted entries from the controller since the process started, and
+    /// the commit index it knows is the current leader's: an entry of the
+    /// current term is committed. A leader restored from the persisted vote
+    /// proves nothing, nor does a newly elected one before its blank entry
+    /// commits (its commit index is the lazily saved one until then), nor
+    /// a follower of it: until then the image may lack what was committed
+    /// meanwhile, although [`Controller::image_caught_up`] holds (CI saw a
+    /// restarted broker answer UNKNOWN_TOPIC_ID for a topic it had not
+    /// replayed yet).
     pub fn heard_from_leader(&self) -> bool {
-        self.raft.is_leader()
-            || crate::network::server::METADATA_LEADER_HEARD.load(std::sync::atomic::Ordering::Relaxed)
+        let heard = self.raft.is_leader()
+            || crate::network::server::METADATA_LEADER_HEARD.load(std::sync::atomic::Ordering::Relaxed);
+        heard && self.raft.state(|s| s.committed().is_some_and(|c| c.term == s.term()))
     }
 
     /// The current image.
