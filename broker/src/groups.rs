@@ -72,6 +72,26 @@ pub struct GroupRegistry {
     watcher: Arc<std::sync::Mutex<Option<NewGroups>>>,
     /// [`GroupRegistry::leading`]'s answer until `led` or a hand-over changes.
     leading_cache: Arc<std::sync::Mutex<Option<Arc<Vec<GroupId>>>>>,
+    /// Groups registered, or whose node's state changed (as the leadership
+    /// watcher saw), since [`GroupRegistry::take_stirred`] last took them.
+    stirred: Stirred,
+}
+
+/// A set of groups something happened to, shared by the registry, its
+/// leadership watcher and each hosted [`Partition`] (a write that wakes a
+/// parked leader), and drained by `crate::control::quiesce`.
+#[derive(Clone, Debug, Default)]
+pub struct Stirred(Arc<std::sync::Mutex<std::collections::HashSet<GroupId>>>);
+
+impl Stirred {
+    /// Adds `groups` to the set.
+    pub fn stir(&self, groups: impl IntoIterator<Item = GroupId>) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).extend(groups);
+    }
+
+    fn take(&self) -> std::collections::HashSet<GroupId> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
 }
 
 /// Where the leadership watcher learns of newly registered groups.
@@ -90,15 +110,33 @@ impl GroupRegistry {
         let mut g = self.groups.write().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = &hosted.partition {
             debug_assert_eq!(p.group, group, "a partition registered under another group id");
+            p.report_stirs_to(self.stirred.clone());
             g.by_name.insert((p.topic.clone(), p.partition), group);
         }
         let raft = hosted.raft.clone();
         g.by_id.insert(group, hosted);
         drop(g);
         self.update_leadership(group);
+        self.stir([group]);
         if let Some(w) = self.watcher.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             let _ = w.send((group, raft));
         }
+    }
+
+    /// Marks `groups` as stirred ([`GroupRegistry::take_stirred`]): for a
+    /// change the nodes do not report (a partition's replica list).
+    pub fn stir(&self, groups: impl IntoIterator<Item = GroupId>) {
+        self.stirred.stir(groups);
+    }
+
+    /// The groups registered, whose Raft node's state changed (a write,
+    /// a follower's progress, a new role or leader: whatever the node
+    /// reports, coalesced by [`GroupRegistry::watch_leadership`]), whose
+    /// parked leader a write woke, or that [`GroupRegistry::stir`] named,
+    /// since the last call. One consumer (`crate::control::quiesce`), which
+    /// looks again only at what changed instead of at every group each round.
+    pub fn take_stirred(&self) -> std::collections::HashSet<GroupId> {
+        self.stirred.take()
     }
 
     fn forget_leading(&self) {
@@ -233,9 +271,10 @@ impl GroupRegistry {
                 changes.push(tagged(g, &raft));
                 changed.insert(g);
             }
-            for g in changed.drain() {
-                self.update_leadership(g);
+            for g in &changed {
+                self.update_leadership(*g);
             }
+            self.stir(changed.drain());
         }
     }
 
@@ -435,5 +474,23 @@ impl GroupRegistry {
     pub fn partitions_where(&self, keep: impl Fn(GroupId) -> bool) -> Vec<Arc<Partition>> {
         let g = self.groups.read().unwrap_or_else(|p| p.into_inner());
         g.by_id.iter().filter(|(id, _)| keep(**id)).filter_map(|(_, h)| h.partition.clone()).collect()
+    }
+
+    /// The hosted partitions among `groups` (ids not hosted, or of the
+    /// metadata group, are skipped), in one look at the registry (under
+    /// its read lock, as [`GroupRegistry::partitions_where`]).
+    pub fn partitions_among(&self, groups: impl IntoIterator<Item = GroupId>) -> Vec<Arc<Partition>> {
+        let g = self.groups.read().unwrap_or_else(|p| p.into_inner());
+        groups.into_iter().filter_map(|id| g.by_id.get(&id)?.partition.clone()).collect()
+    }
+
+    /// The hosted partitions `keep` selects, in one look at the registry
+    /// (for loops that need only a few of thousands: only those are cloned).
+    /// `keep` runs under the registry's read lock: it must not call into
+    /// the registry (a writer queued meanwhile would deadlock it) and
+    /// should be cheap (atomics, local maps).
+    pub fn partitions_matching(&self, keep: impl Fn(&Partition) -> bool) -> Vec<Arc<Partition>> {
+        let g = self.groups.read().unwrap_or_else(|p| p.into_inner());
+        g.by_id.values().filter_map(|h| h.partition.as_ref().filter(|p| keep(p)).cloned()).collect()
     }
 }

@@ -297,8 +297,11 @@ impl Reconciler {
         let mut to_start = Vec::new();
         for (group, (topic, partition, assignment)) in &wanted {
             if self.groups.contains(*group) {
-                if let Some(p) = self.groups.partition(topic, *partition) {
-                    p.set_replicas(assignment.replicas.clone());
+                if let Some(p) = self.groups.partition(topic, *partition)
+                    && p.set_replicas(assignment.replicas.clone())
+                {
+                    // Who leads and who can follow is judged by the replica list.
+                    self.groups.stir([p.group]);
                 }
                 continue;
             }

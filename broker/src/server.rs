@@ -355,7 +355,8 @@ impl Broker {
             },
         };
         // Twice per confirmation window: a lost quorum is acted on within
-        // about 1.5 × election_timeout_min; a round visits every hosted group.
+        // about 1.5 × election_timeout_min; a round visits the groups whose
+        // ticker runs (or that it judged last round).
         let check_every = Duration::from_millis(config.raft.election_timeout_min_ms / 2);
         tasks.push(spawn_task(
             "checkquorum",

@@ -242,8 +242,8 @@ pub struct Checker {
     pub timings: Timings,
 }
 
-/// Checks the metadata group and every hosted partition every `period`,
-/// forever.
+/// Checks the metadata group and every hosted partition whose ticker runs
+/// (or that it judged last round) every `period`, forever.
 pub async fn run(c: Checker, period: Duration) {
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -254,10 +254,14 @@ pub async fn run(c: Checker, period: Duration) {
         let now = Instant::now();
         let stalled = now.duration_since(last_round) > period * 3;
         last_round = now;
-        let partitions = c.groups.partitions();
-        let hosted: BTreeSet<u64> = partitions.iter().map(|p| p.group).collect();
+        // Only groups with something to judge or to reset are cloned out
+        // of the registry: a parked group not judged before has neither
+        // (an idle broker's thousands of groups, every round). A lost
+        // verdict is set only here, on a judged group, and reset when the
+        // group stops being judged.
+        let partitions = c.groups.partitions_matching(|p| p.is_ticking() || judged.contains_key(&p.group));
         judged.retain(|group, j| {
-            let keep = *group == METADATA_GROUP || hosted.contains(group);
+            let keep = *group == METADATA_GROUP || c.groups.contains(*group);
             if !keep && j.handing_over().is_some() {
                 // Stopped while handing over: its registry entry goes too.
                 c.groups.set_handing_over(*group, None);

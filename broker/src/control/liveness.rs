@@ -71,8 +71,11 @@ pub struct Liveness {
     dead_after: Arc<Mutex<Duration>>,
     /// When [`Liveness::run`] started pinging.
     started: Arc<Mutex<Option<Instant>>>,
-    /// Counts changes of what the pings say ([`Liveness::changes`]).
+    /// Counts changes of what the pings say about brokers ([`Liveness::changes`]).
     changes: Arc<AtomicU64>,
+    /// Groups a broker began or stopped leading, as its pings say, since
+    /// [`Liveness::take_stirred`] last took them.
+    stirred: Arc<Mutex<Vec<u64>>>,
     /// The brokers pinged in the last round (the registered ones).
     pinged: Arc<Mutex<Vec<BrokerId>>>,
     /// This broker's id (0 until [`Liveness::run`] starts): its own pings
@@ -122,6 +125,7 @@ impl Default for Liveness {
             dead_after: Arc::new(Mutex::new(Duration::from_secs(1))),
             started: Arc::default(),
             changes: Arc::default(),
+            stirred: Arc::default(),
             pinged: Arc::default(),
             me: Arc::default(),
         }
@@ -201,13 +205,25 @@ impl Liveness {
         h.asked = h.asked.max(sent);
     }
 
-    /// A number that grows whenever what the pings say changes: a broker
-    /// became alive or dead, restarted, finished opening its replicas, or
-    /// began or stopped leading a group. Whatever depends only on the pings
-    /// and was settled when this last had its current value is still
-    /// settled (`crate::control::quiesce` skips such groups).
+    /// A number that grows whenever what the pings say about brokers
+    /// changes: a broker became alive or dead, restarted, or finished
+    /// opening its replicas. Not counted: which groups a broker leads
+    /// ([`Liveness::take_stirred`] names the groups that changed), how far
+    /// a broker has got opening its replicas ([`Liveness::has_open`]),
+    /// whether pinging has [`settled`](Liveness::settled), and how long
+    /// since a broker last denied leading a group: `crate::control::quiesce`
+    /// looks at groups that depend on these every round or every second.
     pub fn changes(&self) -> u64 {
         self.changes.load(Ordering::Acquire)
+    }
+
+    /// The groups a broker began or stopped leading, as its pings say,
+    /// since the last call (with repeats; one consumer, `crate::control::quiesce`).
+    /// A change of which groups a broker leads touches only those groups'
+    /// decisions; while thousands of partitions elect, counting it as a
+    /// change of everything had every group looked at every round.
+    pub fn take_stirred(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.stirred.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     fn changed(&self) {
@@ -289,9 +305,11 @@ impl Liveness {
         let mut leading = leading;
         leading.sort_unstable();
         leading.dedup();
-        let same = continuous
-            && previous
-                .is_some_and(|h| h.returned_at.is_some() == returned_at.is_some() && h.leading == leading);
+        let same = continuous && previous.is_some_and(|h| h.returned_at.is_some() == returned_at.is_some());
+        if same && let Some(h) = previous.filter(|h| h.leading != leading) {
+            let mut stirred = self.stirred.lock().unwrap_or_else(|p| p.into_inner());
+            symmetric_difference(&h.leading, &leading, &mut stirred);
+        }
         seen.insert(
             broker,
             Heard { at: now, asked, rtt, refused: false, leading, boot_id, returned_at, opening_floor },
@@ -424,6 +442,30 @@ pub fn silence_allowed(dead_after: Duration, rtt: Duration) -> Duration {
     rtt.saturating_mul(RTT_FACTOR).min(SILENCE_MAX).max(dead_after)
 }
 
+/// Appends to `out` the elements of exactly one of the sorted, deduplicated
+/// `a` and `b`, in one pass over both.
+fn symmetric_difference(a: &[u64], b: &[u64], out: &mut Vec<u64>) {
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => {
+                out.push(a[i]);
+                i += 1;
+            }
+            std::cmp::Ordering::Greater => {
+                out.push(b[j]);
+                j += 1;
+            }
+            std::cmp::Ordering::Equal => {
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    out.extend_from_slice(&a[i..]);
+    out.extend_from_slice(&b[j..]);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -509,9 +551,15 @@ mod tests {
         assert!(c1 > c0, "a broker heard from for the first time");
         l.mark(2, answer(&[7], 1, 0), Duration::from_millis(1));
         assert_eq!(l.changes(), c1, "the same answer again");
+        l.take_stirred();
         l.mark(2, answer(&[7, 8], 1, 0), Duration::from_millis(1));
+        assert_eq!(l.changes(), c1, "leading another group changes that group only");
+        assert_eq!(l.take_stirred(), vec![8]);
+        l.mark(2, answer(&[8, 9], 1, 0), Duration::from_millis(1));
+        let mut stirred = l.take_stirred();
+        stirred.sort_unstable();
+        assert_eq!(stirred, vec![7, 9], "one group given up, one taken");
         let c2 = l.changes();
-        assert!(c2 > c1, "it leads another group");
         l.mark(2, answer(&[7, 8], 2, 0), Duration::from_millis(1));
         let c3 = l.changes();
         assert!(c3 > c2, "it restarted");

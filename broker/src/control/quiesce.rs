@@ -49,7 +49,8 @@
 //! Safety does not depend on this: it only decides when the nodes' timers
 //! run and when elections start; votes and commits are Raft's (§5.2, §5.4).
 
-use std::collections::{HashMap, HashSet};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -299,6 +300,13 @@ pub struct GroupView {
     pub follower_returned: bool,
     /// Follower: it presumes a live leader ([`presumed_leader`]).
     pub leader_alive: bool,
+    /// Follower: the leader it presumes says so in its pings (it is not
+    /// presumed only for a while: [`ANNOUNCE_GRACE`], [`OPEN_WAIT_MAX`]).
+    pub leader_announced: bool,
+    /// Leader: a follower that has not matched its log is left out of
+    /// `followers_caught_up` only because its broker, alive, has not
+    /// opened the group yet (its pings will say when it has).
+    pub followers_opening: bool,
     /// Follower: this is the first live replica in assignment order whose
     /// broker has opened its replicas (it campaigns when the leader dies).
     pub first_live_follower: bool,
@@ -411,7 +419,7 @@ pub fn presumed_leader(
 }
 
 fn view(p: &Partition, liveness: &Liveness, me: u32, fallback_after: Duration) -> GroupView {
-    // Borrowed, not cloned: this runs for every hosted group every round,
+    // Borrowed, not cloned: this runs for thousands of groups in a round,
     // and a clone of the metrics (maps of replication and heartbeat
     // progress, the membership) was most of an idle broker's CPU.
     let (is_leader, followers_caught_up, follower_returned, known, configured) = p.raft.state(|s| {
@@ -422,17 +430,26 @@ fn view(p: &Partition, liveness: &Liveness, me: u32, fallback_after: Duration) -
         // thousands of partitions are created, every founding leader would
         // otherwise heartbeat, ten times a second, followers still being
         // opened, and the failed heartbeats saturated the brokers. The next
-        // full round after its broker's pings say it has the group open
-        // ([`FULL_ROUND_EVERY`]) wakes the leader. A follower whose broker
+        // look after its broker's pings say it has the group open
+        // ([`Rest::For`]) wakes the leader. A follower whose broker
         // is dead still keeps the leader ticking: CheckQuorum judges only a
         // heartbeating leader (`crate::control::checkquorum`).
-        let can_follow = |node: NodeId| {
+        let opening = |node: NodeId| {
             p.broker_of(node)
-                .is_none_or(|b| b == me || !liveness.is_alive(b) || liveness.has_open(b, p.group))
+                .is_some_and(|b| b != me && liveness.is_alive(b) && !liveness.has_open(b, p.group))
         };
-        let followers_caught_up = s.matched().is_some_and(|mut r| {
-            r.all(|(node, matched)| matched.map(|l| l.index) == last || !can_follow(node))
-        });
+        let (followers_caught_up, followers_opening) = match s.matched() {
+            None => (false, false),
+            Some(r) => r.fold((true, false), |(caught_up, waiting), (node, matched)| {
+                if matched.map(|l| l.index) == last {
+                    (caught_up, waiting)
+                } else if opening(node) {
+                    (caught_up, true)
+                } else {
+                    (false, waiting)
+                }
+            }),
+        };
         let follower_returned = is_leader
             && s.acknowledged_ago().is_some_and(|mut acks| {
                 acks.any(|(node, acked_ago)| {
@@ -446,11 +463,21 @@ fn view(p: &Partition, liveness: &Liveness, me: u32, fallback_after: Duration) -
                     back.elapsed() < RETURN_WINDOW && acked_ago.is_none_or(|ago| ago >= back.elapsed())
                 })
             });
-        (is_leader, followers_caught_up, follower_returned, KnownLeader::of(&s), s.has_membership())
+        let followers_opening = is_leader && followers_opening;
+        (
+            is_leader,
+            (followers_caught_up, followers_opening),
+            follower_returned,
+            KnownLeader::of(&s),
+            s.has_membership(),
+        )
     });
+    let (followers_caught_up, followers_opening) = followers_caught_up;
     let replicas = p.replicas();
     let own_idea = known.leader.and_then(|(n, _)| p.broker_of(n)).filter(|b| *b != me);
-    let leader_alive = !is_leader && presumed_leader(p, liveness, me, known).is_some();
+    let presumed = if is_leader { None } else { presumed_leader(p, liveness, me, known) };
+    let leader_alive = presumed.is_some();
+    let leader_announced = presumed.is_some_and(|b| liveness.leads(b, p.group));
     if is_leader || leader_alive {
         p.campaign.led();
     }
@@ -477,6 +504,8 @@ fn view(p: &Partition, liveness: &Liveness, me: u32, fallback_after: Duration) -
         followers_caught_up,
         follower_returned,
         leader_alive,
+        leader_announced,
+        followers_opening,
         first_live_follower,
         leaderless_for,
         fallback_after,
@@ -486,34 +515,56 @@ fn view(p: &Partition, liveness: &Liveness, me: u32, fallback_after: Duration) -
     }
 }
 
-/// How often every hosted group is looked at even when nothing the pings
-/// say has changed (see [`run`]).
-pub const FULL_ROUND_EVERY: Duration = Duration::from_secs(1);
+/// How often every hosted group is looked at even when nothing stirred
+/// it (see [`run`]): a backstop, not how the rule is kept.
+pub const FULL_ROUND_EVERY: Duration = Duration::from_secs(10);
 
-// A leader woken by a write is looked at again, at the latest, by a full
-// round while it still counts as recently written.
-const _: () = assert!(FULL_ROUND_EVERY.as_millis() < ACTIVE_AFTER_WRITE.as_millis());
+/// How often a group whose decision can change with time alone is looked
+/// at again ([`Rest::For`]).
+pub const RECHECK_EVERY: Duration = Duration::from_secs(1);
 
-/// Whether a group's decision can only change with the pings: a parked
-/// leader (not written, followers caught up) or a parked follower with a
-/// live leader. Writes wake a leader on their own path; everything else
-/// that matters to [`decide`] is in [`Liveness`], except the end of
-/// [`ANNOUNCE_GRACE`] for a leader presumed only on it, which the next full
-/// round ([`FULL_ROUND_EVERY`]) sees.
-fn settled(v: &GroupView, decision: Decision) -> bool {
-    decision == Decision::Park && (v.is_leader || v.leader_alive)
+/// Until when a group need not be looked at again, after a decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rest {
+    /// Every round: it is leaderless (campaigning, waiting for its
+    /// campaign to resolve or for the broker's campaign budget), or a
+    /// leader written recently or catching a follower up.
+    Awake,
+    /// Until something stirs it: its Raft node's state changes (a write,
+    /// a follower's progress, a new role or leader:
+    /// [`GroupRegistry::take_stirred`](crate::groups::GroupRegistry::take_stirred)),
+    /// a broker begins or stops leading it ([`Liveness::take_stirred`]), or
+    /// what the pings say about brokers changes ([`Liveness::changes`]).
+    /// A parked leader, or a parked follower whose leader announces itself.
+    UntilStirred,
+    /// For a while: its decision can change with time alone, and the
+    /// pings' next word is not counted as a change (a leader presumed
+    /// only within [`ANNOUNCE_GRACE`] or [`OPEN_WAIT_MAX`]; a leader
+    /// waiting for a follower's broker to open the group).
+    For(Duration),
+}
+
+/// How long a group decided as `decision` may rest ([`Rest`]).
+pub fn rest(v: &GroupView, decision: Decision) -> Rest {
+    match decision {
+        Decision::Park if v.is_leader && v.followers_opening => Rest::For(RECHECK_EVERY),
+        Decision::Park if v.is_leader => Rest::UntilStirred,
+        Decision::Park if v.leader_alive && v.leader_announced => Rest::UntilStirred,
+        Decision::Park if v.leader_alive => Rest::For(RECHECK_EVERY),
+        _ => Rest::Awake,
+    }
 }
 
 /// Applies [`decide`] to the hosted partitions every `period`, forever.
 /// `election_timeout` is the base of the campaigns' back-off.
 ///
-/// An idle cluster's groups are nearly all settled, and looking at each
+/// An idle cluster's groups are nearly all at rest, and looking at each
 /// one every round costs a cache miss or two per group: 1,000 groups at
-/// 100 ms made this the largest part of an idle broker's CPU. So a settled
-/// group is looked at again only when the pings' view changes
-/// ([`Liveness::changes`]: a broker died, came back, or changed what it
-/// leads) or every [`FULL_ROUND_EVERY`]; unsettled ones (leaderless,
-/// campaigning, written, catching a follower up) every round.
+/// 100 ms made this the largest part of an idle broker's CPU, and at
+/// 10,000 a once-a-second look at every group was still a quarter of it.
+/// So a round looks only at the groups that are awake, whose rest ended,
+/// or that something stirred ([`Rest`]); every group only when what the
+/// pings say about brokers changes, and every [`FULL_ROUND_EVERY`].
 pub async fn run(
     me: u32,
     groups: crate::groups::GroupRegistry,
@@ -523,7 +574,11 @@ pub async fn run(
 ) {
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut quiet: HashSet<u64> = HashSet::new();
+    // Looked at every round; and resting until a time (ms since ORIGIN).
+    // A group has one live entry in `resting`, the one `rest_until` names.
+    let mut awake: HashSet<u64> = HashSet::new();
+    let mut resting: BinaryHeap<Reverse<(u64, u64)>> = BinaryHeap::new();
+    let mut rest_until: HashMap<u64, u64> = HashMap::new();
     // The groups whose campaign was started here, and when its back-off
     // ends (ms since ORIGIN): at most CAMPAIGNS_IN_FLIGHT unresolved.
     let mut backing_off: HashMap<u64, u64> = HashMap::new();
@@ -535,10 +590,14 @@ pub async fn run(
         tick.tick().await;
         let now_changes = liveness.changes();
         let full = changes != Some(now_changes) || full_at.elapsed() >= FULL_ROUND_EVERY;
+        let mut look = groups.take_stirred();
+        look.extend(liveness.take_stirred());
         if full {
             changes = Some(now_changes);
             full_at = Instant::now();
-            quiet.clear();
+            awake.clear();
+            resting.clear();
+            rest_until.clear();
         }
         // One clock read for the round. While thousands of groups elect at
         // once, looking at every one each round (a clock read and a few
@@ -553,7 +612,24 @@ pub async fn run(
         backing_off.retain(|_, until| *until > now);
         let unresolved: HashSet<u64> = backing_off.keys().copied().filter(|g| !groups.is_led(*g)).collect();
         let in_flight = unresolved.len();
-        let visit = groups.partitions_where(|g| !unresolved.contains(&g) && (full || !quiet.contains(&g)));
+        // Not looked at while unresolved, and awake once resolved.
+        awake.extend(&unresolved);
+        let visit = if full {
+            groups.partitions_where(|g| !unresolved.contains(&g))
+        } else {
+            while let Some(Reverse((until, g))) = resting.peek().copied() {
+                if until > now {
+                    break;
+                }
+                resting.pop();
+                if rest_until.get(&g) == Some(&until) {
+                    rest_until.remove(&g);
+                    look.insert(g);
+                }
+            }
+            look.extend(&awake);
+            groups.partitions_among(look.into_iter().filter(|g| !unresolved.contains(g)))
+        };
         // Campaigns where this replica is the first live one go first;
         // fallbacks get what they leave ([`admit`]).
         let mut first = Vec::new();
@@ -566,7 +642,7 @@ pub async fn run(
             // that changes (leaders are always looked at).
             let stalled = first.len() >= CAMPAIGNS_PER_ROUND && p.campaign.waiting.load(Ordering::Relaxed);
             if stalled && !groups.is_led(p.group) {
-                quiet.remove(&p.group);
+                awake.insert(p.group);
                 skipped_waiting += 1;
                 continue;
             }
@@ -585,15 +661,26 @@ pub async fn run(
             p.set_ticking(decision == Decision::Tick);
             // A write that came after `view` read the group (its own
             // `set_ticking(true)` may have been undone just above) wakes it
-            // again now rather than at the next full round.
+            // again now rather than when something next stirs it.
             let written_since = v.is_leader && !v.recently_written && p.written_within(ACTIVE_AFTER_WRITE);
             if written_since {
                 p.set_ticking(true);
             }
-            if settled(&v, decision) && !written_since {
-                quiet.insert(p.group);
+            let rest = if written_since { Rest::Awake } else { rest(&v, decision) };
+            if let Rest::For(d) = rest {
+                awake.remove(&p.group);
+                if let std::collections::hash_map::Entry::Vacant(e) = rest_until.entry(p.group) {
+                    let until = now + d.as_millis() as u64;
+                    e.insert(until);
+                    resting.push(Reverse((until, p.group)));
+                }
             } else {
-                quiet.remove(&p.group);
+                rest_until.remove(&p.group);
+                if rest == Rest::Awake {
+                    awake.insert(p.group);
+                } else {
+                    awake.remove(&p.group);
+                }
             }
             match decision {
                 Decision::Campaign if !campaigning && v.first_live_follower => first.push(p),
@@ -658,6 +745,8 @@ mod tests {
         followers_caught_up: true,
         follower_returned: false,
         leader_alive: true,
+        leader_announced: true,
+        followers_opening: false,
         first_live_follower: false,
         leaderless_for: Duration::ZERO,
         fallback_after: FALLBACK_AFTER,
@@ -667,10 +756,17 @@ mod tests {
     };
 
     #[test]
-    fn only_parked_groups_with_a_leader_are_left_alone_between_ping_changes() {
+    fn only_parked_groups_with_a_leader_rest_and_for_a_while_if_time_can_change_them() {
         let leader = GroupView { is_leader: true, ..FOLLOWER };
         for v in [FOLLOWER, leader] {
-            assert!(settled(&v, decide(v)), "{v:?}");
+            assert_eq!(rest(&v, decide(v)), Rest::UntilStirred, "{v:?}");
+        }
+        let for_a_while = [
+            GroupView { leader_announced: false, ..FOLLOWER },
+            GroupView { followers_opening: true, ..leader },
+        ];
+        for v in for_a_while {
+            assert_eq!(rest(&v, decide(v)), Rest::For(RECHECK_EVERY), "{v:?}");
         }
         let unsettled = [
             GroupView { recently_written: true, ..leader },
@@ -680,7 +776,7 @@ mod tests {
             GroupView { leader_alive: false, first_live_follower: true, ..FOLLOWER },
         ];
         for v in unsettled {
-            assert!(!settled(&v, decide(v)), "{v:?}");
+            assert_eq!(rest(&v, decide(v)), Rest::Awake, "{v:?}");
         }
     }
 

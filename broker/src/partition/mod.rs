@@ -67,6 +67,10 @@ pub struct Partition {
     ticking_change: std::sync::Mutex<()>,
     /// When the ticker last started, ms since `created`.
     ticking_since_ms: AtomicU64,
+    /// Where a write that wakes the parked ticker says so
+    /// (`crate::control::quiesce` then looks at the group again); set when
+    /// the partition is registered.
+    stirred: std::sync::OnceLock<crate::groups::Stirred>,
     /// Set by [`crate::control::checkquorum`]: this replica leads without a
     /// quorum. A channel, so produces waiting on a commit learn of it at
     /// once without polling.
@@ -152,6 +156,7 @@ impl Partition {
             ticking: AtomicBool::new(true),
             ticking_change: std::sync::Mutex::new(()),
             ticking_since_ms: AtomicU64::new(0),
+            stirred: std::sync::OnceLock::new(),
             quorum_lost: tokio::sync::watch::Sender::new(false),
             campaign: crate::control::quiesce::Campaign::default(),
         }
@@ -192,9 +197,18 @@ impl Partition {
         if self.ticking.swap(on, Ordering::AcqRel) != on {
             if on {
                 self.ticking_since_ms.store(self.created.elapsed().as_millis() as u64, Ordering::Relaxed);
+                if let Some(s) = self.stirred.get() {
+                    s.stir([self.group]);
+                }
             }
             self.raft.set_ticking(on);
         }
+    }
+
+    /// Has [`Partition::set_ticking`] report each start of the ticker to
+    /// `stirred` (the registry's); the first call wins.
+    pub fn report_stirs_to(&self, stirred: crate::groups::Stirred) {
+        let _ = self.stirred.set(stirred);
     }
 
     /// The broker hosting Raft node `node` of this group.
@@ -207,9 +221,15 @@ impl Partition {
             .map(|r| r.broker)
     }
 
-    /// Replaces the replica list (after a reassignment).
-    pub fn set_replicas(&self, replicas: Vec<ReplicaAssignment>) {
-        *self.replicas.write().unwrap_or_else(|p| p.into_inner()) = replicas;
+    /// Replaces the replica list (after a reassignment); returns whether
+    /// it changed.
+    pub fn set_replicas(&self, replicas: Vec<ReplicaAssignment>) -> bool {
+        let mut current = self.replicas.write().unwrap_or_else(|p| p.into_inner());
+        if *current == replicas {
+            return false;
+        }
+        *current = replicas;
+        true
     }
 
     /// The leader's broker id as this replica knows it; `None` also when
