@@ -98,6 +98,15 @@ impl State<'_> {
         self.m.last_applied.as_ref().map(LogPosition::of)
     }
 
+    /// The leadership that appended the last entry applied: its term and
+    /// its leader's node id. One term can see two leaderships (the library
+    /// orders leader ids by term, then node id, and a voter may grant a
+    /// higher id of the same term), so a leader knows it has applied an
+    /// entry of its own leadership only by both.
+    pub fn last_applied_leadership(&self) -> Option<(u64, NodeId)> {
+        self.m.last_applied.as_ref().map(|l| (l.leader_id.term, l.leader_id.node_id))
+    }
+
     /// The commit index as this replica knows it.
     pub fn committed(&self) -> Option<LogPosition> {
         self.m.local_committed.as_ref().map(LogPosition::of)

@@ -270,15 +270,19 @@ impl Partition {
         ApiError::NotLeader { leader: self.leader_broker().filter(|_| !self.raft.is_leader()) }
     }
 
-    /// Checks this replica leads and has applied an entry of its own term,
-    /// waiting up to [`LEADER_READY_WAIT`] for the latter. Returns the term.
+    /// Checks this replica leads and has applied an entry of its own
+    /// leadership (its term and its node id: another node may have led an
+    /// earlier part of the same term), waiting up to [`LEADER_READY_WAIT`]
+    /// for the latter: until then its commit index may be behind what an
+    /// earlier leader committed (Raft thesis §6.4). Returns the term.
     ///
     /// # Errors
     /// [`ApiError::NotLeader`], or [`ApiError::Unavailable`] while the new
     /// leader catches up.
     pub async fn ready_leader(&self) -> Result<u64, ApiError> {
         let term = self.raft.leader_term().ok_or_else(|| self.not_leader())?;
-        let ready = move |s: State<'_>| s.term() != term || s.last_applied().is_some_and(|l| l.term == term);
+        let me = self.node_id;
+        let ready = move |s: State<'_>| s.term() != term || s.last_applied_leadership() == Some((term, me));
         if !self.raft.state(ready)
             && !self.raft.wait_for(LEADER_READY_WAIT, "leader applied its term", ready).await
         {
