@@ -72,8 +72,10 @@ pub struct GroupRegistry {
     watcher: Arc<std::sync::Mutex<Option<NewGroups>>>,
     /// [`GroupRegistry::leading`]'s answer until `led` or a hand-over changes.
     leading_cache: Arc<std::sync::Mutex<Option<Arc<Vec<GroupId>>>>>,
-    /// Groups registered, or whose node's state changed (as the leadership
-    /// watcher saw), since [`GroupRegistry::take_stirred`] last took them.
+    /// Groups registered, whose node's state changed (as the leadership
+    /// watcher saw), whose parked leader a write woke, or named by
+    /// [`GroupRegistry::stir`], since [`GroupRegistry::take_stirred`] last
+    /// took them.
     stirred: Stirred,
 }
 

@@ -75,7 +75,7 @@ pub struct Liveness {
     changes: Arc<AtomicU64>,
     /// Groups a broker began or stopped leading, as its pings say, since
     /// [`Liveness::take_stirred`] last took them.
-    stirred: Arc<Mutex<Vec<u64>>>,
+    stirred: Arc<Mutex<std::collections::HashSet<u64>>>,
     /// The brokers pinged in the last round (the registered ones).
     pinged: Arc<Mutex<Vec<BrokerId>>>,
     /// This broker's id (0 until [`Liveness::run`] starts): its own pings
@@ -218,11 +218,11 @@ impl Liveness {
     }
 
     /// The groups a broker began or stopped leading, as its pings say,
-    /// since the last call (with repeats; one consumer, `crate::control::quiesce`).
+    /// since the last call (one consumer, `crate::control::quiesce`).
     /// A change of which groups a broker leads touches only those groups'
     /// decisions; while thousands of partitions elect, counting it as a
     /// change of everything had every group looked at every round.
-    pub fn take_stirred(&self) -> Vec<u64> {
+    pub fn take_stirred(&self) -> std::collections::HashSet<u64> {
         std::mem::take(&mut *self.stirred.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
@@ -442,18 +442,18 @@ pub fn silence_allowed(dead_after: Duration, rtt: Duration) -> Duration {
     rtt.saturating_mul(RTT_FACTOR).min(SILENCE_MAX).max(dead_after)
 }
 
-/// Appends to `out` the elements of exactly one of the sorted, deduplicated
+/// Adds to `out` the elements of exactly one of the sorted, deduplicated
 /// `a` and `b`, in one pass over both.
-fn symmetric_difference(a: &[u64], b: &[u64], out: &mut Vec<u64>) {
+fn symmetric_difference(a: &[u64], b: &[u64], out: &mut std::collections::HashSet<u64>) {
     let (mut i, mut j) = (0, 0);
     while i < a.len() && j < b.len() {
         match a[i].cmp(&b[j]) {
             std::cmp::Ordering::Less => {
-                out.push(a[i]);
+                out.insert(a[i]);
                 i += 1;
             }
             std::cmp::Ordering::Greater => {
-                out.push(b[j]);
+                out.insert(b[j]);
                 j += 1;
             }
             std::cmp::Ordering::Equal => {
@@ -462,8 +462,8 @@ fn symmetric_difference(a: &[u64], b: &[u64], out: &mut Vec<u64>) {
             }
         }
     }
-    out.extend_from_slice(&a[i..]);
-    out.extend_from_slice(&b[j..]);
+    out.extend(&a[i..]);
+    out.extend(&b[j..]);
 }
 
 #[cfg(test)]
@@ -554,11 +554,9 @@ mod tests {
         l.take_stirred();
         l.mark(2, answer(&[7, 8], 1, 0), Duration::from_millis(1));
         assert_eq!(l.changes(), c1, "leading another group changes that group only");
-        assert_eq!(l.take_stirred(), vec![8]);
+        assert_eq!(l.take_stirred(), [8].into());
         l.mark(2, answer(&[8, 9], 1, 0), Duration::from_millis(1));
-        let mut stirred = l.take_stirred();
-        stirred.sort_unstable();
-        assert_eq!(stirred, vec![7, 9], "one group given up, one taken");
+        assert_eq!(l.take_stirred(), [7, 9].into(), "one group given up, one taken");
         let c2 = l.changes();
         l.mark(2, answer(&[7, 8], 2, 0), Duration::from_millis(1));
         let c3 = l.changes();

@@ -291,9 +291,10 @@ pub struct GroupView {
     pub is_leader: bool,
     /// A write was proposed within [`ACTIVE_AFTER_WRITE`].
     pub recently_written: bool,
-    /// Leader: every follower that can take its messages (its broker is
-    /// alive and has the group open, as its pings say) matched the last
-    /// log index.
+    /// Leader: every follower matched the last log index, except those
+    /// whose broker is alive but has not opened the group yet (as its
+    /// pings say; see `followers_opening`). A follower on a dead broker
+    /// counts: it keeps the leader ticking, for CheckQuorum.
     pub followers_caught_up: bool,
     /// Leader: a follower's broker came back and that follower has not
     /// acknowledged a heartbeat since.
@@ -561,7 +562,8 @@ pub fn rest(v: &GroupView, decision: Decision) -> Rest {
 /// An idle cluster's groups are nearly all at rest, and looking at each
 /// one every round costs a cache miss or two per group: 1,000 groups at
 /// 100 ms made this the largest part of an idle broker's CPU, and at
-/// 10,000 a once-a-second look at every group was still a quarter of it.
+/// 10,000 a once-a-second look at every group (and listing them every
+/// round) was still over a third of it.
 /// So a round looks only at the groups that are awake, whose rest ended,
 /// or that something stirred ([`Rest`]); every group only when what the
 /// pings say about brokers changes, and every [`FULL_ROUND_EVERY`].
@@ -574,11 +576,7 @@ pub async fn run(
 ) {
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Looked at every round; and resting until a time (ms since ORIGIN).
-    // A group has one live entry in `resting`, the one `rest_until` names.
-    let mut awake: HashSet<u64> = HashSet::new();
-    let mut resting: BinaryHeap<Reverse<(u64, u64)>> = BinaryHeap::new();
-    let mut rest_until: HashMap<u64, u64> = HashMap::new();
+    let mut schedule = Schedule::default();
     // The groups whose campaign was started here, and when its back-off
     // ends (ms since ORIGIN): at most CAMPAIGNS_IN_FLIGHT unresolved.
     let mut backing_off: HashMap<u64, u64> = HashMap::new();
@@ -595,9 +593,7 @@ pub async fn run(
         if full {
             changes = Some(now_changes);
             full_at = Instant::now();
-            awake.clear();
-            resting.clear();
-            rest_until.clear();
+            schedule.clear();
         }
         // One clock read for the round. While thousands of groups elect at
         // once, looking at every one each round (a clock read and a few
@@ -613,21 +609,11 @@ pub async fn run(
         let unresolved: HashSet<u64> = backing_off.keys().copied().filter(|g| !groups.is_led(*g)).collect();
         let in_flight = unresolved.len();
         // Not looked at while unresolved, and awake once resolved.
-        awake.extend(&unresolved);
+        schedule.keep_awake(unresolved.iter().copied());
         let visit = if full {
             groups.partitions_where(|g| !unresolved.contains(&g))
         } else {
-            while let Some(Reverse((until, g))) = resting.peek().copied() {
-                if until > now {
-                    break;
-                }
-                resting.pop();
-                if rest_until.get(&g) == Some(&until) {
-                    rest_until.remove(&g);
-                    look.insert(g);
-                }
-            }
-            look.extend(&awake);
+            schedule.due(now, &mut look);
             groups.partitions_among(look.into_iter().filter(|g| !unresolved.contains(g)))
         };
         // Campaigns where this replica is the first live one go first;
@@ -639,10 +625,10 @@ pub async fn run(
         for p in visit {
             // One that waited for the budget last round cannot start once
             // this round has enough first campaigns: looked at again when
-            // that changes (leaders are always looked at).
+            // that changes (a group led here is never skipped).
             let stalled = first.len() >= CAMPAIGNS_PER_ROUND && p.campaign.waiting.load(Ordering::Relaxed);
             if stalled && !groups.is_led(p.group) {
-                awake.insert(p.group);
+                schedule.keep_awake([p.group]);
                 skipped_waiting += 1;
                 continue;
             }
@@ -667,21 +653,7 @@ pub async fn run(
                 p.set_ticking(true);
             }
             let rest = if written_since { Rest::Awake } else { rest(&v, decision) };
-            if let Rest::For(d) = rest {
-                awake.remove(&p.group);
-                if let std::collections::hash_map::Entry::Vacant(e) = rest_until.entry(p.group) {
-                    let until = now + d.as_millis() as u64;
-                    e.insert(until);
-                    resting.push(Reverse((until, p.group)));
-                }
-            } else {
-                rest_until.remove(&p.group);
-                if rest == Rest::Awake {
-                    awake.insert(p.group);
-                } else {
-                    awake.remove(&p.group);
-                }
-            }
+            schedule.record(p.group, rest, now);
             match decision {
                 Decision::Campaign if !campaigning && v.first_live_follower => first.push(p),
                 Decision::Campaign if !campaigning => fallbacks.push(p),
@@ -711,6 +683,68 @@ pub async fn run(
                 ),
             );
         }
+    }
+}
+
+/// Which groups [`run`] looks at in a round that is not a full one: the
+/// awake ones, and those whose timed rest ended (times in ms since ORIGIN).
+#[derive(Debug, Default)]
+struct Schedule {
+    awake: HashSet<u64>,
+    /// Ends of timed rests; an entry is live only while `rest_until` names
+    /// it (a group looked at again meanwhile leaves a stale one behind).
+    resting: BinaryHeap<Reverse<(u64, u64)>>,
+    rest_until: HashMap<u64, u64>,
+}
+
+impl Schedule {
+    /// Forgets everything (a full round looks at every group anyway).
+    fn clear(&mut self) {
+        *self = Schedule::default();
+    }
+
+    /// Has `groups` looked at every round until recorded otherwise.
+    fn keep_awake(&mut self, groups: impl IntoIterator<Item = u64>) {
+        self.awake.extend(groups);
+    }
+
+    /// Records the rest `group` was given at `now`. A timed rest already
+    /// running keeps its end: a group looked at again (stirred) before
+    /// then would otherwise never reach it.
+    fn record(&mut self, group: u64, rest: Rest, now: u64) {
+        match rest {
+            Rest::For(d) => {
+                self.awake.remove(&group);
+                if let std::collections::hash_map::Entry::Vacant(e) = self.rest_until.entry(group) {
+                    let until = now + d.as_millis() as u64;
+                    e.insert(until);
+                    self.resting.push(Reverse((until, group)));
+                }
+            }
+            Rest::Awake => {
+                self.rest_until.remove(&group);
+                self.awake.insert(group);
+            }
+            Rest::UntilStirred => {
+                self.rest_until.remove(&group);
+                self.awake.remove(&group);
+            }
+        }
+    }
+
+    /// Adds to `look` the awake groups and those whose rest ended by `now`.
+    fn due(&mut self, now: u64, look: &mut HashSet<u64>) {
+        while let Some(Reverse((until, g))) = self.resting.peek().copied() {
+            if until > now {
+                break;
+            }
+            self.resting.pop();
+            if self.rest_until.get(&g) == Some(&until) {
+                self.rest_until.remove(&g);
+                look.insert(g);
+            }
+        }
+        look.extend(&self.awake);
     }
 }
 
@@ -778,6 +812,43 @@ mod tests {
         for v in unsettled {
             assert_eq!(rest(&v, decide(v)), Rest::Awake, "{v:?}");
         }
+    }
+
+    fn due(s: &mut Schedule, now: u64) -> Vec<u64> {
+        let mut look = HashSet::new();
+        s.due(now, &mut look);
+        let mut look: Vec<u64> = look.into_iter().collect();
+        look.sort_unstable();
+        look
+    }
+
+    #[test]
+    fn a_round_looks_at_awake_groups_and_at_rests_that_ended_once() {
+        let mut s = Schedule::default();
+        let second = Rest::For(Duration::from_secs(1));
+        s.record(1, Rest::Awake, 0);
+        s.record(2, second, 0);
+        s.record(3, Rest::UntilStirred, 0);
+        assert_eq!(due(&mut s, 999), vec![1]);
+        assert_eq!(due(&mut s, 1000), vec![1, 2], "the rest ended");
+        assert_eq!(due(&mut s, 5000), vec![1], "once");
+        // Stirred meanwhile and given the same rest: the first end holds.
+        s.record(2, second, 5000);
+        s.record(2, second, 5900);
+        assert_eq!(due(&mut s, 6000), vec![1, 2]);
+        // Woken, then at rest until stirred: the old end is stale.
+        s.record(2, second, 7000);
+        s.record(2, Rest::Awake, 7100);
+        s.record(2, Rest::UntilStirred, 7200);
+        assert_eq!(due(&mut s, 9000), vec![1]);
+        // A rest after being awake takes the group out of the awake ones.
+        s.record(1, second, 9000);
+        assert_eq!(due(&mut s, 9500), Vec::<u64>::new());
+        assert_eq!(due(&mut s, 10_000), vec![1]);
+        s.keep_awake([4]);
+        assert_eq!(due(&mut s, 10_000), vec![4]);
+        s.clear();
+        assert_eq!(due(&mut s, 20_000), Vec::<u64>::new());
     }
 
     #[test]

@@ -284,7 +284,10 @@ impl Partition {
         let me = self.node_id;
         let ready = move |s: State<'_>| s.term() != term || s.last_applied_leadership() == Some((term, me));
         if !self.raft.state(ready)
-            && !self.raft.wait_for(LEADER_READY_WAIT, "leader applied its term", ready).await
+            && !self
+                .raft
+                .wait_for(LEADER_READY_WAIT, "leader applied an entry of its leadership", ready)
+                .await
         {
             return Err(ApiError::Unavailable("the new leader is still applying earlier entries".into()));
         }
