@@ -98,6 +98,12 @@ impl State<'_> {
         self.m.last_applied.as_ref().map(LogPosition::of)
     }
 
+    /// The leadership that appended the last entry known committed: its
+    /// term and its leader's node id (see [`State::last_applied_leadership`]).
+    pub fn committed_leadership(&self) -> Option<(u64, NodeId)> {
+        self.m.local_committed.as_ref().map(|l| (l.leader_id.term, l.leader_id.node_id))
+    }
+
     /// The leadership that appended the last entry applied: its term and
     /// its leader's node id. One term can see two leaderships (the library
     /// orders leader ids by term, then node id, and a voter may grant a

@@ -108,7 +108,8 @@ impl Controller {
     /// Whether this broker's metadata replica is the controller now, or has
     /// accepted entries from the controller since the process started, and
     /// the commit index it knows is the current leader's: an entry of the
-    /// current term is committed. A leader restored from the persisted vote
+    /// current leadership (term and leader's node id: one term can see two
+    /// leaderships) is committed. A leader restored from the persisted vote
     /// proves nothing, nor does a newly elected one before its blank entry
     /// commits (its commit index is the lazily saved one until then), nor
     /// a follower of it: until then the image may lack what was committed
@@ -118,7 +119,10 @@ impl Controller {
     pub fn heard_from_leader(&self) -> bool {
         let heard = self.raft.is_leader()
             || crate::network::server::METADATA_LEADER_HEARD.load(std::sync::atomic::Ordering::Relaxed);
-        heard && self.raft.state(|s| s.committed().is_some_and(|c| c.term == s.term()))
+        heard
+            && self.raft.state(|s| {
+                s.leader().is_some_and(|leader| s.committed_leadership() == Some((s.term(), leader)))
+            })
     }
 
     /// The current image.
