@@ -81,7 +81,8 @@ pub struct GroupRegistry {
 
 /// A set of groups something happened to, shared by the registry, its
 /// leadership watcher and each hosted [`Partition`] (a write that wakes a
-/// parked leader), and drained by `crate::control::quiesce`.
+/// parked leader), or kept by `crate::control::liveness` (groups whose
+/// leader changed in the pings), and drained by `crate::control::quiesce`.
 #[derive(Clone, Debug, Default)]
 pub struct Stirred(Arc<std::sync::Mutex<std::collections::HashSet<GroupId>>>);
 
@@ -91,7 +92,8 @@ impl Stirred {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).extend(groups);
     }
 
-    fn take(&self) -> std::collections::HashSet<GroupId> {
+    /// Empties the set, returning what it held.
+    pub fn take(&self) -> std::collections::HashSet<GroupId> {
         std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }

@@ -19,6 +19,11 @@ pub struct LogPosition {
     pub index: u64,
 }
 
+/// The leadership (term, leader's node id) that appended `l`.
+fn leadership(l: &LogId) -> (u64, NodeId) {
+    (l.leader_id.term, l.leader_id.node_id)
+}
+
 impl LogPosition {
     pub(crate) fn of(l: &LogId) -> Self {
         Self { term: l.leader_id.term, index: l.index }
@@ -101,7 +106,7 @@ impl State<'_> {
     /// The leadership that appended the last entry known committed: its
     /// term and its leader's node id (see [`State::last_applied_leadership`]).
     pub fn committed_leadership(&self) -> Option<(u64, NodeId)> {
-        self.m.local_committed.as_ref().map(|l| (l.leader_id.term, l.leader_id.node_id))
+        self.m.local_committed.as_ref().map(leadership)
     }
 
     /// The leadership that appended the last entry applied: its term and
@@ -110,7 +115,7 @@ impl State<'_> {
     /// higher id of the same term), so a leader knows it has applied an
     /// entry of its own leadership only by both.
     pub fn last_applied_leadership(&self) -> Option<(u64, NodeId)> {
-        self.m.last_applied.as_ref().map(|l| (l.leader_id.term, l.leader_id.node_id))
+        self.m.last_applied.as_ref().map(leadership)
     }
 
     /// The commit index as this replica knows it.

@@ -75,7 +75,7 @@ pub struct Liveness {
     changes: Arc<AtomicU64>,
     /// Groups a broker began or stopped leading, as its pings say, since
     /// [`Liveness::take_stirred`] last took them.
-    stirred: Arc<Mutex<std::collections::HashSet<u64>>>,
+    stirred: crate::groups::Stirred,
     /// The brokers pinged in the last round (the registered ones).
     pinged: Arc<Mutex<Vec<BrokerId>>>,
     /// This broker's id (0 until [`Liveness::run`] starts): its own pings
@@ -125,7 +125,7 @@ impl Default for Liveness {
             dead_after: Arc::new(Mutex::new(Duration::from_secs(1))),
             started: Arc::default(),
             changes: Arc::default(),
-            stirred: Arc::default(),
+            stirred: crate::groups::Stirred::default(),
             pinged: Arc::default(),
             me: Arc::default(),
         }
@@ -223,7 +223,7 @@ impl Liveness {
     /// decisions; while thousands of partitions elect, counting it as a
     /// change of everything had every group looked at every round.
     pub fn take_stirred(&self) -> std::collections::HashSet<u64> {
-        std::mem::take(&mut *self.stirred.lock().unwrap_or_else(|p| p.into_inner()))
+        self.stirred.take()
     }
 
     fn changed(&self) {
@@ -307,8 +307,7 @@ impl Liveness {
         leading.dedup();
         let same = continuous && previous.is_some_and(|h| h.returned_at.is_some() == returned_at.is_some());
         if same && let Some(h) = previous.filter(|h| h.leading != leading) {
-            let mut stirred = self.stirred.lock().unwrap_or_else(|p| p.into_inner());
-            symmetric_difference(&h.leading, &leading, &mut stirred);
+            self.stirred.stir(symmetric_difference(&h.leading, &leading));
         }
         seen.insert(
             broker,
@@ -442,18 +441,19 @@ pub fn silence_allowed(dead_after: Duration, rtt: Duration) -> Duration {
     rtt.saturating_mul(RTT_FACTOR).min(SILENCE_MAX).max(dead_after)
 }
 
-/// Adds to `out` the elements of exactly one of the sorted, deduplicated
-/// `a` and `b`, in one pass over both.
-fn symmetric_difference(a: &[u64], b: &[u64], out: &mut std::collections::HashSet<u64>) {
+/// The elements of exactly one of the sorted, deduplicated `a` and `b`,
+/// in one pass over both.
+fn symmetric_difference(a: &[u64], b: &[u64]) -> Vec<u64> {
+    let mut out = Vec::new();
     let (mut i, mut j) = (0, 0);
     while i < a.len() && j < b.len() {
         match a[i].cmp(&b[j]) {
             std::cmp::Ordering::Less => {
-                out.insert(a[i]);
+                out.push(a[i]);
                 i += 1;
             }
             std::cmp::Ordering::Greater => {
-                out.insert(b[j]);
+                out.push(b[j]);
                 j += 1;
             }
             std::cmp::Ordering::Equal => {
@@ -462,8 +462,9 @@ fn symmetric_difference(a: &[u64], b: &[u64], out: &mut std::collections::HashSe
             }
         }
     }
-    out.extend(&a[i..]);
-    out.extend(&b[j..]);
+    out.extend_from_slice(&a[i..]);
+    out.extend_from_slice(&b[j..]);
+    out
 }
 
 #[cfg(test)]

@@ -423,57 +423,57 @@ fn view(p: &Partition, liveness: &Liveness, me: u32, fallback_after: Duration) -
     // Borrowed, not cloned: this runs for thousands of groups in a round,
     // and a clone of the metrics (maps of replication and heartbeat
     // progress, the membership) was most of an idle broker's CPU.
-    let (is_leader, followers_caught_up, follower_returned, known, configured) = p.raft.state(|s| {
-        let is_leader = s.is_leader();
-        let last = s.last_log_index();
-        // A follower whose broker is alive but has not opened the group yet
-        // cannot take heartbeats: the leader does not tick for it. When
-        // thousands of partitions are created, every founding leader would
-        // otherwise heartbeat, ten times a second, followers still being
-        // opened, and the failed heartbeats saturated the brokers. The next
-        // look after its broker's pings say it has the group open
-        // ([`Rest::For`]) wakes the leader. A follower whose broker
-        // is dead still keeps the leader ticking: CheckQuorum judges only a
-        // heartbeating leader (`crate::control::checkquorum`).
-        let opening = |node: NodeId| {
-            p.broker_of(node)
-                .is_some_and(|b| b != me && liveness.is_alive(b) && !liveness.has_open(b, p.group))
-        };
-        let (followers_caught_up, followers_opening) = match s.matched() {
-            None => (false, false),
-            Some(r) => r.fold((true, false), |(caught_up, waiting), (node, matched)| {
-                if matched.map(|l| l.index) == last {
-                    (caught_up, waiting)
-                } else if opening(node) {
-                    (caught_up, true)
-                } else {
-                    (false, waiting)
-                }
-            }),
-        };
-        let follower_returned = is_leader
-            && s.acknowledged_ago().is_some_and(|mut acks| {
-                acks.any(|(node, acked_ago)| {
-                    if node == p.node_id {
-                        return false;
+    let (is_leader, followers_caught_up, followers_opening, follower_returned, known, configured) =
+        p.raft.state(|s| {
+            let is_leader = s.is_leader();
+            let last = s.last_log_index();
+            // A follower whose broker is alive but has not opened the group yet
+            // cannot take heartbeats: the leader does not tick for it. When
+            // thousands of partitions are created, every founding leader would
+            // otherwise heartbeat, ten times a second, followers still being
+            // opened, and the failed heartbeats saturated the brokers. The next
+            // look after its broker's pings say it has the group open
+            // ([`Rest::For`]) wakes the leader. A follower whose broker
+            // is dead still keeps the leader ticking: CheckQuorum judges only a
+            // heartbeating leader (`crate::control::checkquorum`).
+            let opening = |node: NodeId| {
+                p.broker_of(node)
+                    .is_some_and(|b| b != me && liveness.is_alive(b) && !liveness.has_open(b, p.group))
+            };
+            let (followers_caught_up, followers_opening) = match s.matched() {
+                None => (false, false),
+                Some(r) => r.fold((true, false), |(caught_up, waiting), (node, matched)| {
+                    if matched.map(|l| l.index) == last {
+                        (caught_up, waiting)
+                    } else if opening(node) {
+                        (caught_up, true)
+                    } else {
+                        (false, waiting)
                     }
-                    let Some(back) = p.broker_of(node).and_then(|b| liveness.returned_at(b)) else {
-                        return false;
-                    };
-                    // Acknowledged after it came back: acknowledged more recently.
-                    back.elapsed() < RETURN_WINDOW && acked_ago.is_none_or(|ago| ago >= back.elapsed())
-                })
-            });
-        let followers_opening = is_leader && followers_opening;
-        (
-            is_leader,
-            (followers_caught_up, followers_opening),
-            follower_returned,
-            KnownLeader::of(&s),
-            s.has_membership(),
-        )
-    });
-    let (followers_caught_up, followers_opening) = followers_caught_up;
+                }),
+            };
+            let follower_returned = is_leader
+                && s.acknowledged_ago().is_some_and(|mut acks| {
+                    acks.any(|(node, acked_ago)| {
+                        if node == p.node_id {
+                            return false;
+                        }
+                        let Some(back) = p.broker_of(node).and_then(|b| liveness.returned_at(b)) else {
+                            return false;
+                        };
+                        // Acknowledged after it came back: acknowledged more recently.
+                        back.elapsed() < RETURN_WINDOW && acked_ago.is_none_or(|ago| ago >= back.elapsed())
+                    })
+                });
+            (
+                is_leader,
+                followers_caught_up,
+                is_leader && followers_opening,
+                follower_returned,
+                KnownLeader::of(&s),
+                s.has_membership(),
+            )
+        });
     let replicas = p.replicas();
     let own_idea = known.leader.and_then(|(n, _)| p.broker_of(n)).filter(|b| *b != me);
     let presumed = if is_leader { None } else { presumed_leader(p, liveness, me, known) };
