@@ -31,13 +31,21 @@ use ferrolog_raft_store::Replica;
 
 use crate::groups::GroupRegistry;
 use crate::network::PeerAddresses;
-use ferrolog_replica::{LogPosition, NodeId, RaftNode};
+use ferrolog_replica::{NodeId, RaftNode};
 
-/// Whether a recovering replica has been brought back: a leader of its
-/// current term exists and it has applied an entry of that term that
-/// reached it after it opened (index past `opened_last`, the last index of
-/// its log when it opened). The leader may be itself only if it was elected
-/// under the vote floor, as the most up-to-date log of all voters.
+/// Whether a recovering replica has been brought back: it knows the leader
+/// of its current term, and it has applied an entry of that leadership
+/// (appended in `current_term` by that `leader`: `applied_by`, the term and
+/// leader's node id of its last applied entry) that reached it after it
+/// opened (`applied_index` past `opened_last`, the last index of its log
+/// when it opened). The leader may be itself only if it was elected under
+/// the vote floor, as the most up-to-date log of all voters.
+///
+/// Keyed on the leadership, not the term alone: one term can see two
+/// leaderships (the Raft library orders leader ids by term, then node id),
+/// and only an entry of the leader it now follows shows that this leader
+/// has brought it back (as `Partition::ready_leader` and
+/// `Controller::heard_from_leader` do).
 ///
 /// An entry of the current term it already held when it opened proves
 /// nothing: a follower restarts with its persisted vote for the leader of
@@ -49,10 +57,11 @@ use ferrolog_replica::{LogPosition, NodeId, RaftNode};
 pub fn caught_up(
     current_term: u64,
     leader: Option<NodeId>,
-    last_applied: Option<LogPosition>,
+    applied_by: Option<(u64, NodeId)>,
+    applied_index: Option<u64>,
     opened_last: Option<u64>,
 ) -> bool {
-    leader.is_some() && last_applied.is_some_and(|l| l.term == current_term && Some(l.index) > opened_last)
+    leader.is_some_and(|l| applied_by == Some((current_term, l))) && applied_index > opened_last
 }
 
 /// Whether a replica may grant its vote to a candidate whose last log id is
@@ -141,8 +150,9 @@ pub fn release_if_caught_up(raft: &RaftNode, replica: &Replica, timer_elections:
     if !replica.is_recovering() {
         return false;
     }
-    let (term, leader, applied) = raft.state(|s| (s.term(), s.leader(), s.last_applied()));
-    if !caught_up(term, leader, applied, replica.opened_last_index()) {
+    let (term, leader, applied_by, applied) =
+        raft.state(|s| (s.term(), s.leader(), s.last_applied_leadership(), s.last_applied()));
+    if !caught_up(term, leader, applied_by, applied.map(|l| l.index), replica.opened_last_index()) {
         return false;
     }
     if let Err(e) = replica.finish_recovery() {
@@ -160,24 +170,25 @@ pub fn release_if_caught_up(raft: &RaftNode, replica: &Replica, timer_elections:
 mod tests {
     use super::*;
 
-    fn log_id(term: u64, _leader: u64, index: u64) -> LogPosition {
-        LogPosition { term, index }
-    }
-
     #[test]
-    fn caught_up_needs_a_leader_and_an_applied_entry_of_its_term() {
-        assert!(caught_up(5, Some(1), Some(log_id(5, 1, 10)), Some(9)));
-        assert!(caught_up(5, Some(1), Some(log_id(5, 1, 10)), None), "an empty log at open");
+    fn caught_up_needs_an_applied_entry_of_the_leader_it_follows() {
+        // Leader 1 of term 5; the last applied entry and the index it held at open.
+        assert!(caught_up(5, Some(1), Some((5, 1)), Some(10), Some(9)));
+        assert!(caught_up(5, Some(1), Some((5, 1)), Some(10), None), "an empty log at open");
         assert!(
-            !caught_up(5, Some(1), Some(log_id(4, 1, 10)), Some(9)),
+            !caught_up(5, Some(1), Some((4, 1)), Some(10), Some(9)),
             "an entry of an earlier term proves nothing"
         );
-        assert!(!caught_up(5, None, Some(log_id(5, 1, 10)), Some(9)), "no leader known");
         assert!(
-            !caught_up(5, Some(1), Some(log_id(5, 1, 10)), Some(10)),
+            !caught_up(5, Some(2), Some((5, 1)), Some(10), Some(9)),
+            "an entry of another leadership of the same term proves nothing about the leader it follows"
+        );
+        assert!(!caught_up(5, None, Some((5, 1)), Some(10), Some(9)), "no leader known");
+        assert!(
+            !caught_up(5, Some(1), Some((5, 1)), Some(10), Some(10)),
             "an entry it held when it opened (re-applied after a restart, with the persisted vote's leader) proves nothing"
         );
-        assert!(!caught_up(5, Some(1), None, None));
+        assert!(!caught_up(5, Some(1), None, None, None));
     }
 
     #[test]
