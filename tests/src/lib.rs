@@ -201,12 +201,15 @@ impl Cluster {
             .arg("--initial-cluster")
             .arg(&initial_cluster)
             .args(own_args)
-            .envs(env)
-            .envs(own_env)
+            // The log filter: `FERROLOG_TEST_LOG`, else info; a `RUST_LOG`
+            // in the cluster's or this broker's environment (a benchmark's
+            // `FERROLOG_BENCH_BROKER_LOG`) comes after and wins.
             .env(
                 "RUST_LOG",
                 std::env::var("FERROLOG_TEST_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
             )
+            .envs(env)
+            .envs(own_env)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -25,9 +25,12 @@ pub async fn start_with_dormant(
     let exe = std::env::current_exe()?;
     let exe = exe.to_string_lossy().into_owned();
     // FERROLOG_BENCH_BROKER_LOG: the brokers' log filter (with
-    // FERROLOG_KEEP_DATA=1 to keep their logs); warnings only by default.
-    let filter = std::env::var("FERROLOG_BENCH_BROKER_LOG").unwrap_or_else(|_| "warn".to_owned());
-    let mut env = vec![("RUST_LOG".to_owned(), filter)];
+    // FERROLOG_KEEP_DATA=1 to keep their logs); by default the broker's own
+    // (info), whose volume `restart` reports.
+    let mut env = Vec::new();
+    if let Ok(filter) = std::env::var("FERROLOG_BENCH_BROKER_LOG") {
+        env.push(("RUST_LOG".to_owned(), filter));
+    }
     let mut config = None;
     if let Some(ms) = dormant_after_ms {
         let file = tempfile::Builder::new().prefix("ferrolog-bench-").suffix(".toml").tempfile()?;
