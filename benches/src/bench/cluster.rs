@@ -25,8 +25,9 @@ pub async fn start_with_dormant(
     let exe = std::env::current_exe()?;
     let exe = exe.to_string_lossy().into_owned();
     // FERROLOG_BENCH_BROKER_LOG: the brokers' log filter (with
-    // FERROLOG_KEEP_DATA=1 to keep their logs); by default the broker's own
-    // (info), whose volume `restart` reports.
+    // FERROLOG_KEEP_DATA=1 to keep their logs); by default the test
+    // cluster's (`FERROLOG_TEST_LOG`, else the broker's own: info), whose
+    // volume `restart` reports.
     let mut env = Vec::new();
     if let Ok(filter) = std::env::var("FERROLOG_BENCH_BROKER_LOG") {
         env.push(("RUST_LOG".to_owned(), filter));

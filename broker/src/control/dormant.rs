@@ -3,8 +3,8 @@
 //! the partitions it only follows.
 //!
 //! A running Raft node costs about 65 KB of fixed state whatever its group
-//! does (measured with heaptrack at 1,000 partitions, README "Where an idle
-//! replica's memory goes"); two thirds of a broker's replicas are followers.
+//! does (measured with heaptrack at 1,000 partitions, `benches/LOG.md`, "Where
+//! an idle replica's memory goes"); two thirds of a broker's replicas are followers.
 //! Once a follower's group has been quiet for `raft.dormant_after_ms` and
 //! its leader's broker says, in its pings, that it leads the group
 //! ([`Liveness::leads`]), the node is made dormant
