@@ -27,21 +27,30 @@ async fn a_restarted_broker_costs_one_election_per_partition_it_led() -> anyhow:
     let admin = Admin::new(meta).with_timeout(Duration::from_secs(120));
     admin.create_topic(TOPIC, PARTITIONS, 3).await?;
     admin.wait_for_leaders(TOPIC, Duration::from_secs(300)).await?;
-    // Settled: every partition led by a broker that says so itself.
+    // Settled: every partition led by a broker that says so itself, and
+    // neither the leaders nor the terms changed while they were read (a
+    // leadership that moved between the two reads would need no election
+    // after the restart, and the count below would come up short).
     let deadline = Instant::now() + Duration::from_secs(120);
-    let before = loop {
+    let (before, victim, survivor, terms_before) = loop {
         let l = raw::self_claimed_leaders(&c, TOPIC).await?;
         if l.len() == PARTITIONS as usize && l.iter().all(Option::is_some) {
-            break l;
+            let victim = (1..=3).max_by_key(|b| l.iter().filter(|x| **x == Some(*b)).count()).unwrap_or(1);
+            let survivor = if victim == 1 { 2 } else { 1 };
+            let terms = raw::terms(&c, survivor, TOPIC, PARTITIONS).await?;
+            let (l2, terms2) = (
+                raw::self_claimed_leaders(&c, TOPIC).await?,
+                raw::terms(&c, survivor, TOPIC, PARTITIONS).await?,
+            );
+            if l2 == l && terms2 == terms {
+                break (l, victim, survivor, terms);
+            }
         }
-        anyhow::ensure!(Instant::now() < deadline, "partitions never all led before the restart");
+        anyhow::ensure!(Instant::now() < deadline, "partitions never all led and settled before the restart");
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    let victim = (1..=3).max_by_key(|b| before.iter().filter(|l| **l == Some(*b)).count()).unwrap_or(1);
     let led = before.iter().filter(|l| **l == Some(victim)).count();
     assert!(led > 0, "broker {victim} leads no partition: the restart would test nothing");
-    let survivor = if victim == 1 { 2 } else { 1 };
-    let terms_before = raw::terms(&c, survivor, TOPIC, PARTITIONS).await?;
     let logs_before: u64 = (1..=3).map(|id| c.log_bytes(id)).sum();
 
     c.kill(victim);
