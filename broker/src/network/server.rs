@@ -184,6 +184,17 @@ impl RaftPeerServer {
         };
         if pre_vote && answer.vote_granted && self.refuses_pre_vote(&h, &req).await {
             answer.vote_granted = false;
+            tracing::debug!(group = req.group_id, "pre-vote refused: a live leader is presumed here");
+        } else if !answer.vote_granted {
+            tracing::debug!(
+                group = req.group_id,
+                pre_vote,
+                candidate = ?req.vote.as_ref().map(|v| (v.term, v.node)),
+                candidate_last_log = ?candidate,
+                ours = ?answer.vote.as_ref().map(|v| (v.term, v.node, v.committed)),
+                our_last_log = ?answer.last_log_id.as_ref().map(|l| (l.term, l.index)),
+                "vote refused by the Raft node"
+            );
         }
         answer
     }
