@@ -431,6 +431,15 @@ impl RaftNode {
         self.life.set_elections(on);
     }
 
+    /// Sends one round of heartbeats now, if this replica leads, whether or
+    /// not its ticker runs ([`RaftNode::set_ticking`]); does not wait for
+    /// the answers. A stopped node does nothing.
+    pub async fn heartbeat(&self) {
+        if let Ok(raft) = self.running("heartbeat").await {
+            let _ = raft.trigger().heartbeat().await;
+        }
+    }
+
     /// Starts an election now (with a pre-vote first, thesis §9.6).
     pub async fn campaign(&self) {
         if let Ok(raft) = self.running("campaign").await {

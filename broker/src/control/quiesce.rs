@@ -7,13 +7,14 @@
 //! pair ([`crate::control::liveness`]), and each group's ticker (which drives a
 //! leader's heartbeats) runs only while it is needed:
 //!
-//! - a **leader** ticks while it wrote within [`ACTIVE_AFTER_WRITE`], while a
+//! - a **leader** ticks while it wrote within [`ACTIVE_AFTER_WRITE`], or while a
 //!   follower whose broker is alive and has the group open has not matched
-//!   its log yet, or while a follower's broker came
-//!   back (restarted) and that follower has not acknowledged a heartbeat
-//!   since: the heartbeat tells the leader where the follower's log really
-//!   ends, so one that lost its tail is caught up without waiting for the
-//!   next write. Otherwise it parks its ticker.
+//!   its log yet. Otherwise it parks its ticker; while a follower's broker
+//!   came back (restarted) and that follower has not acknowledged a
+//!   heartbeat since, a parked leader sends one heartbeat round every
+//!   [`RECHECK_EVERY`] ([`Decision::Heartbeat`]): the answer tells the
+//!   leader where the follower's log really ends, so one that lost its tail
+//!   is caught up (and the leader ticks) without waiting for the next write.
 //! - a **follower** never ticks: the node's own election timer is switched
 //!   off for partition groups (`RaftNode::set_elections(false)`) and this module
 //!   decides every election. A follower stays quiet while it presumes a
@@ -25,7 +26,8 @@
 //!
 //! When no live leader is left, one replica campaigns (with pre-vote, so a
 //! leader still healthy for a quorum is not disrupted): the first live
-//! replica in assignment order (the preferred leader first) at once, any
+//! replica in assignment order (the preferred leader first; [`first_live`]
+//! passes over the leader the replica remembers) at once, any
 //! other live replica only after [`FALLBACK_AFTER`], longer while its
 //! broker has many campaigns due ([`fallback_after`]) (for when the first
 //! cannot win, e.g. its log is shorter). Campaigns are spread out: each
@@ -59,6 +61,7 @@ use ferrolog_replica::NodeId;
 
 use crate::config::BrokerId;
 use crate::control::liveness::Liveness;
+use crate::metadata::command::ReplicaAssignment;
 use crate::partition::Partition;
 
 /// How long a leader keeps ticking after its last write, so followers learn
@@ -277,6 +280,15 @@ fn jitter(n: u64) -> u64 {
 pub enum Decision {
     /// Run the ticker (a leader's heartbeats).
     Tick,
+    /// Park the ticker and send one heartbeat round now (a leader whose
+    /// follower's broker came back). Ticking instead, every leader of a
+    /// restarted broker's followers sent ten heartbeats a second until the
+    /// follower answered one: at 10,000 partitions, 6,667 leaders kept the
+    /// restarted broker too busy to answer, 1.3 million heartbeats timed
+    /// out in a minute, and the election votes it was asked for timed out
+    /// with them (measured 2026-12-02: every partition led again 49–62 s
+    /// after the restart, 11 s without that ticking).
+    Heartbeat,
     /// Park it.
     Park,
     /// Start a campaign (pre-vote, then vote), if the back-off and the
@@ -311,6 +323,13 @@ pub struct GroupView {
     /// Follower: this is the first live replica in assignment order whose
     /// broker has opened its replicas (it campaigns when the leader dies).
     pub first_live_follower: bool,
+    /// Follower without a live leader: the broker of the first live
+    /// replica ([`first_live`]) when that is another, whose campaign this
+    /// one waits for.
+    pub awaited: Option<BrokerId>,
+    /// How long the `awaited` broker has made no progress with the groups
+    /// here that wait for it ([`Awaited`]).
+    pub awaited_idle_for: Duration,
     /// Follower: how long it has known no live leader.
     pub leaderless_for: Duration,
     /// Follower that is not the first live replica: how long without a
@@ -332,8 +351,13 @@ pub struct GroupView {
 /// The quiescence and election rule, a pure function.
 pub fn decide(v: GroupView) -> Decision {
     if v.is_leader {
-        let busy = v.recently_written || !v.followers_caught_up || v.follower_returned;
-        return if busy { Decision::Tick } else { Decision::Park };
+        return if v.recently_written || !v.followers_caught_up {
+            Decision::Tick
+        } else if v.follower_returned {
+            Decision::Heartbeat
+        } else {
+            Decision::Park
+        };
     }
     if v.leader_alive || !v.settled || !v.may_campaign {
         return Decision::Park;
@@ -343,11 +367,8 @@ pub fn decide(v: GroupView) -> Decision {
     if !v.majority_open && v.leaderless_for < OPEN_WAIT_MAX {
         return Decision::Park;
     }
-    if v.first_live_follower || v.leaderless_for >= v.fallback_after {
-        Decision::Campaign
-    } else {
-        Decision::Park
-    }
+    let first_stalled = v.leaderless_for >= v.fallback_after && v.awaited_idle_for >= FALLBACK_AFTER;
+    if v.first_live_follower || first_stalled { Decision::Campaign } else { Decision::Park }
 }
 
 /// A replica's idea of its group's leader, as [`presumed_leader`] reads it.
@@ -360,6 +381,9 @@ pub struct KnownLeader {
     /// `FOUNDING_TERM` and this replica's log holds only the founding
     /// entry, so that leader may not have started yet.
     pub founding: bool,
+    /// The node id of the leader that appended the last entry this replica
+    /// applied.
+    pub last_applied_by: Option<NodeId>,
 }
 
 impl KnownLeader {
@@ -368,7 +392,17 @@ impl KnownLeader {
         let leader = s.leader().map(|n| (n, s.term()));
         let founding = leader.is_some_and(|(_, t)| t == ferrolog_raft_store::FOUNDING_TERM)
             && s.last_log_index() == Some(0);
-        KnownLeader { leader, founding }
+        let last_applied_by = s.last_applied_leadership().map(|(_, n)| n);
+        KnownLeader { leader, founding, last_applied_by }
+    }
+
+    /// The leader this replica remembers, even when it knows none now: the
+    /// one it knows, else the one that appended the last entry it applied.
+    /// A leader that restarts knows none (the library demotes its own
+    /// committed vote at start), but its last applied entry is its own,
+    /// usually: the blank entry it appended when it won, or a later write.
+    pub fn remembered(&self) -> Option<NodeId> {
+        self.leader.map(|(n, _)| n).or(self.last_applied_by)
     }
 }
 
@@ -419,7 +453,13 @@ pub fn presumed_leader(
     p.replicas().iter().map(|r| r.broker).find(|b| *b != me && liveness.leads(*b, p.group))
 }
 
-fn view(p: &Partition, liveness: &Liveness, me: u32, fallback_after: Duration) -> GroupView {
+fn view(
+    p: &Partition,
+    liveness: &Liveness,
+    me: u32,
+    fallback_after: Duration,
+    idle_for: impl Fn(BrokerId) -> Duration,
+) -> GroupView {
     // Borrowed, not cloned: this runs for thousands of groups in a round,
     // and a clone of the metrics (maps of replication and heartbeat
     // progress, the membership) was most of an idle broker's CPU.
@@ -474,8 +514,6 @@ fn view(p: &Partition, liveness: &Liveness, me: u32, fallback_after: Duration) -
                 s.has_membership(),
             )
         });
-    let replicas = p.replicas();
-    let own_idea = known.leader.and_then(|(n, _)| p.broker_of(n)).filter(|b| *b != me);
     let presumed = if is_leader { None } else { presumed_leader(p, liveness, me, known) };
     let leader_alive = presumed.is_some();
     let leader_announced = presumed.is_some_and(|b| liveness.leads(b, p.group));
@@ -483,22 +521,22 @@ fn view(p: &Partition, liveness: &Liveness, me: u32, fallback_after: Duration) -
         p.campaign.led();
     }
     // Only looked at without a leader (this runs for every group).
-    let (first_live_follower, majority_open, leaderless_for) = if is_leader || leader_alive {
-        (false, true, Duration::ZERO)
+    let (first_live_follower, awaited, majority_open, leaderless_for) = if is_leader || leader_alive {
+        (false, None, true, Duration::ZERO)
     } else {
-        // In assignment order: the first replica is the preferred leader. A
-        // broker still opening its replicas after a restart cannot campaign
-        // yet. (Not whether it has this group open yet, which each broker
+        // Not whether a broker has this group open yet, which each broker
         // learns from the pings at its own time: replicas would disagree
-        // on which is first and both campaign.)
-        let first = replicas
-            .iter()
-            .find(|r| Some(r.broker) != own_idea && (r.broker == me || liveness.is_ready(r.broker)))
-            .is_some_and(|r| r.node == p.node_id);
+        // on which is first and both campaign.
+        let replicas = p.replicas();
+        let remembered = known.remembered().and_then(|n| p.broker_of(n));
+        let first = first_live(&replicas, remembered, |b| b == me || liveness.is_ready(b));
+        let awaited = first.filter(|r| r.node != p.node_id).map(|r| r.broker);
+        let first = first.is_some_and(|r| r.node == p.node_id);
         let open = |b: u32| b == me || (liveness.is_ready(b) && liveness.has_open(b, p.group));
         let majority = replicas.iter().filter(|r| open(r.broker)).count() > replicas.len() / 2;
-        (first, majority, p.campaign.leaderless())
+        (first, awaited, majority, p.campaign.leaderless())
     };
+    let awaited_idle_for = awaited.map_or(Duration::ZERO, idle_for);
     GroupView {
         is_leader,
         recently_written: p.written_within(ACTIVE_AFTER_WRITE),
@@ -508,12 +546,38 @@ fn view(p: &Partition, liveness: &Liveness, me: u32, fallback_after: Duration) -
         leader_announced,
         followers_opening,
         first_live_follower,
+        awaited,
+        awaited_idle_for,
         leaderless_for,
         fallback_after,
         settled: liveness.settled(),
         may_campaign: p.campaign.allowed() && configured,
         majority_open,
     }
+}
+
+/// The replica that campaigns at once when its group has no live leader
+/// (the others wait [`fallback_after`]): the first in assignment order (the
+/// preferred leader first) whose broker is `ready` (alive and done opening
+/// its replicas after a start), passing over the broker of the leader the
+/// asking replica remembers (`remembered`), unless no other is ready.
+///
+/// Every replica must name the same one, or two campaign at once and split
+/// the votes. The remembered leader is passed over whether it is another
+/// broker (it died: its followers move on to the next replica) or the
+/// asking broker itself: a leader that restarts remembers its own
+/// leadership ([`KnownLeader::remembered`]), and if it took back first place once it had opened its replicas, it campaigned
+/// against the next replica, which its followers had already moved on
+/// to (measured 2026-12-02 on one broker's restart among 5,000
+/// partitions: 798 of 2,098 campaigns were such collisions).
+pub fn first_live(
+    replicas: &[ReplicaAssignment],
+    remembered: Option<BrokerId>,
+    ready: impl Fn(BrokerId) -> bool,
+) -> Option<&ReplicaAssignment> {
+    let mut live = replicas.iter().filter(|r| ready(r.broker));
+    let fallback = live.clone().next();
+    live.find(|r| Some(r.broker) != remembered).or(fallback)
 }
 
 /// How often every hosted group is looked at even when nothing stirred
@@ -548,6 +612,7 @@ pub enum Rest {
 /// How long a group decided as `decision` may rest ([`Rest`]).
 pub fn rest(v: &GroupView, decision: Decision) -> Rest {
     match decision {
+        Decision::Heartbeat => Rest::For(RECHECK_EVERY),
         Decision::Park if v.is_leader && v.followers_opening => Rest::For(RECHECK_EVERY),
         Decision::Park if v.is_leader => Rest::UntilStirred,
         Decision::Park if v.leader_alive && v.leader_announced => Rest::UntilStirred,
@@ -584,6 +649,7 @@ pub async fn run(
     let mut full_at = Instant::now();
     // Fallbacks wait longer while this broker has many campaigns due.
     let mut fallback_wait = FALLBACK_AFTER;
+    let mut awaited = Awaited::default();
     loop {
         tick.tick().await;
         let now_changes = liveness.changes();
@@ -620,6 +686,10 @@ pub async fn run(
         // fallbacks get what they leave ([`admit`]).
         let mut first = Vec::new();
         let mut fallbacks = Vec::new();
+        // Parked leaders to send one heartbeat round.
+        let mut heartbeats = Vec::new();
+        // Groups that wait for another broker's campaign, by that broker.
+        let mut waiting_for: HashMap<BrokerId, usize> = HashMap::new();
         // Groups skipped below that still wait for the budget.
         let mut skipped_waiting = 0usize;
         for p in visit {
@@ -635,7 +705,7 @@ pub async fn run(
             // Still backing off, for a group looked at because it leads here
             // now (then it will not campaign anyway).
             let campaigning = p.campaign.in_flight(now);
-            let v = view(&p, &liveness, me, fallback_wait);
+            let v = view(&p, &liveness, me, fallback_wait, |b| awaited.idle_for(b, now));
             if v.is_leader || v.leader_alive {
                 // Resolved: it no longer holds the budget.
                 backing_off.remove(&p.group);
@@ -657,11 +727,21 @@ pub async fn run(
             match decision {
                 Decision::Campaign if !campaigning && v.first_live_follower => first.push(p),
                 Decision::Campaign if !campaigning => fallbacks.push(p),
+                Decision::Heartbeat => heartbeats.push(p),
+                Decision::Park => {
+                    if let Some(b) = v.awaited {
+                        *waiting_for.entry(b).or_default() += 1;
+                    }
+                }
                 _ => {}
             }
         }
+        for p in heartbeats {
+            p.raft.heartbeat().await;
+        }
         let (first_n, fallback_n) = admit(first.len(), fallbacks.len(), in_flight);
         fallback_wait = fallback_after(first.len() + fallbacks.len() + skipped_waiting, period);
+        awaited.after_round(&waiting_for, now);
         let deferred = first.len() + fallbacks.len() - first_n - fallback_n;
         let started = first_n + fallback_n;
         let first = first.into_iter().take(first_n).map(|p| (p, "no live leader: campaigning"));
@@ -682,6 +762,51 @@ pub async fn run(
                     "no live leader: started {started} campaigns this round, {deferred} wait for the budget"
                 ),
             );
+        }
+    }
+}
+
+/// How long ago each broker whose campaigns this one waits for last made
+/// progress, so fallbacks do not contest a first live replica that is
+/// still working through its backlog.
+///
+/// After one broker's death, one survivor is the first live replica of
+/// every group the dead broker led (placement makes it so), and its budget
+/// starts [`CAMPAIGNS_PER_ROUND`] a round, fewer while the CPU is
+/// saturated. Fallbacks after a fixed wait, or one computed from the
+/// backlog, collided with the tail of its campaigns and split their votes:
+/// on one broker's restart among 10,000 partitions (2026-12-02), 5,725
+/// elections for 3,347 partitions, terms up to 16, 61.5 s. So a fallback
+/// also waits until the broker it waits for has made no progress (fewer
+/// groups here wait for it) for [`FALLBACK_AFTER`]: a first replica that
+/// cannot win (its log is behind) stops making progress, one that is only
+/// busy does not.
+#[derive(Debug, Default)]
+struct Awaited {
+    /// Per broker: groups here that waited for its campaign in the last
+    /// round, and when that count last fell (or was first seen), ms since
+    /// [`ORIGIN`].
+    brokers: HashMap<BrokerId, (usize, u64)>,
+}
+
+impl Awaited {
+    /// How long `broker` has made no progress at `now` (ms since
+    /// [`ORIGIN`]); zero for one not awaited before this round.
+    fn idle_for(&self, broker: BrokerId, now: u64) -> Duration {
+        let since = self.brokers.get(&broker).map_or(now, |(_, since)| *since);
+        Duration::from_millis(now.saturating_sub(since))
+    }
+
+    /// Records a round's counts: groups that waited for each broker.
+    fn after_round(&mut self, counts: &HashMap<BrokerId, usize>, now: u64) {
+        self.brokers.retain(|b, _| counts.contains_key(b));
+        for (b, n) in counts {
+            let entry = self.brokers.entry(*b).or_insert((*n, now));
+            if *n < entry.0 {
+                *entry = (*n, now);
+            } else {
+                entry.0 = *n;
+            }
         }
     }
 }
@@ -782,12 +907,39 @@ mod tests {
         leader_announced: true,
         followers_opening: false,
         first_live_follower: false,
+        awaited: None,
+        // No progress by a first live replica holds fallbacks back, but
+        // in `fallbacks_wait_while_the_first_live_replica_makes_progress`.
+        awaited_idle_for: FALLBACK_AFTER,
         leaderless_for: Duration::ZERO,
         fallback_after: FALLBACK_AFTER,
         settled: true,
         may_campaign: true,
         majority_open: true,
     };
+
+    #[test]
+    fn every_replica_names_the_same_first_live_one_when_the_leader_restarts() {
+        let replicas: Vec<ReplicaAssignment> =
+            (1..=3).map(|b| ReplicaAssignment { broker: b, node: u64::from(b) * 10 }).collect();
+        let first = |remembered, ready: &[u32]| {
+            first_live(&replicas, remembered, |b| ready.contains(&b)).map(|r| r.broker)
+        };
+        // Broker 1 led and died: its followers remember it and pass it over.
+        assert_eq!(first(Some(1), &[2, 3]), Some(2));
+        // Back and done opening, broker 1 remembers its own leadership and
+        // passes itself over too: the same answer as the followers'.
+        assert_eq!(first(Some(1), &[1, 2, 3]), Some(2));
+        // A replica that remembers no leader takes the preferred one.
+        assert_eq!(first(None, &[1, 2, 3]), Some(1));
+        // Brokers not ready are passed over.
+        assert_eq!(first(Some(1), &[1, 3]), Some(3));
+        assert_eq!(first(None, &[3]), Some(3));
+        // The remembered leader's broker is first when no other is ready
+        // (one replica, or the others down), rather than none.
+        assert_eq!(first(Some(1), &[1]), Some(1));
+        assert_eq!(first(Some(2), &[]), None);
+    }
 
     #[test]
     fn only_parked_groups_with_a_leader_rest_and_for_a_while_if_time_can_change_them() {
@@ -798,6 +950,7 @@ mod tests {
         let for_a_while = [
             GroupView { leader_announced: false, ..FOLLOWER },
             GroupView { followers_opening: true, ..leader },
+            GroupView { follower_returned: true, ..leader },
         ];
         for v in for_a_while {
             assert_eq!(rest(&v, decide(v)), Rest::For(RECHECK_EVERY), "{v:?}");
@@ -805,7 +958,6 @@ mod tests {
         let unsettled = [
             GroupView { recently_written: true, ..leader },
             GroupView { followers_caught_up: false, ..leader },
-            GroupView { follower_returned: true, ..leader },
             GroupView { leader_alive: false, ..FOLLOWER },
             GroupView { leader_alive: false, first_live_follower: true, ..FOLLOWER },
         ];
@@ -857,7 +1009,10 @@ mod tests {
         assert_eq!(decide(leader), Decision::Park);
         assert_eq!(decide(GroupView { recently_written: true, ..leader }), Decision::Tick);
         assert_eq!(decide(GroupView { followers_caught_up: false, ..leader }), Decision::Tick);
-        assert_eq!(decide(GroupView { follower_returned: true, ..leader }), Decision::Tick);
+        // One heartbeat round now and then, not ten a second.
+        assert_eq!(decide(GroupView { follower_returned: true, ..leader }), Decision::Heartbeat);
+        let lagging = GroupView { follower_returned: true, followers_caught_up: false, ..leader };
+        assert_eq!(decide(lagging), Decision::Tick);
     }
 
     #[test]
@@ -904,6 +1059,42 @@ mod tests {
             decide(GroupView { first_live_follower: true, ..busy }),
             Decision::Campaign,
             "first replicas do not wait"
+        );
+    }
+
+    #[test]
+    fn fallbacks_wait_while_the_first_live_replica_makes_progress() {
+        let mut awaited = Awaited::default();
+        let counts = |n: usize| HashMap::from([(3, n)]);
+        // Broker 3 is awaited from 1,000 ms on: no time idle yet.
+        assert_eq!(awaited.idle_for(3, 1_000), Duration::ZERO);
+        awaited.after_round(&counts(1_600), 1_000);
+        assert_eq!(awaited.idle_for(3, 7_000), Duration::from_secs(6));
+        // It wins groups: the count falls, its idle time starts again.
+        awaited.after_round(&counts(1_200), 7_000);
+        assert_eq!(awaited.idle_for(3, 7_100), Duration::from_millis(100));
+        // More groups waiting for it is not progress.
+        awaited.after_round(&counts(1_300), 7_100);
+        awaited.after_round(&counts(1_300), 9_000);
+        assert_eq!(awaited.idle_for(3, 12_000), Duration::from_secs(5));
+        // Awaited no more: forgotten, and a new episode starts afresh.
+        awaited.after_round(&HashMap::new(), 13_000);
+        assert_eq!(awaited.idle_for(3, 20_000), Duration::ZERO);
+
+        let waiting = GroupView {
+            leader_alive: false,
+            awaited: Some(3),
+            leaderless_for: FALLBACK_AFTER * 3,
+            awaited_idle_for: FALLBACK_AFTER - Duration::from_millis(1),
+            ..FOLLOWER
+        };
+        assert_eq!(decide(waiting), Decision::Park, "the first live replica still makes progress");
+        assert_eq!(decide(GroupView { awaited_idle_for: FALLBACK_AFTER, ..waiting }), Decision::Campaign);
+        let fresh = GroupView { leaderless_for: FALLBACK_AFTER - Duration::from_millis(1), ..waiting };
+        assert_eq!(
+            decide(GroupView { awaited_idle_for: FALLBACK_AFTER, ..fresh }),
+            Decision::Park,
+            "a group leaderless for less than the wait does not fall back"
         );
     }
 
