@@ -1,11 +1,13 @@
 //! Heartbeats and commit notices of many groups travel together (`Batch`,
-//! peer protocol 1.2) over the real gRPC transport on loopback: every call
-//! gets its own answer, refusals included, and concurrent calls share
-//! batches; AppendEntries with entries and votes stay single RPCs.
+//! peer protocol 1.2), and so do votes and pre-votes (1.3, in batches of
+//! their own), over the real gRPC transport on loopback: every call gets
+//! its own answer, refusals included, and concurrent calls share batches;
+//! AppendEntries with entries stay single RPCs.
 
 use std::time::Duration;
 
 use ferrolog_broker::groups::GroupRegistry;
+use ferrolog_broker::network::batch::Lane;
 use ferrolog_broker::network::{PeerAddresses, RaftPeerServer};
 use ferrolog_proto::raft as pb;
 use ferrolog_replica::PeerTransport;
@@ -42,14 +44,15 @@ async fn concurrent_calls_share_batches_and_each_gets_its_answer() {
         }
     };
     let heartbeats = join_all((0..EACH).map(|g| send(g, b"")));
-    // Not batched: AppendEntries with entries (these do not even decode),
-    // and votes.
+    // Not batched: AppendEntries with entries (these do not even decode).
     let with_entries = join_all((EACH..EACH + 10).map(|g| send(g, b"not frames")));
-    let votes = join_all((0..10).map(|g| {
+    // Batched, in batches of their own: votes and pre-votes.
+    const VOTES: u64 = 300;
+    let votes = join_all((0..VOTES).map(|g| {
         let (peers, addr) = (peers.clone(), addr.clone());
         async move {
             let req = pb::VoteRequest { group_id: g, target_node: 1, ..pb::VoteRequest::default() };
-            peers.vote(1, &addr, req, true, Duration::from_secs(5)).await
+            (g, peers.vote(1, &addr, req, g % 2 == 0, Duration::from_secs(5)).await)
         }
     }));
     let (heartbeats, with_entries, votes) = tokio::join!(heartbeats, with_entries, votes);
@@ -59,12 +62,17 @@ async fn concurrent_calls_share_batches_and_each_gets_its_answer() {
         assert_eq!(error.code(), pb::PeerErrorCode::UnknownGroup, "group {group}");
         assert!(error.message.contains(&format!("group {group} ")), "group {group}: {}", error.message);
     }
-    for vote in votes {
-        let error = vote.expect("answered").error.expect("refused");
-        assert_eq!(error.code(), pb::PeerErrorCode::UnknownGroup);
+    assert_eq!(votes.len() as u64, VOTES);
+    for (group, vote) in votes {
+        let error = vote.unwrap_or_else(|e| panic!("group {group}: {e}")).error.expect("refused");
+        assert_eq!(error.code(), pb::PeerErrorCode::UnknownGroup, "group {group}");
+        assert!(error.message.contains(&format!("group {group} ")), "group {group}: {}", error.message);
     }
-    let (batches, calls) = peers.batch_stats();
+    let (batches, calls) = peers.batch_stats(Lane::Small);
     assert_eq!(calls, EACH, "every heartbeat, and nothing else, went in a batch");
     assert!(batches >= 2 && batches * 4 <= calls, "{calls} calls took {batches} batches");
+    let (batches, calls) = peers.batch_stats(Lane::Votes);
+    assert_eq!(calls, VOTES, "every vote went in a batch of votes");
+    assert!(batches >= 1 && batches * 4 <= calls, "{calls} votes took {batches} batches");
     server.abort();
 }

@@ -599,6 +599,37 @@ mod tests {
                 .encode_to_vec(),
                 "12022200",
             ),
+            (
+                // Since peer protocol 1.3.
+                "BatchRequest with votes",
+                pb::BatchRequest {
+                    calls: vec![
+                        pb::BatchCall {
+                            call: Some(pb::batch_call::Call::PreVote(vote_request_to_wire(5, 3, &vote_req))),
+                            timeout_ms: 1000,
+                        },
+                        pb::BatchCall {
+                            call: Some(pb::batch_call::Call::Vote(vote_request_to_wire(5, 3, &vote_req))),
+                            timeout_ms: 1000,
+                        },
+                    ],
+                }
+                .encode_to_vec(),
+                "0a192214080510031a04080810032206080610011829280110e8070a191a14080510031a04080810032206080610011829280110e807",
+            ),
+            (
+                "BatchAnswer with a vote",
+                pb::BatchAnswer {
+                    index: 1,
+                    answer: Some(pb::batch_answer::Answer::Vote(vote_response_to_wire(&VoteResponse::new(
+                        vote,
+                        Some(last),
+                        true,
+                    )))),
+                }
+                .encode_to_vec(),
+                "08011a12120608071002180118012206080610011829",
+            ),
         ];
         let mut wrong = Vec::new();
         for (name, bytes, want) in &cases {

@@ -1,8 +1,10 @@
 //! The versioned peer protocol (issue 10) between real broker processes:
-//! a broker one minor version ahead replicates with the others (a rolling
-//! upgrade's middle state: a 1.2 broker among brokers announcing 1.1, which
+//! a broker minor versions ahead replicates with the others (a rolling
+//! upgrade's middle state: this build among brokers announcing 1.1, which
 //! refuse its `Batch` calls as a 1.1 build does, so it falls back to single
-//! RPCs), and a broker of another major version is
+//! RPCs), and elects with brokers announcing 1.2 (which answer its batched
+//! votes as calls they do not know, so it sends its votes singly), and a
+//! broker of another major version is
 //! refused on both sides with the documented error while the rest of the
 //! cluster carries on. The version a broker announces is set for one broker
 //! with `FERROLOG_TEST_PEER_PROTOCOL`, which only the tests' broker program
@@ -10,6 +12,7 @@
 
 use std::time::{Duration, Instant};
 
+use ferrolog_broker::network::protocol::{MAJOR, MINOR};
 use ferrolog_client::{ClientConfig, MetadataCache, Producer, ProducerConfig, Record};
 use ferrolog_proto::client::ErrorCode;
 use ferrolog_tests::raw::{code, create_topic, self_claimed_leaders, status};
@@ -80,7 +83,7 @@ async fn a_broker_one_minor_version_ahead_replicates_with_the_others() -> anyhow
     assert!(!log_of(&c, 3).contains("announcing another peer protocol version"), "{}", c.logs_tail(20));
     assert!(!log_of(&c, 1).contains("refused a peer request"), "{}", c.logs_tail(20));
 
-    // Six partitions: preferred leaders are spread, so the 1.2 broker
+    // Six partitions: preferred leaders are spread, so the newer broker
     // leads some (sending appends and heartbeats to 1.1 brokers) and
     // follows others. On a
     // loaded machine a preferred leader may lose its first election: then
@@ -107,7 +110,7 @@ async fn a_broker_one_minor_version_ahead_replicates_with_the_others() -> anyhow
         n += batch;
         leaders = self_claimed_leaders(&c, topic).await?;
     }
-    assert!(mixed(&leaders), "the 1.2 broker does not lead some and follow others: {leaders:?}");
+    assert!(mixed(&leaders), "the newer broker does not lead some and follow others: {leaders:?}");
     // It tried to batch its small calls to the 1.1 brokers, was refused,
     // and sent them singly.
     wait_for_log(&c, 3, "the peer does not take batched calls (peer protocol older than 1.2)").await?;
@@ -139,6 +142,55 @@ async fn a_broker_one_minor_version_ahead_replicates_with_the_others() -> anyhow
 }
 
 #[tokio::test]
+async fn a_broker_one_minor_version_ahead_elects_with_older_voters() -> anyhow::Result<()> {
+    // This build (1.3 or later) among brokers announcing 1.2, which take
+    // batched heartbeats but answer batched votes as calls they do not know.
+    let mut c = Cluster::prepare("t15-votes", BIN, 3, &[])?;
+    c.set_env(1, OVERRIDE, "1.2");
+    c.set_env(2, OVERRIDE, "1.2");
+    c.launch().await?;
+    let (topic, partitions) = ("votes", 3);
+    create_topic(&c, topic, partitions, 3).await?;
+    all_led(&c, topic).await?;
+    produce_everywhere(&c, topic, partitions, 5).await?;
+
+    // A partition whose leader is another broker and in which broker 3 is
+    // the next replica: when that leader dies, broker 3 campaigns first
+    // (crate::control::quiesce::first_live), asking a 1.2 broker's vote.
+    let m = metadata(c.broker(1).client_addr).await?;
+    let placement = &m.topics.iter().find(|t| t.name == topic).expect("the topic").partitions;
+    let leaders = self_claimed_leaders(&c, topic).await?;
+    let (p, dead) = (0..partitions)
+        .find_map(|p| {
+            let leader = leaders[p as usize]?;
+            let replicas = &placement.iter().find(|x| x.partition == p)?.replicas;
+            let next = replicas.iter().find(|b| **b != leader)?;
+            (leader != 3 && *next == 3).then_some((p, leader))
+        })
+        .ok_or_else(|| anyhow::anyhow!("no partition with broker 3 next after its leader: {leaders:?}"))?;
+    c.kill(dead);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while self_claimed_leaders(&c, topic).await?[p as usize] != Some(3) {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "partition {p} not led by broker 3 after broker {dead}'s death\n{}",
+            c.logs_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // It tried to batch its votes to the 1.2 broker, was answered as a 1.2
+    // broker answers, and won with single votes.
+    wait_for_log(&c, 3, "the peer does not take batched votes (peer protocol older than 1.3)").await?;
+    let survivor = if dead == 1 { 2 } else { 1 };
+    let log = log_of(&c, survivor);
+    assert!(!log.contains("refused a peer request"), "broker {survivor} refused a peer: {log}");
+    produce_everywhere(&c, topic, partitions, 5).await?;
+    let s = status(&c, survivor, topic, p).await?;
+    assert_eq!(s.high_watermark, 10, "partition {p} on broker {survivor}: {s:?}");
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_broker_of_another_major_version_is_refused_and_the_rest_carry_on() -> anyhow::Result<()> {
     // A botched upgrade: broker 3 of a formed cluster comes back speaking 2.0.
     let mut c = Cluster::start("t15-major", BIN, 3, &[]).await?;
@@ -151,21 +203,17 @@ async fn a_broker_of_another_major_version_is_refused_and_the_rest_carry_on() ->
 
     // Both sides say why, naming both versions.
     for id in [1, 2] {
-        wait_for_log(
-            &c,
-            id,
-            "refused a peer request: peer protocol 2.0 is not spoken here: this broker speaks 1.2",
-        )
-        .await?;
+        let why = format!(
+            "refused a peer request: peer protocol 2.0 is not spoken here: this broker speaks {MAJOR}.{MINOR}"
+        );
+        wait_for_log(&c, id, &why).await?;
     }
-    wait_for_log(
-        &c,
-        3,
-        "refused a peer request: peer protocol 1.2 is not spoken here: this broker speaks 2.0",
-    )
-    .await?;
+    let why = format!(
+        "refused a peer request: peer protocol {MAJOR}.{MINOR} is not spoken here: this broker speaks 2.0"
+    );
+    wait_for_log(&c, 3, &why).await?;
 
-    // The 1.2 brokers do not count the 2.0 broker as alive, and carry on
+    // The 1.x brokers do not count the 2.0 broker as alive, and carry on
     // without it: its partitions have a majority on them.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -177,7 +225,7 @@ async fn a_broker_of_another_major_version_is_refused_and_the_rest_carry_on() ->
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // (Broker 1 may still forward to broker 3 as the controller it knew,
-    // and be refused, until the metadata group elects a 1.2 leader.)
+    // and be refused, until the metadata group elects a 1.x leader.)
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let r = connect(c.broker(1).client_addr)
@@ -194,7 +242,7 @@ async fn a_broker_of_another_major_version_is_refused_and_the_rest_carry_on() ->
         if why.contains("not answering: 3") {
             break;
         }
-        assert!(why.contains("peer protocol 1.2 is not spoken here"), "{why}");
+        assert!(why.contains(&format!("peer protocol {MAJOR}.{MINOR} is not spoken here")), "{why}");
         anyhow::ensure!(Instant::now() < deadline, "still: {why}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -208,7 +256,7 @@ async fn a_broker_of_another_major_version_is_refused_and_the_rest_carry_on() ->
         assert!(catching_up || s.high_watermark <= 10, "broker 3 partition {p} while cut off: {s:?}");
     }
 
-    // Rolled back to 1.2, broker 3 catches up with what it missed.
+    // Rolled back to this build's version, broker 3 catches up with what it missed.
     c.kill(3);
     c.clear_env(3);
     c.spawn(3)?;

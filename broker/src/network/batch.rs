@@ -15,14 +15,20 @@
 //! the transport's wait, at least the minimum RPC timeout; openraft's
 //! heartbeat worker may stop waiting sooner). A batch whose callers all
 //! gave up is dropped, which resets its stream. Entries never go this way:
-//! an AppendEntries with entries is its own RPC. Votes do not either:
-//! batched, pre-votes waited behind other calls and timed out, and at
-//! 10,000 partitions elections stalled for minutes (measured 2026-12-01).
+//! an AppendEntries with entries is its own RPC.
 //!
-//! A peer that answers `UNIMPLEMENTED` (a broker older than 1.2) is
-//! remembered for [`UNBATCHED_FOR`]; the refused batch's calls, and calls
-//! meanwhile, go as single RPCs, and after that a batch is tried again (the
-//! peer may have been upgraded).
+//! Votes and pre-votes (peer protocol 1.3) go in batches too, but through
+//! a queue and sender of their own per peer ([`Lane::Votes`]): behind
+//! heartbeats, pre-votes waited and timed out, and at 10,000 partitions
+//! elections stalled for minutes (measured 2026-12-01, when votes shared
+//! the one queue). Batched, the campaigns a broker starts in one round
+//! reach each peer in one request instead of one HTTP/2 stream each.
+//!
+//! A peer that answers `UNIMPLEMENTED` (a broker older than 1.2), or, on
+//! the votes lane, answers votes as calls it does not know (1.2), is
+//! remembered for [`UNBATCHED_FOR`] ([`PeerQueue::refused_by_peer`]); the
+//! refused batch's calls, and calls meanwhile, go as single RPCs, and after
+//! that a batch is tried again (the peer may have been upgraded).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -47,8 +53,18 @@ const ABANDONED_CHECK: Duration = Duration::from_millis(20);
 /// is tried again.
 pub const UNBATCHED_FOR: Duration = Duration::from_secs(60);
 
-/// When the peer last refused a batch (`UNIMPLEMENTED`).
+/// When the peer last refused a batch (`UNIMPLEMENTED`), or batched votes.
 type Refused = Arc<Mutex<Option<tokio::time::Instant>>>;
+
+/// Which calls a peer queue carries: each lane has its own queue and
+/// sender per peer, so one kind never waits behind the other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// AppendEntries without entries: heartbeats and commit notices.
+    Small,
+    /// Votes and pre-votes (peer protocol 1.3).
+    Votes,
+}
 
 /// A call waiting for its batch.
 struct Queued {
@@ -101,6 +117,12 @@ impl PeerQueue {
     /// the last [`UNBATCHED_FOR`].
     pub fn batches(&self) -> bool {
         batches(&self.refused)
+    }
+
+    /// Records that the peer refused these calls batched (`why` is logged
+    /// once per [`UNBATCHED_FOR`]): calls go singly for that long.
+    pub fn refused_by_peer(&self, peer: &str, why: &str) {
+        refuse(&self.refused, peer, why);
     }
 
     /// Whether the sender task still runs (it ends only with the queue).
@@ -187,23 +209,49 @@ fn batches(refused: &Refused) -> bool {
     refused.is_none_or(|at| at.elapsed() >= UNBATCHED_FOR)
 }
 
-/// Sends each call as its own AppendEntries RPC (to a peer that refuses
-/// batches), answering its caller.
+/// Records a refusal of batched calls at `refused`, logging `why` unless
+/// one was recorded within [`UNBATCHED_FOR`].
+fn refuse(refused: &Refused, peer: &str, why: &str) {
+    let before = refused.lock().unwrap_or_else(|p| p.into_inner()).replace(tokio::time::Instant::now());
+    if before.is_none_or(|at| at.elapsed() >= UNBATCHED_FOR) {
+        tracing::info!(peer, "{why}: sending them singly for {} s", UNBATCHED_FOR.as_secs());
+    }
+}
+
+/// Sends each call as its own RPC (to a peer that refuses batches),
+/// answering its caller.
 fn send_singly(channel: &Channel, calls: Vec<Queued>) {
     for q in calls {
-        let mut client = peer_client(channel.clone()).max_decoding_message_size(usize::MAX);
+        let client = peer_client(channel.clone()).max_decoding_message_size(usize::MAX);
         tokio::spawn(async move {
-            let pb::batch_call::Call::AppendEntries(req) = q.call;
-            let mut req = tonic::Request::new(req);
-            req.set_timeout(q.timeout);
-            let answer = client.append_entries(req).await;
-            let _ = q.reply.send(
-                answer
-                    .map(|r| pb::batch_answer::Answer::AppendEntries(r.into_inner()))
-                    .map_err(|s| PeerUnreachable(s.to_string())),
-            );
+            let _ = q.reply.send(send_one(client, q.call, q.timeout).await);
         });
     }
+}
+
+/// One call as its own RPC, waiting up to `timeout`.
+async fn send_one(
+    mut client: ferrolog_proto::raft::peer_client::PeerClient<
+        tonic::service::interceptor::InterceptedService<Channel, super::protocol::Stamp>,
+    >,
+    call: pb::batch_call::Call,
+    timeout: Duration,
+) -> Result<pb::batch_answer::Answer, PeerUnreachable> {
+    use pb::batch_answer::Answer;
+    use pb::batch_call::Call;
+    fn request<T>(m: T, timeout: Duration) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(m);
+        req.set_timeout(timeout);
+        req
+    }
+    let answer = match call {
+        Call::AppendEntries(r) => {
+            client.append_entries(request(r, timeout)).await.map(|r| Answer::AppendEntries(r.into_inner()))
+        }
+        Call::Vote(r) => client.vote(request(r, timeout)).await.map(|r| Answer::Vote(r.into_inner())),
+        Call::PreVote(r) => client.pre_vote(request(r, timeout)).await.map(|r| Answer::Vote(r.into_inner())),
+    };
+    answer.map_err(|s| PeerUnreachable(s.to_string()))
 }
 
 /// Sends one batch (of at least one call) and hands each answer to its
@@ -236,16 +284,7 @@ async fn send_batch(peer: String, channel: Channel, calls: Vec<Queued>, refused:
     let mut answers = match answers {
         Ok(r) => r.into_inner(),
         Err(s) if s.code() == tonic::Code::Unimplemented => {
-            let before =
-                refused.lock().unwrap_or_else(|p| p.into_inner()).replace(tokio::time::Instant::now());
-            if before.is_none_or(|at| at.elapsed() >= UNBATCHED_FOR) {
-                tracing::info!(
-                    peer,
-                    "the peer does not take batched calls (peer protocol older than 1.2): sending them \
-                     singly for {} s",
-                    UNBATCHED_FOR.as_secs()
-                );
-            }
+            refuse(&refused, &peer, "the peer does not take batched calls (peer protocol older than 1.2)");
             let singles = copies
                 .into_iter()
                 .zip(waiting)

@@ -13,7 +13,7 @@ use futures::Stream;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
-use super::batch::PeerQueue;
+use super::batch::{Lane, PeerQueue};
 use super::protocol::{self, Stamp, peer_client};
 
 /// Reset streams a peer channel remembers (h2's default is 10).
@@ -24,8 +24,8 @@ const PEER_RESETS_REMEMBERED: usize = 10_000;
 #[derive(Clone, Debug)]
 pub struct PeerAddresses {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
-    /// The batch queue of each peer, by address (see [`super::batch`]).
-    queues: Arc<Mutex<HashMap<String, PeerQueue>>>,
+    /// The batch queues of each peer, by address and lane (see [`super::batch`]).
+    queues: Arc<Mutex<HashMap<(String, Lane), PeerQueue>>>,
     /// Raft node id → its broker's peer address as the metadata records it
     /// now (see [`PeerAddresses::set_node_addresses`]).
     nodes: Arc<std::sync::RwLock<Arc<HashMap<NodeId, String>>>>,
@@ -121,25 +121,40 @@ impl PeerAddresses {
         Ok(peer_client(channel).max_decoding_message_size(usize::MAX))
     }
 
-    /// Batched calls sent so far to all peers: (batches, calls in them).
-    pub fn batch_stats(&self) -> (u64, u64) {
+    /// Batched calls of `lane` sent so far to all peers: (batches, calls
+    /// in them).
+    pub fn batch_stats(&self, lane: Lane) -> (u64, u64) {
         let queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
-        queues.values().map(PeerQueue::sent).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+        queues
+            .iter()
+            .filter(|((_, l), _)| *l == lane)
+            .map(|(_, q)| q.sent())
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
 
-    /// The batch queue to the broker of Raft node `target`, if this broker
-    /// and that peer take batches ([`super::batch`]).
-    fn queue(&self, target: NodeId, recorded: &str) -> Result<Option<PeerQueue>, PeerUnreachable> {
-        if !protocol::speaks_batch() {
+    /// The batch queue of `lane` to the broker of Raft node `target`, if
+    /// this broker and that peer take such batches ([`super::batch`]).
+    fn queue(
+        &self,
+        target: NodeId,
+        recorded: &str,
+        lane: Lane,
+    ) -> Result<Option<PeerQueue>, PeerUnreachable> {
+        let speaks = match lane {
+            Lane::Small => protocol::speaks_batch(),
+            Lane::Votes => protocol::speaks_batched_votes(),
+        };
+        if !speaks {
             return Ok(None);
         }
         let addr = self.address_of(target, recorded);
         let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
-        let queue = match queues.get(&addr) {
+        let key = (addr, lane);
+        let queue = match queues.get(&key) {
             Some(q) if q.is_open() => q.clone(),
             _ => {
-                let q = PeerQueue::spawn(addr.clone(), self.channel(&addr)?);
-                queues.insert(addr, q.clone());
+                let q = PeerQueue::spawn(key.0.clone(), self.channel(&key.0)?);
+                queues.insert(key, q.clone());
                 q
             }
         };
@@ -168,12 +183,15 @@ impl PeerTransport for PeerAddresses {
         timeout: Duration,
     ) -> Result<pb::AppendEntriesResponse, PeerUnreachable> {
         if req.entries.is_empty()
-            && let Some(queue) = self.queue(target, addr)?
+            && let Some(queue) = self.queue(target, addr, Lane::Small)?
         {
             let call = pb::batch_call::Call::AppendEntries(req);
-            let pb::batch_answer::Answer::AppendEntries(r) =
-                queue.call(call, timeout.max(self.min_rpc_timeout)).await?;
-            return Ok(r);
+            return match queue.call(call, timeout.max(self.min_rpc_timeout)).await? {
+                pb::batch_answer::Answer::AppendEntries(r) => Ok(r),
+                pb::batch_answer::Answer::Vote(_) => {
+                    Err(PeerUnreachable("the peer answered a heartbeat with a vote".into()))
+                }
+            };
         }
         let req = self.request(req, timeout);
         Ok(self.client(target, addr)?.append_entries(req).await.map_err(unreachable)?.into_inner())
@@ -187,6 +205,18 @@ impl PeerTransport for PeerAddresses {
         pre_vote: bool,
         timeout: Duration,
     ) -> Result<pb::VoteResponse, PeerUnreachable> {
+        if let Some(queue) = self.queue(target, addr, Lane::Votes)? {
+            use pb::batch_call::Call;
+            let call = if pre_vote { Call::PreVote(req) } else { Call::Vote(req) };
+            match queue.call(call, timeout.max(self.min_rpc_timeout)).await? {
+                pb::batch_answer::Answer::Vote(r) => return Ok(r),
+                // A 1.2 broker answers a call it does not know so.
+                pb::batch_answer::Answer::AppendEntries(_) => queue.refused_by_peer(
+                    &self.address_of(target, addr),
+                    "the peer does not take batched votes (peer protocol older than 1.3)",
+                ),
+            }
+        }
         let req = self.request(req, timeout);
         let mut client = self.client(target, addr)?;
         let reply = if pre_vote { client.pre_vote(req).await } else { client.vote(req).await };

@@ -23,7 +23,9 @@ pub const MAJOR: u32 = 1;
 /// `PingResponse.opening_floor` (a 1.0 broker leaves it 0, read as "opens
 /// nothing", so campaigns toward it are not held back). 1.2 added the
 /// `Batch` RPC (`super::batch`; a 1.1 broker answers it `UNIMPLEMENTED`).
-pub const MINOR: u32 = 2;
+/// 1.3 added votes and pre-votes to `Batch` (a 1.2 broker answers such a
+/// call as one without a request, and the sender sends its votes singly).
+pub const MINOR: u32 = 3;
 /// The gRPC metadata key carrying the sender's version, `MAJOR.MINOR`.
 pub const HEADER: &str = "ferrolog-peer-protocol";
 /// A version to announce instead of this build's, set by
@@ -88,6 +90,13 @@ pub fn ours() -> Version {
 /// told to announce 1.1 for a test acts as a 1.1 broker does.
 pub fn speaks_batch() -> bool {
     ours() >= Version { major: 1, minor: 2 }
+}
+
+/// Whether this broker sends and serves votes and pre-votes in `Batch`
+/// calls (1.3 on): a broker told to announce 1.2 for a test acts as a 1.2
+/// broker does.
+pub fn speaks_batched_votes() -> bool {
+    ours() >= Version { major: 1, minor: 3 }
 }
 
 /// The client-side interceptor: stamps every request with [`ours`].

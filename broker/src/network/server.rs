@@ -134,6 +134,12 @@ impl RaftPeerServer {
             Some(Call::AppendEntries(req)) if req.entries.is_empty() => {
                 Answer::AppendEntries(self.handle_append(req).await)
             }
+            Some(Call::Vote(req)) if protocol::speaks_batched_votes() => {
+                Answer::Vote(self.handle_vote(req, false).await)
+            }
+            Some(Call::PreVote(req)) if protocol::speaks_batched_votes() => {
+                Answer::Vote(self.handle_vote(req, true).await)
+            }
             Some(Call::AppendEntries(_)) => Answer::AppendEntries(pb::AppendEntriesResponse {
                 error: Some(refuse(
                     PeerErrorCode::InvalidRequest,
@@ -141,10 +147,16 @@ impl RaftPeerServer {
                 )),
                 result: None,
             }),
-            None => Answer::AppendEntries(pb::AppendEntriesResponse {
-                error: Some(refuse(PeerErrorCode::InvalidRequest, "a batch call without a request".into())),
-                result: None,
-            }),
+            // As a 1.2 broker reads a call it does not know.
+            None | Some(Call::Vote(_) | Call::PreVote(_)) => {
+                Answer::AppendEntries(pb::AppendEntriesResponse {
+                    error: Some(refuse(
+                        PeerErrorCode::InvalidRequest,
+                        "a batch call without a request".into(),
+                    )),
+                    result: None,
+                })
+            }
         };
         pb::BatchAnswer { index, answer: Some(answer) }
     }
