@@ -185,8 +185,15 @@ async fn a_broker_one_minor_version_ahead_elects_with_older_voters() -> anyhow::
     let log = log_of(&c, survivor);
     assert!(!log.contains("refused a peer request"), "broker {survivor} refused a peer: {log}");
     produce_everywhere(&c, topic, partitions, 5).await?;
-    let s = status(&c, survivor, topic, p).await?;
-    assert_eq!(s.high_watermark, 10, "partition {p} on broker {survivor}: {s:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = status(&c, survivor, topic, p).await?;
+        if s.high_watermark == 10 {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "partition {p} on broker {survivor}: {s:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     Ok(())
 }
 

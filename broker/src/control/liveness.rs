@@ -158,6 +158,14 @@ impl Liveness {
         seen.get(&broker).is_some_and(|h| judge.fresh(h) && h.leading.binary_search(&group).is_ok())
     }
 
+    /// How many groups `broker` says it leads, as its latest fresh ping
+    /// answer says (0 if none is fresh).
+    pub fn led_count(&self, broker: BrokerId) -> usize {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let judge = self.judge(&seen);
+        seen.get(&broker).filter(|h| judge.fresh(h)).map_or(0, |h| h.leading.len())
+    }
+
     /// Whether `broker` answered recently, to a ping sent at `since` or
     /// later, without saying it leads `group`: what it led before `since`
     /// it has had time to announce (see `crate::control::quiesce`).

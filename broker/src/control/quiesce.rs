@@ -29,8 +29,10 @@
 //! replica in assignment order (the preferred leader first; [`first_live`]
 //! passes over the leader the replica remembers) at once, any
 //! other live replica only after [`FALLBACK_AFTER`], longer while its
-//! broker has many campaigns due ([`fallback_after`]) (for when the first
-//! cannot win, e.g. its log is shorter). Campaigns are spread out: each
+//! broker has many campaigns due ([`fallback_after`]), and once the first
+//! one's broker has won no group for [`FALLBACK_AFTER`] ([`Awaited`]; at
+//! most [`FALLBACK_MAX`]) (for when the first cannot win, e.g. its log is
+//! shorter). Campaigns are spread out: each
 //! group waits a randomised back-off that doubles with each campaign that
 //! did not make it leader (up to [`BACKOFF_MAX`]); a broker starts at most
 //! [`CAMPAIGNS_PER_ROUND`] per round and keeps at most
@@ -86,6 +88,12 @@ pub fn fallback_after(backlog: usize, period: Duration) -> Duration {
     let rounds = backlog.div_ceil(CAMPAIGNS_PER_ROUND) as u32;
     FALLBACK_AFTER + period.saturating_mul(rounds)
 }
+
+/// How long a replica that is not the first live one waits, without a
+/// live leader, at most, whatever progress the first one's broker makes
+/// ([`Awaited`]): a first replica that cannot win this group (its log is
+/// behind, it is recovering) may be winning others.
+pub const FALLBACK_MAX: Duration = Duration::from_secs(30);
 
 /// Longest back-off between two campaigns of one group.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(8);
@@ -152,6 +160,9 @@ pub struct Campaign {
     /// because that leader's broker had not opened the group yet, ms since
     /// [`ORIGIN`] (0: never). Bounded by [`OPEN_WAIT_MAX`].
     founder_wait_since_ms: AtomicU64,
+    /// Leader: no heartbeat round for a returned follower
+    /// ([`Decision::Heartbeat`]) before this, ms since [`ORIGIN`].
+    heartbeat_after_ms: AtomicU64,
 }
 
 impl Default for Campaign {
@@ -164,6 +175,7 @@ impl Default for Campaign {
             waiting: AtomicBool::new(false),
             known_leader: Mutex::new(None),
             founder_wait_since_ms: AtomicU64::new(0),
+            heartbeat_after_ms: AtomicU64::new(0),
         }
     }
 }
@@ -252,6 +264,20 @@ impl Campaign {
         !self.due(now)
     }
 
+    /// Whether a heartbeat round for a returned follower is due at `now`
+    /// (ms since [`ORIGIN`]); if so, the next is due [`RECHECK_EVERY`]
+    /// later. A group is looked at whenever its node's state changes, and
+    /// a heartbeat round and each answer change it: without this, rounds
+    /// followed each other every few hundred ms, not once a second.
+    fn heartbeat_due(&self, now: u64) -> bool {
+        let after = self.heartbeat_after_ms.load(Ordering::Relaxed);
+        if now < after {
+            return false;
+        }
+        self.heartbeat_after_ms.store(now + RECHECK_EVERY.as_millis() as u64, Ordering::Relaxed);
+        true
+    }
+
     /// Records a campaign started now; the next one waits a randomised
     /// back-off of `base` × 2^attempts (capped at [`BACKOFF_MAX`]), between
     /// half and all of it.
@@ -286,8 +312,8 @@ pub enum Decision {
     /// follower answered one: at 10,000 partitions, 6,667 leaders kept the
     /// restarted broker too busy to answer, 1.3 million heartbeats timed
     /// out in a minute, and the election votes it was asked for timed out
-    /// with them (measured 2026-12-02: every partition led again 49–62 s
-    /// after the restart, 11 s without that ticking).
+    /// with them (measured 2026-12-02: every partition led again 49.1 s
+    /// after the restart, 11.0 s without that ticking).
     Heartbeat,
     /// Park it.
     Park,
@@ -320,15 +346,16 @@ pub struct GroupView {
     /// `followers_caught_up` only because its broker, alive, has not
     /// opened the group yet (its pings will say when it has).
     pub followers_opening: bool,
-    /// Follower: this is the first live replica in assignment order whose
-    /// broker has opened its replicas (it campaigns when the leader dies).
+    /// Follower: this is the first live replica ([`first_live`]: in
+    /// assignment order, whose broker has opened its replicas, passing over
+    /// the leader it remembers); it campaigns when the leader dies.
     pub first_live_follower: bool,
     /// Follower without a live leader: the broker of the first live
     /// replica ([`first_live`]) when that is another, whose campaign this
     /// one waits for.
     pub awaited: Option<BrokerId>,
-    /// How long the `awaited` broker has made no progress with the groups
-    /// here that wait for it ([`Awaited`]).
+    /// How long the `awaited` broker has won no group ([`Awaited`]);
+    /// `Duration::MAX` when none is awaited.
     pub awaited_idle_for: Duration,
     /// Follower: how long it has known no live leader.
     pub leaderless_for: Duration,
@@ -367,7 +394,8 @@ pub fn decide(v: GroupView) -> Decision {
     if !v.majority_open && v.leaderless_for < OPEN_WAIT_MAX {
         return Decision::Park;
     }
-    let first_stalled = v.leaderless_for >= v.fallback_after && v.awaited_idle_for >= FALLBACK_AFTER;
+    let first_stalled = v.leaderless_for >= v.fallback_after
+        && (v.awaited_idle_for >= FALLBACK_AFTER || v.leaderless_for >= FALLBACK_MAX);
     if v.first_live_follower || first_stalled { Decision::Campaign } else { Decision::Park }
 }
 
@@ -524,9 +552,10 @@ fn view(
     let (first_live_follower, awaited, majority_open, leaderless_for) = if is_leader || leader_alive {
         (false, None, true, Duration::ZERO)
     } else {
-        // Not whether a broker has this group open yet, which each broker
-        // learns from the pings at its own time: replicas would disagree
-        // on which is first and both campaign.
+        // Ready: done opening its replicas (not whether a broker has this
+        // group open yet, which each broker learns from the pings at its
+        // own time: replicas would disagree on which is first and both
+        // campaign).
         let replicas = p.replicas();
         let remembered = known.remembered().and_then(|n| p.broker_of(n));
         let first = first_live(&replicas, remembered, |b| b == me || liveness.is_ready(b));
@@ -536,7 +565,7 @@ fn view(
         let majority = replicas.iter().filter(|r| open(r.broker)).count() > replicas.len() / 2;
         (first, awaited, majority, p.campaign.leaderless())
     };
-    let awaited_idle_for = awaited.map_or(Duration::ZERO, idle_for);
+    let awaited_idle_for = awaited.map_or(Duration::MAX, idle_for);
     GroupView {
         is_leader,
         recently_written: p.written_within(ACTIVE_AFTER_WRITE),
@@ -575,9 +604,14 @@ pub fn first_live(
     remembered: Option<BrokerId>,
     ready: impl Fn(BrokerId) -> bool,
 ) -> Option<&ReplicaAssignment> {
-    let mut live = replicas.iter().filter(|r| ready(r.broker));
-    let fallback = live.clone().next();
-    live.find(|r| Some(r.broker) != remembered).or(fallback)
+    let mut fallback = None;
+    for r in replicas.iter().filter(|r| ready(r.broker)) {
+        if Some(r.broker) != remembered {
+            return Some(r);
+        }
+        fallback.get_or_insert(r);
+    }
+    fallback
 }
 
 /// How often every hosted group is looked at even when nothing stirred
@@ -688,8 +722,8 @@ pub async fn run(
         let mut fallbacks = Vec::new();
         // Parked leaders to send one heartbeat round.
         let mut heartbeats = Vec::new();
-        // Groups that wait for another broker's campaign, by that broker.
-        let mut waiting_for: HashMap<BrokerId, usize> = HashMap::new();
+        // Brokers whose campaigns groups here wait for.
+        let mut waiting_for: HashSet<BrokerId> = HashSet::new();
         // Groups skipped below that still wait for the budget.
         let mut skipped_waiting = 0usize;
         for p in visit {
@@ -711,6 +745,9 @@ pub async fn run(
                 backing_off.remove(&p.group);
             }
             let decision = decide(v);
+            if let Some(b) = v.awaited {
+                waiting_for.insert(b);
+            }
             p.campaign.waiting.store(decision == Decision::Campaign, Ordering::Relaxed);
             // Only a leader's ticker does anything (heartbeats): elections
             // are started here, the node's own timer is off.
@@ -727,12 +764,7 @@ pub async fn run(
             match decision {
                 Decision::Campaign if !campaigning && v.first_live_follower => first.push(p),
                 Decision::Campaign if !campaigning => fallbacks.push(p),
-                Decision::Heartbeat => heartbeats.push(p),
-                Decision::Park => {
-                    if let Some(b) = v.awaited {
-                        *waiting_for.entry(b).or_default() += 1;
-                    }
-                }
+                Decision::Heartbeat if p.campaign.heartbeat_due(now) => heartbeats.push(p),
                 _ => {}
             }
         }
@@ -741,7 +773,7 @@ pub async fn run(
         }
         let (first_n, fallback_n) = admit(first.len(), fallbacks.len(), in_flight);
         fallback_wait = fallback_after(first.len() + fallbacks.len() + skipped_waiting, period);
-        awaited.after_round(&waiting_for, now);
+        awaited.after_round(&waiting_for, |b| liveness.led_count(b), now);
         let deferred = first.len() + fallbacks.len() - first_n - fallback_n;
         let started = first_n + fallback_n;
         let first = first.into_iter().take(first_n).map(|p| (p, "no live leader: campaigning"));
@@ -766,47 +798,50 @@ pub async fn run(
     }
 }
 
-/// How long ago each broker whose campaigns this one waits for last made
-/// progress, so fallbacks do not contest a first live replica that is
-/// still working through its backlog.
+/// How long ago each broker whose campaigns this one waits for last won a
+/// group, so fallbacks do not contest a first live replica that is still
+/// working through its backlog.
 ///
 /// After one broker's death, one survivor is the first live replica of
 /// every group the dead broker led (placement makes it so), and its budget
 /// starts [`CAMPAIGNS_PER_ROUND`] a round, fewer while the CPU is
 /// saturated. Fallbacks after a fixed wait, or one computed from the
 /// backlog, collided with the tail of its campaigns and split their votes:
-/// on one broker's restart among 10,000 partitions (2026-12-02), 5,725
-/// elections for 3,347 partitions, terms up to 16, 61.5 s. So a fallback
-/// also waits until the broker it waits for has made no progress (fewer
-/// groups here wait for it) for [`FALLBACK_AFTER`]: a first replica that
-/// cannot win (its log is behind) stops making progress, one that is only
-/// busy does not.
+/// on one broker's restart among 10,000 partitions (2026-12-02), 5,632 of
+/// 11,901 campaigns were fallbacks. So a fallback also waits until the
+/// broker it waits for has won no group for [`FALLBACK_AFTER`] (the count
+/// of groups it says it leads in its pings has not grown): a first replica
+/// that cannot win stops winning, one that is only busy does not. Wins by
+/// anyone else, this broker's fallbacks included, are not its progress.
+/// One that keeps winning other groups while it cannot win this one holds
+/// this group's fallback back for [`FALLBACK_MAX`] at most.
 #[derive(Debug, Default)]
 struct Awaited {
-    /// Per broker: groups here that waited for its campaign in the last
-    /// round, and when that count last fell (or was first seen), ms since
+    /// Per broker: how many groups it led at the last look, and when that
+    /// count last grew (or the broker was first awaited), ms since
     /// [`ORIGIN`].
     brokers: HashMap<BrokerId, (usize, u64)>,
 }
 
 impl Awaited {
-    /// How long `broker` has made no progress at `now` (ms since
-    /// [`ORIGIN`]); zero for one not awaited before this round.
+    /// How long `broker` has won no group at `now` (ms since [`ORIGIN`]);
+    /// zero for one not awaited before this round.
     fn idle_for(&self, broker: BrokerId, now: u64) -> Duration {
         let since = self.brokers.get(&broker).map_or(now, |(_, since)| *since);
         Duration::from_millis(now.saturating_sub(since))
     }
 
-    /// Records a round's counts: groups that waited for each broker.
-    fn after_round(&mut self, counts: &HashMap<BrokerId, usize>, now: u64) {
-        self.brokers.retain(|b, _| counts.contains_key(b));
-        for (b, n) in counts {
-            let entry = self.brokers.entry(*b).or_insert((*n, now));
-            if *n < entry.0 {
-                *entry = (*n, now);
-            } else {
-                entry.0 = *n;
+    /// Records a round: the brokers groups here waited for, and how many
+    /// groups each leads now (`led`).
+    fn after_round(&mut self, awaited: &HashSet<BrokerId>, led: impl Fn(BrokerId) -> usize, now: u64) {
+        self.brokers.retain(|b, _| awaited.contains(b));
+        for b in awaited {
+            let n = led(*b);
+            let entry = self.brokers.entry(*b).or_insert((n, now));
+            if n > entry.0 {
+                entry.1 = now;
             }
+            entry.0 = n;
         }
     }
 }
@@ -907,10 +942,10 @@ mod tests {
         leader_announced: true,
         followers_opening: false,
         first_live_follower: false,
+        // No first live replica awaited (see
+        // `fallbacks_wait_while_the_first_live_replica_wins_groups`).
         awaited: None,
-        // No progress by a first live replica holds fallbacks back, but
-        // in `fallbacks_wait_while_the_first_live_replica_makes_progress`.
-        awaited_idle_for: FALLBACK_AFTER,
+        awaited_idle_for: Duration::MAX,
         leaderless_for: Duration::ZERO,
         fallback_after: FALLBACK_AFTER,
         settled: true,
@@ -1063,22 +1098,23 @@ mod tests {
     }
 
     #[test]
-    fn fallbacks_wait_while_the_first_live_replica_makes_progress() {
+    fn fallbacks_wait_while_the_first_live_replica_wins_groups() {
         let mut awaited = Awaited::default();
-        let counts = |n: usize| HashMap::from([(3, n)]);
-        // Broker 3 is awaited from 1,000 ms on: no time idle yet.
+        let three = HashSet::from([3]);
+        // Broker 3 is awaited from 1,000 ms on, leading 100 groups.
         assert_eq!(awaited.idle_for(3, 1_000), Duration::ZERO);
-        awaited.after_round(&counts(1_600), 1_000);
+        awaited.after_round(&three, |_| 100, 1_000);
         assert_eq!(awaited.idle_for(3, 7_000), Duration::from_secs(6));
-        // It wins groups: the count falls, its idle time starts again.
-        awaited.after_round(&counts(1_200), 7_000);
+        // It wins groups: its idle time starts again.
+        awaited.after_round(&three, |_| 400, 7_000);
         assert_eq!(awaited.idle_for(3, 7_100), Duration::from_millis(100));
-        // More groups waiting for it is not progress.
-        awaited.after_round(&counts(1_300), 7_100);
-        awaited.after_round(&counts(1_300), 9_000);
+        // Fewer, or as many, is not progress (groups here won by this
+        // broker's own fallbacks do not change its count).
+        awaited.after_round(&three, |_| 390, 7_100);
+        awaited.after_round(&three, |_| 390, 9_000);
         assert_eq!(awaited.idle_for(3, 12_000), Duration::from_secs(5));
         // Awaited no more: forgotten, and a new episode starts afresh.
-        awaited.after_round(&HashMap::new(), 13_000);
+        awaited.after_round(&HashSet::new(), |_| 390, 13_000);
         assert_eq!(awaited.idle_for(3, 20_000), Duration::ZERO);
 
         let waiting = GroupView {
@@ -1088,14 +1124,28 @@ mod tests {
             awaited_idle_for: FALLBACK_AFTER - Duration::from_millis(1),
             ..FOLLOWER
         };
-        assert_eq!(decide(waiting), Decision::Park, "the first live replica still makes progress");
+        assert_eq!(decide(waiting), Decision::Park, "the first live replica still wins groups");
         assert_eq!(decide(GroupView { awaited_idle_for: FALLBACK_AFTER, ..waiting }), Decision::Campaign);
+        assert_eq!(
+            decide(GroupView { leaderless_for: FALLBACK_MAX, ..waiting }),
+            Decision::Campaign,
+            "not for longer than FALLBACK_MAX"
+        );
         let fresh = GroupView { leaderless_for: FALLBACK_AFTER - Duration::from_millis(1), ..waiting };
         assert_eq!(
             decide(GroupView { awaited_idle_for: FALLBACK_AFTER, ..fresh }),
             Decision::Park,
             "a group leaderless for less than the wait does not fall back"
         );
+    }
+
+    #[test]
+    fn a_returned_follower_gets_a_heartbeat_round_once_a_second() {
+        let c = Campaign::default();
+        assert!(c.heartbeat_due(5_000));
+        assert!(!c.heartbeat_due(5_200), "looked at again when the round changed the node");
+        assert!(!c.heartbeat_due(5_999));
+        assert!(c.heartbeat_due(6_000));
     }
 
     #[test]

@@ -196,7 +196,10 @@ impl RaftPeerServer {
         };
         if pre_vote && answer.vote_granted && self.refuses_pre_vote(&h, &req).await {
             answer.vote_granted = false;
-            tracing::debug!(group = req.group_id, "pre-vote refused: a live leader is presumed here");
+            tracing::debug!(
+                group = req.group_id,
+                "pre-vote refused: this replica leads with a fresh lease, or presumes another live leader"
+            );
         } else if !answer.vote_granted {
             tracing::debug!(
                 group = req.group_id,
