@@ -158,12 +158,12 @@ impl Liveness {
         seen.get(&broker).is_some_and(|h| judge.fresh(h) && h.leading.binary_search(&group).is_ok())
     }
 
-    /// How many groups `broker` says it leads, as its latest fresh ping
-    /// answer says (0 if none is fresh).
-    pub fn led_count(&self, broker: BrokerId) -> usize {
+    /// How many groups `broker` says it leads, as its latest ping answer
+    /// says; `None` if that answer is not fresh.
+    pub fn led_count(&self, broker: BrokerId) -> Option<usize> {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let judge = self.judge(&seen);
-        seen.get(&broker).filter(|h| judge.fresh(h)).map_or(0, |h| h.leading.len())
+        seen.get(&broker).filter(|h| judge.fresh(h)).map(|h| h.leading.len())
     }
 
     /// Whether `broker` answered recently, to a ping sent at `since` or

@@ -89,10 +89,11 @@ pub fn fallback_after(backlog: usize, period: Duration) -> Duration {
     FALLBACK_AFTER + period.saturating_mul(rounds)
 }
 
-/// How long a replica that is not the first live one waits, without a
-/// live leader, at most, whatever progress the first one's broker makes
-/// ([`Awaited`]): a first replica that cannot win this group (its log is
-/// behind, it is recovering) may be winning others.
+/// How long a replica that is not the first live one waits for the first
+/// one's broker to stop winning groups ([`Awaited`]), at most, counted from
+/// when it found no live leader: a first replica that cannot win this
+/// group (its log is behind, it is recovering) may be winning others. (Its
+/// own broker's backlog, [`fallback_after`], may still hold it longer.)
 pub const FALLBACK_MAX: Duration = Duration::from_secs(30);
 
 /// Longest back-off between two campaigns of one group.
@@ -306,8 +307,9 @@ fn jitter(n: u64) -> u64 {
 pub enum Decision {
     /// Run the ticker (a leader's heartbeats).
     Tick,
-    /// Park the ticker and send one heartbeat round now (a leader whose
-    /// follower's broker came back). Ticking instead, every leader of a
+    /// Park the ticker and send one heartbeat round, at most one per
+    /// [`RECHECK_EVERY`] (`Campaign::heartbeat_due`), for a leader whose
+    /// follower's broker came back. Ticking instead, every leader of a
     /// restarted broker's followers sent ten heartbeats a second until the
     /// follower answered one: at 10,000 partitions, 6,667 leaders kept the
     /// restarted broker too busy to answer, 1.3 million heartbeats timed
@@ -639,7 +641,8 @@ pub enum Rest {
     /// For a while: its decision can change with time alone, and the
     /// pings' next word is not counted as a change (a leader presumed
     /// only within [`ANNOUNCE_GRACE`] or [`OPEN_WAIT_MAX`]; a leader
-    /// waiting for a follower's broker to open the group).
+    /// waiting for a follower's broker to open the group; a leader sending
+    /// heartbeat rounds to a returned follower, [`Decision::Heartbeat`]).
     For(Duration),
 }
 
@@ -817,31 +820,56 @@ pub async fn run(
 /// this group's fallback back for [`FALLBACK_MAX`] at most.
 #[derive(Debug, Default)]
 struct Awaited {
-    /// Per broker: how many groups it led at the last look, and when that
-    /// count last grew (or the broker was first awaited), ms since
-    /// [`ORIGIN`].
-    brokers: HashMap<BrokerId, (usize, u64)>,
+    /// Per broker: how many groups it led at the last fresh look, when that
+    /// count last grew (or the broker was first awaited), and when a group
+    /// here last waited for it, ms since [`ORIGIN`].
+    brokers: HashMap<BrokerId, AwaitedBroker>,
+}
+
+/// One broker's entry in [`Awaited`].
+#[derive(Debug, Clone, Copy)]
+struct AwaitedBroker {
+    led: usize,
+    won_at: u64,
+    awaited_at: u64,
 }
 
 impl Awaited {
     /// How long `broker` has won no group at `now` (ms since [`ORIGIN`]);
     /// zero for one not awaited before this round.
     fn idle_for(&self, broker: BrokerId, now: u64) -> Duration {
-        let since = self.brokers.get(&broker).map_or(now, |(_, since)| *since);
+        let since = self.brokers.get(&broker).map_or(now, |b| b.won_at);
         Duration::from_millis(now.saturating_sub(since))
     }
 
     /// Records a round: the brokers groups here waited for, and how many
-    /// groups each leads now (`led`).
-    fn after_round(&mut self, awaited: &HashSet<BrokerId>, led: impl Fn(BrokerId) -> usize, now: u64) {
-        self.brokers.retain(|b, _| awaited.contains(b));
+    /// groups each leads now (`led`: `None` when its pings are not fresh,
+    /// which is no news). A broker no group has waited for in
+    /// [`FALLBACK_AFTER`] is forgotten: groups waiting in their campaign's
+    /// back-off are not looked at, and forgetting the broker at once would
+    /// restart its idle time at each of their retries.
+    fn after_round(
+        &mut self,
+        awaited: &HashSet<BrokerId>,
+        led: impl Fn(BrokerId) -> Option<usize>,
+        now: u64,
+    ) {
+        let keep = FALLBACK_AFTER.as_millis() as u64;
+        self.brokers.retain(|b, e| awaited.contains(b) || now.saturating_sub(e.awaited_at) < keep);
         for b in awaited {
             let n = led(*b);
-            let entry = self.brokers.entry(*b).or_insert((n, now));
-            if n > entry.0 {
-                entry.1 = now;
+            let e = self.brokers.entry(*b).or_insert(AwaitedBroker {
+                led: n.unwrap_or(0),
+                won_at: now,
+                awaited_at: now,
+            });
+            e.awaited_at = now;
+            if let Some(n) = n {
+                if n > e.led {
+                    e.won_at = now;
+                }
+                e.led = n;
             }
-            entry.0 = n;
         }
     }
 }
@@ -1103,18 +1131,26 @@ mod tests {
         let three = HashSet::from([3]);
         // Broker 3 is awaited from 1,000 ms on, leading 100 groups.
         assert_eq!(awaited.idle_for(3, 1_000), Duration::ZERO);
-        awaited.after_round(&three, |_| 100, 1_000);
+        awaited.after_round(&three, |_| Some(100), 1_000);
         assert_eq!(awaited.idle_for(3, 7_000), Duration::from_secs(6));
         // It wins groups: its idle time starts again.
-        awaited.after_round(&three, |_| 400, 7_000);
+        awaited.after_round(&three, |_| Some(400), 7_000);
         assert_eq!(awaited.idle_for(3, 7_100), Duration::from_millis(100));
         // Fewer, or as many, is not progress (groups here won by this
         // broker's own fallbacks do not change its count).
-        awaited.after_round(&three, |_| 390, 7_100);
-        awaited.after_round(&three, |_| 390, 9_000);
+        awaited.after_round(&three, |_| Some(390), 7_100);
+        awaited.after_round(&three, |_| Some(390), 9_000);
         assert_eq!(awaited.idle_for(3, 12_000), Duration::from_secs(5));
-        // Awaited no more: forgotten, and a new episode starts afresh.
-        awaited.after_round(&HashSet::new(), |_| 390, 13_000);
+        // Its pings are not fresh: no news, not a win when they are again.
+        awaited.after_round(&three, |_| None, 9_100);
+        awaited.after_round(&three, |_| Some(390), 9_200);
+        assert_eq!(awaited.idle_for(3, 12_000), Duration::from_secs(5));
+        // Not awaited for a while (the groups waiting for it back off): kept.
+        awaited.after_round(&HashSet::new(), |_| Some(390), 13_000);
+        assert_eq!(awaited.idle_for(3, 13_000), Duration::from_secs(6));
+        // Awaited by no group for FALLBACK_AFTER: forgotten, and a new
+        // episode starts afresh.
+        awaited.after_round(&HashSet::new(), |_| Some(390), 14_200);
         assert_eq!(awaited.idle_for(3, 20_000), Duration::ZERO);
 
         let waiting = GroupView {
