@@ -24,9 +24,12 @@
 //!   Ferrolog's types ([`LogPosition`], [`Role`]).
 //! - [`transport`]: [`PeerTransport`], what the broker provides to reach
 //!   peers, adapted to the library's network traits.
+//! - `commit_notice`: an AppendEntries that only carries a new commit index
+//!   rides along with the next request of its replication stream.
 //! - [`snapshot`]: a snapshot's files streamed in chunks and staged.
 //! - [`settings`]: Raft timings and the behaviour every group relies on.
 
+mod commit_notice;
 pub mod lifecycle;
 pub mod node;
 pub mod settings;

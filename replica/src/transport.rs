@@ -14,10 +14,12 @@ use ferrolog_raft_store::types::{
     TransferLeaderResponse, TypeConfig, Vote, VoteRequest, VoteResponse,
 };
 use ferrolog_raft_store::wire;
-use futures::Stream;
+use futures::{Stream, StreamExt};
+use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::v2::RaftNetworkV2;
 use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::raft::StreamAppendResult;
 
 /// A peer could not be asked: no connection, a timeout, a transport error.
 /// The node backs off from an unreachable peer before it asks again.
@@ -134,6 +136,51 @@ impl<T: PeerTransport> Link<T> {
 
 impl<T: PeerTransport> RaftNetworkV2<TypeConfig> for Link<T> {
     type SnapshotData = ferrolog_raft_store::snapshot::SnapshotFiles;
+
+    /// Sends a replication stream's AppendEntries one at a time, as the
+    /// library's default does, except that a commit notice rides along with
+    /// the request after it ([`crate::commit_notice`]).
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<
+        's,
+        Result<
+            BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>,
+            RPCError<TypeConfig>,
+        >,
+    >
+    where
+        S: Stream<Item = AppendEntriesRequest> + Send + Unpin + 'static,
+    {
+        let requests = crate::commit_notice::ride_along(input, crate::commit_notice::HOLD);
+        let responses = futures::stream::unfold(Some((self, requests)), move |state| {
+            let option = option.clone();
+            async move {
+                let (link, mut requests) = state?;
+                let req = requests.next().await?;
+                let prev = req.prev_log_id;
+                let last = req.entries.last().map(|e| e.log_id).or(prev);
+                match link.append_entries(req, option).await {
+                    Ok(resp) => {
+                        // A partial success stops the stream, as a refusal
+                        // does: the library starts another from where the
+                        // follower's log ends.
+                        let partial = match &resp {
+                            AppendEntriesResponse::PartialSuccess(matched) => *matched != last,
+                            _ => false,
+                        };
+                        let result = resp.into_stream_result(prev, last);
+                        let go_on = result.is_ok() && !partial;
+                        Some((Ok(result), go_on.then_some((link, requests))))
+                    }
+                    Err(e) => Some((Err(e), None)),
+                }
+            }
+        });
+        Box::pin(async move { Ok(Box::pin(responses) as BoxStream<'s, _>) })
+    }
 
     async fn append_entries(
         &mut self,

@@ -31,6 +31,9 @@ struct Local {
     nodes: Arc<Mutex<HashMap<NodeId, (RaftNode, PathBuf)>>>,
     /// Vote and pre-vote requests sent through it.
     votes: Arc<std::sync::atomic::AtomicUsize>,
+    /// AppendEntries without entries sent through it (heartbeats and
+    /// commit notices).
+    empty_appends: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Local {
@@ -52,6 +55,9 @@ impl PeerTransport for Local {
         req: pb::AppendEntriesRequest,
         _timeout: Duration,
     ) -> Result<pb::AppendEntriesResponse, PeerUnreachable> {
+        if req.entries.is_empty() {
+            self.empty_appends.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let (node, _) = self.node(target)?;
         Ok(match node.handle_append(req).await {
             Ok(a) => a.response,
@@ -420,6 +426,52 @@ async fn a_group_founded_with_a_leader_is_led_by_it_without_an_election() {
     assert_eq!(leader(&members).await, 2);
     assert!(members[&2].node.leader_term().is_some_and(|t| t > FOUNDING_TERM));
     assert!(net.votes.load(Ordering::Relaxed) > 0, "elected by votes");
+}
+
+/// A producer that waits for each acknowledgement before it sends the next
+/// batch costs each follower one AppendEntries per batch, not two: the
+/// commit notice after each batch rides along with the next batch's
+/// entries. The last notice still goes, so every follower learns the
+/// final commit index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_notices_ride_along_with_the_next_batch() {
+    use std::sync::atomic::Ordering;
+    let root = tempfile::tempdir().expect("tempdir");
+    let flusher = Flusher::spawn("notice-test").expect("flusher");
+    let net = Local::default();
+    let voters: BTreeMap<NodeId, String> = (1..=3).map(|id| (id, format!("n{id}"))).collect();
+    let mut members = BTreeMap::new();
+    for id in 1..=3 {
+        members.insert(id, start_founded(id, root.path(), &net, &flusher, Some(&voters)).await);
+    }
+    let l = leader(&members).await;
+    produce(&members[&l], 0).await;
+    // Heartbeats are entry-less too: this leader sends none while writing
+    // (ticking stays on; at 50 ms they are few beside the batches).
+    const BATCHES: u32 = 100;
+    let before = net.empty_appends.load(Ordering::Relaxed);
+    let started = tokio::time::Instant::now();
+    for i in 1..=BATCHES {
+        produce(&members[&l], i).await;
+    }
+    let took = started.elapsed();
+    let empty = net.empty_appends.load(Ordering::Relaxed) - before;
+    // Without riding along: a notice per batch per follower (200), plus
+    // heartbeats (2 per 50 ms).
+    let heartbeats = 2 * (took.as_millis() as usize / 50 + 1);
+    assert!(
+        empty <= heartbeats + BATCHES as usize / 2,
+        "{empty} entry-less AppendEntries for {BATCHES} batches in {took:?} ({heartbeats} heartbeats at most)"
+    );
+    println!("{empty} entry-less AppendEntries for {BATCHES} batches in {took:?}");
+    let last = members[&l].node.state(|s| s.last_log_index());
+    assert!(last.is_some_and(|i| i >= u64::from(BATCHES)), "every batch appended: {last:?}");
+    // The last notice goes alone, and every follower learns it.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while members.values().any(|m| m.node.state(|s| s.committed().map(|p| p.index)) != last) {
+        assert!(tokio::time::Instant::now() < deadline, "a follower never learned the last commit index");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// A follower made dormant keeps answering for its state, acknowledges its
