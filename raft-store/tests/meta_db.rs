@@ -106,6 +106,52 @@ async fn lazy_values_are_kept_when_the_database_closes() {
     assert_eq!(r.log_store().read_committed().await.expect("read"), Some(log_id(1, 1, 1)));
 }
 
+/// Commit indexes saved one after another (one per record, with one batch
+/// in flight) share rounds: lazy values alone start a round at most every
+/// `LAZY_ROUND_EVERY`, and the last one saved is the one kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lazy_values_saved_in_a_stream_share_rounds() {
+    use ferrolog_raft_store::meta_db::LAZY_ROUND_EVERY;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("t-0.g1");
+    const SAVES: u64 = 200;
+    let took = {
+        let db = MetaDb::open(tmp.path()).expect("db");
+        let r = open(&db, &dir);
+        let mut store = r.log_store();
+        let entries = (0..SAVES).map(|i| common::entry(1, i, 10)).collect();
+        common::append_durable(&mut store, entries).await.expect("append");
+        let (commits, lazy) =
+            (db.stats().commits.load(Ordering::Relaxed), db.stats().lazy_writes.load(Ordering::Relaxed));
+        let started = std::time::Instant::now();
+        for i in 0..SAVES {
+            store.save_committed(Some(log_id(1, 1, i))).await.expect("committed");
+            tokio::time::sleep(std::time::Duration::from_micros(500)).await;
+        }
+        let took = started.elapsed();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while db.stats().lazy_writes.load(Ordering::Relaxed) == lazy {
+            assert!(std::time::Instant::now() < deadline, "no lazy write was made");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let rounds = db.stats().commits.load(Ordering::Relaxed) - commits;
+        let due = (took.as_millis() / LAZY_ROUND_EVERY.as_millis().max(1)) as u64 + 2;
+        assert!(
+            rounds <= due && rounds * 4 <= SAVES,
+            "{SAVES} lazy saves over {took:?} took {rounds} commits (at most {due} expected)"
+        );
+        took
+    };
+    assert!(took >= std::time::Duration::from_millis(100), "the saves were spread out: {took:?}");
+    let db = MetaDb::open(tmp.path()).expect("db");
+    let r = open(&db, &dir);
+    assert_eq!(
+        r.log_store().read_committed().await.expect("read"),
+        Some(log_id(1, 1, SAVES - 1)),
+        "the last one kept"
+    );
+}
+
 #[test]
 fn a_removed_replica_leaves_no_metadata_for_a_new_one_of_the_same_name() {
     let tmp = tempfile::tempdir().expect("tempdir");
