@@ -82,7 +82,7 @@ pub async fn run(a: RestartArgs) -> anyhow::Result<()> {
 
     // CPU of the two brokers that keep running, plus the restarted one's own.
     let survivors: Vec<u32> = (1..=3).filter(|id| *id != a.broker).collect();
-    let cpu0 = cpu_of(&c, &survivors);
+    let cpu0: Vec<f64> = survivors.iter().map(|id| cpu_of(&c, &[*id])).collect();
     let logs0: u64 = (1..=3).map(|id| c.log_bytes(id)).sum();
     let killed = Instant::now();
     c.kill(a.broker);
@@ -119,7 +119,11 @@ pub async fn run(a: RestartArgs) -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
-    let cpu_used = cpu_of(&c, &survivors) - cpu0 + cpu_of(&c, &[a.broker]);
+    // Per broker: the survivors' since the kill, the restarted one's own.
+    let mut cpu_each: Vec<(u32, f64)> =
+        survivors.iter().zip(&cpu0).map(|(id, before)| (*id, cpu_of(&c, &[*id]) - before)).collect();
+    cpu_each.push((a.broker, cpu_of(&c, &[a.broker])));
+    let cpu_used: f64 = cpu_each.iter().map(|(_, s)| s).sum();
     let wall = killed.elapsed().as_secs_f64();
     let logs = (1..=3).map(|id| c.log_bytes(id)).sum::<u64>() - logs0;
     let terms_after = raw::terms(&c, survivor, TOPIC, a.partitions).await?;
@@ -157,6 +161,11 @@ pub async fn run(a: RestartArgs) -> anyhow::Result<()> {
         cpu_used,
         100.0 * cpu_used / wall / 2.0,
         logs as f64 / 1e3
+    );
+    let each: Vec<String> = cpu_each.iter().map(|(id, s)| format!("broker {id} {s:.1}")).collect();
+    println!(
+        "CPU per broker (core-seconds): {} (the restarted one's from its start: opening its replicas included)",
+        each.join(", ")
     );
     for id in 1..=3 {
         match c.interrupt(id, Duration::from_secs(30)) {
