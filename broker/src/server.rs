@@ -238,10 +238,12 @@ impl Broker {
         };
         let meta_replica = Replica::open(&meta_dir.join("replica"), meta_storage, flusher.clone())
             .context("opening the metadata log")?;
+        // Every broker answers Metadata from its own applied image: a
+        // commit index it learns late would hide a created topic there.
         let metadata = RaftNode::start(
             METADATA_GROUP,
             identity.metadata_node,
-            &raft_settings,
+            &raft_settings.clone().with_commit_notice_hold(Duration::ZERO),
             &meta_replica,
             peers.clone(),
         )

@@ -17,14 +17,19 @@
 //! answer acknowledges both: the library matches answers to requests by
 //! log id, and a follower that accepts the later request also matches at
 //! the earlier one's previous log id (the log matching property, §5.3). If
-//! nothing comes, the notice goes unchanged, [`HOLD`] late.
+//! nothing comes, the notice goes unchanged, [`HOLD`] late; if the stream
+//! ends (a one-request stream: a heartbeat, a probe), at once.
 //!
 //! Nothing changes about what a follower stores or when the leader
 //! commits: only a follower's commit index, when no write follows, is
-//! learned up to [`HOLD`] later. The leader's lease counts from when the
-//! library made a request, which for a held notice is earlier than when it
-//! went, so holding can only shorten it. Heartbeats do not pass through
-//! here (the library sends them apart from replication streams).
+//! learned up to [`HOLD`] later. So a group whose followers answer reads
+//! from what they applied (the metadata group: every broker answers
+//! Metadata from its own image) sends its notices at once
+//! (`ValidSettings::with_commit_notice_hold`). The leader's lease counts
+//! from when the library made a request, which for a held notice is
+//! earlier than when it went, so holding can only shorten it. The library
+//! sends heartbeats as streams of one request, which end at once: they are
+//! never held.
 
 use std::time::Duration;
 
@@ -37,12 +42,13 @@ use futures::{Stream, StreamExt};
 /// around between an acknowledgement and its next batch (under 2 ms here),
 /// and than its round over a few partitions with one batch in flight (6
 /// partitions at ~800 batches/s: 7.5 ms per partition); short beside the
-/// heartbeat interval, whose heartbeats carry the commit index too while a
-/// leader writes, and the election timeout (a follower's commit index is
-/// not used for reads or elections). Measured 2026-12-02 with one batch in
-/// flight over 6 partitions, alternating with the build before: 2 ms gained
-/// nothing (each partition's next batch came later); 10 ms: p99 1.80–2.07
-/// against 2.34–2.50 ms, three pairs.
+/// heartbeat interval, whose heartbeats carry the commit index too, and the
+/// election timeout (a partition follower's commit index serves no read or
+/// election). Measured 2026-12-02 with one batch in flight over 6
+/// partitions, alternating with the build before commit notices rode along
+/// and before lazy metadata rounds: with 2 ms, within the noise (each
+/// partition's next batch came later); with 10 ms, p99 1.80–2.07 against
+/// 2.34–2.50 ms, three pairs.
 pub(crate) const HOLD: Duration = Duration::from_millis(10);
 
 /// Whether `next` can carry `held` (a request without entries): it
@@ -89,6 +95,9 @@ where
                 // Still without entries if `next` is a second notice:
                 // then held on until the same deadline.
                 Ok(Some(next)) if can_carry(&req, &next) => req = carry(&req, next),
+                // Not seen within one replication stream (its requests
+                // share the vote and go on from where the last ended); if
+                // it were, the notice would go first, then this one.
                 Ok(Some(next)) => {
                     st.next = Some(next);
                     break;
@@ -152,6 +161,16 @@ mod tests {
             .map(|r| (r.prev_log_id.map_or(0, |l| l.index), r.entries.len(), r.leader_commit))
             .collect()
             .await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_one_request_stream_is_never_held() {
+        // As the library sends heartbeats: a stream of one request.
+        let started = tokio::time::Instant::now();
+        let input = futures::stream::iter([request(2, 10, 0, 10)]);
+        let got: Vec<_> = ride_along(input, Duration::from_secs(60)).collect().await;
+        assert_eq!(got.len(), 1);
+        assert_eq!(started.elapsed(), Duration::ZERO, "sent at once");
     }
 
     #[tokio::test(start_paused = true)]

@@ -186,9 +186,10 @@ impl RaftNode {
     ) -> Result<Self, NodeError> {
         let config = settings.raft.clone();
         let store = replica.clone();
-        let first_network = GroupNetwork { group, transport: transport.clone() };
+        let hold = settings.commit_notice_hold;
+        let first_network = GroupNetwork { group, transport: transport.clone(), hold };
         let start: crate::lifecycle::Starter = Box::new(move |tick, elect| {
-            let network = GroupNetwork { group, transport: transport.clone() };
+            let network = GroupNetwork { group, transport: transport.clone(), hold };
             let store = store.clone();
             let config = if config.enable_tick == tick && config.enable_elect == elect {
                 config.clone()

@@ -80,13 +80,21 @@ pub trait PeerTransport: Clone + Send + Sync + 'static {
 pub(crate) struct GroupNetwork<T> {
     pub(crate) group: u64,
     pub(crate) transport: T,
+    /// How long a commit notice waits to ride along ([`crate::commit_notice`]).
+    pub(crate) hold: Duration,
 }
 
 impl<T: PeerTransport> RaftNetworkFactory<TypeConfig> for GroupNetwork<T> {
     type Network = Link<T>;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Self::Network {
-        Link { group: self.group, target, addr: node.addr.clone(), transport: self.transport.clone() }
+        Link {
+            group: self.group,
+            target,
+            addr: node.addr.clone(),
+            transport: self.transport.clone(),
+            hold: self.hold,
+        }
     }
 }
 
@@ -98,6 +106,8 @@ pub(crate) struct Link<T> {
     /// The target's address in the group's membership.
     addr: String,
     transport: T,
+    /// How long a commit notice waits to ride along ([`crate::commit_notice`]).
+    hold: Duration,
 }
 
 fn unreachable(e: impl std::fmt::Display) -> RPCError<TypeConfig> {
@@ -139,7 +149,8 @@ impl<T: PeerTransport> RaftNetworkV2<TypeConfig> for Link<T> {
 
     /// Sends a replication stream's AppendEntries one at a time, as the
     /// library's default does, except that a commit notice rides along with
-    /// the request after it ([`crate::commit_notice`]).
+    /// the request after it if that comes within the group's hold
+    /// ([`crate::commit_notice`]; a zero hold sends each at once).
     fn stream_append<'s, S>(
         &'s mut self,
         input: S,
@@ -154,7 +165,11 @@ impl<T: PeerTransport> RaftNetworkV2<TypeConfig> for Link<T> {
     where
         S: Stream<Item = AppendEntriesRequest> + Send + Unpin + 'static,
     {
-        let requests = crate::commit_notice::ride_along(input, crate::commit_notice::HOLD);
+        let requests = if self.hold.is_zero() {
+            input.boxed()
+        } else {
+            crate::commit_notice::ride_along(input, self.hold)
+        };
         let responses = futures::stream::unfold(Some((self, requests)), move |state| {
             let option = option.clone();
             async move {

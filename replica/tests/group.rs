@@ -446,8 +446,8 @@ async fn commit_notices_ride_along_with_the_next_batch() {
     }
     let l = leader(&members).await;
     produce(&members[&l], 0).await;
-    // Heartbeats are entry-less too: this leader sends none while writing
-    // (ticking stays on; at 50 ms they are few beside the batches).
+    // Heartbeats are entry-less too: the leader sends one per follower
+    // every 50 ms, writes or not; the bound below allows for them.
     const BATCHES: u32 = 100;
     let before = net.empty_appends.load(Ordering::Relaxed);
     let started = tokio::time::Instant::now();
