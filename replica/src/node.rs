@@ -523,7 +523,8 @@ impl RaftNode {
     }
 
     /// Changes the voters to `voters` through joint consensus (Raft paper
-    /// §6): every new voter must already be a learner.
+    /// §6): every new voter must already be a learner. Returns once both
+    /// the joint and the final configuration are committed.
     ///
     /// # Errors
     /// [`NodeError::NotLeader`], [`NodeError::Refused`], [`NodeError::Stopped`].

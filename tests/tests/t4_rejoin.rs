@@ -97,13 +97,16 @@ async fn lagging_and_wiped_brokers_are_rebuilt() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // The metadata group swaps the retired node id too (its leader logs the
-    // voter change for group 0); only then is the rebuilt broker a voter there.
+    // voter change for group 0 once both phases of the joint change are
+    // committed); only then is the rebuilt broker a voter there. Until then
+    // the old voter set still has a say, and with its retired node id gone
+    // one more broker down would leave the group without a majority.
     let deadline = Instant::now() + Duration::from_secs(60);
     while !c.brokers.iter().any(|b| {
         std::fs::read_to_string(&b.log)
             .unwrap_or_default()
             .lines()
-            .any(|l| l.contains("changing voters group=0"))
+            .any(|l| l.contains("voters changed group=0"))
     }) {
         anyhow::ensure!(Instant::now() < deadline, "metadata voters not changed\n{}", c.logs_tail(40));
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -104,7 +104,10 @@ async fn reconcile(image: &MetadataImage, group: GroupId, h: &HostedGroup) -> an
     }
     if ready {
         tracing::info!(group, ?voters, ?wanted, "changing voters");
-        h.raft.change_voters(wanted).await?;
+        h.raft.change_voters(wanted.clone()).await?;
+        // Both phases of the joint change are committed: a majority of the
+        // new voters alone now decides.
+        tracing::info!(group, ?wanted, "voters changed");
     }
     Ok(false)
 }
