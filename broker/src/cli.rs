@@ -102,7 +102,9 @@ pub enum Command {
     },
 }
 
-/// Runs a broker until SIGINT or SIGTERM, then stops it and ends the
+/// Runs a broker until SIGINT or SIGTERM, then hands its leaderships over
+/// (a second signal cuts that short; see `crate::control::handover`),
+/// stops it and ends the
 /// process (exit status 0) without waiting for the runtime to drop what is
 /// left: with thousands of replicas that teardown alone took seconds, and
 /// everything durable is already on disk.
@@ -113,29 +115,38 @@ pub async fn run(args: BrokerArgs) -> anyhow::Result<()> {
     let config = args.resolve()?;
     let listeners = crate::server::Listeners::bind(&config).await?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let (signalled, signal) = tokio::sync::watch::channel(false);
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    // How many stop signals came: the first starts a controlled shutdown,
+    // the second cuts its hand-overs short.
+    let (signalled, signal) = tokio::sync::watch::channel(0u32);
     tokio::spawn(async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+        loop {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            signalled.send_modify(|n| *n += 1);
         }
-        let _ = signalled.send(true);
     });
     let mut stop = signal.clone();
     let shutdown = async move {
-        let _ = stop.wait_for(|s| *s).await;
+        let _ = stop.wait_for(|n| *n >= 1).await;
+    };
+    let mut again = signal.clone();
+    let hurry = async move {
+        let _ = again.wait_for(|n| *n >= 2).await;
     };
     // A broker still deciding how to enter (founding members unreachable)
     // stops on the signal too.
     let mut early = signal;
     let broker = tokio::select! {
         b = crate::server::Broker::start(config, listeners, shutdown) => b?,
-        _ = early.wait_for(|s| *s) => {
+        _ = early.wait_for(|n| *n >= 1) => {
             tracing::info!("stopped while starting");
             std::process::exit(0)
         }
     };
-    broker.serve().await;
+    broker.with_hurry(hurry).serve().await;
     std::process::exit(0)
 }
 

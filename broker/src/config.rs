@@ -41,6 +41,28 @@ pub struct BrokerConfig {
     pub storage: StoreConfig,
     /// Size and connection limits.
     pub limits: Limits,
+    /// What a broker does when asked to stop.
+    pub shutdown: ShutdownConfig,
+}
+
+/// What a broker does when asked to stop (SIGTERM or SIGINT).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShutdownConfig {
+    /// Hand every leadership over to a caught-up follower before stopping
+    /// (Kafka's `controlled.shutdown.enable`), so a rolling restart costs
+    /// no election timeouts; see `crate::control::handover`.
+    pub controlled_shutdown_enable: bool,
+    /// Longest the hand-overs may take, ms; what is not handed over by then
+    /// elects a new leader after a timeout once the broker is gone, as
+    /// after a crash. A second signal cuts it short.
+    pub controlled_shutdown_timeout_ms: u64,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        Self { controlled_shutdown_enable: true, controlled_shutdown_timeout_ms: 10_000 }
+    }
 }
 
 /// Raft timing settings (Raft paper §5.2, §9.3), milliseconds.
@@ -120,6 +142,7 @@ impl Default for BrokerConfig {
             raft: RaftTimings::default(),
             storage: StoreConfig::default(),
             limits: Limits::default(),
+            shutdown: ShutdownConfig::default(),
         }
     }
 }

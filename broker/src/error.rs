@@ -74,6 +74,14 @@ pub enum ApiError {
         /// The current incarnation's id (UUID text), if the name exists.
         current: Option<String>,
     },
+    /// TransferLeader: the requested replica leads already (Kafka's
+    /// `ELECTION_NOT_NEEDED`).
+    #[error("election not needed: {0}")]
+    ElectionNotNeeded(String),
+    /// TransferLeader: the requested replica cannot take over now (Kafka's
+    /// `PREFERRED_LEADER_NOT_AVAILABLE`); the leadership did not move.
+    #[error("preferred leader not available: {0}")]
+    PreferredLeaderNotAvailable(String),
 }
 
 fn current_suffix(current: &Option<String>) -> String {

@@ -61,6 +61,8 @@ pub struct GroupRegistry {
     /// The lowest group id the reconciler is still opening (0: none); see
     /// [`GroupRegistry::opening_floor`].
     opening_floor: Arc<std::sync::atomic::AtomicU64>,
+    /// The broker is in a controlled shutdown (see [`GroupRegistry::set_draining`]).
+    draining: Arc<std::sync::atomic::AtomicBool>,
     /// The groups whose replica here leads and runs, with the term, kept
     /// current by [`GroupRegistry::watch_leadership`] from the nodes' own
     /// change notifications (see [`GroupRegistry::leading`]).
@@ -295,6 +297,20 @@ impl GroupRegistry {
     /// their followers here.
     pub fn replicas_open(&self) -> bool {
         self.replicas_open.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Records that the broker has begun a controlled shutdown
+    /// (`crate::control::handover`): from now on it campaigns for no group,
+    /// refuses leaderships handed to it, and says so in its pings, so that
+    /// no peer picks it as a hand-over target. There is no way back: the
+    /// process exits at the end of the shutdown.
+    pub fn set_draining(&self) {
+        self.draining.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the broker is in a controlled shutdown ([`GroupRegistry::set_draining`]).
+    pub fn draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Records the lowest group id the reconciler is still opening in its

@@ -40,7 +40,9 @@
 //! - [`control`]: the background control loops: liveness (one ping per
 //!   broker pair), quiesce (idle groups park; elections scheduled here),
 //!   CheckQuorum, membership, recovery of damaged replicas, the disk-writable
-//!   probe, memory give-back and the open-file watch.
+//!   probe, memory give-back and the open-file watch; and handover
+//!   (leadership transfer on request, and the controlled shutdown that
+//!   hands every leadership over before the broker stops).
 //! - [`identity`]: a data directory's broker id and incarnation.
 //! - [`logging`]: log output, with repeated warnings rate-limited and summarised.
 

@@ -64,8 +64,12 @@ pub struct Broker {
     stopping: watch::Sender<bool>,
     /// Resolves when the broker is asked to stop ([`Broker::serve`]).
     shutdown: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+    /// Resolves when the broker is asked to stop at once (a second signal):
+    /// it cuts the controlled shutdown short ([`Broker::with_hurry`]).
+    hurry: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
     metadata: RaftNode,
     reconciler: Reconciler,
+    liveness: Liveness,
 }
 
 impl std::fmt::Debug for Broker {
@@ -388,7 +392,7 @@ impl Broker {
             controller,
             groups: reconciler.groups.clone(),
             failures,
-            liveness,
+            liveness: liveness.clone(),
         };
         let router = tonic::transport::Server::builder().add_service(service.into_service());
         let (tx, server) = serve(router, client_listener, max_connections, "client");
@@ -397,17 +401,69 @@ impl Broker {
         tracing::info!(client = %config.client_addr, peer = %config.peer_addr, data = %config.data_dir.display(), "broker started");
         let shutdown =
             Some(Box::pin(shutdown) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>);
-        Ok(Self { config, stop, servers, tasks, stopping, shutdown, metadata, reconciler })
+        Ok(Self {
+            config,
+            stop,
+            servers,
+            tasks,
+            stopping,
+            shutdown,
+            hurry: None,
+            metadata,
+            reconciler,
+            liveness,
+        })
+    }
+
+    /// Gives the signal that cuts a controlled shutdown short (the
+    /// process's second SIGTERM): what is not handed over by then moves by
+    /// elections once the broker is gone.
+    #[must_use]
+    pub fn with_hurry(mut self, hurry: impl std::future::Future<Output = ()> + Send + 'static) -> Self {
+        self.hurry = Some(Box::pin(hurry));
+        self
     }
 
     /// Runs until the shutdown signal given to [`Broker::start`] resolves,
-    /// then stops ([`Broker::shutdown`]).
+    /// then hands its leaderships over (unless `controlled_shutdown_enable`
+    /// is off; see [`Broker::hand_over_leaderships`]) and stops
+    /// ([`Broker::shutdown`]).
     pub async fn serve(mut self) {
         if let Some(signal) = self.shutdown.take() {
             signal.await;
         }
+        if self.config.shutdown.controlled_shutdown_enable {
+            self.hand_over_leaderships().await;
+        }
         tracing::info!("shutting down");
         self.shutdown().await;
+    }
+
+    /// The controlled shutdown's first step: hands every leadership held
+    /// here to a caught-up follower on another live broker, within
+    /// `controlled_shutdown_timeout_ms` or until the hurry signal
+    /// (`crate::control::handover`), and logs what it came to.
+    pub async fn hand_over_leaderships(&mut self) {
+        let within = Duration::from_millis(self.config.shutdown.controlled_shutdown_timeout_ms);
+        let hurry = self.hurry.take();
+        let hurry = async move {
+            match hurry {
+                Some(h) => h.await,
+                None => std::future::pending().await,
+            }
+        };
+        let groups = self.reconciler.groups.clone();
+        let image = self.reconciler.controller.image();
+        tracing::info!(led = groups.leading().len(), "controlled shutdown: handing leaderships over");
+        let r = crate::control::handover::drain(&groups, image, &self.liveness, within, hurry).await;
+        tracing::info!(
+            handed_over = r.handed_over,
+            controller_handed_over = r.controller_handed_over,
+            no_live_follower = r.no_target,
+            left = r.left,
+            took_ms = r.took.as_millis() as u64,
+            "controlled shutdown: leaderships handed over"
+        );
     }
 
     /// The configuration it runs with.

@@ -289,6 +289,37 @@ impl Admin {
             .await
     }
 
+    /// Hands the leadership of `topic`/`partition` to broker `to`'s replica
+    /// (`None`: the preferred replica, the first assigned; Kafka's preferred
+    /// leader election), following the leader through `NOT_LEADER` for the
+    /// admin timeout. Returns the new leader's broker id and Raft term.
+    ///
+    /// # Errors
+    /// `ELECTION_NOT_NEEDED` (that replica leads already),
+    /// `PREFERRED_LEADER_NOT_AVAILABLE` (its broker is down or shutting
+    /// down, or its log stayed behind; the leadership did not move, or moved
+    /// to another replica as the message says), `INVALID_REQUEST` (no
+    /// voting replica on that broker), `UNKNOWN_TOPIC`, as [`Error::Broker`].
+    pub async fn transfer_leader(&self, topic: &str, partition: u32, to: Option<u32>) -> Result<(u32, u64)> {
+        let op = Op::partition("transfer leadership of", topic, partition);
+        let meta = &self.meta;
+        meta.retrying("transfer leadership", self.timeout, || async {
+            let address = meta.leader_address(topic, partition).await?;
+            let request =
+                pb::TransferLeaderRequest { topic: topic.to_owned(), partition, to_broker: to.unwrap_or(0) };
+            // The leader answers once the leadership has moved (up to 10 s).
+            let r = meta
+                .call(&op, &address, 10_000, |mut c| async move { c.transfer_leader(request).await })
+                .await;
+            let r = r.and_then(|r| Error::from_wire(&op, r.error).map(|()| (r.leader, r.term)));
+            if let Err(e) = &r {
+                meta.note_failure(topic, partition, e);
+            }
+            r
+        })
+        .await
+    }
+
     /// Deletes a topic and its data.
     ///
     /// # Errors

@@ -248,6 +248,13 @@ impl Ferrolog for FakeBroker {
     ) -> Result<Response<pb::PartitionStatusResponse>, Status> {
         Err(Status::unimplemented("partition status"))
     }
+
+    async fn transfer_leader(
+        &self,
+        _: Request<pb::TransferLeaderRequest>,
+    ) -> Result<Response<pb::TransferLeaderResponse>, Status> {
+        Err(Status::unimplemented("transfer leader"))
+    }
 }
 
 /// Starts a fake broker on a free port; returns its address and state.

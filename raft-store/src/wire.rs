@@ -546,9 +546,10 @@ mod tests {
                     protocol_major: 1,
                     protocol_minor: 0,
                     opening_floor: 1001,
+                    draining: true,
                 }
                 .encode_to_vec(),
-                "0801120305ac02180120092801304d38edfd034001480158e907",
+                "0801120305ac02180120092801304d38edfd034001480158e9076001",
             ),
             (
                 "LogStateRequest",

@@ -231,9 +231,19 @@ impl Cluster {
     /// then SIGKILLs it. Returns how long it took to exit by itself, or
     /// `None` if it had to be killed (or was not running).
     pub fn interrupt(&mut self, id: u32, wait: Duration) -> Option<Duration> {
+        self.signal_and_wait(id, libc::SIGINT, wait)
+    }
+
+    /// As [`Cluster::interrupt`], with SIGTERM (what a service manager
+    /// sends).
+    pub fn terminate(&mut self, id: u32, wait: Duration) -> Option<Duration> {
+        self.signal_and_wait(id, libc::SIGTERM, wait)
+    }
+
+    fn signal_and_wait(&mut self, id: u32, signal: libc::c_int, wait: Duration) -> Option<Duration> {
         let mut c = self.brokers[(id - 1) as usize].child.take()?;
         // SAFETY: kill(2) with a pid this harness spawned and has not reaped.
-        unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGINT) };
+        unsafe { libc::kill(c.id() as libc::pid_t, signal) };
         let t0 = Instant::now();
         while t0.elapsed() < wait {
             if let Ok(Some(_)) = c.try_wait() {

@@ -424,3 +424,32 @@ pub async fn node_on(c: &Cluster, broker: u32, group: u64) -> anyhow::Result<u64
         .and_then(|s| s.trim().parse::<u64>().ok())
         .ok_or_else(|| anyhow::anyhow!("no node id in {message:?}"))
 }
+
+/// Waits up to 60 s until broker `id`'s replica of every partition of
+/// `topic` (`0..partitions`) has at least the high watermark its leader had
+/// just before (under a steady load the leader's moves on meanwhile), and
+/// that is above 0.
+///
+/// # Errors
+/// A partition without a leader, or one not caught up in time (with the
+/// brokers' log tails).
+pub async fn caught_up(c: &Cluster, topic: &str, id: u32, partitions: u32) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for p in 0..partitions {
+        loop {
+            let l = leader(c, topic, p, Duration::from_secs(30)).await?;
+            let want = status(c, l, topic, p).await.map_or(u64::MAX, |s| s.high_watermark);
+            let got = status(c, id, topic, p).await.map_or(0, |s| s.high_watermark);
+            if got >= want && want > 0 {
+                break;
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "broker {id} partition {p}: high watermark {got}, leader has {want}\n{}",
+                c.logs_tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
+}

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use ferrolog_proto::client::ProduceRequest;
 use ferrolog_tests::Cluster;
-use ferrolog_tests::raw::{create_topic, leader, produce, produce_once, record, status};
+use ferrolog_tests::raw::{caught_up, create_topic, leader, produce, produce_once, record, status};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
 const CONFIG: &str = "[raft]\nsnapshot_after_entries = 50\n\n[storage]\nsegment_bytes = 65536\n";
@@ -34,29 +34,6 @@ async fn write(c: &Cluster, partition: u32, n: usize, tag: &str) -> anyhow::Resu
     Ok(())
 }
 
-/// Waits until broker `id`'s replica of every partition has the leader's
-/// high watermark.
-async fn caught_up(c: &Cluster, id: u32, partitions: u32) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    for p in 0..partitions {
-        loop {
-            let l = leader(c, "t", p, Duration::from_secs(30)).await?;
-            let want = status(c, l, "t", p).await?.high_watermark;
-            let got = status(c, id, "t", p).await.map(|s| s.high_watermark).unwrap_or(0);
-            if got == want && want > 0 {
-                break;
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "broker {id} partition {p}: high watermark {got}, leader has {want}\n{}",
-                c.logs_tail(40)
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lagging_and_wiped_brokers_are_rebuilt() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -74,7 +51,7 @@ async fn lagging_and_wiped_brokers_are_rebuilt() -> anyhow::Result<()> {
     write(&c, 0, 1300, "b").await?;
     write(&c, 1, 50, "b").await?;
     c.spawn(3)?;
-    caught_up(&c, 3, 2).await?;
+    caught_up(&c, "t", 3, 2).await?;
     println!("broker 3 caught up after being down for 1,350 writes");
 
     // Wiped: rebuilt under new node ids.
@@ -82,7 +59,7 @@ async fn lagging_and_wiped_brokers_are_rebuilt() -> anyhow::Result<()> {
     c.wipe(2);
     write(&c, 0, 10, "c").await?;
     c.spawn(2)?;
-    caught_up(&c, 2, 2).await?;
+    caught_up(&c, "t", 2, 2).await?;
     // The leader's followers are the new node ids once the voters changed.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {

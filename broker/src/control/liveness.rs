@@ -62,6 +62,8 @@ struct Heard {
     /// The lowest group id it is still opening, 0: none
     /// (`PingResponse.opening_floor`).
     opening_floor: u64,
+    /// It is in a controlled shutdown (`PingResponse.draining`).
+    draining: bool,
 }
 
 /// Last successful ping per broker. Cheap to clone.
@@ -151,6 +153,14 @@ impl Liveness {
         seen.get(&broker).is_some_and(|h| judge.fresh(h))
     }
 
+    /// Whether `broker` answered recently and is not in a controlled
+    /// shutdown: a leadership may be handed to it (`crate::control::handover`).
+    pub fn takes_leadership(&self, broker: BrokerId) -> bool {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let judge = self.judge(&seen);
+        seen.get(&broker).is_some_and(|h| judge.fresh(h) && !h.draining)
+    }
+
     /// Whether `broker` answered recently and said it leads `group`.
     pub fn leads(&self, broker: BrokerId, group: u64) -> bool {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
@@ -203,6 +213,7 @@ impl Liveness {
             boot_id: 0,
             returned_at: None,
             opening_floor: 0,
+            draining: false,
         });
         if judge.fresh(h) {
             self.changed();
@@ -291,7 +302,7 @@ impl Liveness {
 
     /// Records `broker`'s answer `r`, which took `rtt`.
     fn mark(&self, broker: BrokerId, r: PingResponse, rtt: Duration) {
-        let PingResponse { leading_groups: leading, boot_id, replicas_open, opening_floor, .. } = r;
+        let PingResponse { leading_groups: leading, boot_id, replicas_open, opening_floor, draining, .. } = r;
         let now = Instant::now();
         let asked = now.checked_sub(rtt).unwrap_or(now);
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
@@ -319,7 +330,17 @@ impl Liveness {
         }
         seen.insert(
             broker,
-            Heard { at: now, asked, rtt, refused: false, leading, boot_id, returned_at, opening_floor },
+            Heard {
+                at: now,
+                asked,
+                rtt,
+                refused: false,
+                leading,
+                boot_id,
+                returned_at,
+                opening_floor,
+                draining,
+            },
         );
         if !same {
             self.changed();

@@ -9,6 +9,9 @@
 //! - [`dormant`]: an idle follower stops its Raft node's tasks until its
 //!   group's next message.
 //! - [`checkquorum`]: a leader that lost its quorum hands over (Raft thesis §6.2).
+//! - [`handover`]: hands leaderships to caught-up followers; on SIGTERM, every
+//!   one this broker holds before it stops (controlled shutdown). Not a loop:
+//!   run once by [`crate::server::Broker::serve`].
 //! - [`membership`]: each led group's voters follow the metadata (learner, then
 //!   joint consensus).
 //! - [`recovery`]: a replica whose log was found damaged neither votes nor
@@ -21,6 +24,7 @@
 pub mod checkquorum;
 pub mod dormant;
 pub mod files;
+pub mod handover;
 pub mod liveness;
 pub mod membership;
 pub mod memory;

@@ -560,7 +560,11 @@ fn view(
         // campaign).
         let replicas = p.replicas();
         let remembered = known.remembered().and_then(|n| p.broker_of(n));
-        let first = first_live(&replicas, remembered, |b| b == me || liveness.is_ready(b));
+        // A broker in a controlled shutdown is passed over: it will not
+        // campaign (see `run`).
+        let first = first_live(&replicas, remembered, |b| {
+            b == me || (liveness.is_ready(b) && liveness.takes_leadership(b))
+        });
         let awaited = first.filter(|r| r.node != p.node_id).map(|r| r.broker);
         let first = first.is_some_and(|r| r.node == p.node_id);
         let open = |b: u32| b == me || (liveness.is_ready(b) && liveness.has_open(b, p.group));
@@ -773,6 +777,12 @@ pub async fn run(
         }
         for p in heartbeats {
             p.raft.heartbeat().await;
+        }
+        // A broker in a controlled shutdown starts no campaign: it is
+        // handing its leaderships over (`crate::control::handover`).
+        if groups.draining() {
+            first.clear();
+            fallbacks.clear();
         }
         let (first_n, fallback_n) = admit(first.len(), fallbacks.len(), in_flight);
         fallback_wait = fallback_after(first.len() + fallbacks.len() + skipped_waiting, period);

@@ -22,6 +22,8 @@ pub fn to_wire(e: &ApiError, image: &MetadataImage) -> Error {
         ApiError::DuplicateInFlight => ErrorCode::DuplicateInFlight,
         ApiError::InvalidReplicationFactor(_) => ErrorCode::InvalidReplicationFactor,
         ApiError::UnknownTopicId { .. } => ErrorCode::UnknownTopicId,
+        ApiError::ElectionNotNeeded(_) => ErrorCode::ElectionNotNeeded,
+        ApiError::PreferredLeaderNotAvailable(_) => ErrorCode::PreferredLeaderNotAvailable,
     };
     let mut wire = Error { code: code as i32, message: e.to_string(), ..Error::default() };
     match e {

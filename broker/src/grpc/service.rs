@@ -11,7 +11,7 @@ use ferrolog_proto::client::{
     FollowerStatus, InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse,
     MetadataRequest, MetadataResponse, OffsetSpec, PartitionInfo, PartitionStatusRequest,
     PartitionStatusResponse, ProduceRequest, ProduceResponse, RecordBatch as WireBatch, ReplicaState,
-    SubscribeRequest, TopicInfo,
+    SubscribeRequest, TopicInfo, TransferLeaderRequest, TransferLeaderResponse,
 };
 use futures::Stream;
 use tonic::{Request, Response, Status};
@@ -19,6 +19,7 @@ use tracing::Instrument;
 
 use super::errors::to_wire;
 use crate::config::{BrokerId, Limits};
+use crate::control::handover;
 use crate::control::liveness::Liveness;
 use crate::error::ApiError;
 use crate::groups::GroupRegistry;
@@ -41,6 +42,9 @@ const REQUEST_OVERHEAD_BYTES: usize = 64 << 10;
 pub fn request_bytes_max(limits: &Limits) -> usize {
     records::batch_encoded_bytes_max(limits.max_batch_bytes).saturating_mul(2).saturating_add(1 << 20)
 }
+
+/// How long a TransferLeader request waits for the leadership to move.
+pub const TRANSFER_LEADER_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a Subscribe stream waits on the high watermark per round, ms.
 const SUBSCRIBE_WAIT: Duration = Duration::from_millis(500);
@@ -475,5 +479,100 @@ impl Ferrolog for ClientService {
             }
             Err(e) => PartitionStatusResponse { error: self.wire(&e), ..PartitionStatusResponse::default() },
         }))
+    }
+
+    async fn transfer_leader(
+        &self,
+        request: Request<TransferLeaderRequest>,
+    ) -> Result<Response<TransferLeaderResponse>, Status> {
+        let req = request.into_inner();
+        let span = tracing::info_span!("transfer_leader", node = self.broker, partition = %format!("{}-{}", req.topic, req.partition));
+        let result = self.hand_over(&req).instrument(span).await;
+        Ok(Response::new(match result {
+            Ok((leader, term)) => TransferLeaderResponse { error: None, leader, term },
+            Err(e) => TransferLeaderResponse { error: self.wire(&e), ..TransferLeaderResponse::default() },
+        }))
+    }
+}
+
+impl ClientService {
+    /// TransferLeader on the partition's leader: hands the leadership to
+    /// the requested replica (the preferred one by default) and returns the
+    /// new leader's broker and term.
+    ///
+    /// # Errors
+    /// Not leader / unknown topic; `INVALID_REQUEST` for a broker without
+    /// a voting replica; `ELECTION_NOT_NEEDED` when the replica leads
+    /// already; `PREFERRED_LEADER_NOT_AVAILABLE` when it cannot take over
+    /// within [`TRANSFER_LEADER_WAIT`] (the leadership then stays, or moves
+    /// to another caught-up replica if the hand-over was begun: see
+    /// [`handover::hand_over`]).
+    async fn hand_over(&self, req: &TransferLeaderRequest) -> Result<(BrokerId, u64), ApiError> {
+        let name = format!("{}-{}", req.topic, req.partition);
+        let p = self.partition(&req.topic, req.partition, None)?;
+        p.ready_leader().await?;
+        let h = self
+            .groups
+            .get(p.group)
+            .ok_or_else(|| ApiError::Unavailable(format!("{name} is not open here")))?;
+        let replicas = handover::voters_in_order(&h, p.group, &self.controller.image());
+        let to = match req.to_broker {
+            0 => replicas
+                .first()
+                .map(|r| r.1)
+                .ok_or_else(|| ApiError::Unavailable(format!("{name} has no voters")))?,
+            b => b,
+        };
+        if !replicas.iter().any(|r| r.1 == to) {
+            let brokers: Vec<String> = replicas.iter().map(|r| r.1.to_string()).collect();
+            return Err(ApiError::Invalid(format!(
+                "broker {to} holds no voting replica of {name} (its voters are on brokers {})",
+                brokers.join(", ")
+            )));
+        }
+        if to == self.broker {
+            return Err(ApiError::ElectionNotNeeded(format!("broker {to} leads {name} already")));
+        }
+        if self.groups.draining() {
+            return Err(ApiError::Unavailable(format!("broker {} is shutting down", self.broker)));
+        }
+        let term = |h: &crate::groups::HostedGroup| h.raft.state(|s| s.term());
+        let deadline = std::time::Instant::now() + TRANSFER_LEADER_WAIT;
+        match handover::hand_over(&h, &replicas, Some(to), &self.liveness, deadline).await {
+            handover::Outcome::HandedOver(b) if b == to => {
+                tracing::info!(to, "leadership handed over on request");
+                Ok((b, term(&h)))
+            }
+            handover::Outcome::HandedOver(b) => {
+                Err(ApiError::PreferredLeaderNotAvailable(format!("broker {b}, not {to}, took {name} over")))
+            }
+            handover::Outcome::NotLeader => Err(ApiError::NotLeader { leader: p.leader_broker() }),
+            handover::Outcome::NoTarget => Err(ApiError::PreferredLeaderNotAvailable(format!(
+                "broker {to} is not alive or is shutting down"
+            ))),
+            handover::Outcome::TimedOut { asked: false } => Err(ApiError::PreferredLeaderNotAvailable(
+                format!("broker {to}'s replica of {name} did not catch up within {TRANSFER_LEADER_WAIT:?}"),
+            )),
+            handover::Outcome::TimedOut { asked: true } => {
+                // Begun, the hand-over keeps this leader from taking
+                // writes: another caught-up replica must take over.
+                let fallback = std::time::Instant::now() + TRANSFER_LEADER_WAIT;
+                let other = handover::hand_over(&h, &replicas, None, &self.liveness, fallback).await;
+                tracing::warn!(
+                    to,
+                    ?other,
+                    "leadership not taken by the requested replica; handed to another"
+                );
+                Err(ApiError::PreferredLeaderNotAvailable(format!(
+                    "broker {to} did not take {name} over within {TRANSFER_LEADER_WAIT:?}; {}",
+                    match other {
+                        handover::Outcome::HandedOver(b) => format!("broker {b} leads it now"),
+                        o => format!(
+                            "no other replica took it over either ({o:?}): it has no writable leader until one does"
+                        ),
+                    }
+                )))
+            }
+        }
     }
 }

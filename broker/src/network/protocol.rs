@@ -25,7 +25,10 @@ pub const MAJOR: u32 = 1;
 /// `Batch` RPC (`super::batch`; a 1.1 broker answers it `UNIMPLEMENTED`).
 /// 1.3 added votes and pre-votes to `Batch` (a 1.2 broker answers such a
 /// call as one without a request, and the sender sends its votes singly).
-pub const MINOR: u32 = 3;
+/// 1.4 added `PingResponse.draining` (a broker in a controlled shutdown is
+/// no hand-over target; a 1.3 broker never says so, and refuses no
+/// hand-over).
+pub const MINOR: u32 = 4;
 /// The gRPC metadata key carrying the sender's version, `MAJOR.MINOR`.
 pub const HEADER: &str = "ferrolog-peer-protocol";
 /// A version to announce instead of this build's, set by

@@ -329,6 +329,14 @@ impl Peer for RaftPeerServer {
         if let Err(e) = refuse_if_recovering(&h) {
             return refused(e);
         }
+        // A broker in a controlled shutdown takes no leadership: it would
+        // only have to hand it over again.
+        if self.groups.draining() {
+            return refused(refuse(
+                PeerErrorCode::ShuttingDown,
+                format!("broker {} is shutting down: it takes no leadership", self.broker_id),
+            ));
+        }
         match h.raft.handle_transfer(&req).await {
             Ok(a) => Ok(Response::new(a)),
             Err(e) => refused(handle_error(e)),
@@ -418,6 +426,7 @@ impl Peer for RaftPeerServer {
             protocol_major: protocol::ours().major,
             protocol_minor: protocol::ours().minor,
             opening_floor: self.groups.opening_floor(),
+            draining: self.groups.draining(),
         }))
     }
 }

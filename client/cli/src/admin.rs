@@ -1,4 +1,4 @@
-//! `ferrolog topic ...` and `ferrolog cluster status`.
+//! `ferrolog topic ...`, `ferrolog partition ...` and `ferrolog cluster status`.
 
 use std::time::Duration;
 
@@ -54,6 +54,46 @@ pub enum ClusterCommand {
     /// registered and alive), and each partition's leader, term, replicas,
     /// commit index, high watermark and follower lag.
     Status,
+}
+
+/// Partition commands.
+#[derive(Subcommand, Debug)]
+pub enum PartitionCommand {
+    /// Hand a partition's leadership to another of its replicas (the
+    /// preferred one, its first replica, unless --to says otherwise), as a
+    /// Raft leadership transfer: the leader stops taking writes, the chosen
+    /// replica catches up and is elected at once, with no election timeout.
+    /// Refused if that replica's broker is down or shutting down, or its
+    /// log stays behind.
+    TransferLeader {
+        /// Topic name.
+        topic: String,
+        /// Partition number.
+        partition: u32,
+        /// The broker whose replica is to lead (default: the preferred replica's).
+        #[arg(long, value_name = "BROKER")]
+        to: Option<u32>,
+    },
+}
+
+/// Runs a partition command.
+pub async fn partition(bootstrap: &str, command: PartitionCommand) -> anyhow::Result<()> {
+    let admin = Admin::new(crate::connect(bootstrap)?).with_timeout(ADMIN_TIMEOUT);
+    match command {
+        PartitionCommand::TransferLeader { topic, partition, to } => {
+            match admin.transfer_leader(&topic, partition, to).await {
+                Ok((leader, term)) => {
+                    println!("{topic}-{partition}: broker {leader} leads now (term {term})");
+                    Ok(())
+                }
+                Err(e) if e.code() == Some(ErrorCode::ElectionNotNeeded) => {
+                    println!("{topic}-{partition}: nothing to do: {e}");
+                    Ok(())
+                }
+                Err(e) => Err(e).context(format!("transferring the leadership of {topic}-{partition}")),
+            }
+        }
+    }
 }
 
 /// How long admin calls retry transient errors (a leader election takes

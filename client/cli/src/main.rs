@@ -43,6 +43,9 @@ enum Command {
     /// Create, list, describe and delete topics.
     #[command(subcommand)]
     Topic(admin::TopicCommand),
+    /// Partition operations: leadership transfer.
+    #[command(subcommand)]
+    Partition(admin::PartitionCommand),
     /// Cluster status: brokers, controller, each partition's Raft state.
     #[command(subcommand)]
     Cluster(admin::ClusterCommand),
@@ -111,6 +114,10 @@ async fn main() -> ExitCode {
         Command::Topic(c) => {
             init_client_tracing();
             admin::topic(bootstrap, c).await
+        }
+        Command::Partition(c) => {
+            init_client_tracing();
+            admin::partition(bootstrap, c).await
         }
         Command::Cluster(c) => {
             init_client_tracing();

@@ -433,3 +433,54 @@ fn consume_follow_never_carries_an_offset_into_a_recreated_topic() {
     std::io::Read::read_to_string(&mut restart.stderr.take().expect("stderr"), &mut stderr).expect("stderr");
     assert!(stderr.contains("warning: topic t was deleted or re-created"), "{stderr}");
 }
+
+/// Partition 0's leader and replicas as `topic describe` prints them
+/// (leader 0: none).
+fn leader_and_replicas(c: &Brokers, topic: &str) -> (u32, Vec<u32>) {
+    let out = c.ok(&["topic", "describe", topic], None);
+    let row: Vec<&str> = out
+        .lines()
+        .find(|l| l.starts_with("0 "))
+        .expect("a row for partition 0")
+        .split_whitespace()
+        .collect();
+    let leader = row[1].parse().unwrap_or(0);
+    let replicas = row[row.len() - 2].split(',').map(|r| r.parse().expect("a broker id")).collect();
+    (leader, replicas)
+}
+
+#[test]
+fn partition_leadership_moves_on_request() {
+    let c = Brokers::start();
+    c.ok(&["topic", "create", "moves", "--partitions", "1", "--replication-factor", "3"], None);
+    c.ok(&["produce", "moves"], Some("a\nb\n"));
+    let (leader, replicas) = leader_and_replicas(&c, "moves");
+    assert!(leader != 0 && replicas.len() == 3, "leader {leader}, replicas {replicas:?}");
+
+    // To a named broker.
+    let to = replicas.iter().copied().find(|b| *b != leader).expect("another replica");
+    let out = c.ok(&["partition", "transfer-leader", "moves", "0", "--to", &to.to_string()], None);
+    assert!(out.contains(&format!("moves-0: broker {to} leads now")), "{out}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while leader_and_replicas(&c, "moves").0 != to {
+        assert!(Instant::now() < deadline, "the metadata never named broker {to} as the leader");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Asked again: nothing to do.
+    let out = c.ok(&["partition", "transfer-leader", "moves", "0", "--to", &to.to_string()], None);
+    assert!(out.contains("nothing to do") && out.contains("ELECTION_NOT_NEEDED"), "{out}");
+    // A broker without a replica of it.
+    let err = c.fails(&["partition", "transfer-leader", "moves", "0", "--to", "9"], None);
+    assert!(err.contains("broker 9 holds no voting replica of moves-0"), "{err}");
+
+    // Back to the preferred replica (the first assigned), by default.
+    let preferred = replicas[0];
+    let out = c.ok(&["partition", "transfer-leader", "moves", "0"], None);
+    let expected =
+        if preferred == to { "nothing to do".to_owned() } else { format!("broker {preferred} leads now") };
+    assert!(out.contains(&expected), "{out}");
+
+    // Nothing was lost on the way, and writes go on.
+    c.ok(&["produce", "moves"], Some("c\n"));
+    assert_eq!(values(&c, "moves"), vec!["a", "b", "c"]);
+}
