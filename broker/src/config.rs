@@ -43,6 +43,35 @@ pub struct BrokerConfig {
     pub limits: Limits,
     /// What a broker does when asked to stop.
     pub shutdown: ShutdownConfig,
+    /// Moving leaderships back to preferred replicas.
+    pub balance: BalanceConfig,
+}
+
+/// Preferred-leader balancing (`crate::control::balance`), with Kafka's
+/// settings and defaults.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BalanceConfig {
+    /// Move leaderships back to preferred replicas when a broker's share
+    /// of them falls too low (Kafka's `auto.leader.rebalance.enable`).
+    pub auto_leader_rebalance_enable: bool,
+    /// A broker is out of balance when more than this percentage of the
+    /// partitions whose preferred replica it holds are led elsewhere
+    /// (Kafka's `leader.imbalance.per.broker.percentage`), 0–100.
+    pub leader_imbalance_per_broker_percentage: u32,
+    /// How often the balance is checked, ms (Kafka's
+    /// `leader.imbalance.check.interval.seconds`, 300 s).
+    pub leader_imbalance_check_interval_ms: u64,
+}
+
+impl Default for BalanceConfig {
+    fn default() -> Self {
+        Self {
+            auto_leader_rebalance_enable: true,
+            leader_imbalance_per_broker_percentage: 10,
+            leader_imbalance_check_interval_ms: 300_000,
+        }
+    }
 }
 
 /// What a broker does when asked to stop (SIGTERM or SIGINT).
@@ -143,6 +172,7 @@ impl Default for BrokerConfig {
             storage: StoreConfig::default(),
             limits: Limits::default(),
             shutdown: ShutdownConfig::default(),
+            balance: BalanceConfig::default(),
         }
     }
 }
@@ -177,6 +207,15 @@ impl BrokerConfig {
         let bad = |m: String| Err(ConfigError(m));
         if self.node_id == 0 {
             return bad("node_id must be ≥ 1".into());
+        }
+        if self.balance.leader_imbalance_per_broker_percentage > 100 {
+            return bad(format!(
+                "balance.leader_imbalance_per_broker_percentage is {}: at most 100",
+                self.balance.leader_imbalance_per_broker_percentage
+            ));
+        }
+        if self.balance.leader_imbalance_check_interval_ms == 0 {
+            return bad("balance.leader_imbalance_check_interval_ms must be ≥ 1".into());
         }
         if self.client_addr == self.peer_addr {
             return bad(format!("client_addr and peer_addr are both {}", self.client_addr));

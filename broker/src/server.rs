@@ -346,6 +346,18 @@ impl Broker {
                 Duration::from_millis(config.raft.dormant_after_ms),
             ),
         ));
+        tasks.push(spawn_task(
+            "balance",
+            me,
+            &stopping,
+            crate::control::balance::run(
+                me,
+                reconciler.groups.clone(),
+                image_rx.clone(),
+                liveness.clone(),
+                config.balance.clone(),
+            ),
+        ));
         let checker = crate::control::checkquorum::Checker {
             metadata: crate::control::checkquorum::MetadataGroup {
                 raft: metadata.clone(),

@@ -127,7 +127,12 @@ async fn longest_gap(acks: &[Arc<Mutex<Acks>>], from: Instant, to: Instant) -> D
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_with_sigterm_hands_every_leadership_over() -> anyhow::Result<()> {
-    let mut c = Cluster::start("rolling", BIN, 3, &[]).await?;
+    // Balancing off: only the shutdowns move leaderships here.
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("broker.toml");
+    std::fs::write(&config, "[balance]\nauto_leader_rebalance_enable = false\n")?;
+    let config = config.to_string_lossy().into_owned();
+    let mut c = Cluster::start("rolling", BIN, 3, &[("FERROLOG_CONFIG", &config)]).await?;
     create_topic(&c, "t", PARTITIONS, 3).await?;
     for p in 0..PARTITIONS {
         leader(&c, "t", p, Duration::from_secs(30)).await?;

@@ -149,6 +149,59 @@ pub async fn hand_over(
     }
 }
 
+/// How a hand-over to one chosen broker ended ([`transfer_to`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Transfer {
+    /// The chosen broker's replica leads now.
+    Moved,
+    /// This replica did not lead when asked.
+    NotLeader,
+    /// The leadership did not move: the reason.
+    NotMoved(String),
+    /// The chosen replica did not take over after the hand-over began, so
+    /// the leadership went to another caught-up replica, on this broker.
+    Elsewhere(BrokerId),
+    /// The chosen replica did not take over after the hand-over began, and
+    /// no other did: the group has no writable leader until one does (the
+    /// outcome of the last try).
+    Stuck(Outcome),
+}
+
+/// Hands the leadership of `h` to broker `to`'s replica within `wait`
+/// ([`hand_over`]). A hand-over that was begun but did not complete keeps
+/// this leader from taking writes, so then the leadership is handed to any
+/// other caught-up replica instead, within `wait` again.
+pub async fn transfer_to(
+    h: &HostedGroup,
+    replicas: &[(NodeId, BrokerId)],
+    to: BrokerId,
+    liveness: &Liveness,
+    wait: Duration,
+) -> Transfer {
+    match hand_over(h, replicas, Some(to), liveness, Instant::now() + wait).await {
+        Outcome::HandedOver(b) if b == to => Transfer::Moved,
+        Outcome::HandedOver(b) => Transfer::Elsewhere(b),
+        Outcome::NotLeader => Transfer::NotLeader,
+        Outcome::NoTarget => Transfer::NotMoved(format!("broker {to} is not alive or is shutting down")),
+        Outcome::TimedOut { asked: false } => {
+            Transfer::NotMoved(format!("broker {to}'s replica did not catch up within {wait:?}"))
+        }
+        Outcome::TimedOut { asked: true } => {
+            let other = hand_over(h, replicas, None, liveness, Instant::now() + wait).await;
+            tracing::warn!(
+                to,
+                ?other,
+                "the chosen replica did not take the leadership over; handed to another"
+            );
+            match other {
+                Outcome::HandedOver(b) => Transfer::Elsewhere(b),
+                Outcome::NotLeader => Transfer::NotLeader,
+                o => Transfer::Stuck(o),
+            }
+        }
+    }
+}
+
 /// The voters of `group` in assignment order with their brokers: a
 /// partition's replicas as assigned (the preferred leader first); the
 /// metadata group's voters by node id.

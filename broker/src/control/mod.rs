@@ -9,6 +9,8 @@
 //! - [`dormant`]: an idle follower stops its Raft node's tasks until its
 //!   group's next message.
 //! - [`checkquorum`]: a leader that lost its quorum hands over (Raft thesis §6.2).
+//! - [`balance`]: leaderships go back to preferred replicas when a broker's
+//!   share of them falls too low (Kafka's `auto.leader.rebalance.enable`).
 //! - [`handover`]: hands leaderships to caught-up followers; on SIGTERM, every
 //!   one this broker holds before it stops (controlled shutdown). Not a loop:
 //!   run once by [`crate::server::Broker::serve`].
@@ -21,6 +23,7 @@
 //! - [`memory`]: memory of stopped replicas is given back to the system.
 //! - [`files`]: the open-file limit, raised at start and watched.
 
+pub mod balance;
 pub mod checkquorum;
 pub mod dormant;
 pub mod files;

@@ -536,43 +536,19 @@ impl ClientService {
         if self.groups.draining() {
             return Err(ApiError::Unavailable(format!("broker {} is shutting down", self.broker)));
         }
-        let term = |h: &crate::groups::HostedGroup| h.raft.state(|s| s.term());
-        let deadline = std::time::Instant::now() + TRANSFER_LEADER_WAIT;
-        match handover::hand_over(&h, &replicas, Some(to), &self.liveness, deadline).await {
-            handover::Outcome::HandedOver(b) if b == to => {
+        match handover::transfer_to(&h, &replicas, to, &self.liveness, TRANSFER_LEADER_WAIT).await {
+            handover::Transfer::Moved => {
                 tracing::info!(to, "leadership handed over on request");
-                Ok((b, term(&h)))
+                Ok((to, h.raft.state(|s| s.term())))
             }
-            handover::Outcome::HandedOver(b) => {
-                Err(ApiError::PreferredLeaderNotAvailable(format!("broker {b}, not {to}, took {name} over")))
-            }
-            handover::Outcome::NotLeader => Err(ApiError::NotLeader { leader: p.leader_broker() }),
-            handover::Outcome::NoTarget => Err(ApiError::PreferredLeaderNotAvailable(format!(
-                "broker {to} is not alive or is shutting down"
+            handover::Transfer::NotLeader => Err(ApiError::NotLeader { leader: p.leader_broker() }),
+            handover::Transfer::NotMoved(why) => Err(ApiError::PreferredLeaderNotAvailable(why)),
+            handover::Transfer::Elsewhere(b) => Err(ApiError::PreferredLeaderNotAvailable(format!(
+                "broker {to} did not take {name} over within {TRANSFER_LEADER_WAIT:?}; broker {b} leads it now"
             ))),
-            handover::Outcome::TimedOut { asked: false } => Err(ApiError::PreferredLeaderNotAvailable(
-                format!("broker {to}'s replica of {name} did not catch up within {TRANSFER_LEADER_WAIT:?}"),
-            )),
-            handover::Outcome::TimedOut { asked: true } => {
-                // Begun, the hand-over keeps this leader from taking
-                // writes: another caught-up replica must take over.
-                let fallback = std::time::Instant::now() + TRANSFER_LEADER_WAIT;
-                let other = handover::hand_over(&h, &replicas, None, &self.liveness, fallback).await;
-                tracing::warn!(
-                    to,
-                    ?other,
-                    "leadership not taken by the requested replica; handed to another"
-                );
-                Err(ApiError::PreferredLeaderNotAvailable(format!(
-                    "broker {to} did not take {name} over within {TRANSFER_LEADER_WAIT:?}; {}",
-                    match other {
-                        handover::Outcome::HandedOver(b) => format!("broker {b} leads it now"),
-                        o => format!(
-                            "no other replica took it over either ({o:?}): it has no writable leader until one does"
-                        ),
-                    }
-                )))
-            }
+            handover::Transfer::Stuck(o) => Err(ApiError::PreferredLeaderNotAvailable(format!(
+                "broker {to} did not take {name} over within {TRANSFER_LEADER_WAIT:?}, and no other replica did ({o:?}): it has no writable leader until one does"
+            ))),
         }
     }
 }
