@@ -121,9 +121,12 @@ pub async fn run(args: BrokerArgs) -> anyhow::Result<()> {
     let (signalled, signal) = tokio::sync::watch::channel(0u32);
     tokio::spawn(async move {
         loop {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
+            let got = tokio::select! {
+                s = int.recv() => s,
+                s = term.recv() => s,
+            };
+            if got.is_none() {
+                break;
             }
             signalled.send_modify(|n| *n += 1);
         }

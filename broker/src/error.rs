@@ -79,7 +79,8 @@ pub enum ApiError {
     #[error("election not needed: {0}")]
     ElectionNotNeeded(String),
     /// TransferLeader: the requested replica cannot take over now (Kafka's
-    /// `PREFERRED_LEADER_NOT_AVAILABLE`); the leadership did not move.
+    /// `PREFERRED_LEADER_NOT_AVAILABLE`); the leadership did not move to it
+    /// (the message says whether it stayed or went elsewhere).
     #[error("preferred leader not available: {0}")]
     PreferredLeaderNotAvailable(String),
 }

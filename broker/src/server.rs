@@ -69,7 +69,7 @@ pub struct Broker {
     hurry: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
     metadata: RaftNode,
     reconciler: Reconciler,
-    liveness: Liveness,
+    hand_over: crate::control::handover::HandOver,
 }
 
 impl std::fmt::Debug for Broker {
@@ -346,17 +346,16 @@ impl Broker {
                 Duration::from_millis(config.raft.dormant_after_ms),
             ),
         ));
+        let hand_over = crate::control::handover::HandOver::new(
+            reconciler.groups.clone(),
+            liveness.clone(),
+            Duration::from_millis(config.raft.election_timeout_max_ms),
+        );
         tasks.push(spawn_task(
             "balance",
             me,
             &stopping,
-            crate::control::balance::run(
-                me,
-                reconciler.groups.clone(),
-                image_rx.clone(),
-                liveness.clone(),
-                config.balance.clone(),
-            ),
+            crate::control::balance::run(me, hand_over.clone(), image_rx.clone(), config.balance.clone()),
         ));
         let checker = crate::control::checkquorum::Checker {
             metadata: crate::control::checkquorum::MetadataGroup {
@@ -405,6 +404,7 @@ impl Broker {
             groups: reconciler.groups.clone(),
             failures,
             liveness: liveness.clone(),
+            hand_over: hand_over.clone(),
         };
         let router = tonic::transport::Server::builder().add_service(service.into_service());
         let (tx, server) = serve(router, client_listener, max_connections, "client");
@@ -423,7 +423,7 @@ impl Broker {
             hurry: None,
             metadata,
             reconciler,
-            liveness,
+            hand_over,
         })
     }
 
@@ -464,10 +464,12 @@ impl Broker {
                 None => std::future::pending().await,
             }
         };
-        let groups = self.reconciler.groups.clone();
         let image = self.reconciler.controller.image();
-        tracing::info!(led = groups.leading().len(), "controlled shutdown: handing leaderships over");
-        let r = crate::control::handover::drain(&groups, image, &self.liveness, within, hurry).await;
+        tracing::info!(
+            led = self.reconciler.groups.leading().len(),
+            "controlled shutdown: handing leaderships over"
+        );
+        let r = self.hand_over.drain(image, within, hurry).await;
         tracing::info!(
             handed_over = r.handed_over,
             controller_handed_over = r.controller_handed_over,

@@ -8,13 +8,17 @@
 //! - `idle`: CPU used by a cluster hosting many idle partitions;
 //! - `churn`: brokers' resident memory across create/delete loops of a topic;
 //! - `restart`: leaders, elections, CPU and logs when one broker of a cluster
-//!   with many partitions is SIGKILLed and restarted.
+//!   with many partitions is SIGKILLed and restarted;
+//! - `contention`: appends' p99 alone and beside a 16 MiB fetch loop;
+//! - `failover`: the write pause a producer sees when its partition's
+//!   leader gets SIGKILL or SIGTERM.
 //!
 //! Every figure printed is measured in that run; nothing is extrapolated.
 
 mod churn;
 mod cluster;
 mod contention;
+mod failover;
 mod idle;
 mod load;
 mod restart;
@@ -47,6 +51,8 @@ enum Cmd {
     Restart(restart::RestartArgs),
     /// p99 of one-in-flight appends alone and beside a 16 MiB fetch loop.
     Contention(contention::ContentionArgs),
+    /// The write pause at the client when the leader gets SIGKILL or SIGTERM.
+    Failover(failover::FailoverArgs),
 }
 
 #[tokio::main]
@@ -64,5 +70,6 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Churn(a) => churn::run(a).await,
         Cmd::Restart(a) => restart::run(a).await,
         Cmd::Contention(a) => contention::run(a).await,
+        Cmd::Failover(a) => failover::run(a).await,
     }
 }

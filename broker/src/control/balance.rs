@@ -10,7 +10,7 @@
 //! leaderships the pings announce ([`imbalance`]). Where that share is over
 //! [`BalanceConfig::leader_imbalance_per_broker_percentage`] and B is alive
 //! and not draining, this broker hands the leaderships it holds of B's
-//! preferred partitions to B ([`handover::transfer_to`]), when B's replica
+//! preferred partitions to B ([`HandOver::transfer_to`]), when B's replica
 //! is caught up ([`handover::candidates`]): never to a replica that is
 //! behind. Kafka's controller makes the same decision for the cluster;
 //! here each leader acts on its own groups, so no message is needed beyond
@@ -24,9 +24,7 @@ use futures::StreamExt;
 use tokio::sync::watch;
 
 use crate::config::{BalanceConfig, BrokerId};
-use crate::control::handover;
-use crate::control::liveness::Liveness;
-use crate::groups::GroupRegistry;
+use crate::control::handover::{self, HandOver};
 use crate::metadata::image::MetadataImage;
 
 /// How long one hand-over to a preferred replica may take.
@@ -70,11 +68,11 @@ pub fn imbalance(image: &MetadataImage, leads: impl Fn(BrokerId, u64) -> bool) -
 /// `auto_leader_rebalance_enable` is false).
 pub async fn run(
     me: BrokerId,
-    groups: GroupRegistry,
+    hand_over: HandOver,
     image: watch::Receiver<Arc<MetadataImage>>,
-    liveness: Liveness,
     config: BalanceConfig,
 ) {
+    let (groups, liveness) = (hand_over.groups.clone(), hand_over.liveness.clone());
     if !config.auto_leader_rebalance_enable {
         return;
     }
@@ -112,7 +110,7 @@ pub async fn run(
             .collect();
         let outcomes: Vec<_> = futures::stream::iter(moves)
             .map(|(g, h, to)| {
-                let (img, liveness) = (img.clone(), liveness.clone());
+                let (img, hand_over) = (img.clone(), &hand_over);
                 async move {
                     let replicas = handover::voters_in_order(&h, g, &img);
                     // Only to a caught-up replica: a behind one is left for the next check.
@@ -129,7 +127,7 @@ pub async fn run(
                     if !ready {
                         return (g, to, None);
                     }
-                    (g, to, Some(handover::transfer_to(&h, &replicas, to, &liveness, TRANSFER_WAIT).await))
+                    (g, to, Some(hand_over.transfer_to(g, replicas, to, TRANSFER_WAIT).await))
                 }
             })
             .buffer_unordered(handover::IN_FLIGHT)

@@ -4,24 +4,33 @@
 //! hands over by itself).
 //!
 //! On SIGTERM a broker first marks itself draining
-//! ([`GroupRegistry::set_draining`]): it starts no campaign, refuses
-//! leaderships handed to it, and says so in its pings, so no peer picks it.
-//! Then [`drain`] hands every leadership it holds, partitions and the
+//! ([`GroupRegistry::set_draining`]): it starts no campaign (its metadata
+//! replica's own election timer is switched off too), refuses leaderships
+//! handed to it, and says so in its pings, so no peer picks it. Then
+//! [`HandOver::drain`] hands every leadership it holds, partitions and the
 //! metadata group alike, to a follower on a live broker that is not
-//! draining and whose log is within [`CAUGHT_UP_ENTRIES`] of the leader's
-//! (the preferred replica first, then assignment order). The leader stops
-//! taking writes as soon as it asks (clients are told `NOT_LEADER` and
-//! follow the new leader); the follower waits until its log has the
-//! leader's last entry, then wins an election its peers do not refuse
-//! (a leadership-transfer vote is not held back by their leases). A
-//! rolling restart then costs each partition one short hand-over instead
-//! of an election timeout of unavailability.
+//! draining, has the group open, and whose log is within
+//! [`CAUGHT_UP_ENTRIES`] of the leader's (the preferred replica first,
+//! then assignment order). The leader stops taking writes as soon as it
+//! asks (clients are told `NOT_LEADER` and follow the new leader); the
+//! follower waits until its log has the leader's last entry, then wins an
+//! election its peers do not refuse (a leadership-transfer vote is not held
+//! back by their leases). A rolling restart then costs each partition one
+//! short hand-over instead of an election timeout of unavailability.
 //!
-//! What cannot be handed over in time (no live follower, a follower that
-//! stays behind, the deadline) is left as it is: the process exits and the
-//! group elects a leader after a timeout, as after a crash. Safety does not
-//! depend on any of this: votes and commits are Raft's (§5.2, §5.4).
+//! Once asked, the Raft library's leader takes no writes and sends no
+//! heartbeats until a new leader is elected, and it cannot be called off.
+//! A hand-over that was begun and did not complete is therefore never left
+//! as it is: the group is marked as handed over
+//! ([`GroupRegistry::set_handing_over`]), so this broker's pings stop
+//! announcing it and its followers elect a leader on their own, as after
+//! CheckQuorum's hand-over. What was not begun in time (no live follower, a
+//! follower that stays behind, the deadline) keeps its leader until the
+//! process exits; the group then elects a leader after a timeout, as after
+//! a crash. Safety does not depend on any of this: votes and commits are
+//! Raft's (§5.2, §5.4).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,9 +47,6 @@ use crate::metadata::image::MetadataImage;
 /// may be handed leadership: it receives the rest before it campaigns (its
 /// Raft node waits up to an election timeout for it).
 pub const CAUGHT_UP_ENTRIES: u64 = 64;
-/// How long one attempt waits for the leadership to move before the next
-/// attempt (the next candidate, in turn).
-pub const ATTEMPT_WAIT: Duration = Duration::from_millis(500);
 /// How often an attempt looks whether the leadership has moved, and how
 /// long a leader whose followers are all behind waits between looks.
 const POLL: Duration = Duration::from_millis(10);
@@ -51,19 +57,21 @@ pub const IN_FLIGHT: usize = 32;
 /// How one group's hand-over ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// The leadership moved to the broker given.
+    /// The leadership moved to the broker given: its replica was seen
+    /// leading.
     HandedOver(BrokerId),
     /// This replica did not lead (any more) when asked, without a hand-over
     /// of its own.
     NotLeader,
-    /// No follower of the group is on a live broker that takes leadership.
+    /// No follower of the group is on a live broker that takes leadership;
+    /// nothing was asked.
     NoTarget,
-    /// The deadline passed first; `asked`: a hand-over was begun (the
-    /// leader takes no writes until one completes, see [`hand_over`]).
-    TimedOut {
-        /// Whether a hand-over was begun.
-        asked: bool,
-    },
+    /// The deadline passed before any follower qualified; nothing was asked.
+    TimedOut,
+    /// A hand-over was begun and no new leader was seen by the deadline
+    /// (or every candidate went away): the group has been marked as handed
+    /// over, so its followers elect a leader on their own.
+    Stalled,
 }
 
 /// The followers `group`'s leader may hand over to now, best first:
@@ -88,68 +96,7 @@ pub fn candidates(
         .collect()
 }
 
-/// Hands the leadership of `h` over, to `to` if given (it must qualify,
-/// see [`candidates`]), else to the best candidate, trying the next one
-/// after each [`ATTEMPT_WAIT`], until `deadline`. `replicas` is as for
-/// [`candidates`].
-///
-/// Once asked, the Raft library's leader takes no writes and sends no
-/// heartbeats until a new leader is elected: a hand-over that was begun
-/// and timed out ([`Outcome::TimedOut`] with `asked`) leaves the group
-/// without a writable leader until another hand-over completes, so a
-/// caller that stays up must hand over to someone else.
-pub async fn hand_over(
-    h: &HostedGroup,
-    replicas: &[(NodeId, BrokerId)],
-    to: Option<BrokerId>,
-    liveness: &Liveness,
-    deadline: Instant,
-) -> Outcome {
-    let mut attempt = 0usize;
-    let mut target: Option<BrokerId> = None;
-    loop {
-        if !h.raft.is_leader() {
-            let new =
-                h.raft.state(|s| s.leader()).and_then(|n| replicas.iter().find(|r| r.0 == n)).map(|r| r.1);
-            return match target {
-                Some(t) => Outcome::HandedOver(new.unwrap_or(t)),
-                None => Outcome::NotLeader,
-            };
-        }
-        if Instant::now() >= deadline {
-            return Outcome::TimedOut { asked: target.is_some() };
-        }
-        let (last, matched): (u64, Vec<(NodeId, Option<u64>)>) = h.raft.state(|s| {
-            let matched =
-                s.matched().map(|r| r.map(|(n, m)| (n, m.map(|l| l.index))).collect()).unwrap_or_default();
-            (s.last_log_index().unwrap_or(0), matched)
-        });
-        let matched_of = |n: NodeId| matched.iter().find(|(m, _)| *m == n).and_then(|(_, i)| *i);
-        let takes = |b: BrokerId| to.is_none_or(|t| t == b) && liveness.takes_leadership(b);
-        let found = candidates(replicas, h.node_id, matched_of, last, takes);
-        let Some(&(node, broker)) = found.get(attempt % found.len().max(1)) else {
-            // A follower on a live broker that is behind is waited for
-            // (a heartbeat round tells the leader how far it got); with
-            // none, nobody can take over.
-            let live = replicas.iter().any(|(n, b)| *n != h.node_id && takes(*b));
-            if !live {
-                return Outcome::NoTarget;
-            }
-            h.raft.heartbeat().await;
-            tokio::time::sleep(POLL * 5).await;
-            continue;
-        };
-        target = Some(broker);
-        attempt += 1;
-        h.raft.transfer_leader(node).await;
-        let until = (Instant::now() + ATTEMPT_WAIT).min(deadline);
-        while h.raft.is_leader() && Instant::now() < until {
-            tokio::time::sleep(POLL).await;
-        }
-    }
-}
-
-/// How a hand-over to one chosen broker ended ([`transfer_to`]).
+/// How a hand-over to one chosen broker ended ([`HandOver::transfer_to`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Transfer {
     /// The chosen broker's replica leads now.
@@ -162,43 +109,253 @@ pub enum Transfer {
     /// the leadership went to another caught-up replica, on this broker.
     Elsewhere(BrokerId),
     /// The chosen replica did not take over after the hand-over began, and
-    /// no other did: the group has no writable leader until one does (the
-    /// outcome of the last try).
-    Stuck(Outcome),
+    /// no other did in time: the group is marked as handed over and its
+    /// followers elect a leader on their own.
+    Stalled,
 }
 
-/// Hands the leadership of `h` to broker `to`'s replica within `wait`
-/// ([`hand_over`]). A hand-over that was begun but did not complete keeps
-/// this leader from taking writes, so then the leadership is handed to any
-/// other caught-up replica instead, within `wait` again.
-pub async fn transfer_to(
-    h: &HostedGroup,
-    replicas: &[(NodeId, BrokerId)],
-    to: BrokerId,
-    liveness: &Liveness,
-    wait: Duration,
-) -> Transfer {
-    match hand_over(h, replicas, Some(to), liveness, Instant::now() + wait).await {
-        Outcome::HandedOver(b) if b == to => Transfer::Moved,
-        Outcome::HandedOver(b) => Transfer::Elsewhere(b),
-        Outcome::NotLeader => Transfer::NotLeader,
-        Outcome::NoTarget => Transfer::NotMoved(format!("broker {to} is not alive or is shutting down")),
-        Outcome::TimedOut { asked: false } => {
-            Transfer::NotMoved(format!("broker {to}'s replica did not catch up within {wait:?}"))
-        }
-        Outcome::TimedOut { asked: true } => {
-            let other = hand_over(h, replicas, None, liveness, Instant::now() + wait).await;
-            tracing::warn!(
-                to,
-                ?other,
-                "the chosen replica did not take the leadership over; handed to another"
-            );
-            match other {
-                Outcome::HandedOver(b) => Transfer::Elsewhere(b),
-                Outcome::NotLeader => Transfer::NotLeader,
-                o => Transfer::Stuck(o),
+/// Hands leaderships over; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct HandOver {
+    /// The hosted groups (and the draining flag).
+    pub groups: GroupRegistry,
+    /// Which brokers are alive, draining, or have a group open.
+    pub liveness: Liveness,
+    /// How long one attempt waits for a new leader before the next (the
+    /// next candidate, in turn): longer than the target may take to catch
+    /// up (its Raft node waits up to the minimum election timeout) and be
+    /// elected, so two candidates rarely run at once. 1.5 × the maximum
+    /// election timeout.
+    pub attempt_wait: Duration,
+}
+
+impl HandOver {
+    /// A hand-over helper for brokers whose maximum election timeout is
+    /// `election_timeout_max`.
+    pub fn new(groups: GroupRegistry, liveness: Liveness, election_timeout_max: Duration) -> Self {
+        Self { groups, liveness, attempt_wait: election_timeout_max * 3 / 2 }
+    }
+
+    /// Whether `broker` may be handed `group`'s leadership: alive, not
+    /// draining, and with the group open.
+    fn takes(&self, broker: BrokerId, group: GroupId) -> bool {
+        self.liveness.takes_leadership(broker) && self.liveness.has_open(broker, group)
+    }
+
+    /// Hands the leadership of `group` over, to `to` if given (it must
+    /// qualify, see [`candidates`]), else to the best candidate, trying the
+    /// next one after each [`HandOver::attempt_wait`], until `deadline`.
+    /// `replicas` is as for [`candidates`]. A hand-over begun and not
+    /// completed by the deadline is [`Outcome::Stalled`] (see the module
+    /// documentation).
+    pub async fn hand_over(
+        &self,
+        group: GroupId,
+        replicas: &[(NodeId, BrokerId)],
+        to: Option<BrokerId>,
+        deadline: Instant,
+    ) -> Outcome {
+        let Some(h) = self.groups.get(group) else { return Outcome::NotLeader };
+        let mut asked = false;
+        let mut attempt = 0usize;
+        loop {
+            if !h.raft.is_leader() {
+                if !asked {
+                    return Outcome::NotLeader;
+                }
+                // Stepped down: wait until the new leader is known.
+                let until = (Instant::now() + self.attempt_wait).min(deadline);
+                loop {
+                    let new = h.raft.state(|s| s.leader().filter(|n| *n != h.node_id));
+                    if let Some(b) = new.and_then(|n| replicas.iter().find(|r| r.0 == n)).map(|r| r.1) {
+                        return Outcome::HandedOver(b);
+                    }
+                    if h.raft.is_leader() {
+                        break;
+                    }
+                    if Instant::now() >= until {
+                        return self.stalled(group, &h);
+                    }
+                    tokio::time::sleep(POLL).await;
+                }
+                continue;
+            }
+            if Instant::now() >= deadline {
+                return if asked { self.stalled(group, &h) } else { Outcome::TimedOut };
+            }
+            let (last, matched): (u64, Vec<(NodeId, Option<u64>)>) = h.raft.state(|s| {
+                let matched = s
+                    .matched()
+                    .map(|r| r.map(|(n, m)| (n, m.map(|l| l.index))).collect())
+                    .unwrap_or_default();
+                (s.last_log_index().unwrap_or(0), matched)
+            });
+            let matched_of = |n: NodeId| matched.iter().find(|(m, _)| *m == n).and_then(|(_, i)| *i);
+            let takes = |b: BrokerId| to.is_none_or(|t| t == b) && self.takes(b, group);
+            let found = candidates(replicas, h.node_id, matched_of, last, takes);
+            let Some(&(node, _)) = found.get(attempt % found.len().max(1)) else {
+                // A follower on a live broker that is behind is waited for
+                // (a heartbeat round tells the leader how far it got); with
+                // none, nobody can take over.
+                let live = replicas.iter().any(|(n, b)| *n != h.node_id && takes(*b));
+                if !live {
+                    return if asked { self.stalled(group, &h) } else { Outcome::NoTarget };
+                }
+                h.raft.heartbeat().await;
+                tokio::time::sleep(POLL * 5).await;
+                continue;
+            };
+            asked = true;
+            attempt += 1;
+            h.raft.transfer_leader(node).await;
+            let until = (Instant::now() + self.attempt_wait).min(deadline);
+            while h.raft.is_leader() && Instant::now() < until {
+                tokio::time::sleep(POLL).await;
             }
         }
+    }
+
+    /// Marks a hand-over that was begun and did not complete (see the
+    /// module documentation).
+    fn stalled(&self, group: GroupId, h: &HostedGroup) -> Outcome {
+        if let Some(term) = h.raft.leader_term() {
+            tracing::warn!(group, term, "a hand-over did not complete: followers are left to elect a leader");
+            self.groups.set_handing_over(group, Some(term));
+        }
+        Outcome::Stalled
+    }
+
+    /// Hands the leadership of `group` to broker `to`'s replica within
+    /// `wait` ([`HandOver::hand_over`]). A hand-over that was begun but did
+    /// not complete keeps this leader from taking writes, so it is then
+    /// handed to any other caught-up replica instead, within `wait` again.
+    /// Runs on a task of its own: a caller that goes away (a client that
+    /// hangs up) does not leave a hand-over half done.
+    pub async fn transfer_to(
+        &self,
+        group: GroupId,
+        replicas: Vec<(NodeId, BrokerId)>,
+        to: BrokerId,
+        wait: Duration,
+    ) -> Transfer {
+        let this = self.clone();
+        let task = tokio::spawn(async move { this.transfer_to_here(group, &replicas, to, wait).await });
+        task.await.unwrap_or_else(|e| Transfer::NotMoved(format!("the hand-over task failed: {e}")))
+    }
+
+    async fn transfer_to_here(
+        &self,
+        group: GroupId,
+        replicas: &[(NodeId, BrokerId)],
+        to: BrokerId,
+        wait: Duration,
+    ) -> Transfer {
+        // The broker of the replica that leads now, if it is not this one.
+        let led_elsewhere = || {
+            let h = self.groups.get(group)?;
+            let node = h.raft.state(|s| s.leader()).filter(|n| *n != h.node_id)?;
+            replicas.iter().find(|r| r.0 == node).map(|r| r.1)
+        };
+        match self.hand_over(group, replicas, Some(to), Instant::now() + wait).await {
+            Outcome::HandedOver(b) if b == to => Transfer::Moved,
+            Outcome::HandedOver(b) => Transfer::Elsewhere(b),
+            Outcome::NotLeader => Transfer::NotLeader,
+            Outcome::NoTarget => Transfer::NotMoved(format!("broker {to} is not alive or is shutting down")),
+            Outcome::TimedOut => {
+                Transfer::NotMoved(format!("broker {to}'s replica did not catch up within {wait:?}"))
+            }
+            Outcome::Stalled => {
+                let other = self.hand_over(group, replicas, None, Instant::now() + wait).await;
+                tracing::warn!(group, to, ?other, "the chosen replica did not take the leadership over");
+                match (other, led_elsewhere()) {
+                    (_, Some(b)) if b == to => Transfer::Moved,
+                    (Outcome::HandedOver(b), _) | (_, Some(b)) => Transfer::Elsewhere(b),
+                    _ => Transfer::Stalled,
+                }
+            }
+        }
+    }
+
+    /// The controlled shutdown's hand-overs: marks the broker draining
+    /// (and switches its metadata replica's election timer off), then hands
+    /// over every leadership it holds ([`HandOver::hand_over`],
+    /// [`IN_FLIGHT`] at a time) within `within`. Passes repeat while
+    /// leaderships remain that can move (one handed here before the peers
+    /// learned this broker is draining, say). Ends early when `hurry`
+    /// resolves (a second SIGTERM).
+    pub async fn drain(
+        &self,
+        image: Arc<MetadataImage>,
+        within: Duration,
+        hurry: impl std::future::Future<Output = ()>,
+    ) -> DrainReport {
+        let t0 = Instant::now();
+        let deadline = t0 + within;
+        let groups = &self.groups;
+        groups.set_draining();
+        if let Some(h) = groups.get(METADATA_GROUP) {
+            h.raft.set_elections(false);
+        }
+        let report = std::sync::Mutex::new(DrainReport::default());
+        let given_up: std::sync::Mutex<HashSet<GroupId>> = std::sync::Mutex::default();
+        let passes = async {
+            loop {
+                // Read from the nodes, not the cached list of
+                // `GroupRegistry::leading`, which shows a move a little later.
+                let skip = given_up.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let led: Vec<GroupId> = groups
+                    .all()
+                    .into_iter()
+                    .filter(|(g, h)| !skip.contains(g) && h.raft.is_leader())
+                    .map(|(g, _)| g)
+                    .collect();
+                if led.is_empty() || Instant::now() >= deadline {
+                    return;
+                }
+                futures::stream::iter(led)
+                    .for_each_concurrent(IN_FLIGHT, |g| {
+                        let (image, report, given_up) = (image.clone(), &report, &given_up);
+                        async move {
+                            let Some(h) = groups.get(g) else { return };
+                            let replicas = voters_in_order(&h, g, &image);
+                            let o = self.hand_over(g, &replicas, None, deadline).await;
+                            let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
+                            match o {
+                                Outcome::HandedOver(to) if g == METADATA_GROUP => {
+                                    tracing::info!(to, "controller leadership handed over");
+                                    r.controller_handed_over = true;
+                                }
+                                Outcome::HandedOver(to) => {
+                                    tracing::debug!(group = g, to, "leadership handed over");
+                                    r.handed_over += 1;
+                                }
+                                Outcome::NoTarget | Outcome::TimedOut | Outcome::Stalled => {
+                                    given_up.lock().unwrap_or_else(|p| p.into_inner()).insert(g);
+                                }
+                                Outcome::NotLeader => {}
+                            }
+                        }
+                    })
+                    .await;
+            }
+        };
+        tokio::select! {
+            () = passes => {}
+            () = hurry => tracing::warn!("controlled shutdown cut short by a second signal"),
+        }
+        let mut report = report.into_inner().unwrap_or_else(|p| p.into_inner());
+        let still: Vec<(GroupId, HostedGroup)> =
+            groups.all().into_iter().filter(|(_, h)| h.raft.is_leader()).collect();
+        let no_target = |g: &GroupId| {
+            groups.get(*g).is_some_and(|h| {
+                let replicas = voters_in_order(&h, *g, &image);
+                !replicas.iter().any(|(n, b)| *n != h.node_id && self.takes(*b, *g))
+            })
+        };
+        report.no_target = still.iter().filter(|(g, _)| no_target(g)).count();
+        report.left = still.len() - report.no_target;
+        report.took = t0.elapsed();
+        report
     }
 }
 
@@ -218,90 +375,18 @@ pub fn voters_in_order(h: &HostedGroup, group: GroupId, image: &MetadataImage) -
 /// What a controlled shutdown's hand-overs came to.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DrainReport {
-    /// Partition leaderships handed over.
+    /// Partition leaderships handed over (a new leader was seen).
     pub handed_over: usize,
     /// The metadata group's leadership (the controller) was handed over.
     pub controller_handed_over: bool,
-    /// Leaderships with no live follower to take them.
+    /// Leaderships still held at the end with no follower on a live broker
+    /// that takes leadership.
     pub no_target: usize,
-    /// Leaderships not handed over by the deadline (or when hurried).
+    /// Other leaderships still held at the end (the deadline, a second
+    /// signal, a follower that stayed behind).
     pub left: usize,
     /// How long it took.
     pub took: Duration,
-}
-
-/// The controlled shutdown's hand-overs: marks the broker draining, then
-/// hands over every leadership it holds ([`hand_over`], [`IN_FLIGHT`] at
-/// a time) within `within`. Passes repeat while leaderships remain that
-/// can move (one handed here before the peers learned this broker is
-/// draining, say). Ends early when `hurry` resolves (a second SIGTERM).
-pub async fn drain(
-    groups: &GroupRegistry,
-    image: Arc<MetadataImage>,
-    liveness: &Liveness,
-    within: Duration,
-    hurry: impl std::future::Future<Output = ()>,
-) -> DrainReport {
-    let t0 = Instant::now();
-    let deadline = t0 + within;
-    groups.set_draining();
-    let mut report = DrainReport::default();
-    let passes = async {
-        let mut stuck: std::collections::HashSet<GroupId> = std::collections::HashSet::new();
-        loop {
-            // Read from the nodes, not the cached list of
-            // `GroupRegistry::leading`, which shows a move a little later.
-            let led: Vec<GroupId> = groups
-                .all()
-                .into_iter()
-                .filter(|(g, h)| !stuck.contains(g) && h.raft.is_leader())
-                .map(|(g, _)| g)
-                .collect();
-            if led.is_empty() || Instant::now() >= deadline {
-                return;
-            }
-            let outcomes: Vec<(GroupId, Outcome)> = futures::stream::iter(led)
-                .map(|g| {
-                    let image = image.clone();
-                    async move {
-                        let Some(h) = groups.get(g) else { return (g, Outcome::NotLeader) };
-                        let replicas = voters_in_order(&h, g, &image);
-                        (g, hand_over(&h, &replicas, None, liveness, deadline).await)
-                    }
-                })
-                .buffer_unordered(IN_FLIGHT)
-                .collect()
-                .await;
-            for (g, o) in outcomes {
-                match o {
-                    Outcome::HandedOver(to) if g == METADATA_GROUP => {
-                        tracing::info!(to, "controller leadership handed over");
-                        report.controller_handed_over = true;
-                    }
-                    Outcome::HandedOver(to) => {
-                        tracing::debug!(group = g, to, "leadership handed over");
-                        report.handed_over += 1;
-                    }
-                    Outcome::NoTarget => {
-                        stuck.insert(g);
-                        report.no_target += 1;
-                    }
-                    Outcome::TimedOut { .. } => {
-                        stuck.insert(g);
-                    }
-                    Outcome::NotLeader => {}
-                }
-            }
-        }
-    };
-    tokio::select! {
-        () = passes => {}
-        () = hurry => tracing::warn!("controlled shutdown cut short by a second signal"),
-    }
-    let left = groups.all().iter().filter(|(_, h)| h.raft.is_leader()).count();
-    report.left = left.saturating_sub(report.no_target);
-    report.took = t0.elapsed();
-    report
 }
 
 #[cfg(test)]

@@ -64,6 +64,8 @@ pub struct ClientService {
     pub failures: Failures,
     /// Peer liveness.
     pub liveness: Liveness,
+    /// Leadership transfers.
+    pub hand_over: handover::HandOver,
 }
 
 impl ClientService {
@@ -487,7 +489,7 @@ impl Ferrolog for ClientService {
     ) -> Result<Response<TransferLeaderResponse>, Status> {
         let req = request.into_inner();
         let span = tracing::info_span!("transfer_leader", node = self.broker, partition = %format!("{}-{}", req.topic, req.partition));
-        let result = self.hand_over(&req).instrument(span).await;
+        let result = self.transfer_leadership(&req).instrument(span).await;
         Ok(Response::new(match result {
             Ok((leader, term)) => TransferLeaderResponse { error: None, leader, term },
             Err(e) => TransferLeaderResponse { error: self.wire(&e), ..TransferLeaderResponse::default() },
@@ -506,8 +508,8 @@ impl ClientService {
     /// already; `PREFERRED_LEADER_NOT_AVAILABLE` when it cannot take over
     /// within [`TRANSFER_LEADER_WAIT`] (the leadership then stays, or moves
     /// to another caught-up replica if the hand-over was begun: see
-    /// [`handover::hand_over`]).
-    async fn hand_over(&self, req: &TransferLeaderRequest) -> Result<(BrokerId, u64), ApiError> {
+    /// [`handover::HandOver::transfer_to`]).
+    async fn transfer_leadership(&self, req: &TransferLeaderRequest) -> Result<(BrokerId, u64), ApiError> {
         let name = format!("{}-{}", req.topic, req.partition);
         let p = self.partition(&req.topic, req.partition, None)?;
         p.ready_leader().await?;
@@ -536,7 +538,7 @@ impl ClientService {
         if self.groups.draining() {
             return Err(ApiError::Unavailable(format!("broker {} is shutting down", self.broker)));
         }
-        match handover::transfer_to(&h, &replicas, to, &self.liveness, TRANSFER_LEADER_WAIT).await {
+        match self.hand_over.transfer_to(p.group, replicas, to, TRANSFER_LEADER_WAIT).await {
             handover::Transfer::Moved => {
                 tracing::info!(to, "leadership handed over on request");
                 Ok((to, h.raft.state(|s| s.term())))
@@ -546,8 +548,8 @@ impl ClientService {
             handover::Transfer::Elsewhere(b) => Err(ApiError::PreferredLeaderNotAvailable(format!(
                 "broker {to} did not take {name} over within {TRANSFER_LEADER_WAIT:?}; broker {b} leads it now"
             ))),
-            handover::Transfer::Stuck(o) => Err(ApiError::PreferredLeaderNotAvailable(format!(
-                "broker {to} did not take {name} over within {TRANSFER_LEADER_WAIT:?}, and no other replica did ({o:?}): it has no writable leader until one does"
+            handover::Transfer::Stalled => Err(ApiError::PreferredLeaderNotAvailable(format!(
+                "broker {to} did not take {name} over within {TRANSFER_LEADER_WAIT:?}, nor did another replica: its replicas are electing a leader"
             ))),
         }
     }

@@ -330,8 +330,9 @@ impl Peer for RaftPeerServer {
             return refused(e);
         }
         // A broker in a controlled shutdown takes no leadership: it would
-        // only have to hand it over again.
-        if self.groups.draining() {
+        // only have to hand it over again. (Copies of the request to the
+        // group's other voters only tell them to drop their lease.)
+        if self.groups.draining() && req.to_node == req.target_node {
             return refused(refuse(
                 PeerErrorCode::ShuttingDown,
                 format!("broker {} is shutting down: it takes no leadership", self.broker_id),

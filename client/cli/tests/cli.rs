@@ -483,4 +483,26 @@ fn partition_leadership_moves_on_request() {
     // Nothing was lost on the way, and writes go on.
     c.ok(&["produce", "moves"], Some("c\n"));
     assert_eq!(values(&c, "moves"), vec!["a", "b", "c"]);
+
+    // Not to a broker that is down: refused, and the leader keeps leading
+    // and taking writes.
+    let (leader, _) = leader_and_replicas(&c, "moves");
+    let down = replicas.iter().copied().find(|b| *b != leader).expect("another replica");
+    let mut c = c;
+    let _ = c.children[(down - 1) as usize].kill();
+    let _ = c.children[(down - 1) as usize].wait();
+    // Once the leader's pings have found it gone (a refused connection
+    // counts at once; pings go every 100 ms). Asked before that, the
+    // hand-over begins and the leadership goes to the third replica
+    // instead (`HandOver::transfer_to`).
+    std::thread::sleep(Duration::from_secs(1));
+    let err = c.fails(&["partition", "transfer-leader", "moves", "0", "--to", &down.to_string()], None);
+    assert!(
+        err.contains("PREFERRED_LEADER_NOT_AVAILABLE")
+            && err.contains(&format!("broker {down} is not alive")),
+        "{err}"
+    );
+    c.ok(&["produce", "moves"], Some("d\n"));
+    assert_eq!(leader_and_replicas(&c, "moves").0, leader);
+    assert_eq!(values(&c, "moves"), vec!["a", "b", "c", "d"]);
 }
