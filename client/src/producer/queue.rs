@@ -183,6 +183,10 @@ pub(crate) struct PartitionQueue {
     pub retry_at: Option<Instant>,
     /// Consecutive failed requests, the backoff exponent.
     pub failures: u32,
+    /// The leader address whose failure (gone, or not the leader any more)
+    /// set the backoff; cleared once another leader is known or a send
+    /// succeeds.
+    pub failed_leader: Option<String>,
     /// A sequence gap exists: batches after it (and batches without a
     /// sequence yet) wait to be renumbered under a new id.
     pub gap: bool,
@@ -200,6 +204,7 @@ impl PartitionQueue {
             in_flight: 0,
             retry_at: None,
             failures: 0,
+            failed_leader: None,
             gap: false,
             idempotent,
         }
@@ -318,6 +323,7 @@ impl PartitionQueue {
     pub(crate) fn on_success(&mut self, batch_id: u64) -> Option<Batch> {
         let index = self.take_in_flight(batch_id)?;
         self.failures = 0;
+        self.failed_leader = None;
         self.batches.remove(index)
     }
 

@@ -32,10 +32,24 @@ const PRODUCER_ID_RETRY: Duration = Duration::from_secs(1);
 
 /// Results that request tasks send back to the worker.
 enum Event {
-    Produced { topic: String, partition: u32, batch_id: u64, topic_id: Option<TopicId>, result: Result<u64> },
-    ProducerId { target: Option<(String, u32)>, result: Result<ProducerId> },
+    Produced {
+        topic: String,
+        partition: u32,
+        batch_id: u64,
+        topic_id: Option<TopicId>,
+        /// The broker the request went to.
+        address: String,
+        result: Result<u64>,
+    },
+    ProducerId {
+        target: Option<(String, u32)>,
+        result: Result<ProducerId>,
+    },
     Metadata(Result<Arc<ClusterMeta>>),
-    Topic { topic: String, result: Result<TopicMeta> },
+    Topic {
+        topic: String,
+        result: Result<TopicMeta>,
+    },
 }
 
 /// A record whose topic's partition count is not known yet.
@@ -356,7 +370,7 @@ impl Worker {
     fn event(&mut self, event: Event) {
         let now = Instant::now();
         match event {
-            Event::Produced { topic, partition, batch_id, topic_id, result } => {
+            Event::Produced { topic, partition, batch_id, topic_id, address, result } => {
                 if let Err(Error::TopicRecreated { .. }) = &result {
                     self.topic_recreated(&topic, topic_id);
                 }
@@ -377,9 +391,15 @@ impl Worker {
                             self.refresh_wanted = true;
                         }
                         tracing::debug!(%topic, partition, batch_id, error = %e, "produce failed");
+                        let leader_gone = e.needs_metadata_refresh() && e.leader_hint().is_none();
                         let backoff = self.meta.config().backoff;
-                        if let Failure::Failed(batch, e) = queue.on_error(batch_id, e, now, &backoff) {
-                            self.ledger.resolve_batch(partition, batch, Err(e));
+                        match queue.on_error(batch_id, e, now, &backoff) {
+                            Failure::Failed(batch, e) => self.ledger.resolve_batch(partition, batch, Err(e)),
+                            // The leader it went to is gone or no longer
+                            // leads: the backoff ends early once the
+                            // metadata names another (see `drive`).
+                            Failure::Retrying if leader_gone => queue.failed_leader = Some(address),
+                            _ => {}
                         }
                     }
                 }
@@ -533,6 +553,22 @@ impl Worker {
                         }
                     }
                 }
+                // After its leader failed, a partition backs off, but
+                // not past the moment the metadata names a new leader:
+                // while it names none or the failed one, it is refreshed
+                // every REFRESH_INTERVAL_MIN (a failover is over as soon
+                // as an election is, not at the next backoff step).
+                if let Some(failed) = &q.failed_leader
+                    && q.retry_at.is_some_and(|t| now < t)
+                {
+                    match cluster.leader(topic, partition) {
+                        Some((_, address)) if address != *failed => {
+                            q.retry_at = None;
+                            q.failed_leader = None;
+                        }
+                        _ => self.refresh_wanted = true,
+                    }
+                }
                 let has_unsent = q.has_unsent();
                 if has_unsent && q.producer.is_some() {
                     match cluster.leader(topic, partition) {
@@ -605,6 +641,7 @@ impl Worker {
                 partition,
                 batch_id: spec.batch_id,
                 topic_id: spec.topic_id,
+                address,
                 result,
             });
         };
