@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use ferrolog_broker::network::protocol::{MAJOR, MINOR};
 use ferrolog_client::{ClientConfig, MetadataCache, Producer, ProducerConfig, Record};
 use ferrolog_proto::client::ErrorCode;
-use ferrolog_tests::raw::{code, create_topic, self_claimed_leaders, status};
+use ferrolog_tests::raw::{caught_up, code, create_topic, self_claimed_leaders, status};
 use ferrolog_tests::{Cluster, connect, metadata};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
@@ -153,6 +153,9 @@ async fn a_broker_one_minor_version_ahead_elects_with_older_voters() -> anyhow::
     create_topic(&c, topic, partitions, 3).await?;
     all_led(&c, topic).await?;
     produce_everywhere(&c, topic, partitions, 5).await?;
+    // Broker 3 has every partition's records: it can win an election (a
+    // replica whose log is behind cannot, and the other one would).
+    caught_up(&c, topic, 3, partitions).await?;
 
     // A partition whose leader is another broker and in which broker 3 is
     // the next replica: when that leader dies, broker 3 campaigns first
