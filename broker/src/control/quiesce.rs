@@ -566,7 +566,12 @@ fn view(
             b == me || (liveness.is_ready(b) && liveness.takes_leadership(b))
         });
         let awaited = first.filter(|r| r.node != p.node_id).map(|r| r.broker);
-        let first = first.is_some_and(|r| r.node == p.node_id);
+        // A replica that has just refused a candidate whose log is behind
+        // its own goes first too: that candidate cannot win with its vote
+        // (in a group with one voter down, cannot win at all), and waiting
+        // out the fallback delay for it left the group without a leader
+        // for 5 s.
+        let first = first.is_some_and(|r| r.node == p.node_id) || p.outran_candidate_within(FALLBACK_AFTER);
         let open = |b: u32| b == me || (liveness.is_ready(b) && liveness.has_open(b, p.group));
         let majority = replicas.iter().filter(|r| open(r.broker)).count() > replicas.len() / 2;
         (first, awaited, majority, p.campaign.leaderless())
@@ -619,6 +624,11 @@ pub fn first_live(
     }
     fallback
 }
+
+/// How long after a replica last heard from its leader it waits, beyond
+/// the lease (one maximum election timeout), before campaigning: the other
+/// voters heard from the leader a little later or earlier.
+pub const LEASE_MARGIN: Duration = Duration::from_millis(50);
 
 /// How often every hosted group is looked at even when nothing stirred
 /// it (see [`run`]): a backstop, not how the rule is kept.
@@ -768,7 +778,13 @@ pub async fn run(
             }
             let rest = if written_since { Rest::Awake } else { rest(&v, decision) };
             schedule.record(p.group, rest, now);
+            // The voters' leases from the leader's last AppendEntries
+            // still run (one maximum election timeout, Raft thesis §4.2.3):
+            // a campaign now would be refused and back off for an election
+            // timeout or two. Looked at again next round.
+            let leases_run = || p.since_leader_contact().is_some_and(|d| d < election_timeout + LEASE_MARGIN);
             match decision {
+                Decision::Campaign if !campaigning && leases_run() => {}
                 Decision::Campaign if !campaigning && v.first_live_follower => first.push(p),
                 Decision::Campaign if !campaigning => fallbacks.push(p),
                 Decision::Heartbeat if p.campaign.heartbeat_due(now) => heartbeats.push(p),

@@ -108,6 +108,9 @@ impl RaftPeerServer {
         };
         match h.raft.handle_append(req).await {
             Ok(a) => {
+                if let Some(p) = &h.partition {
+                    p.note_leader_contact();
+                }
                 if group == crate::metadata::METADATA_GROUP && a.success {
                     METADATA_LEADER_HEARD.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
@@ -201,6 +204,15 @@ impl RaftPeerServer {
                 "pre-vote refused: this replica leads with a fresh lease, or presumes another live leader"
             );
         } else if !answer.vote_granted {
+            let ours = answer.last_log_id.as_ref().map(|l| (l.term, l.index));
+            if ours > candidate
+                && let Some(p) = &h.partition
+            {
+                // The candidate cannot win with this vote: this replica
+                // campaigns without waiting for it (control::quiesce).
+                p.note_outran_candidate();
+                self.groups.stir([req.group_id]);
+            }
             tracing::debug!(
                 group = req.group_id,
                 pre_vote,

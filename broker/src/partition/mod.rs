@@ -60,6 +60,12 @@ pub struct Partition {
     sequence_advanced: Notify,
     /// When the last produce was proposed, ms since `created`.
     last_write_ms: AtomicU64,
+    /// When this replica last answered a leader's AppendEntries (a
+    /// heartbeat included), ms since `created`; 0: never.
+    leader_contact_ms: AtomicU64,
+    /// When this replica last refused a vote to a candidate whose log is
+    /// behind its own, ms since `created`; 0: never.
+    outran_candidate_ms: AtomicU64,
     created: Instant,
     ticking: AtomicBool,
     /// Held while `ticking` changes and the Raft node is told, so the last
@@ -152,6 +158,8 @@ impl Partition {
             sequencer: Mutex::new(Sequencer::default()),
             sequence_advanced: Notify::new(),
             last_write_ms: AtomicU64::new(0),
+            leader_contact_ms: AtomicU64::new(0),
+            outran_candidate_ms: AtomicU64::new(0),
             created: Instant::now(),
             ticking: AtomicBool::new(true),
             ticking_change: std::sync::Mutex::new(()),
@@ -173,6 +181,36 @@ impl Partition {
     /// The current replica list.
     pub fn replicas(&self) -> Vec<ReplicaAssignment> {
         self.replicas.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Records that this replica answered a leader's AppendEntries now:
+    /// its leader lease, and every other voter's, runs for one maximum
+    /// election timeout from about now (`crate::control::quiesce` waits
+    /// that out before campaigning).
+    pub fn note_leader_contact(&self) {
+        self.leader_contact_ms.store((self.created.elapsed().as_millis() as u64).max(1), Ordering::Relaxed);
+    }
+
+    /// How long ago this replica last answered a leader's AppendEntries,
+    /// if it ever did.
+    pub fn since_leader_contact(&self) -> Option<Duration> {
+        let at = self.leader_contact_ms.load(Ordering::Relaxed);
+        (at != 0)
+            .then(|| Duration::from_millis((self.created.elapsed().as_millis() as u64).saturating_sub(at)))
+    }
+
+    /// Records that this replica refused a vote (or pre-vote) to a
+    /// candidate whose log is behind its own: that candidate cannot win
+    /// with this replica's vote, so this one should not wait for it
+    /// (`crate::control::quiesce`).
+    pub fn note_outran_candidate(&self) {
+        self.outran_candidate_ms.store((self.created.elapsed().as_millis() as u64).max(1), Ordering::Relaxed);
+    }
+
+    /// Whether [`Partition::note_outran_candidate`] was called within `d`.
+    pub fn outran_candidate_within(&self, d: Duration) -> bool {
+        let at = self.outran_candidate_ms.load(Ordering::Relaxed);
+        at != 0 && (self.created.elapsed().as_millis() as u64).saturating_sub(at) < d.as_millis() as u64
     }
 
     /// Whether a produce was proposed within `d`.
