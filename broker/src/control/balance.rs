@@ -11,8 +11,8 @@
 //! [`BalanceConfig::leader_imbalance_per_broker_percentage`] and B is alive
 //! and not draining, this broker hands the leaderships it holds of B's
 //! preferred partitions to B ([`HandOver::transfer_to`]), when B's replica
-//! is caught up ([`handover::candidates`]): never to a replica that is
-//! behind. Kafka's controller makes the same decision for the cluster;
+//! looks caught up ([`handover::candidates`]) and has stored the blank
+//! entry the hand-over appends first: never to a replica that is behind. Kafka's controller makes the same decision for the cluster;
 //! here each leader acts on its own groups, so no message is needed beyond
 //! the pings, and two brokers never move the same group.
 

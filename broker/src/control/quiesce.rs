@@ -566,12 +566,19 @@ fn view(
             b == me || (liveness.is_ready(b) && liveness.takes_leadership(b))
         });
         let awaited = first.filter(|r| r.node != p.node_id).map(|r| r.broker);
-        // A replica that has just refused a candidate whose log is behind
-        // its own goes first too: that candidate cannot win with its vote
-        // (in a group with one voter down, cannot win at all), and waiting
-        // out the fallback delay for it left the group without a leader
-        // for 5 s.
-        let first = first.is_some_and(|r| r.node == p.node_id) || p.outran_candidate_within(FALLBACK_AFTER);
+        // A candidate whose log was found behind this replica's cannot win
+        // with its vote (in a group with one voter down, cannot win at
+        // all): the first live replica after it goes first, without
+        // waiting out the fallback delay for it (which left the group
+        // without a leader for 5 s). Every replica that refused it names
+        // the same one.
+        let outran = p.outran_candidate_within(FALLBACK_AFTER);
+        let after_outran = outran.and_then(|c| {
+            let ready = |b: u32| b == me || (liveness.is_ready(b) && liveness.takes_leadership(b));
+            replicas.iter().find(|r| r.node != c && ready(r.broker))
+        });
+        let first =
+            first.is_some_and(|r| r.node == p.node_id) || after_outran.is_some_and(|r| r.node == p.node_id);
         let open = |b: u32| b == me || (liveness.is_ready(b) && liveness.has_open(b, p.group));
         let majority = replicas.iter().filter(|r| open(r.broker)).count() > replicas.len() / 2;
         (first, awaited, majority, p.campaign.leaderless())

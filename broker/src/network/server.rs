@@ -108,7 +108,11 @@ impl RaftPeerServer {
         };
         match h.raft.handle_append(req).await {
             Ok(a) => {
-                if let Some(p) = &h.partition {
+                // From the current leader (not a deposed one answered with
+                // a higher vote): the voters' leases run from now.
+                let current =
+                    !matches!(a.response.result, Some(pb::append_entries_response::Result::HigherVote(_)));
+                if current && let Some(p) = &h.partition {
                     p.note_leader_contact();
                 }
                 if group == crate::metadata::METADATA_GROUP && a.success {
@@ -207,10 +211,11 @@ impl RaftPeerServer {
             let ours = answer.last_log_id.as_ref().map(|l| (l.term, l.index));
             if ours > candidate
                 && let Some(p) = &h.partition
+                && let Some(v) = &req.vote
             {
-                // The candidate cannot win with this vote: this replica
-                // campaigns without waiting for it (control::quiesce).
-                p.note_outran_candidate();
+                // The candidate cannot win with this vote: the next replica
+                // after it campaigns without waiting for it (control::quiesce).
+                p.note_outran_candidate(v.node);
                 self.groups.stir([req.group_id]);
             }
             tracing::debug!(

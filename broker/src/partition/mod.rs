@@ -66,6 +66,8 @@ pub struct Partition {
     /// When this replica last refused a vote to a candidate whose log is
     /// behind its own, ms since `created`; 0: never.
     outran_candidate_ms: AtomicU64,
+    /// That candidate's node id.
+    outran_candidate: AtomicU64,
     created: Instant,
     ticking: AtomicBool,
     /// Held while `ticking` changes and the Raft node is told, so the last
@@ -160,6 +162,7 @@ impl Partition {
             last_write_ms: AtomicU64::new(0),
             leader_contact_ms: AtomicU64::new(0),
             outran_candidate_ms: AtomicU64::new(0),
+            outran_candidate: AtomicU64::new(0),
             created: Instant::now(),
             ticking: AtomicBool::new(true),
             ticking_change: std::sync::Mutex::new(()),
@@ -203,14 +206,18 @@ impl Partition {
     /// candidate whose log is behind its own: that candidate cannot win
     /// with this replica's vote, so this one should not wait for it
     /// (`crate::control::quiesce`).
-    pub fn note_outran_candidate(&self) {
+    pub fn note_outran_candidate(&self, candidate: NodeId) {
+        self.outran_candidate.store(candidate, Ordering::Relaxed);
         self.outran_candidate_ms.store((self.created.elapsed().as_millis() as u64).max(1), Ordering::Relaxed);
     }
 
-    /// Whether [`Partition::note_outran_candidate`] was called within `d`.
-    pub fn outran_candidate_within(&self, d: Duration) -> bool {
+    /// The candidate of [`Partition::note_outran_candidate`], if that was
+    /// within `d`.
+    pub fn outran_candidate_within(&self, d: Duration) -> Option<NodeId> {
         let at = self.outran_candidate_ms.load(Ordering::Relaxed);
-        at != 0 && (self.created.elapsed().as_millis() as u64).saturating_sub(at) < d.as_millis() as u64
+        let recent =
+            at != 0 && (self.created.elapsed().as_millis() as u64).saturating_sub(at) < d.as_millis() as u64;
+        recent.then(|| self.outran_candidate.load(Ordering::Relaxed))
     }
 
     /// Whether a produce was proposed within `d`.

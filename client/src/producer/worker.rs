@@ -391,15 +391,21 @@ impl Worker {
                             self.refresh_wanted = true;
                         }
                         tracing::debug!(%topic, partition, batch_id, error = %e, "produce failed");
-                        let leader_gone = e.needs_metadata_refresh() && e.leader_hint().is_none();
+                        // The leader is gone (connection refused or reset)
+                        // or says it no longer leads, naming nobody: not a
+                        // timeout or UNAVAILABLE from a leader that is
+                        // only slow, where refreshing fast adds load.
+                        let leader_gone = e.leader_hint().is_none()
+                            && (matches!(e, Error::Transport { .. })
+                                || e.code() == Some(crate::error::ErrorCode::NotLeader));
                         let backoff = self.meta.config().backoff;
                         match queue.on_error(batch_id, e, now, &backoff) {
                             Failure::Failed(batch, e) => self.ledger.resolve_batch(partition, batch, Err(e)),
                             // The leader it went to is gone or no longer
                             // leads: the backoff ends early once the
                             // metadata names another (see `drive`).
-                            Failure::Retrying if leader_gone => queue.failed_leader = Some(address),
-                            _ => {}
+                            Failure::Retrying => queue.failed_leader = leader_gone.then_some(address),
+                            Failure::Unknown => {}
                         }
                     }
                 }
