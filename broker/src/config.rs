@@ -90,7 +90,7 @@ pub struct ShutdownConfig {
 
 impl Default for ShutdownConfig {
     fn default() -> Self {
-        Self { controlled_shutdown_enable: true, controlled_shutdown_timeout_ms: 10_000 }
+        Self { controlled_shutdown_enable: true, controlled_shutdown_timeout_ms: 30_000 }
     }
 }
 

@@ -53,6 +53,8 @@ const POLL: Duration = Duration::from_millis(10);
 /// Hand-overs one broker runs at once, so that thousands of leaderships
 /// move in batches rather than as a storm of elections.
 pub const IN_FLIGHT: usize = 64;
+/// Attempts ([`HandOver::attempt_wait`] each) one group gets in a drain.
+pub const GROUP_ATTEMPTS: u32 = 3;
 
 /// How one group's hand-over ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -369,7 +371,11 @@ impl HandOver {
                         async move {
                             let Some(h) = groups.get(g) else { return };
                             let replicas = voters_in_order(&h, g, &image);
-                            let o = self.hand_over(g, &replicas, None, deadline).await;
+                            // Each group gets a few attempts, not the whole
+                            // drain: one that stalls is marked (its
+                            // followers elect) rather than kept from writes.
+                            let mine = (Instant::now() + self.attempt_wait * GROUP_ATTEMPTS).min(deadline);
+                            let o = self.hand_over(g, &replicas, None, mine).await;
                             let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
                             match o {
                                 Outcome::HandedOver(to) if g == METADATA_GROUP => {
