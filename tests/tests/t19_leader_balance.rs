@@ -34,19 +34,31 @@ async fn leaderships_go_back_to_preferred_replicas() -> anyhow::Result<()> {
     // Every leadership to broker 3, by hand.
     let mut moved = 0;
     for p in 0..PARTITIONS {
-        let l = leader(&c, "t", p, Duration::from_secs(30)).await?;
-        let r = connect(c.broker(l).client_addr)
-            .await?
-            .transfer_leader(TransferLeaderRequest { topic: "t".into(), partition: p, to_broker: 3 })
-            .await?
-            .into_inner();
-        match code(&r.error) {
-            ErrorCode::None => {
-                assert_eq!(r.leader, 3, "partition {p}");
-                moved += 1;
+        // The leader as the metadata has it may have moved on (the balancer
+        // runs every second): follow NOT_LEADER.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let l = leader(&c, "t", p, Duration::from_secs(30)).await?;
+            let r = connect(c.broker(l).client_addr)
+                .await?
+                .transfer_leader(TransferLeaderRequest { topic: "t".into(), partition: p, to_broker: 3 })
+                .await?
+                .into_inner();
+            match code(&r.error) {
+                ErrorCode::None => {
+                    assert_eq!(r.leader, 3, "partition {p}");
+                    moved += 1;
+                    break;
+                }
+                ErrorCode::ElectionNotNeeded => {
+                    assert_eq!(l, 3, "partition {p}: {:?}", r.error);
+                    break;
+                }
+                ErrorCode::NotLeader if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                _ => anyhow::bail!("partition {p}: transfer to broker 3 refused: {:?}", r.error),
             }
-            ErrorCode::ElectionNotNeeded => assert_eq!(l, 3, "partition {p}: {:?}", r.error),
-            _ => anyhow::bail!("partition {p}: transfer to broker 3 refused: {:?}", r.error),
         }
     }
     let preferred_elsewhere =
