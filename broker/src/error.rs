@@ -83,6 +83,18 @@ pub enum ApiError {
     /// (the message says whether it stayed or went elsewhere).
     #[error("preferred leader not available: {0}")]
     PreferredLeaderNotAvailable(String),
+    /// A reassignment of the partition runs already (Kafka's
+    /// `REASSIGNMENT_IN_PROGRESS`): cancel it or wait for it to complete.
+    #[error("reassignment in progress: {0}")]
+    ReassignmentInProgress(String),
+    /// Cancel of a partition that has no reassignment under way (Kafka's
+    /// `NO_REASSIGNMENT_IN_PROGRESS`).
+    #[error("no reassignment in progress: {0}")]
+    NoReassignmentInProgress(String),
+    /// A replica list that cannot be a partition's (Kafka's
+    /// `INVALID_REPLICA_ASSIGNMENT`): empty, a broker twice, an unknown broker.
+    #[error("invalid replica assignment: {0}")]
+    InvalidReplicaAssignment(String),
 }
 
 fn current_suffix(current: &Option<String>) -> String {

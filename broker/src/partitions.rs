@@ -276,7 +276,13 @@ impl Reconciler {
                     reassigned += 1;
                 }
                 None => {
-                    tracing::info!(topic = %p.topic, partition = p.partition, group = p.group, "topic deleted: removing replica");
+                    if image.partition_by_group(p.group).is_some() {
+                        // A reassignment completed without this broker: the
+                        // group's voters no longer include this replica.
+                        tracing::info!(topic = %p.topic, partition = p.partition, group = p.group, "replica moved off this broker: removing it");
+                    } else {
+                        tracing::info!(topic = %p.topic, partition = p.partition, group = p.group, "topic deleted: removing replica");
+                    }
                     self.stop(p.group).await;
                     self.remove(&partition_dir(&self.root, &p.topic, p.partition, p.group)).await;
                     removed += 1;
@@ -290,7 +296,7 @@ impl Reconciler {
                 live_partitions = Partition::live_count(),
                 open_replicas = Replica::open_count(),
                 tasks = tokio::runtime::Handle::current().metrics().num_alive_tasks(),
-                "replicas of deleted topics removed"
+                "replicas no longer placed here removed"
             );
         }
         let mut disk: Option<Result<(), String>> = None;
@@ -603,6 +609,7 @@ mod tests {
             group: 7,
             replicas: replicas.iter().map(|&(broker, node)| ReplicaAssignment { broker, node }).collect(),
             initial: initial.to_vec(),
+            reassignment: None,
         }
     }
 

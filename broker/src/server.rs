@@ -385,7 +385,12 @@ impl Broker {
             "membership",
             me,
             &stopping,
-            crate::control::membership::run(reconciler.groups.clone(), image_rx.clone()),
+            crate::control::membership::run(
+                reconciler.groups.clone(),
+                image_rx.clone(),
+                controller.clone(),
+                hand_over.clone(),
+            ),
         ));
         tasks.push(spawn_task("files", me, &stopping, crate::control::files::watch()));
         tasks.push(spawn_task("leadership", me, &stopping, reconciler.groups.clone().watch_leadership()));

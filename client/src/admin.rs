@@ -12,7 +12,7 @@ use std::time::Duration;
 use ferrolog_proto::client as pb;
 
 use crate::error::{Error, ErrorCode, Op, Result, Retry};
-use crate::metadata::{BrokerMeta, ClusterMeta, MetadataCache, TopicMeta};
+use crate::metadata::{BrokerMeta, ClusterMeta, MetadataCache, PartitionMeta, TopicMeta};
 
 /// Raft state of one partition as its leader reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +47,9 @@ pub struct FollowerStatus {
     pub lag: Option<u64>,
     /// Its replica's state, as its broker reports it.
     pub state: ReplicaHealth,
+    /// Whether it is a Raft learner (a replica a reassignment adds, still
+    /// catching up; it does not vote yet).
+    pub learner: bool,
 }
 
 /// The state of one replica, as its broker reports it.
@@ -75,6 +78,18 @@ impl std::fmt::Display for ReplicaHealth {
     }
 }
 
+/// One partition's change in [`Admin::alter_partition_reassignments`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReassignmentRequest {
+    /// Topic name.
+    pub topic: String,
+    /// Partition number.
+    pub partition: u32,
+    /// The target brokers in order (the first is the preferred leader), or
+    /// `None` to cancel the partition's reassignment.
+    pub replicas: Option<Vec<u32>>,
+}
+
 /// One partition in a [`ClusterStatus`].
 #[derive(Debug, Clone)]
 pub struct PartitionReport {
@@ -84,6 +99,11 @@ pub struct PartitionReport {
     pub partition: u32,
     /// Replica broker ids.
     pub replicas: Vec<u32>,
+    /// A reassignment under way: the brokers it adds and removes (both
+    /// empty when none runs).
+    pub adding: Vec<u32>,
+    /// See `adding`.
+    pub removing: Vec<u32>,
     /// Leader per the metadata, 0 when unknown.
     pub leader: u32,
     /// The leader's answer, or why there is none.
@@ -320,6 +340,96 @@ impl Admin {
         .await
     }
 
+    /// Starts or cancels partition reassignments (KIP-455): each entry
+    /// moves a partition to `replicas` (in order, the first becoming its
+    /// preferred leader), or with `replicas: None` cancels its
+    /// reassignment. Returns once the controller has committed each
+    /// change, with each partition's own result in request order; the moves
+    /// themselves continue in the cluster (see [`PartitionMeta::adding`]
+    /// and [`Admin::wait_for_reassignments`]).
+    ///
+    /// # Errors
+    /// The whole call: transport errors after retrying, or the broker
+    /// refused the request (`INVALID_REQUEST`). Per partition:
+    /// `REASSIGNMENT_IN_PROGRESS`, `NO_REASSIGNMENT_IN_PROGRESS`,
+    /// `INVALID_REPLICA_ASSIGNMENT`, `UNKNOWN_TOPIC`, `UNAVAILABLE` (no
+    /// controller), as [`Error::Broker`].
+    ///
+    /// [`PartitionMeta::adding`]: crate::metadata::PartitionMeta::adding
+    pub async fn alter_partition_reassignments(
+        &self,
+        changes: &[ReassignmentRequest],
+    ) -> Result<Vec<Result<()>>> {
+        let what = format!("{} partitions", changes.len());
+        let op = Op::new("alter partition reassignments", &what);
+        let request = pb::AlterPartitionReassignmentsRequest {
+            partitions: changes
+                .iter()
+                .map(|c| pb::ReassignablePartition {
+                    topic: c.topic.clone(),
+                    partition: c.partition,
+                    replicas: c.replicas.clone().unwrap_or_default(),
+                    cancel: c.replicas.is_none(),
+                })
+                .collect(),
+        };
+        // A retry after a lost answer may find its own change committed:
+        // sent once, not retried, so the caller sees every answer.
+        let address = self.any_broker().await?;
+        let r = self
+            .meta
+            .call(&op, &address, 0, |mut c| async move { c.alter_partition_reassignments(request).await })
+            .await?;
+        Error::from_wire(&op, r.error)?;
+        let mut out = Vec::with_capacity(changes.len());
+        for c in changes {
+            let answer = r.results.iter().find(|x| x.topic == c.topic && x.partition == c.partition);
+            let pop = Op::partition("reassign", &c.topic, c.partition);
+            out.push(match answer {
+                Some(a) => Error::from_wire(&pop, a.error.clone()),
+                None => Err(unavailable("reassign", &c.topic, "the broker did not answer for it")),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Waits until none of `partitions` (topic, partition) has a
+    /// reassignment under way, reading fresh metadata every 200 ms and
+    /// calling `progress` with the metadata each time.
+    ///
+    /// # Errors
+    /// [`Error::Deadline`] after `wait`; metadata errors.
+    pub async fn wait_for_reassignments(
+        &self,
+        partitions: &[(String, u32)],
+        wait: Duration,
+        mut progress: impl FnMut(&ClusterMeta),
+    ) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let cluster = self.fresh_metadata().await?;
+            progress(&cluster);
+            let running = partitions.iter().any(|(t, p)| {
+                cluster
+                    .topics
+                    .get(t)
+                    .and_then(|t| t.partitions.iter().find(|x| x.partition == *p))
+                    .is_some_and(|x| x.is_reassigning())
+            });
+            if !running {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::Deadline {
+                    operation: format!("waiting for the reassignment of {} partitions", partitions.len()),
+                    timeout_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                    last: None,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Deletes a topic and its data.
     ///
     /// # Errors
@@ -383,6 +493,23 @@ impl Admin {
         self.meta.retrying("metadata", self.timeout, || self.meta.refresh()).await
     }
 
+    /// One partition's Raft state from its leader, with each other
+    /// replica's state from its own broker, and its reassignment if any.
+    ///
+    /// # Errors
+    /// `UNKNOWN_TOPIC` when the metadata has no such partition; metadata
+    /// errors. The leader's own failure is in the report's `status`.
+    pub async fn describe_partition(&self, topic: &str, partition: u32) -> Result<PartitionReport> {
+        let cluster = self.fresh_metadata().await?;
+        let p = cluster
+            .topics
+            .get(topic)
+            .and_then(|t| t.partitions.iter().find(|p| p.partition == partition))
+            .cloned()
+            .ok_or_else(|| Error::UnknownTopic { topic: format!("{topic}-{partition}") })?;
+        Ok(partition_report(self.meta.clone(), cluster, topic.to_owned(), p).await)
+    }
+
     /// Brokers, controller, and each partition's Raft state from its leader.
     /// A partition whose leader does not answer carries the error instead.
     ///
@@ -393,28 +520,7 @@ impl Admin {
         let mut tasks = tokio::task::JoinSet::new();
         for t in cluster.topics.values() {
             for p in &t.partitions {
-                let meta = self.meta.clone();
-                let (topic, partition, leader) = (t.name.clone(), p.partition, p.leader);
-                let address = cluster.brokers.get(&leader).map(|b| b.address.clone());
-                let replicas = p.replicas.clone();
-                let follower_addresses: Vec<(u32, Option<String>)> = replicas
-                    .iter()
-                    .filter(|b| **b != leader)
-                    .map(|b| (*b, cluster.brokers.get(b).map(|m| m.address.clone())))
-                    .collect();
-                tasks.spawn(async move {
-                    let status = match address {
-                        Some(a) => partition_status(&meta, &topic, partition, &a).await,
-                        None => Err(unavailable("partition status of", &topic, "no leader known")),
-                    };
-                    let status = match status {
-                        Ok(s) => {
-                            Ok(with_follower_reports(&meta, &topic, partition, s, follower_addresses).await)
-                        }
-                        Err(e) => Err(e),
-                    };
-                    PartitionReport { topic, partition, replicas, leader, status }
-                });
+                tasks.spawn(partition_report(self.meta.clone(), cluster.clone(), t.name.clone(), p.clone()));
             }
         }
         let mut files = tokio::task::JoinSet::new();
@@ -493,13 +599,52 @@ async fn with_follower_reports(
                 f.state = state;
                 f.lag = lag;
             }
-            None => {
-                status.followers.push(FollowerStatus { broker_id: broker, matched_index: None, lag, state })
-            }
+            None => status.followers.push(FollowerStatus {
+                broker_id: broker,
+                matched_index: None,
+                lag,
+                state,
+                learner: false,
+            }),
         }
     }
     status.followers.sort_by_key(|f| f.broker_id);
     status
+}
+
+/// One partition's report: its leader's Raft state, and each other
+/// replica's own broker's word on it.
+async fn partition_report(
+    meta: Arc<MetadataCache>,
+    cluster: Arc<ClusterMeta>,
+    topic: String,
+    p: PartitionMeta,
+) -> PartitionReport {
+    let (partition, leader) = (p.partition, p.leader);
+    let address = cluster.brokers.get(&leader).map(|b| b.address.clone());
+    let follower_addresses: Vec<(u32, Option<String>)> = p
+        .replicas
+        .iter()
+        .filter(|b| **b != leader)
+        .map(|b| (*b, cluster.brokers.get(b).map(|m| m.address.clone())))
+        .collect();
+    let status = match address {
+        Some(a) => partition_status(&meta, &topic, partition, &a).await,
+        None => Err(unavailable("partition status of", &topic, "no leader known")),
+    };
+    let status = match status {
+        Ok(s) => Ok(with_follower_reports(&meta, &topic, partition, s, follower_addresses).await),
+        Err(e) => Err(e),
+    };
+    PartitionReport {
+        topic,
+        partition,
+        replicas: p.replicas,
+        adding: p.adding,
+        removing: p.removing,
+        leader,
+        status,
+    }
 }
 
 /// The state of the replica hosted by the broker at `address`, and its last
@@ -563,6 +708,7 @@ async fn partition_status(
                 // Filled in from the follower's own broker.
                 lag: None,
                 state: ReplicaHealth::Unreachable("not asked".into()),
+                learner: f.learner,
             })
             .collect(),
     })

@@ -101,8 +101,26 @@ pub struct PartitionMeta {
     pub group_id: u64,
     /// Leader's broker id, 0 when no leader is known.
     pub leader: u32,
-    /// Broker ids of the replicas.
+    /// Broker ids of the replicas, the preferred leader first. During a
+    /// reassignment: the target's, then those being removed.
     pub replicas: Vec<u32>,
+    /// Brokers whose replicas a reassignment under way adds (KIP-455).
+    pub adding: Vec<u32>,
+    /// Brokers whose replicas a reassignment under way removes.
+    pub removing: Vec<u32>,
+    /// Whether the reassignment under way was cancelled (it goes back to
+    /// the replicas it started from).
+    pub reassignment_cancelled: bool,
+    /// Whether a reassignment of this partition is under way (one that only
+    /// reorders the replicas adds and removes none).
+    pub reassigning: bool,
+}
+
+impl PartitionMeta {
+    /// Whether a reassignment of this partition is under way.
+    pub fn is_reassigning(&self) -> bool {
+        self.reassigning || !self.adding.is_empty() || !self.removing.is_empty()
+    }
 }
 
 /// A topic as the metadata describes it.
@@ -184,6 +202,10 @@ impl ClusterMeta {
                         group_id: p.group_id,
                         leader: p.leader,
                         replicas: p.replicas,
+                        adding: p.adding_replicas,
+                        removing: p.removing_replicas,
+                        reassignment_cancelled: p.reassignment_cancelled,
+                        reassigning: p.reassigning,
                     })
                     .collect();
                 partitions.sort_by_key(|p| p.partition);
@@ -623,8 +645,20 @@ mod tests {
             topics: vec![pb::TopicInfo {
                 name: "t".into(),
                 partitions: vec![
-                    pb::PartitionInfo { partition: 1, group_id: 11, leader: 0, replicas: vec![1, 2] },
-                    pb::PartitionInfo { partition: 0, group_id: 10, leader: 2, replicas: vec![1, 2] },
+                    pb::PartitionInfo {
+                        partition: 1,
+                        group_id: 11,
+                        leader: 0,
+                        replicas: vec![1, 2],
+                        ..pb::PartitionInfo::default()
+                    },
+                    pb::PartitionInfo {
+                        partition: 0,
+                        group_id: 10,
+                        leader: 2,
+                        replicas: vec![1, 2],
+                        ..pb::PartitionInfo::default()
+                    },
                 ],
                 replication_factor: 2,
                 topic_id: TopicId(77).to_wire(),

@@ -190,6 +190,7 @@ impl Ferrolog for FakeBroker {
                         group_id: u64::from(p),
                         leader: 1,
                         replicas: vec![1],
+                        ..pb::PartitionInfo::default()
                     })
                     .collect(),
                 replication_factor: 1,
@@ -254,6 +255,13 @@ impl Ferrolog for FakeBroker {
         _: Request<pb::TransferLeaderRequest>,
     ) -> Result<Response<pb::TransferLeaderResponse>, Status> {
         Err(Status::unimplemented("transfer leader"))
+    }
+
+    async fn alter_partition_reassignments(
+        &self,
+        _: Request<pb::AlterPartitionReassignmentsRequest>,
+    ) -> Result<Response<pb::AlterPartitionReassignmentsResponse>, Status> {
+        Err(Status::unimplemented("alter partition reassignments"))
     }
 }
 

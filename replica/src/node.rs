@@ -533,6 +533,21 @@ impl RaftNode {
         raft.change_membership(voters, false).await.map(|_| ()).map_err(membership_error)
     }
 
+    /// Removes `nodes`, which must be learners, from the membership: the
+    /// leader stops replicating to them. Returns once the change is
+    /// committed.
+    ///
+    /// # Errors
+    /// [`NodeError::NotLeader`], [`NodeError::Refused`] (one is a voter),
+    /// [`NodeError::Stopped`].
+    pub async fn remove_learners(&self, nodes: BTreeSet<NodeId>) -> Result<(), NodeError> {
+        let raft = self.running("remove_learners").await.map_err(NodeError::Stopped)?;
+        raft.change_membership(openraft::ChangeMembers::RemoveNodes(nodes), false)
+            .await
+            .map(|_| ())
+            .map_err(membership_error)
+    }
+
     /// Stops the node and waits for its tasks.
     ///
     /// # Errors

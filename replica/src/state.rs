@@ -149,6 +149,16 @@ impl State<'_> {
         self.m.membership_config.membership().nodes().map(|(n, node)| (*n, node.addr.as_str()))
     }
 
+    /// Whether the membership in force is committed (Raft paper §6: a
+    /// configuration takes effect when appended, but only a committed one
+    /// survives a change of leader).
+    pub fn membership_committed(&self) -> bool {
+        match self.m.membership_config.log_id() {
+            None => true,
+            Some(at) => self.m.local_committed.as_ref().is_some_and(|c| c.index >= at.index),
+        }
+    }
+
     /// The voter sets of the configuration: one, or two while a joint
     /// consensus change is in progress (Raft paper §6).
     pub fn voter_sets(&self) -> &[BTreeSet<NodeId>] {

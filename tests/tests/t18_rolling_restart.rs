@@ -7,84 +7,18 @@
 //! same rolling restart with SIGKILL follows, and the longest gap between
 //! acknowledgements of each is printed side by side.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ferrolog_proto::client::{ErrorCode, FetchRequest};
-use ferrolog_tests::raw::{
-    batch, caught_up, code, create_topic, init_producer_id, leader, self_claimed_leaders, values,
-};
-use ferrolog_tests::{Cluster, connect};
+use ferrolog_tests::Cluster;
+use ferrolog_tests::load::{Acks, check_partition, produce_loop};
+use ferrolog_tests::raw::{caught_up, create_topic, init_producer_id, leader, self_claimed_leaders};
 use tokio::sync::Mutex;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
 const PARTITIONS: u32 = 6;
-
-/// What one partition's producer saw: acknowledged sequence numbers with
-/// their offsets, and when each acknowledgement came.
-#[derive(Debug, Default)]
-struct Acks {
-    offsets: BTreeMap<i32, u64>,
-    at: Vec<Instant>,
-}
-
-/// Produces `p-<seq>` to partition `p` with idempotent producer `pid`, one
-/// record at a time, trying brokers in turn until one acknowledges, until
-/// `stop`.
-async fn produce_loop(
-    addrs: Vec<SocketAddr>,
-    p: u32,
-    pid: i64,
-    stop: Arc<AtomicBool>,
-    acks: Arc<Mutex<Acks>>,
-) {
-    let mut to = 0usize;
-    let mut seq = 0i32;
-    let mut clients = BTreeMap::new();
-    while !stop.load(Ordering::Relaxed) {
-        let mut req = batch("t", pid, seq, &format!("{p}-{seq}"));
-        req.partition = p;
-        let addr = addrs[to % addrs.len()];
-        if !clients.contains_key(&addr)
-            && let Ok(c) = connect(addr).await
-        {
-            clients.insert(addr, c);
-        }
-        let answer = match clients.get_mut(&addr) {
-            Some(c) => c.produce(req).await.map(tonic::Response::into_inner).map_err(|e| e.to_string()),
-            None => Err("connect".into()),
-        };
-        match answer {
-            Ok(r) if r.error.is_none() => {
-                let mut a = acks.lock().await;
-                a.offsets.insert(seq, r.base_offset);
-                a.at.push(Instant::now());
-                seq += 1;
-            }
-            Ok(r)
-                if matches!(
-                    code(&r.error),
-                    ErrorCode::NotLeader
-                        | ErrorCode::Unavailable
-                        | ErrorCode::DuplicateInFlight
-                        | ErrorCode::UnknownTopic
-                ) =>
-            {
-                to += 1;
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            Ok(r) => panic!("partition {p}: produce refused: {:?}", r.error),
-            Err(_) => {
-                clients.remove(&addr);
-                to += 1;
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    }
-}
 
 /// Every partition's highest term, as any running broker sees it.
 async fn terms(c: &Cluster) -> anyhow::Result<Vec<u64>> {
@@ -144,7 +78,14 @@ async fn a_rolling_restart_with_sigterm_hands_every_leadership_over() -> anyhow:
     for p in 0..PARTITIONS {
         let a = Arc::new(Mutex::new(Acks::default()));
         let pid = init_producer_id(addrs[0]).await?;
-        producers.push(tokio::spawn(produce_loop(addrs.clone(), p, pid, stop.clone(), a.clone())));
+        producers.push(tokio::spawn(produce_loop(
+            addrs.clone(),
+            "t".into(),
+            p,
+            pid,
+            stop.clone(),
+            a.clone(),
+        )));
         acks.push(a);
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -208,40 +149,7 @@ async fn a_rolling_restart_with_sigterm_hands_every_leadership_over() -> anyhow:
     // Every acknowledged record is there once, at its offset, in order.
     let mut checked = 0usize;
     for (p, a) in acks.iter().enumerate() {
-        let a = a.lock().await;
-        let l = leader(&c, "t", p as u32, Duration::from_secs(30)).await?;
-        let mut client = connect(c.broker(l).client_addr).await?;
-        let mut read = Vec::new();
-        loop {
-            let f = client
-                .fetch(FetchRequest {
-                    topic: "t".into(),
-                    partition: p as u32,
-                    offset: read.len() as u64,
-                    max_bytes: 1 << 20,
-                    max_wait_ms: 0,
-                    ..Default::default()
-                })
-                .await?
-                .into_inner();
-            anyhow::ensure!(f.error.is_none(), "fetch partition {p}: {:?}", f.error);
-            let v = values(&f)?;
-            if v.is_empty() || read.len() as u64 + v.len() as u64 >= f.high_watermark {
-                read.extend(v);
-                break;
-            }
-            read.extend(v);
-        }
-        let expected: Vec<String> = (0..read.len()).map(|i| format!("{p}-{i}")).collect();
-        assert_eq!(read, expected, "partition {p}: records lost, duplicated or out of order");
-        for (seq, offset) in &a.offsets {
-            assert_eq!(
-                read.get(*offset as usize),
-                Some(&format!("{p}-{seq}")),
-                "partition {p}: acknowledged {seq}"
-            );
-            checked += 1;
-        }
+        checked += check_partition(&c, "t", p as u32, &*a.lock().await).await?;
     }
     assert!(checked > 100, "only {checked} acknowledged records: the load was too light to show anything");
     println!("{checked} acknowledged records read back once each, in order");

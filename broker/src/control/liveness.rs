@@ -64,6 +64,8 @@ struct Heard {
     opening_floor: u64,
     /// It is in a controlled shutdown (`PingResponse.draining`).
     draining: bool,
+    /// The minor peer protocol version it answered with.
+    protocol_minor: u32,
 }
 
 /// Last successful ping per broker. Cheap to clone.
@@ -161,6 +163,18 @@ impl Liveness {
         seen.get(&broker).is_some_and(|h| judge.fresh(h) && !h.draining)
     }
 
+    /// The live brokers answering with a minor peer protocol version below
+    /// `minor`, with theirs (a feature that older brokers cannot follow is
+    /// refused while one runs).
+    pub fn older_than(&self, minor: u32) -> Vec<(BrokerId, u32)> {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let judge = self.judge(&seen);
+        seen.iter()
+            .filter(|(_, h)| judge.fresh(h) && h.protocol_minor < minor)
+            .map(|(b, h)| (*b, h.protocol_minor))
+            .collect()
+    }
+
     /// Whether `broker` answered recently and said it leads `group`.
     pub fn leads(&self, broker: BrokerId, group: u64) -> bool {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
@@ -214,6 +228,7 @@ impl Liveness {
             returned_at: None,
             opening_floor: 0,
             draining: false,
+            protocol_minor: 0,
         });
         if judge.fresh(h) {
             self.changed();
@@ -302,7 +317,15 @@ impl Liveness {
 
     /// Records `broker`'s answer `r`, which took `rtt`.
     fn mark(&self, broker: BrokerId, r: PingResponse, rtt: Duration) {
-        let PingResponse { leading_groups: leading, boot_id, replicas_open, opening_floor, draining, .. } = r;
+        let PingResponse {
+            leading_groups: leading,
+            boot_id,
+            replicas_open,
+            opening_floor,
+            draining,
+            protocol_minor,
+            ..
+        } = r;
         let now = Instant::now();
         let asked = now.checked_sub(rtt).unwrap_or(now);
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
@@ -340,6 +363,7 @@ impl Liveness {
                 returned_at,
                 opening_floor,
                 draining,
+                protocol_minor,
             },
         );
         if !same {

@@ -1,8 +1,13 @@
 //! Keeps each group's Raft membership equal to what the metadata says, on
 //! the groups this broker leads: a replica with a new node id (its broker's
-//! data was wiped) is added as a learner, and once it has caught up the
-//! voter set is changed to the wanted one by joint consensus (Raft paper
-//! §6), which also removes the retired node id.
+//! data was wiped, or a reassignment adds it) is added as a learner, and
+//! once it has caught up the voter set is changed to the wanted one by
+//! joint consensus (Raft paper §6), which also removes the retired node id
+//! or the replicas a reassignment drops. Learners the metadata no longer
+//! wants (a cancelled reassignment's) are removed. Once a reassignment's
+//! target is the committed membership, the leader reports it to the
+//! controller, which commits the completion (KIP-455's last step); the
+//! brokers left out then delete their replicas (`crate::partitions`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -11,14 +16,20 @@ use std::time::Duration;
 use ferrolog_replica::NodeId;
 use tokio::sync::watch;
 
+use crate::config::BrokerId;
+use crate::control::handover::HandOver;
 use crate::groups::{GroupId, GroupRegistry, HostedGroup};
 use crate::metadata::METADATA_GROUP;
+use crate::metadata::command::ControllerRequest;
+use crate::metadata::controller::Controller;
 use crate::metadata::image::MetadataImage;
 
 /// How often memberships are compared with the metadata.
 pub const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// A learner this close to the leader's last log index (entries) may become a voter.
 pub const CAUGHT_UP_ENTRIES: u64 = 100;
+/// How long a leader leaving its group's voters tries to hand over.
+pub const HAND_OVER_WITHIN: Duration = Duration::from_secs(5);
 
 /// The voter set `group` should have, or `None` if the metadata does not say.
 pub fn wanted_voters(
@@ -29,15 +40,20 @@ pub fn wanted_voters(
     if group == METADATA_GROUP {
         return Some(image.metadata_voters(current.iter().copied()));
     }
-    let p = image.topics.values().flat_map(|t| t.partitions.iter()).find(|p| p.group == group)?;
-    Some(p.replicas.iter().map(|r| r.node).collect())
+    let (_, _, p) = image.partition_by_group(group)?;
+    Some(p.wanted_replicas().iter().map(|r| r.node).collect())
 }
 
 /// Compares and fixes memberships every [`CHECK_INTERVAL`], forever: every
 /// group led here when the image or the set of groups led here changed,
 /// otherwise only the groups whose change is still under way (a learner
 /// catching up), so an idle broker reads no group's state.
-pub async fn run(groups: GroupRegistry, image: watch::Receiver<Arc<MetadataImage>>) {
+pub async fn run(
+    groups: GroupRegistry,
+    image: watch::Receiver<Arc<MetadataImage>>,
+    controller: Controller,
+    hand_over: HandOver,
+) {
     let mut tick = tokio::time::interval(CHECK_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seen: Option<(Arc<MetadataImage>, Arc<Vec<GroupId>>)> = None;
@@ -55,7 +71,7 @@ pub async fn run(groups: GroupRegistry, image: watch::Receiver<Arc<MetadataImage
             if !hosted.raft.is_leader() {
                 continue;
             }
-            match reconcile(&img, group, &hosted).await {
+            match reconcile(&img, group, &hosted, &controller, &hand_over).await {
                 Ok(true) => {}
                 Ok(false) => {
                     pending.insert(group);
@@ -71,16 +87,45 @@ pub async fn run(groups: GroupRegistry, image: watch::Receiver<Arc<MetadataImage
 
 /// One group's comparison and next step; returns whether its membership
 /// is what the metadata wants (nothing left to do).
-async fn reconcile(image: &MetadataImage, group: GroupId, h: &HostedGroup) -> anyhow::Result<bool> {
-    let (voters, learners, last, matched) = h.raft.state(|s| {
+async fn reconcile(
+    image: &MetadataImage,
+    group: GroupId,
+    h: &HostedGroup,
+    controller: &Controller,
+    hand_over: &HandOver,
+) -> anyhow::Result<bool> {
+    let (voters, learners, last, matched, committed) = h.raft.state(|s| {
         let voters: BTreeSet<NodeId> = s.voters().collect();
         let learners: BTreeSet<NodeId> = s.learners().collect();
         let matched: BTreeMap<NodeId, Option<u64>> =
             s.matched().map(|r| r.map(|(n, m)| (n, m.map(|l| l.index))).collect()).unwrap_or_default();
-        (voters, learners, s.last_log_index().unwrap_or(0), matched)
+        (voters, learners, s.last_log_index().unwrap_or(0), matched, s.membership_committed())
     });
     let Some(wanted) = wanted_voters(image, group, &voters) else { return Ok(true) };
-    if wanted == voters || wanted.is_empty() {
+    if wanted.is_empty() {
+        return Ok(true);
+    }
+    if wanted == voters {
+        if group == METADATA_GROUP {
+            return Ok(true);
+        }
+        if !committed {
+            return Ok(false);
+        }
+        let unwanted: BTreeSet<NodeId> = learners.difference(&wanted).copied().collect();
+        if !unwanted.is_empty() {
+            tracing::info!(group, ?unwanted, "removing learners the metadata no longer places");
+            h.raft.remove_learners(unwanted).await?;
+            return Ok(false);
+        }
+        let reassigning = image.partition_by_group(group).is_some_and(|(_, _, p)| p.reassignment.is_some());
+        if reassigning {
+            let voters: Vec<NodeId> = voters.into_iter().collect();
+            tracing::info!(group, ?voters, "reassignment's target is the membership: reporting it done");
+            controller.handle(ControllerRequest::CompleteReassignment { group, voters }).await?;
+            // Done once the image shows it (the next pass over a new image).
+            return Ok(false);
+        }
         return Ok(true);
     }
     if !h.raft.renew_lease(CHECK_INTERVAL).await {
@@ -92,7 +137,7 @@ async fn reconcile(image: &MetadataImage, group: GroupId, h: &HostedGroup) -> an
             let broker =
                 image.broker_of_node(group, *n).ok_or_else(|| anyhow::anyhow!("no broker for node {n}"))?;
             let addr = image.brokers.get(&broker).map(|b| b.peer_addr.clone()).unwrap_or_default();
-            tracing::info!(group, node = n, broker, "adding a replacement replica as a learner");
+            tracing::info!(group, node = n, broker, "adding a replica as a learner");
             h.raft.add_learner(*n, addr).await?;
             ready = false;
             continue;
@@ -102,12 +147,42 @@ async fn reconcile(image: &MetadataImage, group: GroupId, h: &HostedGroup) -> an
             ready = false;
         }
     }
-    if ready {
-        tracing::info!(group, ?voters, ?wanted, "changing voters");
-        h.raft.change_voters(wanted.clone()).await?;
-        // Both phases of the joint change are committed: a majority of the
-        // new voters alone now decides.
-        tracing::info!(group, ?wanted, "voters changed");
+    if !ready {
+        return Ok(false);
+    }
+    let in_order = |nodes: &BTreeSet<NodeId>| -> Vec<(NodeId, BrokerId)> {
+        let mut out: Vec<(NodeId, BrokerId)> =
+            nodes.iter().filter_map(|n| image.broker_of_node(group, *n).map(|b| (*n, b))).collect();
+        if let Some((_, _, p)) = image.partition_by_group(group) {
+            let wanted = p.wanted_replicas();
+            out.sort_by_key(|(n, _)| wanted.iter().position(|r| r.node == *n).unwrap_or(usize::MAX));
+        }
+        out
+    };
+    // A leader the change drops hands over first to a voter that stays, so
+    // that the change is made by a leader of the new configuration (Raft
+    // thesis §4.2.2 lets a leader outside it finish the change and step
+    // down; openraft keeps such a leader's role until its vote changes).
+    let staying: BTreeSet<NodeId> = wanted.intersection(&voters).copied().collect();
+    if group != METADATA_GROUP && !wanted.contains(&h.node_id) && !staying.is_empty() {
+        let to = in_order(&staying);
+        tracing::info!(group, ?to, "this replica leaves the group: handing its leadership to one that stays");
+        let outcome =
+            hand_over.hand_over(group, &to, None, std::time::Instant::now() + HAND_OVER_WITHIN).await;
+        tracing::info!(group, ?outcome, "hand-over before a membership change");
+        return Ok(false);
+    }
+    tracing::info!(group, ?voters, ?wanted, "changing voters");
+    h.raft.change_voters(wanted.clone()).await?;
+    // Both phases of the joint change are committed: a majority of the
+    // new voters alone now decides.
+    tracing::info!(group, ?wanted, "voters changed");
+    if group != METADATA_GROUP && !wanted.contains(&h.node_id) {
+        // No voter stayed (every replica moved): the new voters take over.
+        let outcome = hand_over
+            .hand_over(group, &in_order(&wanted), None, std::time::Instant::now() + HAND_OVER_WITHIN)
+            .await;
+        tracing::info!(group, ?outcome, "leaving leader handed over to the new voters");
     }
     Ok(false)
 }

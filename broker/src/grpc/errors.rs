@@ -24,6 +24,9 @@ pub fn to_wire(e: &ApiError, image: &MetadataImage) -> Error {
         ApiError::UnknownTopicId { .. } => ErrorCode::UnknownTopicId,
         ApiError::ElectionNotNeeded(_) => ErrorCode::ElectionNotNeeded,
         ApiError::PreferredLeaderNotAvailable(_) => ErrorCode::PreferredLeaderNotAvailable,
+        ApiError::ReassignmentInProgress(_) => ErrorCode::ReassignmentInProgress,
+        ApiError::NoReassignmentInProgress(_) => ErrorCode::NoReassignmentInProgress,
+        ApiError::InvalidReplicaAssignment(_) => ErrorCode::InvalidReplicaAssignment,
     };
     let mut wire = Error { code: code as i32, message: e.to_string(), ..Error::default() };
     match e {

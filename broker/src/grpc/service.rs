@@ -7,10 +7,11 @@ use std::time::Duration;
 use ferrolog_proto::TopicId;
 use ferrolog_proto::client::ferrolog_server::{Ferrolog, FerrologServer};
 use ferrolog_proto::client::{
-    AdminResponse, BrokerInfo, CreateTopicRequest, DeleteTopicRequest, Error, FetchRequest, FetchResponse,
-    FollowerStatus, InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse,
-    MetadataRequest, MetadataResponse, OffsetSpec, PartitionInfo, PartitionStatusRequest,
-    PartitionStatusResponse, ProduceRequest, ProduceResponse, RecordBatch as WireBatch, ReplicaState,
+    AdminResponse, AlterPartitionReassignmentsRequest, AlterPartitionReassignmentsResponse, BrokerInfo,
+    CreateTopicRequest, DeleteTopicRequest, Error, FetchRequest, FetchResponse, FollowerStatus,
+    InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse, MetadataRequest,
+    MetadataResponse, OffsetSpec, PartitionInfo, PartitionStatusRequest, PartitionStatusResponse,
+    ProduceRequest, ProduceResponse, ReassignmentResult, RecordBatch as WireBatch, ReplicaState,
     SubscribeRequest, TopicInfo, TransferLeaderRequest, TransferLeaderResponse,
 };
 use futures::Stream;
@@ -45,6 +46,9 @@ pub fn request_bytes_max(limits: &Limits) -> usize {
 
 /// How long a TransferLeader request waits for the leadership to move.
 pub const TRANSFER_LEADER_WAIT: Duration = Duration::from_secs(5);
+/// Most partitions one AlterPartitionReassignments request may name (each
+/// is one controller commit, made in turn).
+pub const MAX_REASSIGNMENTS_PER_REQUEST: usize = 10_000;
 
 /// How long a Subscribe stream waits on the high watermark per round, ms.
 const SUBSCRIBE_WAIT: Duration = Duration::from_millis(500);
@@ -369,6 +373,10 @@ impl Ferrolog for ClientService {
                     group_id: a.group,
                     leader: self.leader_of(name, i as u32, a),
                     replicas: a.replicas.iter().map(|r| r.broker).collect(),
+                    adding_replicas: a.adding(),
+                    removing_replicas: a.removing(),
+                    reassignment_cancelled: a.reassignment.as_ref().is_some_and(|r| r.cancelled),
+                    reassigning: a.reassignment.is_some(),
                 })
                 .collect();
             topics.push(TopicInfo {
@@ -470,17 +478,61 @@ impl Ferrolog for ClientService {
                     followers: s
                         .followers
                         .into_iter()
-                        .map(|(broker_id, node_id, matched)| FollowerStatus {
-                            broker_id,
-                            node_id,
-                            matched_index: matched,
-                            lag: s.last_log_index.saturating_sub(matched.unwrap_or(0)),
+                        .map(|f| FollowerStatus {
+                            broker_id: f.broker,
+                            node_id: f.node,
+                            matched_index: f.matched,
+                            lag: s.last_log_index.saturating_sub(f.matched.unwrap_or(0)),
+                            learner: f.learner,
                         })
                         .collect(),
                 }
             }
             Err(e) => PartitionStatusResponse { error: self.wire(&e), ..PartitionStatusResponse::default() },
         }))
+    }
+
+    async fn alter_partition_reassignments(
+        &self,
+        request: Request<AlterPartitionReassignmentsRequest>,
+    ) -> Result<Response<AlterPartitionReassignmentsResponse>, Status> {
+        let req = request.into_inner();
+        if req.partitions.len() > MAX_REASSIGNMENTS_PER_REQUEST {
+            let e = ApiError::Invalid(format!(
+                "{} partitions in one request; at most {MAX_REASSIGNMENTS_PER_REQUEST}",
+                req.partitions.len()
+            ));
+            return Ok(Response::new(AlterPartitionReassignmentsResponse {
+                error: self.wire(&e),
+                results: vec![],
+            }));
+        }
+        let mut results = Vec::with_capacity(req.partitions.len());
+        for p in req.partitions {
+            let call = if p.cancel {
+                ControllerRequest::CancelReassignment { topic: p.topic.clone(), partition: p.partition }
+            } else {
+                ControllerRequest::ReassignPartition {
+                    topic: p.topic.clone(),
+                    partition: p.partition,
+                    replicas: p.replicas.clone(),
+                }
+            };
+            let outcome = self.controller.handle(call).await;
+            match &outcome {
+                Ok(_) => tracing::info!(topic = %p.topic, partition = p.partition, replicas = ?p.replicas,
+                    cancel = p.cancel, "reassignment request committed"),
+                Err(e) => {
+                    tracing::info!(topic = %p.topic, partition = p.partition, "reassignment refused: {e}")
+                }
+            }
+            results.push(ReassignmentResult {
+                topic: p.topic,
+                partition: p.partition,
+                error: outcome.err().and_then(|e| self.wire(&e)),
+            });
+        }
+        Ok(Response::new(AlterPartitionReassignmentsResponse { error: None, results }))
     }
 
     async fn transfer_leader(

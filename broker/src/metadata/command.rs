@@ -27,6 +27,59 @@ pub struct PartitionAssignment {
     /// Node ids of the founding replicas: only these may initialize the
     /// group (a replica added later joins through the leader).
     pub initial: Vec<NodeId>,
+    /// The reassignment under way, if any (KIP-455). While one runs,
+    /// `replicas` holds the target replicas first, in the target's order,
+    /// then the replicas being removed: every one of them hosts the group
+    /// until the partition's leader has changed the voters to the target
+    /// and the controller has committed the completion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reassignment: Option<Reassignment>,
+}
+
+/// A partition reassignment in progress, as the metadata log recorded it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reassignment {
+    /// The brokers the partition moves to, in order (the first is the
+    /// preferred leader once it completes).
+    pub target: Vec<BrokerId>,
+    /// The brokers it had when the reassignment began, in order: what a
+    /// cancellation goes back to.
+    pub original: Vec<BrokerId>,
+    /// Whether it was cancelled: `target` is then `original`, and the
+    /// replicas that were being added are removed once the voters are back.
+    #[serde(default)]
+    pub cancelled: bool,
+}
+
+impl PartitionAssignment {
+    /// The replicas the partition's Raft voters should be now: the target
+    /// of a reassignment under way, else every replica.
+    pub fn wanted_replicas(&self) -> Vec<ReplicaAssignment> {
+        match &self.reassignment {
+            Some(r) => r
+                .target
+                .iter()
+                .filter_map(|b| self.replicas.iter().find(|x| x.broker == *b).copied())
+                .collect(),
+            None => self.replicas.clone(),
+        }
+    }
+
+    /// Brokers whose replicas a reassignment under way adds (in the target,
+    /// not in the original set); empty when none runs.
+    pub fn adding(&self) -> Vec<BrokerId> {
+        self.reassignment
+            .as_ref()
+            .map_or_else(Vec::new, |r| r.target.iter().copied().filter(|b| !r.original.contains(b)).collect())
+    }
+
+    /// Brokers whose replicas a reassignment under way removes (in the
+    /// current replicas, not in the target); empty when none runs.
+    pub fn removing(&self) -> Vec<BrokerId> {
+        self.reassignment.as_ref().map_or_else(Vec::new, |r| {
+            self.replicas.iter().map(|x| x.broker).filter(|b| !r.target.contains(b)).collect()
+        })
+    }
 }
 
 /// A change to the cluster metadata; the value of one metadata log record.
@@ -82,6 +135,28 @@ pub enum MetadataCommand {
         /// Topic name.
         name: String,
     },
+    /// A reassignment of one partition began (KIP-455): the target's new
+    /// replicas get fresh node ids and host the group beside the old ones.
+    ReassignmentStarted {
+        /// The partition's Raft group id.
+        group: u64,
+        /// The target replicas in order: kept ones with their node ids,
+        /// added ones with new node ids.
+        target: Vec<ReplicaAssignment>,
+    },
+    /// A reassignment under way was cancelled: it now goes back to the
+    /// replicas it started from.
+    ReassignmentCancelled {
+        /// The partition's Raft group id.
+        group: u64,
+    },
+    /// The partition's voters are the reassignment's target (reported by
+    /// its leader, checked by the controller): the replicas outside the
+    /// target are dropped and their brokers delete their data.
+    ReassignmentCompleted {
+        /// The partition's Raft group id.
+        group: u64,
+    },
     /// Producer ids up to `next_producer_id - 1` are handed out.
     ProducerIdsAllocated {
         /// The next unused producer id.
@@ -121,6 +196,32 @@ pub enum ControllerRequest {
     },
     /// Hand out a new producer id (KIP-98).
     AllocateProducerId,
+    /// Move a partition to these brokers (KIP-455's
+    /// AlterPartitionReassignments for one partition).
+    ReassignPartition {
+        /// Topic name.
+        topic: String,
+        /// Partition number.
+        partition: u32,
+        /// Target brokers, in order; the first is the preferred leader.
+        replicas: Vec<BrokerId>,
+    },
+    /// Cancel a partition's reassignment: back to its original replicas.
+    CancelReassignment {
+        /// Topic name.
+        topic: String,
+        /// Partition number.
+        partition: u32,
+    },
+    /// A partition leader reports that its group's committed voters are
+    /// `voters` (and it has no other member), so a reassignment whose
+    /// target they are is complete.
+    CompleteReassignment {
+        /// The partition's Raft group id.
+        group: u64,
+        /// The group's voters, node ids.
+        voters: Vec<NodeId>,
+    },
 }
 
 /// The controller's answer.
@@ -196,6 +297,22 @@ mod tests {
                 r#"{"type":"delete_topic","name":"orders"}"#,
             ),
             (ControllerRequest::AllocateProducerId, r#"{"type":"allocate_producer_id"}"#),
+            (
+                ControllerRequest::ReassignPartition {
+                    topic: "orders".into(),
+                    partition: 2,
+                    replicas: vec![4, 2, 3],
+                },
+                r#"{"type":"reassign_partition","topic":"orders","partition":2,"replicas":[4,2,3]}"#,
+            ),
+            (
+                ControllerRequest::CancelReassignment { topic: "orders".into(), partition: 2 },
+                r#"{"type":"cancel_reassignment","topic":"orders","partition":2}"#,
+            ),
+            (
+                ControllerRequest::CompleteReassignment { group: 7, voters: vec![1001, 1002, 1010] },
+                r#"{"type":"complete_reassignment","group":7,"voters":[1001,1002,1010]}"#,
+            ),
         ];
         for (request, text) in requests {
             assert_eq!(serde_json::to_string(&request).unwrap(), text);

@@ -251,6 +251,7 @@ impl Controller {
                 .collect(),
             cluster: self.cluster_brokers(),
             new_topic_id: TopicId::v4_from_random(rand::random::<u128>()),
+            cannot_reassign: self.liveness.older_than(super::decide::REASSIGNMENT_MINOR),
         };
         match decide(&image, req, &facts)? {
             Decision::Answer(reply) => Ok(reply),

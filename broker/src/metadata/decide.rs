@@ -30,7 +30,14 @@ pub struct Facts<'a> {
     pub cluster: BTreeSet<BrokerId>,
     /// The id a topic created now gets (KIP-516: random, 128 bits).
     pub new_topic_id: TopicId,
+    /// Live brokers that speak a peer protocol older than reassignment
+    /// needs (1.5), with their minor version.
+    pub cannot_reassign: Vec<(BrokerId, u32)>,
 }
+
+/// The minor peer protocol version that reassignment commands need on
+/// every broker (see `crate::network::protocol::MINOR`).
+pub const REASSIGNMENT_MINOR: u32 = 5;
 
 /// What to do about a request.
 #[derive(Clone, Debug, PartialEq)]
@@ -141,7 +148,7 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
                     })
                     .collect();
                 let initial = replicas.iter().map(|r| r.node).collect();
-                assignments.push(PartitionAssignment { group, replicas, initial });
+                assignments.push(PartitionAssignment { group, replicas, initial, reassignment: None });
                 group += 1;
             }
             // A collision with a live topic's id (2^-122 per pair) is refused
@@ -163,6 +170,72 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
                 reply: ControllerReply::Ok,
             })
         }
+        ControllerRequest::ReassignPartition { topic, partition, replicas } => {
+            let p = partition_of(image, &topic, partition)?;
+            if p.reassignment.is_some() {
+                return Err(ApiError::ReassignmentInProgress(format!(
+                    "{topic}-{partition} is moving to brokers {}; cancel it first",
+                    list(&p.wanted_replicas().iter().map(|r| r.broker).collect::<Vec<_>>())
+                )));
+            }
+            check_replica_list(image, &replicas)?;
+            if let Some((b, minor)) = f.cannot_reassign.first() {
+                return Err(ApiError::Unavailable(format!(
+                    "broker {b} speaks peer protocol 1.{minor}; reassignment needs 1.{REASSIGNMENT_MINOR} on every \
+                     broker (finish the upgrade first)"
+                )));
+            }
+            if p.replicas.iter().map(|r| r.broker).eq(replicas.iter().copied()) {
+                return Ok(Decision::Answer(ControllerReply::Ok));
+            }
+            let mut node = image.next_node_id;
+            let target = replicas
+                .iter()
+                .map(|b| match p.replicas.iter().find(|r| r.broker == *b) {
+                    Some(kept) => *kept,
+                    None => {
+                        node += 1;
+                        ReplicaAssignment { broker: *b, node: node - 1 }
+                    }
+                })
+                .collect();
+            Ok(Decision::Commit {
+                command: MetadataCommand::ReassignmentStarted { group: p.group, target },
+                reply: ControllerReply::Ok,
+            })
+        }
+        ControllerRequest::CancelReassignment { topic, partition } => {
+            let p = partition_of(image, &topic, partition)?;
+            match &p.reassignment {
+                None => Err(ApiError::NoReassignmentInProgress(format!("{topic}-{partition}"))),
+                Some(r) if r.cancelled => Ok(Decision::Answer(ControllerReply::Ok)),
+                Some(_) => Ok(Decision::Commit {
+                    command: MetadataCommand::ReassignmentCancelled { group: p.group },
+                    reply: ControllerReply::Ok,
+                }),
+            }
+        }
+        ControllerRequest::CompleteReassignment { group, voters } => {
+            let Some((topic, partition, p)) = image.partition_by_group(group) else {
+                return Err(ApiError::UnknownTopic(format!("group {group}")));
+            };
+            if p.reassignment.is_none() {
+                return Ok(Decision::Answer(ControllerReply::Ok));
+            }
+            let wanted: BTreeSet<_> = p.wanted_replicas().iter().map(|r| r.node).collect();
+            let reported: BTreeSet<_> = voters.iter().copied().collect();
+            if wanted != reported {
+                // Reported before a cancellation (or another change) the
+                // leader has not seen yet: it reports again once it has.
+                return Err(ApiError::Invalid(format!(
+                    "{topic}-{partition}: voters {reported:?} are not the reassignment's target {wanted:?}"
+                )));
+            }
+            Ok(Decision::Commit {
+                command: MetadataCommand::ReassignmentCompleted { group },
+                reply: ControllerReply::Ok,
+            })
+        }
         ControllerRequest::AllocateProducerId => {
             let producer_id = image.next_producer_id;
             Ok(Decision::Commit {
@@ -171,6 +244,44 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
             })
         }
     }
+}
+
+/// Partition `partition` of `topic`, or `UNKNOWN_TOPIC_OR_PARTITION`.
+fn partition_of<'a>(
+    image: &'a MetadataImage,
+    topic: &str,
+    partition: u32,
+) -> Result<&'a PartitionAssignment, ApiError> {
+    image
+        .topics
+        .get(topic)
+        .and_then(|t| t.partitions.get(partition as usize))
+        .ok_or_else(|| ApiError::UnknownTopic(format!("{topic}-{partition}")))
+}
+
+/// A reassignment's target must be a non-empty list of distinct registered
+/// brokers (Kafka's `INVALID_REPLICA_ASSIGNMENT` otherwise). Brokers that
+/// do not answer now are accepted, as in Kafka: the move waits for them
+/// (and can be cancelled).
+fn check_replica_list(image: &MetadataImage, replicas: &[BrokerId]) -> Result<(), ApiError> {
+    if replicas.is_empty() {
+        return Err(ApiError::InvalidReplicaAssignment("the replica list is empty".into()));
+    }
+    let distinct: BTreeSet<_> = replicas.iter().collect();
+    if distinct.len() != replicas.len() {
+        return Err(ApiError::InvalidReplicaAssignment(format!("broker listed twice in {}", list(replicas))));
+    }
+    if let Some(b) = replicas.iter().find(|b| !image.brokers.contains_key(b)) {
+        return Err(ApiError::InvalidReplicaAssignment(format!(
+            "broker {b} is not registered (registered: {})",
+            list(&image.brokers.keys().copied().collect::<Vec<_>>())
+        )));
+    }
+    Ok(())
+}
+
+fn list(ids: &[BrokerId]) -> String {
+    ids.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
 }
 
 /// Why `rf` replicas cannot be placed on `live` (the registered brokers
@@ -229,6 +340,7 @@ mod tests {
             live: live.iter().copied().collect(),
             cluster: cluster.iter().copied().collect(),
             new_topic_id: ID,
+            cannot_reassign: vec![],
         }
     }
 
@@ -329,6 +441,103 @@ mod tests {
             "broker 4 does not answer"
         );
         assert_eq!(decide(&image, create("orders", 1, 1), &f), Err(ApiError::TopicExists("orders".into())));
+    }
+
+    fn reassign(topic: &str, partition: u32, replicas: &[BrokerId]) -> ControllerRequest {
+        ControllerRequest::ReassignPartition { topic: topic.into(), partition, replicas: replicas.to_vec() }
+    }
+
+    fn brokers(p: &PartitionAssignment) -> Vec<BrokerId> {
+        p.replicas.iter().map(|r| r.broker).collect()
+    }
+
+    /// 4 brokers, topic "t" with one partition on brokers 1, 2, 3 (in that
+    /// order: placement is by counts, all equal, so by id).
+    fn moving_setup(limits: &Limits) -> (MetadataImage, Facts<'_>) {
+        let f = facts(limits, &[1, 2, 3], &[1, 2, 3, 4]);
+        let mut image = image_with(&[(1, 1), (2, 2), (3, 3), (4, 4)]);
+        run(&mut image, create("t", 1, 3), &f).unwrap();
+        let mut sorted = brokers(&image.topics["t"].partitions[0]);
+        sorted.sort_unstable();
+        assert_eq!(sorted, [1, 2, 3]);
+        (image, f)
+    }
+
+    #[test]
+    fn a_reassignment_hosts_old_and_new_replicas_until_the_target_votes() {
+        let limits = Limits::default();
+        let (mut image, f) = moving_setup(&limits);
+        let before = image.topics["t"].partitions[0].clone();
+        let leaving = before.replicas.iter().find(|r| r.broker == 1).copied().unwrap();
+        let next = image.next_node_id;
+        run(&mut image, reassign("t", 0, &[4, 2, 3]), &f).unwrap();
+        let p = image.topics["t"].partitions[0].clone();
+        assert_eq!(brokers(&p), [4, 2, 3, 1], "target first, then the replica leaving");
+        assert_eq!(p.replicas[0].node, next, "the added replica gets a fresh node id");
+        assert_eq!(image.next_node_id, next + 1);
+        assert_eq!(p.replicas[3], leaving, "the leaving replica keeps its node id");
+        assert_eq!((p.adding(), p.removing()), (vec![4], vec![1]));
+        assert_eq!(p.wanted_replicas().iter().map(|r| r.broker).collect::<Vec<_>>(), [4, 2, 3]);
+        assert_eq!(p.initial, before.initial, "the founders never change");
+        // Another move meanwhile is refused; so is completion by the wrong voters.
+        assert!(matches!(
+            decide(&image, reassign("t", 0, &[1, 2, 3]), &f),
+            Err(ApiError::ReassignmentInProgress(_))
+        ));
+        let old_voters: Vec<u64> = before.replicas.iter().map(|r| r.node).collect();
+        let complete = |voters: Vec<u64>| ControllerRequest::CompleteReassignment { group: p.group, voters };
+        assert!(matches!(decide(&image, complete(old_voters), &f), Err(ApiError::Invalid(_))));
+        let new_voters: Vec<u64> = p.wanted_replicas().iter().map(|r| r.node).collect();
+        run(&mut image, complete(new_voters.clone()), &f).unwrap();
+        let done = &image.topics["t"].partitions[0];
+        assert_eq!(brokers(done), [4, 2, 3]);
+        assert!(done.reassignment.is_none());
+        assert!(image.replicas_on(1).is_empty(), "broker 1 no longer hosts it");
+        // A repeated report (the leader retries) changes nothing.
+        assert_eq!(decide(&image, complete(new_voters), &f).unwrap(), Decision::Answer(ControllerReply::Ok));
+    }
+
+    #[test]
+    fn a_cancelled_reassignment_goes_back_to_the_original_replicas() {
+        let limits = Limits::default();
+        let (mut image, f) = moving_setup(&limits);
+        let before = image.topics["t"].partitions[0].clone();
+        let cancel = ControllerRequest::CancelReassignment { topic: "t".into(), partition: 0 };
+        assert!(matches!(decide(&image, cancel.clone(), &f), Err(ApiError::NoReassignmentInProgress(_))));
+        run(&mut image, reassign("t", 0, &[2, 3, 4]), &f).unwrap();
+        run(&mut image, cancel.clone(), &f).unwrap();
+        let p = image.topics["t"].partitions[0].clone();
+        assert!(p.reassignment.as_ref().is_some_and(|r| r.cancelled));
+        assert_eq!(&p.replicas[..3], &before.replicas[..], "the original replicas in their order first");
+        assert_eq!(p.replicas[3].broker, 4, "the replica being added still hosts the group");
+        assert_eq!((p.adding(), p.removing()), (vec![], vec![4]));
+        assert_eq!(
+            decide(&image, cancel, &f).unwrap(),
+            Decision::Answer(ControllerReply::Ok),
+            "twice is fine"
+        );
+        let voters: Vec<u64> = before.replicas.iter().map(|r| r.node).collect();
+        run(&mut image, ControllerRequest::CompleteReassignment { group: p.group, voters }, &f).unwrap();
+        assert_eq!(image.topics["t"].partitions[0], before, "back to what it was");
+        assert!(image.replicas_on(4).is_empty());
+    }
+
+    #[test]
+    fn bad_reassignments_are_refused_with_the_reason() {
+        let limits = Limits::default();
+        let (image, f) = moving_setup(&limits);
+        let invalid = |r: Result<Decision, ApiError>| matches!(r, Err(ApiError::InvalidReplicaAssignment(_)));
+        assert!(invalid(decide(&image, reassign("t", 0, &[]), &f)));
+        assert!(invalid(decide(&image, reassign("t", 0, &[2, 2, 3]), &f)));
+        assert!(invalid(decide(&image, reassign("t", 0, &[2, 3, 9]), &f)));
+        assert!(matches!(decide(&image, reassign("t", 1, &[1, 2, 3]), &f), Err(ApiError::UnknownTopic(_))));
+        assert!(matches!(decide(&image, reassign("u", 0, &[1, 2, 3]), &f), Err(ApiError::UnknownTopic(_))));
+        let same = brokers(&image.topics["t"].partitions[0]);
+        assert_eq!(
+            decide(&image, reassign("t", 0, &same), &f).unwrap(),
+            Decision::Answer(ControllerReply::Ok),
+            "the replicas it has: nothing to do"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::command::{MetadataCommand, PartitionAssignment};
+use super::command::{MetadataCommand, PartitionAssignment, Reassignment, ReplicaAssignment};
 use crate::config::BrokerId;
 use ferrolog_proto::TopicId;
 use ferrolog_raft_store::types::NodeId;
@@ -178,8 +178,77 @@ impl MetadataImage {
             MetadataCommand::ProducerIdsAllocated { next_producer_id } => {
                 self.next_producer_id = self.next_producer_id.max(*next_producer_id);
             }
+            MetadataCommand::ReassignmentStarted { group, target } => {
+                self.start_reassignment(*group, target);
+            }
+            MetadataCommand::ReassignmentCancelled { group } => {
+                if let Some(p) = self.partition_mut(*group)
+                    && let Some(r) = p.reassignment.as_mut()
+                    && !r.cancelled
+                {
+                    r.target = r.original.clone();
+                    r.cancelled = true;
+                    let order = r.target.clone();
+                    p.replicas
+                        .sort_by_key(|x| order.iter().position(|b| *b == x.broker).unwrap_or(usize::MAX));
+                }
+            }
+            MetadataCommand::ReassignmentCompleted { group } => {
+                if let Some(p) = self.partition_mut(*group)
+                    && p.reassignment.is_some()
+                {
+                    p.replicas = p.wanted_replicas();
+                    p.reassignment = None;
+                }
+            }
         }
         self.applied_offset = offset + 1;
+    }
+
+    /// The partition whose Raft group is `group`.
+    pub fn partition_by_group(&self, group: u64) -> Option<(&str, u32, &PartitionAssignment)> {
+        self.topics.iter().find_map(|(name, t)| {
+            t.partitions
+                .iter()
+                .enumerate()
+                .find(|(_, p)| p.group == group)
+                .map(|(i, p)| (name.as_str(), i as u32, p))
+        })
+    }
+
+    fn partition_mut(&mut self, group: u64) -> Option<&mut PartitionAssignment> {
+        self.topics.values_mut().flat_map(|t| t.partitions.iter_mut()).find(|p| p.group == group)
+    }
+
+    /// Applies `ReassignmentStarted`: refused (nothing changes) when the
+    /// group is unknown, a reassignment runs already, a kept broker's node
+    /// id differs, an added replica's node id was handed out before, or a
+    /// broker is listed twice.
+    fn start_reassignment(&mut self, group: u64, target: &[ReplicaAssignment]) {
+        let next_node_id = self.next_node_id;
+        let Some(p) = self.partition_mut(group) else { return };
+        let distinct = target.iter().map(|r| r.broker).collect::<std::collections::BTreeSet<_>>().len();
+        let valid = p.reassignment.is_none()
+            && !target.is_empty()
+            && distinct == target.len()
+            && target.iter().all(|t| match p.replicas.iter().find(|r| r.broker == t.broker) {
+                Some(kept) => kept.node == t.node,
+                None => t.node >= next_node_id,
+            });
+        if !valid {
+            return;
+        }
+        let original: Vec<_> = p.replicas.iter().map(|r| r.broker).collect();
+        let leaving: Vec<ReplicaAssignment> =
+            p.replicas.iter().filter(|r| !target.iter().any(|t| t.broker == r.broker)).copied().collect();
+        p.replicas = target.iter().copied().chain(leaving).collect();
+        p.reassignment = Some(Reassignment {
+            target: target.iter().map(|r| r.broker).collect(),
+            original,
+            cancelled: false,
+        });
+        let highest = target.iter().map(|r| r.node).max().unwrap_or(0);
+        self.next_node_id = self.next_node_id.max(highest + 1);
     }
 
     /// The metadata group's voters as they should be, given the current
@@ -323,6 +392,7 @@ mod tests {
                 group,
                 replicas: vec![ReplicaAssignment { broker: 1, node }],
                 initial: vec![node],
+                reassignment: None,
             }],
         }
     }
@@ -381,6 +451,44 @@ mod tests {
             vec![2],
             "registered brokers count"
         );
+    }
+
+    #[test]
+    fn reassignment_commands_that_do_not_fit_change_nothing() {
+        let mut m = MetadataImage::new();
+        m.apply(0, &topic("a", 1, 1000));
+        let start =
+            |target: Vec<ReplicaAssignment>| MetadataCommand::ReassignmentStarted { group: 1, target };
+        let before = m.clone();
+        // A reused node id, a kept broker under another node id, a broker twice, nothing.
+        for bad in [
+            start(vec![ReplicaAssignment { broker: 2, node: 1000 }]),
+            start(vec![ReplicaAssignment { broker: 1, node: 1001 }]),
+            start(vec![
+                ReplicaAssignment { broker: 2, node: 1001 },
+                ReplicaAssignment { broker: 2, node: 1002 },
+            ]),
+            start(vec![]),
+            MetadataCommand::ReassignmentStarted {
+                group: 9,
+                target: vec![ReplicaAssignment { broker: 2, node: 1001 }],
+            },
+            MetadataCommand::ReassignmentCancelled { group: 1 },
+            MetadataCommand::ReassignmentCompleted { group: 1 },
+        ] {
+            m.apply(1, &bad);
+            assert_eq!(m.topics, before.topics, "{bad:?}");
+            assert_eq!(m.next_node_id, before.next_node_id);
+        }
+        // A good one, replayed from JSON, then a second start is ignored.
+        let good = start(vec![ReplicaAssignment { broker: 2, node: 1001 }]);
+        let log =
+            vec![topic("a", 1, 1000), good.clone(), start(vec![ReplicaAssignment { broker: 3, node: 1002 }])];
+        let m = replay(&log);
+        let p = &m.topics["a"].partitions[0];
+        assert_eq!(p.replicas.iter().map(|r| r.broker).collect::<Vec<_>>(), [2, 1]);
+        assert_eq!(p.reassignment.as_ref().map(|r| r.target.clone()), Some(vec![2]));
+        assert_eq!(m.next_node_id, 1002);
     }
 
     #[test]

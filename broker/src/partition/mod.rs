@@ -123,8 +123,21 @@ pub struct PartitionStatus {
     pub high_watermark: u64,
     /// Log start offset.
     pub log_start_offset: u64,
-    /// (broker, node, matched index) of each other replica; leader only.
-    pub followers: Vec<(BrokerId, NodeId, Option<u64>)>,
+    /// Each other member of the group; leader only.
+    pub followers: Vec<FollowerState>,
+}
+
+/// One follower or learner as the leader sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct FollowerState {
+    /// Its broker (0 if the metadata does not place the node).
+    pub broker: BrokerId,
+    /// Its Raft node id.
+    pub node: NodeId,
+    /// Raft index of the last entry known replicated to it.
+    pub matched: Option<u64>,
+    /// Whether it is a learner (catching up, not voting).
+    pub learner: bool,
 }
 
 /// Maps a storage error to the wire.
@@ -525,7 +538,7 @@ impl Partition {
 
     /// The Raft state of this replica.
     pub fn status(&self) -> PartitionStatus {
-        let (leader, term, commit_index, last_log_index, matched) = self.raft.state(|s| {
+        let (leader, term, commit_index, last_log_index, matched, learners) = self.raft.state(|s| {
             let matched: Vec<(NodeId, Option<u64>)> =
                 s.matched().map(|r| r.map(|(n, m)| (n, m.map(|l| l.index))).collect()).unwrap_or_default();
             (
@@ -534,12 +547,18 @@ impl Partition {
                 s.committed().map_or(0, |l| l.index),
                 s.last_log_index().unwrap_or(0),
                 matched,
+                s.learners().collect::<Vec<NodeId>>(),
             )
         });
         let followers = matched
             .into_iter()
             .filter(|(n, _)| *n != self.node_id)
-            .map(|(n, matched)| (self.broker_of(n).unwrap_or(0), n, matched))
+            .map(|(n, matched)| FollowerState {
+                broker: self.broker_of(n).unwrap_or(0),
+                node: n,
+                matched,
+                learner: learners.contains(&n),
+            })
             .collect();
         PartitionStatus {
             leader: leader.and_then(|n| self.broker_of(n)),

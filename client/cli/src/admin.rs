@@ -74,6 +74,33 @@ pub enum PartitionCommand {
         #[arg(long, value_name = "BROKER")]
         to: Option<u32>,
     },
+    /// Move a partition's replicas to other brokers, or cancel such a move
+    /// (Kafka's partition reassignment, KIP-455).
+    ///
+    /// The new replicas join as Raft learners and copy the log while the
+    /// partition keeps taking writes; once they have caught up, one
+    /// joint-consensus change makes the target replicas the voters (a
+    /// leader that is being removed first hands its leadership to a replica
+    /// that stays); then the replicas left out delete their data. The
+    /// controller records every step, so a move survives any broker's
+    /// restart and a change of controller. --cancel goes back to the
+    /// replicas the move started from, losing nothing.
+    ///
+    /// With --plan, many partitions at once from a JSON file in Kafka's
+    /// reassignment format: {"version":1,"partitions":[{"topic":"t",
+    /// "partition":0,"replicas":[2,3,4]}]} (with --cancel, the replicas are
+    /// ignored). Prints each partition's result; exits non-zero if any was
+    /// refused. With --wait, then waits until every move has completed,
+    /// printing progress.
+    Reassign(crate::reassign::ReassignArgs),
+    /// Show one partition: leader, term, replicas, each replica's lag, and
+    /// any reassignment under way with its phase.
+    Describe {
+        /// Topic name.
+        topic: String,
+        /// Partition number.
+        partition: u32,
+    },
 }
 
 /// Runs a partition command.
@@ -92,6 +119,10 @@ pub async fn partition(bootstrap: &str, command: PartitionCommand) -> anyhow::Re
                 }
                 Err(e) => Err(e).context(format!("transferring the leadership of {topic}-{partition}")),
             }
+        }
+        PartitionCommand::Reassign(args) => crate::reassign::reassign(&admin, args).await,
+        PartitionCommand::Describe { topic, partition } => {
+            crate::reassign::describe(&admin, &topic, partition).await
         }
     }
 }
@@ -204,6 +235,21 @@ fn join(ids: &[u32]) -> String {
     ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
 
+/// A partition's replicas as printed, with a reassignment under way:
+/// `2,3,4,1 (moving: +4 -1)`.
+fn replicas_text(p: &ferrolog_client::admin::PartitionReport) -> String {
+    if p.adding.is_empty() && p.removing.is_empty() {
+        return join(&p.replicas);
+    }
+    let adding: Vec<String> = p.adding.iter().map(|b| format!("+{b}")).collect();
+    let removing: Vec<String> = p.removing.iter().map(|b| format!("-{b}")).collect();
+    format!(
+        "{} (moving: {})",
+        join(&p.replicas),
+        adding.into_iter().chain(removing).collect::<Vec<_>>().join(" ")
+    )
+}
+
 /// The status report, as printed.
 fn render_status(s: &ClusterStatus) -> String {
     let mut out = String::new();
@@ -266,6 +312,9 @@ fn render_status(s: &ClusterStatus) -> String {
                         .followers
                         .iter()
                         .map(|f| match (&f.state, f.lag) {
+                            (ReplicaHealth::Running, Some(lag)) if f.learner => {
+                                format!("{}:{lag} learner", f.broker_id)
+                            }
                             (ReplicaHealth::Running, Some(lag)) => format!("{}:{lag}", f.broker_id),
                             (ReplicaHealth::Recovering(_), Some(lag)) => {
                                 format!("{}:{lag} RECOVERING", f.broker_id)
@@ -285,7 +334,7 @@ fn render_status(s: &ClusterStatus) -> String {
                     row.extend([
                         st.leader.to_string(),
                         st.term.to_string(),
-                        join(&p.replicas),
+                        replicas_text(p),
                         st.commit_index.to_string(),
                         st.high_watermark.to_string(),
                         lag,
@@ -296,7 +345,7 @@ fn render_status(s: &ClusterStatus) -> String {
                     row.extend([
                         leader,
                         "-".into(),
-                        join(&p.replicas),
+                        replicas_text(p),
                         "-".into(),
                         "-".into(),
                         format!("error: {e}"),

@@ -14,6 +14,7 @@ mod dev;
 mod input;
 mod output;
 mod produce;
+mod reassign;
 mod table;
 mod timefmt;
 
@@ -43,7 +44,7 @@ enum Command {
     /// Create, list, describe and delete topics.
     #[command(subcommand)]
     Topic(admin::TopicCommand),
-    /// Partition operations: leadership transfer.
+    /// Partition operations: describe, leadership transfer, reassignment.
     #[command(subcommand)]
     Partition(admin::PartitionCommand),
     /// Cluster status: brokers, controller, each partition's Raft state.
