@@ -173,7 +173,8 @@ impl Broker {
         let peers = PeerAddresses::new(
             config.peer_routes.iter().map(|(peer, via)| (*peer, *via)),
             Duration::from_millis(config.raft.election_timeout_min_ms),
-        );
+        )
+        .with_reassignment_throttle(config.reassignment.replication_throttled_rate);
 
         // Peer API first: the metadata group needs to reach the others.
         // What the pings say of other brokers: elections here, and the

@@ -78,6 +78,17 @@ impl std::fmt::Display for ReplicaHealth {
     }
 }
 
+/// Whether `cluster` shows `c`'s partition moving to exactly `c`'s target.
+fn moving_to(cluster: &ClusterMeta, c: &ReassignmentRequest) -> bool {
+    let Some(p) =
+        cluster.topics.get(&c.topic).and_then(|t| t.partitions.iter().find(|p| p.partition == c.partition))
+    else {
+        return false;
+    };
+    let target: Vec<u32> = p.replicas.iter().copied().filter(|b| !p.removing.contains(b)).collect();
+    p.is_reassigning() && !p.reassignment_cancelled && c.replicas.as_ref() == Some(&target)
+}
+
 /// One partition's change in [`Admin::alter_partition_reassignments`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReassignmentRequest {
@@ -348,12 +359,18 @@ impl Admin {
     /// themselves continue in the cluster (see [`PartitionMeta::adding`]
     /// and [`Admin::wait_for_reassignments`]).
     ///
+    /// Partitions answered `UNAVAILABLE` (no controller yet, a controller
+    /// that failed over) and a call that fails in transport are retried
+    /// until the admin timeout. A retried change that finds its own earlier
+    /// attempt committed (`REASSIGNMENT_IN_PROGRESS` with the same target,
+    /// or `NO_REASSIGNMENT_IN_PROGRESS` for a cancel) counts as done.
+    ///
     /// # Errors
-    /// The whole call: transport errors after retrying, or the broker
-    /// refused the request (`INVALID_REQUEST`). Per partition:
+    /// The whole call: no broker answered within the timeout, or the
+    /// broker refused the request (`INVALID_REQUEST`). Per partition:
     /// `REASSIGNMENT_IN_PROGRESS`, `NO_REASSIGNMENT_IN_PROGRESS`,
-    /// `INVALID_REPLICA_ASSIGNMENT`, `UNKNOWN_TOPIC`, `UNAVAILABLE` (no
-    /// controller), as [`Error::Broker`].
+    /// `INVALID_REPLICA_ASSIGNMENT`, `UNKNOWN_TOPIC`, and `UNAVAILABLE`
+    /// once the timeout has passed, as [`Error::Broker`].
     ///
     /// [`PartitionMeta::adding`]: crate::metadata::PartitionMeta::adding
     pub async fn alter_partition_reassignments(
@@ -362,35 +379,80 @@ impl Admin {
     ) -> Result<Vec<Result<()>>> {
         let what = format!("{} partitions", changes.len());
         let op = Op::new("alter partition reassignments", &what);
-        let request = pb::AlterPartitionReassignmentsRequest {
-            partitions: changes
-                .iter()
-                .map(|c| pb::ReassignablePartition {
-                    topic: c.topic.clone(),
-                    partition: c.partition,
-                    replicas: c.replicas.clone().unwrap_or_default(),
-                    cancel: c.replicas.is_none(),
-                })
-                .collect(),
-        };
-        // A retry after a lost answer may find its own change committed:
-        // sent once, not retried, so the caller sees every answer.
-        let address = self.any_broker().await?;
-        let r = self
-            .meta
-            .call(&op, &address, 0, |mut c| async move { c.alter_partition_reassignments(request).await })
-            .await?;
-        Error::from_wire(&op, r.error)?;
-        let mut out = Vec::with_capacity(changes.len());
-        for c in changes {
-            let answer = r.results.iter().find(|x| x.topic == c.topic && x.partition == c.partition);
-            let pop = Op::partition("reassign", &c.topic, c.partition);
-            out.push(match answer {
-                Some(a) => Error::from_wire(&pop, a.error.clone()),
-                None => Err(unavailable("reassign", &c.topic, "the broker did not answer for it")),
-            });
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut results: Vec<Option<Result<()>>> = vec![None; changes.len()];
+        let mut sent = vec![false; changes.len()];
+        loop {
+            let pending: Vec<usize> = (0..changes.len()).filter(|i| results[*i].is_none()).collect();
+            let request = pb::AlterPartitionReassignmentsRequest {
+                partitions: pending
+                    .iter()
+                    .map(|i| {
+                        let c = &changes[*i];
+                        pb::ReassignablePartition {
+                            topic: c.topic.clone(),
+                            partition: c.partition,
+                            replicas: c.replicas.clone().unwrap_or_default(),
+                            cancel: c.replicas.is_none(),
+                        }
+                    })
+                    .collect(),
+            };
+            let answered = match self.any_broker().await {
+                Ok(address) => {
+                    self.meta
+                        .call(&op, &address, 0, |mut c| async move {
+                            c.alter_partition_reassignments(request).await
+                        })
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            let late = tokio::time::Instant::now() >= deadline;
+            let r = match answered {
+                Ok(r) => r,
+                Err(e) if late || e.retry() != Retry::Yes => return Err(e),
+                Err(_) => {
+                    let _ = self.meta.refresh().await;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            Error::from_wire(&op, r.error)?;
+            let mut cluster: Option<Arc<ClusterMeta>> = None;
+            for i in pending {
+                let c = &changes[i];
+                let answer = r.results.iter().find(|x| x.topic == c.topic && x.partition == c.partition);
+                let pop = Op::partition("reassign", &c.topic, c.partition);
+                let outcome = match answer {
+                    Some(a) => Error::from_wire(&pop, a.error.clone()),
+                    None => Err(unavailable("reassign", &c.topic, "the broker did not answer for it")),
+                };
+                let retried = sent[i];
+                sent[i] = true;
+                let code = outcome.as_ref().err().and_then(Error::code);
+                let done = match code {
+                    None => Some(Ok(())),
+                    Some(ErrorCode::Unavailable) if !late => None,
+                    Some(ErrorCode::ReassignmentInProgress) if retried => {
+                        if cluster.is_none() {
+                            cluster = self.fresh_metadata().await.ok();
+                        }
+                        let ours = cluster.as_ref().is_some_and(|m| moving_to(m, c));
+                        Some(if ours { Ok(()) } else { outcome })
+                    }
+                    Some(ErrorCode::NoReassignmentInProgress) if retried && c.replicas.is_none() => {
+                        Some(Ok(()))
+                    }
+                    Some(_) => Some(outcome),
+                };
+                results[i] = done;
+            }
+            if results.iter().all(Option::is_some) {
+                return Ok(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        Ok(out)
     }
 
     /// Waits until none of `partitions` (topic, partition) has a

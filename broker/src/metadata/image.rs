@@ -338,6 +338,18 @@ impl MetadataImage {
         out
     }
 
+    /// Node ids of the replicas that reassignments under way add (the
+    /// reassignment throttle applies to traffic to them).
+    pub fn adding_nodes(&self) -> std::collections::HashSet<NodeId> {
+        let mut out = std::collections::HashSet::new();
+        for p in self.topics.values().flat_map(|t| t.partitions.iter()) {
+            for b in p.adding() {
+                out.extend(p.replicas.iter().filter(|r| r.broker == b).map(|r| r.node));
+            }
+        }
+        out
+    }
+
     /// Every partition replica placed on `broker`: (topic, partition, assignment).
     pub fn replicas_on(&self, broker: BrokerId) -> Vec<(String, u32, PartitionAssignment)> {
         let mut out = Vec::new();

@@ -34,6 +34,8 @@ pub struct PeerAddresses {
     /// Shortest timeout of a Raft RPC, whatever the node asks for; also the
     /// connect timeout.
     min_rpc_timeout: std::time::Duration,
+    /// The reassignment throttle on traffic to replicas being added.
+    throttle: super::throttle::Throttle,
 }
 
 impl PeerAddresses {
@@ -58,7 +60,22 @@ impl PeerAddresses {
             nodes: Arc::default(),
             routes: Arc::new(routes.into_iter().collect()),
             min_rpc_timeout,
+            throttle: super::throttle::Throttle::new(0),
         }
+    }
+
+    /// Limits entries and snapshot chunks sent to replicas that
+    /// reassignments add to `bytes_per_sec` in all (0: no limit); see
+    /// [`super::throttle`].
+    #[must_use]
+    pub fn with_reassignment_throttle(mut self, bytes_per_sec: u64) -> Self {
+        self.throttle = super::throttle::Throttle::new(bytes_per_sec);
+        self
+    }
+
+    /// The reassignment throttle (its nodes are set from the metadata image).
+    pub fn throttle(&self) -> &super::throttle::Throttle {
+        &self.throttle
     }
 
     /// Replaces the map of Raft node ids to their brokers' current peer
@@ -193,6 +210,9 @@ impl PeerTransport for PeerAddresses {
                 }
             };
         }
+        if !req.entries.is_empty() && self.throttle.applies(target) {
+            self.throttle.charge(prost::Message::encoded_len(&req) as u64).await;
+        }
         let req = self.request(req, timeout);
         Ok(self.client(target, addr)?.append_entries(req).await.map_err(unreachable)?.into_inner())
     }
@@ -241,6 +261,16 @@ impl PeerTransport for PeerAddresses {
         chunks: impl Stream<Item = pb::SnapshotChunk> + Send + 'static,
         timeout: Duration,
     ) -> Result<pb::SnapshotResponse, PeerUnreachable> {
+        let throttle = self.throttle.applies(target).then(|| self.throttle.clone());
+        let chunks = futures::StreamExt::then(chunks, move |c| {
+            let throttle = throttle.clone();
+            async move {
+                if let Some(t) = throttle {
+                    t.charge(prost::Message::encoded_len(&c) as u64).await;
+                }
+                c
+            }
+        });
         let req = self.request(chunks, timeout);
         Ok(self.client(target, addr)?.install_snapshot(req).await.map_err(unreachable)?.into_inner())
     }

@@ -15,6 +15,7 @@ pub mod batch;
 pub mod client;
 pub mod protocol;
 pub mod server;
+pub mod throttle;
 
 pub use client::PeerAddresses;
 pub use protocol::peer_client;
