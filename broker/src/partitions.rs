@@ -201,7 +201,6 @@ impl Reconciler {
             if addressed.as_ref().is_none_or(|a| !Arc::ptr_eq(a, &current)) {
                 // Every group dials each node's broker where it now is.
                 self.peers.set_node_addresses(current.node_addresses());
-                self.peers.throttle().set_nodes(current.adding_nodes());
                 addressed = Some(current.clone());
             }
             let compare =

@@ -389,8 +389,11 @@ impl Broker {
             crate::control::membership::run(
                 reconciler.groups.clone(),
                 image_rx.clone(),
-                controller.clone(),
-                hand_over.clone(),
+                crate::control::membership::Env {
+                    controller: controller.clone(),
+                    hand_over: hand_over.clone(),
+                    throttle: reconciler.peers.throttle().clone(),
+                },
             ),
         ));
         tasks.push(spawn_task("files", me, &stopping, crate::control::files::watch()));

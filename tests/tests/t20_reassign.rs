@@ -150,9 +150,9 @@ impl Load {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_moves_to_a_new_broker_under_load() -> anyhow::Result<()> {
     let (c, old, spare, load) = loaded("reassign", 3).await?;
-    // Drop the first (preferred, usually leading) replica, add the spare.
-    let target = vec![old[1], old[2], spare];
-    let leaving = old[0];
+    // Drop the leader's replica, add the spare: the leader hands over first.
+    let leaving = leader(&c, "t", 0, Duration::from_secs(30)).await?;
+    let target: Vec<u32> = old.iter().copied().filter(|b| *b != leaving).chain([spare]).collect();
     let before = load.acked().await;
     reassign(&c, leaving, Some(&target)).await?;
     // The metadata shows the move at once: all four host the partition.
@@ -165,6 +165,11 @@ async fn a_partition_moves_to_a_new_broker_under_load() -> anyhow::Result<()> {
     assert!(!c.replica_dirs(spare, "t-0.").is_empty(), "the new replica has no directory");
     let l = leader(&c, "t", 0, Duration::from_secs(30)).await?;
     assert!(target.contains(&l), "broker {l} leads, not one of the target {target:?}");
+    let log = std::fs::read_to_string(&c.broker(leaving).log)?;
+    assert!(
+        log.contains("this replica leaves the group: handing its leadership"),
+        "broker {leaving} led t-0 and was dropped, but did not hand over first"
+    );
     let s = status(&c, l, "t", 0).await?;
     let mut members: Vec<u32> = s.followers.iter().map(|f| f.broker_id).chain([l]).collect();
     members.sort_unstable();

@@ -23,6 +23,7 @@ use crate::metadata::METADATA_GROUP;
 use crate::metadata::command::ControllerRequest;
 use crate::metadata::controller::Controller;
 use crate::metadata::image::MetadataImage;
+use crate::network::throttle::Throttle;
 
 /// How often memberships are compared with the metadata.
 pub const CHECK_INTERVAL: Duration = Duration::from_secs(1);
@@ -44,16 +45,22 @@ pub fn wanted_voters(
     Some(p.wanted_replicas().iter().map(|r| r.node).collect())
 }
 
+/// What the membership changes use besides the groups and the image.
+#[derive(Clone, Debug)]
+pub struct Env {
+    /// To report completed reassignments.
+    pub controller: Controller,
+    /// To hand a leaving leader's leadership over.
+    pub hand_over: HandOver,
+    /// The reassignment throttle: learners of groups led here are throttled.
+    pub throttle: Throttle,
+}
+
 /// Compares and fixes memberships every [`CHECK_INTERVAL`], forever: every
 /// group led here when the image or the set of groups led here changed,
 /// otherwise only the groups whose change is still under way (a learner
 /// catching up), so an idle broker reads no group's state.
-pub async fn run(
-    groups: GroupRegistry,
-    image: watch::Receiver<Arc<MetadataImage>>,
-    controller: Controller,
-    hand_over: HandOver,
-) {
+pub async fn run(groups: GroupRegistry, image: watch::Receiver<Arc<MetadataImage>>, env: Env) {
     let mut tick = tokio::time::interval(CHECK_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seen: Option<(Arc<MetadataImage>, Arc<Vec<GroupId>>)> = None;
@@ -71,7 +78,7 @@ pub async fn run(
             if !hosted.raft.is_leader() {
                 continue;
             }
-            match reconcile(&img, group, &hosted, &controller, &hand_over).await {
+            match reconcile(&img, group, &hosted, &env).await {
                 Ok(true) => {}
                 Ok(false) => {
                     pending.insert(group);
@@ -91,22 +98,51 @@ async fn reconcile(
     image: &MetadataImage,
     group: GroupId,
     h: &HostedGroup,
-    controller: &Controller,
-    hand_over: &HandOver,
+    env: &Env,
 ) -> anyhow::Result<bool> {
-    let (voters, learners, last, matched, committed) = h.raft.state(|s| {
+    let (voters, joint, learners, last, matched, committed) = h.raft.state(|s| {
         let voters: BTreeSet<NodeId> = s.voters().collect();
         let learners: BTreeSet<NodeId> = s.learners().collect();
         let matched: BTreeMap<NodeId, Option<u64>> =
             s.matched().map(|r| r.map(|(n, m)| (n, m.map(|l| l.index))).collect()).unwrap_or_default();
-        (voters, learners, s.last_log_index().unwrap_or(0), matched, s.membership_committed())
+        let joint = s.voter_sets().len() > 1;
+        (voters, joint, learners, s.last_log_index().unwrap_or(0), matched, s.membership_committed())
     });
+    let partition = group != METADATA_GROUP;
+    if partition {
+        // Throttle catch-up traffic to learners only (`crate::network::throttle`).
+        for n in &learners {
+            env.throttle.set_node(*n, true);
+        }
+        for n in &voters {
+            env.throttle.set_node(*n, false);
+        }
+        // Never act on an image older than the group's membership: it
+        // would undo a reassignment (a member with a node id the image has
+        // not handed out yet proves the image is behind), and an image
+        // behind the controller's commits may miss a reassignment's start.
+        let newer = voters.iter().chain(&learners).find(|n| **n >= image.next_node_id);
+        if let Some(n) = newer {
+            tracing::debug!(
+                group,
+                node = n,
+                "the metadata image is older than the group's membership: waiting"
+            );
+            return Ok(false);
+        }
+        if !env.controller.image_caught_up() {
+            return Ok(false);
+        }
+    }
     let Some(wanted) = wanted_voters(image, group, &voters) else { return Ok(true) };
     if wanted.is_empty() {
         return Ok(true);
     }
-    if wanted == voters {
-        if group == METADATA_GROUP {
+    // `voters` merges both halves of a joint configuration: equal to
+    // `wanted` is done only once the configuration is a single one (a
+    // leader that took over mid-change finishes it below).
+    if wanted == voters && !joint {
+        if !partition {
             return Ok(true);
         }
         if !committed {
@@ -115,14 +151,20 @@ async fn reconcile(
         let unwanted: BTreeSet<NodeId> = learners.difference(&wanted).copied().collect();
         if !unwanted.is_empty() {
             tracing::info!(group, ?unwanted, "removing learners the metadata no longer places");
-            h.raft.remove_learners(unwanted).await?;
+            timed(h.raft.remove_learners(unwanted)).await?;
             return Ok(false);
         }
-        let reassigning = image.partition_by_group(group).is_some_and(|(_, _, p)| p.reassignment.is_some());
-        if reassigning {
+        let epoch =
+            image.partition_by_group(group).and_then(|(_, _, p)| p.reassignment.as_ref().map(|r| r.epoch));
+        if let Some(epoch) = epoch {
             let voters: Vec<NodeId> = voters.into_iter().collect();
-            tracing::info!(group, ?voters, "reassignment's target is the membership: reporting it done");
-            controller.handle(ControllerRequest::CompleteReassignment { group, voters }).await?;
+            tracing::info!(
+                group,
+                ?voters,
+                epoch,
+                "reassignment's target is the membership: reporting it done"
+            );
+            env.controller.handle(ControllerRequest::CompleteReassignment { group, voters, epoch }).await?;
             // Done once the image shows it (the next pass over a new image).
             return Ok(false);
         }
@@ -138,7 +180,10 @@ async fn reconcile(
                 image.broker_of_node(group, *n).ok_or_else(|| anyhow::anyhow!("no broker for node {n}"))?;
             let addr = image.brokers.get(&broker).map(|b| b.peer_addr.clone()).unwrap_or_default();
             tracing::info!(group, node = n, broker, "adding a replica as a learner");
-            h.raft.add_learner(*n, addr).await?;
+            if partition {
+                env.throttle.set_node(*n, true);
+            }
+            timed(h.raft.add_learner(*n, addr)).await?;
             ready = false;
             continue;
         }
@@ -162,27 +207,49 @@ async fn reconcile(
     // A leader the change drops hands over first to a voter that stays, so
     // that the change is made by a leader of the new configuration (Raft
     // thesis §4.2.2 lets a leader outside it finish the change and step
-    // down; openraft keeps such a leader's role until its vote changes).
+    // down; openraft then demotes it after a delay, racing any hand-over).
+    // Not while this broker drains: its own hand-overs move the leadership.
     let staying: BTreeSet<NodeId> = wanted.intersection(&voters).copied().collect();
-    if group != METADATA_GROUP && !wanted.contains(&h.node_id) && !staying.is_empty() {
+    if partition && !wanted.contains(&h.node_id) && !staying.is_empty() {
+        if env.hand_over.groups.draining() {
+            return Ok(false);
+        }
         let to = in_order(&staying);
         tracing::info!(group, ?to, "this replica leaves the group: handing its leadership to one that stays");
         let outcome =
-            hand_over.hand_over(group, &to, None, std::time::Instant::now() + HAND_OVER_WITHIN).await;
+            env.hand_over.hand_over(group, &to, None, std::time::Instant::now() + HAND_OVER_WITHIN).await;
         tracing::info!(group, ?outcome, "hand-over before a membership change");
         return Ok(false);
     }
-    tracing::info!(group, ?voters, ?wanted, "changing voters");
-    h.raft.change_voters(wanted.clone()).await?;
+    tracing::info!(group, ?voters, ?wanted, joint, "changing voters");
+    timed(h.raft.change_voters(wanted.clone())).await?;
     // Both phases of the joint change are committed: a majority of the
     // new voters alone now decides.
     tracing::info!(group, ?wanted, "voters changed");
-    if group != METADATA_GROUP && !wanted.contains(&h.node_id) {
+    for n in &wanted {
+        env.throttle.set_node(*n, false);
+    }
+    if partition && !wanted.contains(&h.node_id) && !env.hand_over.groups.draining() {
         // No voter stayed (every replica moved): the new voters take over.
-        let outcome = hand_over
+        let outcome = env
+            .hand_over
             .hand_over(group, &in_order(&wanted), None, std::time::Instant::now() + HAND_OVER_WITHIN)
             .await;
         tracing::info!(group, ?outcome, "leaving leader handed over to the new voters");
     }
     Ok(false)
+}
+
+/// Longest one membership change may take before the pass moves on (the
+/// group is visited again next pass).
+pub const CHANGE_WITHIN: Duration = Duration::from_secs(10);
+
+/// `change` within [`CHANGE_WITHIN`].
+async fn timed<E: std::error::Error + Send + Sync + 'static>(
+    change: impl std::future::Future<Output = Result<(), E>>,
+) -> anyhow::Result<()> {
+    match tokio::time::timeout(CHANGE_WITHIN, change).await {
+        Ok(r) => Ok(r?),
+        Err(_) => anyhow::bail!("not done within {CHANGE_WITHIN:?}; tried again next pass"),
+    }
 }

@@ -558,7 +558,7 @@ fn view(
         // group open yet, which each broker learns from the pings at its
         // own time: replicas would disagree on which is first and both
         // campaign).
-        let replicas = p.replicas();
+        let replicas = p.electable_replicas();
         let remembered = known.remembered().and_then(|n| p.broker_of(n));
         // A broker in a controlled shutdown is passed over: it will not
         // campaign (see `run`).

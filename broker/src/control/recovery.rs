@@ -84,9 +84,10 @@ pub fn vote_floor(answers: &[Option<Option<(u64, u64)>>]) -> Option<Option<(u64,
 pub async fn seek_vote_floor(p: &crate::partition::Partition, groups: &GroupRegistry, peers: &PeerAddresses) {
     use ferrolog_proto::raft::LogStateRequest;
     let own = p.replica.last_log_id().map(|l| (l.leader_id.term, l.index));
-    // The voters as the metadata assigns them: a replica that lost its log
-    // may no longer know its group's membership from it.
-    let voters: Vec<NodeId> = p.replicas().iter().map(|r| r.node).collect();
+    // The voters as the metadata assigns them (a replica that lost its log
+    // may no longer know its group's membership from it), less learners
+    // and leaving replicas of a reassignment when the membership is known.
+    let voters: Vec<NodeId> = p.electable_replicas().iter().map(|r| r.node).collect();
     if voters.len() < 2 {
         return;
     }

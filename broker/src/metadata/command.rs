@@ -49,6 +49,10 @@ pub struct Reassignment {
     /// replicas that were being added are removed once the voters are back.
     #[serde(default)]
     pub cancelled: bool,
+    /// Metadata log offset of the command that set the current target (the
+    /// start, or the cancellation): a completion names it, so a late report
+    /// about an earlier target never completes a later one.
+    pub epoch: u64,
 }
 
 impl PartitionAssignment {
@@ -156,6 +160,9 @@ pub enum MetadataCommand {
     ReassignmentCompleted {
         /// The partition's Raft group id.
         group: u64,
+        /// The [`Reassignment::epoch`] it completes; ignored if the target
+        /// changed since.
+        epoch: u64,
     },
     /// Producer ids up to `next_producer_id - 1` are handed out.
     ProducerIdsAllocated {
@@ -221,6 +228,8 @@ pub enum ControllerRequest {
         group: u64,
         /// The group's voters, node ids.
         voters: Vec<NodeId>,
+        /// The [`Reassignment::epoch`] of the target the leader's image showed.
+        epoch: u64,
     },
 }
 
@@ -310,8 +319,12 @@ mod tests {
                 r#"{"type":"cancel_reassignment","topic":"orders","partition":2}"#,
             ),
             (
-                ControllerRequest::CompleteReassignment { group: 7, voters: vec![1001, 1002, 1010] },
-                r#"{"type":"complete_reassignment","group":7,"voters":[1001,1002,1010]}"#,
+                ControllerRequest::CompleteReassignment {
+                    group: 7,
+                    voters: vec![1001, 1002, 1010],
+                    epoch: 42,
+                },
+                r#"{"type":"complete_reassignment","group":7,"voters":[1001,1002,1010],"epoch":42}"#,
             ),
         ];
         for (request, text) in requests {

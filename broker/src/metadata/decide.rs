@@ -215,12 +215,17 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
                 }),
             }
         }
-        ControllerRequest::CompleteReassignment { group, voters } => {
+        ControllerRequest::CompleteReassignment { group, voters, epoch } => {
             let Some((topic, partition, p)) = image.partition_by_group(group) else {
                 return Err(ApiError::UnknownTopic(format!("group {group}")));
             };
-            if p.reassignment.is_none() {
-                return Ok(Decision::Answer(ControllerReply::Ok));
+            let Some(r) = &p.reassignment else { return Ok(Decision::Answer(ControllerReply::Ok)) };
+            if r.epoch != epoch {
+                return Err(ApiError::Invalid(format!(
+                    "{topic}-{partition}: the report is about the target set at offset {epoch}; the current \
+                     one was set at offset {}",
+                    r.epoch
+                )));
             }
             let wanted: BTreeSet<_> = p.wanted_replicas().iter().map(|r| r.node).collect();
             let reported: BTreeSet<_> = voters.iter().copied().collect();
@@ -232,7 +237,7 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
                 )));
             }
             Ok(Decision::Commit {
-                command: MetadataCommand::ReassignmentCompleted { group },
+                command: MetadataCommand::ReassignmentCompleted { group, epoch },
                 reply: ControllerReply::Ok,
             })
         }
@@ -485,7 +490,9 @@ mod tests {
             Err(ApiError::ReassignmentInProgress(_))
         ));
         let old_voters: Vec<u64> = before.replicas.iter().map(|r| r.node).collect();
-        let complete = |voters: Vec<u64>| ControllerRequest::CompleteReassignment { group: p.group, voters };
+        let epoch = p.reassignment.as_ref().map_or(0, |r| r.epoch);
+        let complete =
+            |voters: Vec<u64>| ControllerRequest::CompleteReassignment { group: p.group, voters, epoch };
         assert!(matches!(decide(&image, complete(old_voters), &f), Err(ApiError::Invalid(_))));
         let new_voters: Vec<u64> = p.wanted_replicas().iter().map(|r| r.node).collect();
         run(&mut image, complete(new_voters.clone()), &f).unwrap();
@@ -517,7 +524,19 @@ mod tests {
             "twice is fine"
         );
         let voters: Vec<u64> = before.replicas.iter().map(|r| r.node).collect();
-        run(&mut image, ControllerRequest::CompleteReassignment { group: p.group, voters }, &f).unwrap();
+        let started = p.reassignment.as_ref().map_or(0, |r| r.epoch) - 1;
+        let stale = ControllerRequest::CompleteReassignment {
+            group: p.group,
+            voters: voters.clone(),
+            epoch: started,
+        };
+        assert!(
+            matches!(decide(&image, stale, &f), Err(ApiError::Invalid(_))),
+            "a report about the target before the cancellation"
+        );
+        let epoch = p.reassignment.as_ref().map_or(0, |r| r.epoch);
+        run(&mut image, ControllerRequest::CompleteReassignment { group: p.group, voters, epoch }, &f)
+            .unwrap();
         assert_eq!(image.topics["t"].partitions[0], before, "back to what it was");
         assert!(image.replicas_on(4).is_empty());
     }

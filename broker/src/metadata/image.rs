@@ -179,7 +179,7 @@ impl MetadataImage {
                 self.next_producer_id = self.next_producer_id.max(*next_producer_id);
             }
             MetadataCommand::ReassignmentStarted { group, target } => {
-                self.start_reassignment(*group, target);
+                self.start_reassignment(offset, *group, target);
             }
             MetadataCommand::ReassignmentCancelled { group } => {
                 if let Some(p) = self.partition_mut(*group)
@@ -188,14 +188,15 @@ impl MetadataImage {
                 {
                     r.target = r.original.clone();
                     r.cancelled = true;
+                    r.epoch = offset;
                     let order = r.target.clone();
                     p.replicas
                         .sort_by_key(|x| order.iter().position(|b| *b == x.broker).unwrap_or(usize::MAX));
                 }
             }
-            MetadataCommand::ReassignmentCompleted { group } => {
+            MetadataCommand::ReassignmentCompleted { group, epoch } => {
                 if let Some(p) = self.partition_mut(*group)
-                    && p.reassignment.is_some()
+                    && p.reassignment.as_ref().is_some_and(|r| r.epoch == *epoch)
                 {
                     p.replicas = p.wanted_replicas();
                     p.reassignment = None;
@@ -224,7 +225,7 @@ impl MetadataImage {
     /// group is unknown, a reassignment runs already, a kept broker's node
     /// id differs, an added replica's node id was handed out before, or a
     /// broker is listed twice.
-    fn start_reassignment(&mut self, group: u64, target: &[ReplicaAssignment]) {
+    fn start_reassignment(&mut self, offset: u64, group: u64, target: &[ReplicaAssignment]) {
         let next_node_id = self.next_node_id;
         let Some(p) = self.partition_mut(group) else { return };
         let distinct = target.iter().map(|r| r.broker).collect::<std::collections::BTreeSet<_>>().len();
@@ -246,6 +247,7 @@ impl MetadataImage {
             target: target.iter().map(|r| r.broker).collect(),
             original,
             cancelled: false,
+            epoch: offset,
         });
         let highest = target.iter().map(|r| r.node).max().unwrap_or(0);
         self.next_node_id = self.next_node_id.max(highest + 1);
@@ -333,18 +335,6 @@ impl MetadataImage {
                         out.insert(r.node, b.peer_addr.clone());
                     }
                 }
-            }
-        }
-        out
-    }
-
-    /// Node ids of the replicas that reassignments under way add (the
-    /// reassignment throttle applies to traffic to them).
-    pub fn adding_nodes(&self) -> std::collections::HashSet<NodeId> {
-        let mut out = std::collections::HashSet::new();
-        for p in self.topics.values().flat_map(|t| t.partitions.iter()) {
-            for b in p.adding() {
-                out.extend(p.replicas.iter().filter(|r| r.broker == b).map(|r| r.node));
             }
         }
         out
@@ -486,7 +476,7 @@ mod tests {
                 target: vec![ReplicaAssignment { broker: 2, node: 1001 }],
             },
             MetadataCommand::ReassignmentCancelled { group: 1 },
-            MetadataCommand::ReassignmentCompleted { group: 1 },
+            MetadataCommand::ReassignmentCompleted { group: 1, epoch: 0 },
         ] {
             m.apply(1, &bad);
             assert_eq!(m.topics, before.topics, "{bad:?}");

@@ -1,6 +1,7 @@
 //! The reassignment throttle: entries and snapshot chunks this broker
-//! sends to replicas that a reassignment is adding (Raft learners catching
-//! up) share one budget of bytes per second, so copying a partition to a
+//! sends to learners of the groups it leads (replicas a reassignment is
+//! adding, catching up; `crate::control::membership` keeps the set) share
+//! one budget of bytes per second, so copying a partition to a
 //! new broker leaves the disks and the network room for producers (Kafka's
 //! `leader.replication.throttled.rate` applied to the moving replicas,
 //! KIP-73). Traffic to every other replica is never held back.
@@ -17,7 +18,7 @@ use tokio::time::Instant;
 pub struct Throttle {
     /// Bytes per second; 0: no limit.
     rate: u64,
-    /// The nodes it applies to (the replicas being added).
+    /// The nodes it applies to (learners of groups led here).
     nodes: Arc<RwLock<Arc<HashSet<NodeId>>>>,
     /// When the budget is next free: each send of `n` bytes starts no
     /// earlier than this and moves it `n / rate` seconds on (a virtual
@@ -37,10 +38,19 @@ impl Throttle {
         Self { rate, nodes: Arc::default(), free_at: Arc::default() }
     }
 
-    /// Replaces the set of throttled nodes (built from the metadata image:
-    /// the node ids of replicas that reassignments under way add).
-    pub fn set_nodes(&self, nodes: HashSet<NodeId>) {
-        *self.nodes.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(nodes);
+    /// Throttles traffic to `node` (a learner of a group led here), or
+    /// stops throttling it (it became a voter, or was removed).
+    pub fn set_node(&self, node: NodeId, throttled: bool) {
+        let mut nodes = self.nodes.write().unwrap_or_else(|p| p.into_inner());
+        if nodes.contains(&node) != throttled {
+            let mut next = HashSet::clone(&nodes);
+            if throttled {
+                next.insert(node);
+            } else {
+                next.remove(&node);
+            }
+            *nodes = Arc::new(next);
+        }
     }
 
     /// Whether traffic to `node` is throttled.
@@ -99,10 +109,12 @@ mod tests {
     fn only_the_nodes_set_are_throttled_and_zero_is_unlimited() {
         let t = Throttle::new(10);
         assert!(!t.applies(7));
-        t.set_nodes([7].into_iter().collect());
+        t.set_node(7, true);
         assert!(t.applies(7) && !t.applies(8));
+        t.set_node(7, false);
+        assert!(!t.applies(7));
         let unlimited = Throttle::new(0);
-        unlimited.set_nodes([7].into_iter().collect());
+        unlimited.set_node(7, true);
         assert!(!unlimited.applies(7));
         let now = Instant::now();
         assert_eq!(unlimited.reserve(u64::MAX, now), now);

@@ -279,6 +279,21 @@ impl Partition {
             .map(|r| r.broker)
     }
 
+    /// The replicas that may campaign and whose votes count: the assigned
+    /// replicas that are voters of the group as this replica's membership
+    /// has it. During a reassignment the assignment also lists learners
+    /// (replicas being added, which cannot be elected) and, after the
+    /// voters changed, replicas on their way out. A replica that knows no
+    /// membership yet (a new one) gets every assigned replica.
+    pub fn electable_replicas(&self) -> Vec<ReplicaAssignment> {
+        let mut replicas = self.replicas();
+        let voters: Vec<NodeId> = self.raft.state(|s| s.voters().collect());
+        if !voters.is_empty() {
+            replicas.retain(|r| voters.contains(&r.node));
+        }
+        replicas
+    }
+
     /// Replaces the replica list (after a reassignment); returns whether
     /// it changed.
     pub fn set_replicas(&self, replicas: Vec<ReplicaAssignment>) -> bool {

@@ -113,7 +113,7 @@ pub async fn reassign(admin: &Admin, args: ReassignArgs) -> anyhow::Result<()> {
                 started.push((c.topic.clone(), c.partition));
             }
             (Err(e), _) => {
-                println!("{name}: refused: {e}");
+                eprintln!("{name}: refused: {e}");
                 refused += 1;
             }
         }

@@ -506,3 +506,57 @@ fn partition_leadership_moves_on_request() {
     assert_eq!(leader_and_replicas(&c, "moves").0, leader);
     assert_eq!(values(&c, "moves"), vec!["a", "b", "c", "d"]);
 }
+
+#[test]
+fn partition_reassign_moves_a_replica_and_describe_shows_it() {
+    let c = Brokers::start();
+    c.ok(&["topic", "create", "shift", "--partitions", "1", "--replication-factor", "1"], None);
+    c.ok(&["produce", "shift"], Some("a\nb\n"));
+    let (_, replicas) = leader_and_replicas(&c, "shift");
+    let from = replicas[0];
+    let to = (1..=3).find(|b| *b != from).expect("another broker");
+
+    // Refusals, with Kafka's codes and the reason.
+    let err = c.fails(&["partition", "reassign", "shift", "0", "--replicas", "9"], None);
+    assert!(
+        err.contains("INVALID_REPLICA_ASSIGNMENT") && err.contains("broker 9 is not registered"),
+        "{err}"
+    );
+    let err = c.fails(&["partition", "reassign", "shift", "0", "--replicas", &format!("{to},{to}")], None);
+    assert!(err.contains("INVALID_REPLICA_ASSIGNMENT"), "{err}");
+    let err = c.fails(&["partition", "reassign", "shift", "0", "--cancel"], None);
+    assert!(err.contains("NO_REASSIGNMENT_IN_PROGRESS"), "{err}");
+
+    // A move, waited for.
+    let out =
+        c.ok(&["partition", "reassign", "shift", "0", "--replicas", &to.to_string(), "--wait", "60"], None);
+    assert!(out.contains(&format!("shift-0: moving to brokers {to}")) && out.contains("done"), "{out}");
+    let out = c.ok(&["partition", "describe", "shift", "0"], None);
+    assert!(out.contains(&format!("replicas: {to}\n")) && out.contains("reassignment: none"), "{out}");
+    assert!(out.contains(&format!("leader: broker {to}")), "{out}");
+    assert_eq!(values(&c, "shift"), vec!["a", "b"], "the records moved with the replica");
+
+    // A plan (Kafka's format) moving it back, with a bad entry beside it:
+    // the good one is done, the bad one reported, the exit status non-zero.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = dir.path().join("plan.json");
+    std::fs::write(
+        &plan,
+        format!(
+            r#"{{"version":1,"partitions":[{{"topic":"shift","partition":0,"replicas":[{from}]}},
+               {{"topic":"nope","partition":0,"replicas":[1]}}]}}"#
+        ),
+    )
+    .expect("write the plan");
+    let err = c.fails(&["partition", "reassign", "--plan", &plan.to_string_lossy(), "--wait", "60"], None);
+    assert!(err.contains("1 of 2 reassignments refused"), "{err}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while leader_and_replicas(&c, "shift").1 != vec![from] {
+        assert!(Instant::now() < deadline, "shift-0 never moved back to broker {from}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    c.ok(&["produce", "shift"], Some("c\n"));
+    assert_eq!(values(&c, "shift"), vec!["a", "b", "c"]);
+    let err = c.fails(&["partition", "reassign", "--plan", "/nonexistent/plan.json"], None);
+    assert!(err.contains("reading /nonexistent/plan.json"), "{err}");
+}
