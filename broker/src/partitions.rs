@@ -262,12 +262,18 @@ impl Reconciler {
         let wanted: BTreeMap<u64, (String, u32, PartitionAssignment)> =
             image.replicas_on(self.broker).into_iter().map(|(t, p, a)| (a.group, (t, p, a))).collect();
         let (mut removed, mut reassigned) = (0usize, 0usize);
+        // Deleting a replica needs an image known to be current: after a
+        // restart the image may stop at a lazily saved commit index, before
+        // a reassignment that placed a replica here (which would then be
+        // deleted as not placed: a voter forgetting its log).
+        let fresh = self.controller.heard_from_leader();
         for p in self.groups.partitions() {
             let keep = wanted
                 .get(&p.group)
                 .and_then(|(_, _, a)| a.replicas.iter().find(|r| r.broker == self.broker));
             match keep {
                 Some(r) if r.node == p.node_id => {}
+                _ if !fresh => {}
                 Some(_) => {
                     // Re-assigned under a new node id: what it holds belongs to the old one.
                     tracing::warn!(topic = %p.topic, partition = p.partition, group = p.group, "node id changed: restarting the replica empty");
@@ -374,7 +380,9 @@ impl Reconciler {
         self.failures.failures().retain(|g, f| {
             wanted.contains_key(g) && f.running_since.is_none_or(|t| t.elapsed() < HEALTHY_AFTER)
         });
-        self.sweep_orphans(image, &wanted).await;
+        if fresh {
+            self.sweep_orphans(image, &wanted).await;
+        }
         self.groups.set_replicas_open();
         (failed + removed + reassigned, true)
     }
@@ -418,7 +426,8 @@ impl Reconciler {
     }
 
     /// Removes replica directories of groups this broker no longer hosts
-    /// (a topic deleted while the broker was down).
+    /// (a topic deleted, or a replica moved off, while the broker was down).
+    /// Only on an image known to be current (see `reconcile`).
     async fn sweep_orphans(
         &self,
         image: &MetadataImage,
@@ -431,7 +440,7 @@ impl Reconciler {
                 continue;
             };
             if group < image.next_group_id && !wanted.contains_key(&group) && !self.groups.contains(group) {
-                tracing::info!(dir = %name, "removing the replica of a deleted topic");
+                tracing::info!(dir = %name, "removing a replica no longer placed here (topic deleted or replica moved)");
                 self.remove(&e.path()).await;
             }
         }
