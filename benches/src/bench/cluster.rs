@@ -44,6 +44,29 @@ pub async fn start_with_dormant(
     Ok((Cluster::start_with(name, &exe, &["broker"], 3, &env).await?, config))
 }
 
+/// A cluster of `n` brokers whose config file holds `config` (TOML), kept
+/// with the cluster (return value) while the brokers may restart.
+///
+/// # Errors
+/// As [`start`], or a config file that cannot be written.
+pub async fn start_configured(
+    name: &str,
+    n: u32,
+    config: &str,
+) -> anyhow::Result<(Cluster, tempfile::TempPath)> {
+    let exe = std::env::current_exe()?;
+    let exe = exe.to_string_lossy().into_owned();
+    let file = tempfile::Builder::new().prefix("ferrolog-bench-").suffix(".toml").tempfile()?;
+    std::fs::write(file.path(), config)?;
+    let path = file.into_temp_path();
+    let mut env = vec![("FERROLOG_CONFIG".to_owned(), path.to_string_lossy().into_owned())];
+    if let Ok(filter) = std::env::var("FERROLOG_BENCH_BROKER_LOG") {
+        env.push(("RUST_LOG".to_owned(), filter));
+    }
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    Ok((Cluster::start_with(name, &exe, &["broker"], n, &env).await?, path))
+}
+
 /// Resident memory of process `pid` (VmRSS of /proc/<pid>/status), bytes.
 pub fn resident_bytes(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

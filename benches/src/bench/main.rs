@@ -1,4 +1,4 @@
-//! `ferrolog-bench`: end-to-end benchmarks against a local 3-broker cluster
+//! `ferrolog-bench`: end-to-end benchmarks against a local 3-broker cluster (4 for `reassign`)
 //! of real broker processes (this executable, run as `ferrolog-bench broker`).
 //!
 //! - `produce`: records/s, MB/s and ack latency percentiles of the client
@@ -11,7 +11,10 @@
 //!   with many partitions is SIGKILLed and restarted;
 //! - `contention`: appends' p99 alone and beside a 16 MiB fetch loop;
 //! - `failover`: the write pause a producer sees when its partition's
-//!   leader gets SIGKILL or SIGTERM.
+//!   leader gets SIGKILL or SIGTERM;
+//! - `reassign`: moving a filled partition to a new broker (4 brokers):
+//!   its duration and MB/s, and another partition's produce latency
+//!   before and during it.
 //!
 //! Every figure printed is measured in that run; nothing is extrapolated.
 
@@ -21,6 +24,7 @@ mod contention;
 mod failover;
 mod idle;
 mod load;
+mod reassign;
 mod restart;
 
 use clap::{Parser, Subcommand};
@@ -53,6 +57,8 @@ enum Cmd {
     Contention(contention::ContentionArgs),
     /// The write pause at the client when the leader gets SIGKILL or SIGTERM.
     Failover(failover::FailoverArgs),
+    /// Move a filled partition to a new broker under load (4 brokers).
+    Reassign(reassign::ReassignArgs),
 }
 
 #[tokio::main]
@@ -71,5 +77,6 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Restart(a) => restart::run(a).await,
         Cmd::Contention(a) => contention::run(a).await,
         Cmd::Failover(a) => failover::run(a).await,
+        Cmd::Reassign(a) => reassign::run(a).await,
     }
 }
