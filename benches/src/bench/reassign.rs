@@ -104,7 +104,7 @@ pub async fn run(a: ReassignArgs) -> anyhow::Result<()> {
     let took = started.elapsed();
     stop.store(true, Ordering::Relaxed);
     let during = during.await??;
-    anyhow::ensure!(during.len() > 0, "no write to busy was acknowledged during the move");
+    anyhow::ensure!(!during.is_empty(), "no write to busy was acknowledged during the move");
 
     println!(
         "moved moving-0 from brokers {:?} to {target:?}: {:.1} s, {:.1} MB/s of record bytes (throttle {})",
