@@ -91,6 +91,10 @@ pub enum ApiError {
     /// `NO_REASSIGNMENT_IN_PROGRESS`).
     #[error("no reassignment in progress: {0}")]
     NoReassignmentInProgress(String),
+    /// A partition count a topic cannot be grown to (Kafka's
+    /// `INVALID_PARTITIONS`): not more than it has, or over the limit.
+    #[error("invalid partitions: {0}")]
+    InvalidPartitions(String),
     /// A replica list that cannot be a partition's (Kafka's
     /// `INVALID_REPLICA_ASSIGNMENT`): empty, a broker twice, an unknown broker.
     #[error("invalid replica assignment: {0}")]

@@ -492,6 +492,46 @@ impl Admin {
         }
     }
 
+    /// Grows topic `name` to `count` partitions (Kafka's CreatePartitions,
+    /// KIP-195). Records with a key may map to another partition from then
+    /// on. Retried like [`Admin::create_topic`]; a retry that finds its own
+    /// earlier attempt done (`INVALID_PARTITIONS` with the topic at `count`)
+    /// succeeds.
+    ///
+    /// # Errors
+    /// `INVALID_PARTITIONS` (not more than it has, or over the limit),
+    /// `UNKNOWN_TOPIC`, as [`Error::Broker`]; [`Error::Deadline`].
+    pub async fn create_partitions(&self, name: &str, count: u32) -> Result<()> {
+        let op = Op::new("add partitions to", name);
+        let mut attempts = 0u32;
+        self.meta
+            .retrying("add partitions", self.timeout, || {
+                attempts += 1;
+                let first = attempts == 1;
+                let op = &op;
+                async move {
+                    let address = self.any_broker().await?;
+                    let request = pb::CreatePartitionsRequest { topic: name.to_owned(), count };
+                    let r = self
+                        .meta
+                        .call(op, &address, 0, |mut c| async move { c.create_partitions(request).await })
+                        .await?;
+                    match Error::from_wire(op, r.error) {
+                        Err(e) if !first && e.code() == Some(ErrorCode::InvalidPartitions) => {
+                            let cluster = self.fresh_metadata().await?;
+                            let now = cluster.topics.get(name).map_or(0, |t| t.partitions.len() as u32);
+                            if now == count { Ok(()) } else { Err(e) }
+                        }
+                        Err(e) if e.code() == Some(ErrorCode::UnknownTopic) => {
+                            Err(Error::UnknownTopic { topic: name.to_owned() })
+                        }
+                        other => other,
+                    }
+                }
+            })
+            .await
+    }
+
     /// Deletes a topic and its data.
     ///
     /// # Errors

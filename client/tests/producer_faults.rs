@@ -257,6 +257,13 @@ impl Ferrolog for FakeBroker {
         Err(Status::unimplemented("transfer leader"))
     }
 
+    async fn create_partitions(
+        &self,
+        _: Request<pb::CreatePartitionsRequest>,
+    ) -> Result<Response<pb::AdminResponse>, Status> {
+        Err(Status::unimplemented("create partitions"))
+    }
+
     async fn alter_partition_reassignments(
         &self,
         _: Request<pb::AlterPartitionReassignmentsRequest>,

@@ -27,6 +27,7 @@ pub fn to_wire(e: &ApiError, image: &MetadataImage) -> Error {
         ApiError::ReassignmentInProgress(_) => ErrorCode::ReassignmentInProgress,
         ApiError::NoReassignmentInProgress(_) => ErrorCode::NoReassignmentInProgress,
         ApiError::InvalidReplicaAssignment(_) => ErrorCode::InvalidReplicaAssignment,
+        ApiError::InvalidPartitions(_) => ErrorCode::InvalidPartitions,
     };
     let mut wire = Error { code: code as i32, message: e.to_string(), ..Error::default() };
     match e {

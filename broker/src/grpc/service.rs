@@ -8,11 +8,11 @@ use ferrolog_proto::TopicId;
 use ferrolog_proto::client::ferrolog_server::{Ferrolog, FerrologServer};
 use ferrolog_proto::client::{
     AdminResponse, AlterPartitionReassignmentsRequest, AlterPartitionReassignmentsResponse, BrokerInfo,
-    CreateTopicRequest, DeleteTopicRequest, Error, FetchRequest, FetchResponse, FollowerStatus,
-    InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse, MetadataRequest,
-    MetadataResponse, OffsetSpec, PartitionInfo, PartitionStatusRequest, PartitionStatusResponse,
-    ProduceRequest, ProduceResponse, ReassignmentResult, RecordBatch as WireBatch, ReplicaState,
-    SubscribeRequest, TopicInfo, TransferLeaderRequest, TransferLeaderResponse,
+    CreatePartitionsRequest, CreateTopicRequest, DeleteTopicRequest, Error, FetchRequest, FetchResponse,
+    FollowerStatus, InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse,
+    MetadataRequest, MetadataResponse, OffsetSpec, PartitionInfo, PartitionStatusRequest,
+    PartitionStatusResponse, ProduceRequest, ProduceResponse, ReassignmentResult, RecordBatch as WireBatch,
+    ReplicaState, SubscribeRequest, TopicInfo, TransferLeaderRequest, TransferLeaderResponse,
 };
 use futures::Stream;
 use tonic::{Request, Response, Status};
@@ -417,6 +417,16 @@ impl Ferrolog for ClientService {
             partitions: r.partitions,
             replication_factor: r.replication_factor,
         };
+        let error = self.admin(req).await.err().and_then(|e| self.wire(&e));
+        Ok(Response::new(AdminResponse { error }))
+    }
+
+    async fn create_partitions(
+        &self,
+        request: Request<CreatePartitionsRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
+        let r = request.into_inner();
+        let req = ControllerRequest::CreatePartitions { name: r.topic, count: r.count };
         let error = self.admin(req).await.err().and_then(|e| self.wire(&e));
         Ok(Response::new(AdminResponse { error }))
     }

@@ -139,6 +139,16 @@ pub enum MetadataCommand {
         /// Topic name.
         name: String,
     },
+    /// Partitions were added to a topic (Kafka's CreatePartitions, KIP-195):
+    /// `partitions[i]` becomes partition `first + i`.
+    PartitionsCreated {
+        /// Topic name.
+        name: String,
+        /// The topic's partition count before (the first new partition's number).
+        first: u32,
+        /// Placement of each new partition.
+        partitions: Vec<PartitionAssignment>,
+    },
     /// A reassignment of one partition began (KIP-455): the target's new
     /// replicas get fresh node ids and host the group beside the old ones.
     ReassignmentStarted {
@@ -203,6 +213,13 @@ pub enum ControllerRequest {
     },
     /// Hand out a new producer id (KIP-98).
     AllocateProducerId,
+    /// Grow a topic to `count` partitions (KIP-195).
+    CreatePartitions {
+        /// Topic name.
+        name: String,
+        /// The new partition count.
+        count: u32,
+    },
     /// Move a partition to these brokers (KIP-455's
     /// AlterPartitionReassignments for one partition).
     ReassignPartition {
@@ -313,6 +330,10 @@ mod tests {
                     replicas: vec![4, 2, 3],
                 },
                 r#"{"type":"reassign_partition","topic":"orders","partition":2,"replicas":[4,2,3]}"#,
+            ),
+            (
+                ControllerRequest::CreatePartitions { name: "orders".into(), count: 6 },
+                r#"{"type":"create_partitions","name":"orders","count":6}"#,
             ),
             (
                 ControllerRequest::CancelReassignment { topic: "orders".into(), partition: 2 },

@@ -127,30 +127,7 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
             if image.topics.contains_key(&name) {
                 return Err(ApiError::TopicExists(name));
             }
-            let brokers: Vec<BrokerId> =
-                image.brokers.keys().copied().filter(|b| f.live.contains(b)).collect();
-            let placed = placement::place(
-                &brokers,
-                &image.replica_counts(),
-                &image.leader_counts(),
-                partitions,
-                replication_factor,
-            )
-            .ok_or_else(|| too_few_brokers(image, f, &brokers, replication_factor))?;
-            let (mut group, mut node) = (image.next_group_id, image.next_node_id);
-            let mut assignments = Vec::with_capacity(placed.len());
-            for brokers in placed {
-                let replicas: Vec<ReplicaAssignment> = brokers
-                    .into_iter()
-                    .map(|broker| {
-                        node += 1;
-                        ReplicaAssignment { broker, node: node - 1 }
-                    })
-                    .collect();
-                let initial = replicas.iter().map(|r| r.node).collect();
-                assignments.push(PartitionAssignment { group, replicas, initial, reassignment: None });
-                group += 1;
-            }
+            let assignments = place_partitions(image, f, partitions, replication_factor)?;
             // A collision with a live topic's id (2^-122 per pair) is refused
             // by the image and answered TOPIC_ALREADY_EXISTS; a retry draws anew.
             let command = MetadataCommand::TopicCreated {
@@ -167,6 +144,26 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
             }
             Ok(Decision::Commit {
                 command: MetadataCommand::TopicDeleted { name },
+                reply: ControllerReply::Ok,
+            })
+        }
+        ControllerRequest::CreatePartitions { name, count } => {
+            let Some(t) = image.topics.get(&name) else { return Err(ApiError::UnknownTopic(name)) };
+            let have = t.partitions.len() as u32;
+            if count <= have {
+                return Err(ApiError::InvalidPartitions(format!(
+                    "topic {name:?} has {have} partitions; the count can only grow (asked for {count})"
+                )));
+            }
+            if count > f.limits.max_partitions_per_topic {
+                return Err(ApiError::InvalidPartitions(format!(
+                    "at most {} partitions per topic, asked for {count}",
+                    f.limits.max_partitions_per_topic
+                )));
+            }
+            let partitions = place_partitions(image, f, count - have, t.replication_factor)?;
+            Ok(Decision::Commit {
+                command: MetadataCommand::PartitionsCreated { name, first: have, partitions },
                 reply: ControllerReply::Ok,
             })
         }
@@ -249,6 +246,38 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
             })
         }
     }
+}
+
+/// `count` new partitions of `rf` replicas on the live registered brokers,
+/// with fresh group and node ids, balanced against the partitions placed
+/// already (`placement::place`).
+///
+/// # Errors
+/// Too few brokers (see [`too_few_brokers`]).
+fn place_partitions(
+    image: &MetadataImage,
+    f: &Facts<'_>,
+    count: u32,
+    rf: u32,
+) -> Result<Vec<PartitionAssignment>, ApiError> {
+    let brokers: Vec<BrokerId> = image.brokers.keys().copied().filter(|b| f.live.contains(b)).collect();
+    let placed = placement::place(&brokers, &image.replica_counts(), &image.leader_counts(), count, rf)
+        .ok_or_else(|| too_few_brokers(image, f, &brokers, rf))?;
+    let (mut group, mut node) = (image.next_group_id, image.next_node_id);
+    let mut assignments = Vec::with_capacity(placed.len());
+    for brokers in placed {
+        let replicas: Vec<ReplicaAssignment> = brokers
+            .into_iter()
+            .map(|broker| {
+                node += 1;
+                ReplicaAssignment { broker, node: node - 1 }
+            })
+            .collect();
+        let initial = replicas.iter().map(|r| r.node).collect();
+        assignments.push(PartitionAssignment { group, replicas, initial, reassignment: None });
+        group += 1;
+    }
+    Ok(assignments)
 }
 
 /// Partition `partition` of `topic`, or `UNKNOWN_TOPIC_OR_PARTITION`.
@@ -557,6 +586,39 @@ mod tests {
             Decision::Answer(ControllerReply::Ok),
             "the replicas it has: nothing to do"
         );
+    }
+
+    #[test]
+    fn a_topic_grows_by_new_partitions_with_fresh_ids() {
+        let limits = Limits::default();
+        let f = facts(&limits, &[1, 2, 3], &[1, 2, 3]);
+        let mut image = image_with(&[(1, 1), (2, 2), (3, 3)]);
+        run(&mut image, create("t", 3, 2), &f).unwrap();
+        let grow = |count| ControllerRequest::CreatePartitions { name: "t".into(), count };
+        assert!(matches!(decide(&image, grow(3), &f), Err(ApiError::InvalidPartitions(_))));
+        assert!(matches!(decide(&image, grow(2), &f), Err(ApiError::InvalidPartitions(_))));
+        let missing = ControllerRequest::CreatePartitions { name: "u".into(), count: 4 };
+        assert!(matches!(decide(&image, missing, &f), Err(ApiError::UnknownTopic(_))));
+        let (group, node) = (image.next_group_id, image.next_node_id);
+        let before = image.topics["t"].partitions.clone();
+        run(&mut image, grow(6), &f).unwrap();
+        let t = &image.topics["t"];
+        assert_eq!(t.partitions.len(), 6);
+        assert_eq!(&t.partitions[..3], &before[..], "the old partitions are untouched");
+        assert_eq!(
+            t.partitions[3..].iter().map(|p| p.group).collect::<Vec<_>>(),
+            [group, group + 1, group + 2]
+        );
+        assert!(
+            t.partitions[3..]
+                .iter()
+                .all(|p| p.replicas.len() == 2 && p.replicas.iter().all(|r| r.node >= node))
+        );
+        // Replayed a second time (a stale command): nothing changes.
+        let again = MetadataCommand::PartitionsCreated { name: "t".into(), first: 3, partitions: vec![] };
+        let snapshot = image.clone();
+        image.apply(image.applied_offset, &again);
+        assert_eq!(image.topics, snapshot.topics);
     }
 
     #[test]

@@ -178,6 +178,23 @@ impl MetadataImage {
             MetadataCommand::ProducerIdsAllocated { next_producer_id } => {
                 self.next_producer_id = self.next_producer_id.max(*next_producer_id);
             }
+            MetadataCommand::PartitionsCreated { name, first, partitions } => {
+                let ids_fresh = partitions.iter().all(|p| {
+                    p.group >= self.next_group_id && p.replicas.iter().all(|r| r.node >= self.next_node_id)
+                });
+                if let Some(t) = self.topics.get_mut(name)
+                    && t.partitions.len() == *first as usize
+                    && ids_fresh
+                {
+                    for p in partitions {
+                        self.next_group_id = self.next_group_id.max(p.group + 1);
+                        for r in &p.replicas {
+                            self.next_node_id = self.next_node_id.max(r.node + 1);
+                        }
+                    }
+                    t.partitions.extend(partitions.iter().cloned());
+                }
+            }
             MetadataCommand::ReassignmentStarted { group, target } => {
                 self.start_reassignment(offset, *group, target);
             }

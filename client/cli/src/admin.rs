@@ -40,6 +40,17 @@ pub enum TopicCommand {
         /// Topic name.
         name: String,
     },
+    /// Add partitions to a topic (Kafka's CreatePartitions). A record's key
+    /// picks its partition by hash modulo the partition count, so records
+    /// with a key may go to another partition from then on: per-key order
+    /// holds only from the change on.
+    Alter {
+        /// Topic name.
+        name: String,
+        /// The new partition count (more than the topic has).
+        #[arg(long)]
+        partitions: u32,
+    },
     /// Delete a topic and its data.
     Delete {
         /// Topic name.
@@ -210,6 +221,19 @@ pub async fn topic(bootstrap: &str, command: TopicCommand) -> anyhow::Result<()>
                 })
                 .collect();
             print!("{}", table::render(&["PARTITION", "LEADER", "REPLICAS", "RAFT GROUP"], &rows));
+        }
+        TopicCommand::Alter { name, partitions } => {
+            admin
+                .create_partitions(&name, partitions)
+                .await
+                .with_context(|| format!("adding partitions to {name:?}"))?;
+            admin.wait_for_leaders(&name, Duration::from_secs(30)).await.with_context(|| {
+                format!("topic {name:?} now has {partitions} partitions, but not every one has a leader yet")
+            })?;
+            println!("topic {name} now has {partitions} partitions");
+            println!(
+                "note: records with a key may map to another partition from now on (key hash modulo {partitions})"
+            );
         }
         TopicCommand::Delete { name } => {
             admin.delete_topic(&name).await.with_context(|| format!("deleting topic {name:?}"))?;

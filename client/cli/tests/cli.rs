@@ -560,3 +560,41 @@ fn partition_reassign_moves_a_replica_and_describe_shows_it() {
     let err = c.fails(&["partition", "reassign", "--plan", "/nonexistent/plan.json"], None);
     assert!(err.contains("reading /nonexistent/plan.json"), "{err}");
 }
+
+#[test]
+fn topic_alter_adds_partitions_that_take_writes() {
+    let c = Brokers::start();
+    c.ok(&["topic", "create", "grow", "--partitions", "3", "--replication-factor", "3"], None);
+    let err = c.fails(&["topic", "alter", "grow", "--partitions", "3"], None);
+    assert!(err.contains("INVALID_PARTITIONS") && err.contains("can only grow"), "{err}");
+    let err = c.fails(&["topic", "alter", "nope", "--partitions", "3"], None);
+    assert!(err.contains("nope"), "{err}");
+    let out = c.ok(&["topic", "alter", "grow", "--partitions", "6"], None);
+    assert!(out.contains("now has 6 partitions") && out.contains("may map to another partition"), "{out}");
+    // Every partition, old and new, has a leader.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = c.ok(&["topic", "describe", "grow"], None);
+        let rows: Vec<&str> = out.lines().skip(2).filter(|l| !l.trim().is_empty()).collect();
+        if out.contains("6 partitions") && rows.len() == 6 && rows.iter().all(|r| !r.contains("none")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not every partition got a leader:\n{out}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Keyed records spread over all six: the new partitions take writes.
+    let mut csv = String::from("k,v\n");
+    for i in 0..200 {
+        csv.push_str(&format!("key-{i},{i}\n"));
+    }
+    let file = write(c.dir.path(), "keys.csv", &csv);
+    c.ok(&["produce", "grow", "--csv", "--key-field", "k", "--file", file.to_str().expect("utf-8")], None);
+    let mut total = 0;
+    for p in 0..6 {
+        let out = c.ok(&["consume", "grow", "-p", &p.to_string(), "--output", "json"], None);
+        let n = json_lines(&out).len();
+        assert!(n > 0, "partition {p} took no record of 200 keyed ones");
+        total += n;
+    }
+    assert_eq!(total, 200);
+}
