@@ -492,6 +492,31 @@ impl Admin {
         }
     }
 
+    /// Retires broker `id`, which must hold no replica any more: it is never
+    /// placed on again and leaves the controller quorum.
+    ///
+    /// # Errors
+    /// `INVALID_REQUEST` (it still holds replicas, is unknown, or is the
+    /// last broker), as [`Error::Broker`]; [`Error::Deadline`].
+    pub async fn decommission_broker(&self, id: u32) -> Result<()> {
+        let what = id.to_string();
+        let op = Op::new("decommission broker", &what);
+        self.meta
+            .retrying("decommission broker", self.timeout, || {
+                let op = &op;
+                async move {
+                    let address = self.any_broker().await?;
+                    let request = pb::DecommissionBrokerRequest { broker_id: id };
+                    let r = self
+                        .meta
+                        .call(op, &address, 0, |mut c| async move { c.decommission_broker(request).await })
+                        .await?;
+                    Error::from_wire(op, r.error)
+                }
+            })
+            .await
+    }
+
     /// Grows topic `name` to `count` partitions (Kafka's CreatePartitions,
     /// KIP-195). Records with a key may map to another partition from then
     /// on. Retried like [`Admin::create_topic`]; a retry that finds its own
@@ -829,6 +854,7 @@ mod tests {
                     address: format!("a{id}"),
                     peer_address: format!("p{id}"),
                     alive: *alive,
+                    decommissioned: false,
                 })
                 .collect(),
             cluster_brokers: cluster.to_vec(),

@@ -17,7 +17,9 @@
 //! - [`partitioner`]: Kafka's default partitioner (murmur2 of the key; sticky for
 //!   records without a key, KIP-480).
 //! - [`metadata`]: brokers, topics and partition leaders, cached and refreshed.
-//! - [`admin`]: topics and cluster status.
+//! - [`admin`]: topics, partitions (reassignment, leadership) and cluster status.
+//! - [`rebalance`]: planning reassignments that even out replicas and
+//!   preferred leaders per broker, or drain a broker.
 //! - [`producer`]: the idempotent batching producer.
 //! - [`consumer`]: assignment, seeks and polling.
 //! - [`record`]: records as the application sees them.
@@ -55,6 +57,7 @@ pub mod error;
 pub mod metadata;
 pub mod partitioner;
 pub mod producer;
+pub mod rebalance;
 pub mod record;
 pub mod retry;
 

@@ -90,6 +90,8 @@ pub struct BrokerMeta {
     pub peer_address: String,
     /// Alive as seen by the broker that answered.
     pub alive: bool,
+    /// Decommissioned: holds nothing and is never placed on again.
+    pub decommissioned: bool,
 }
 
 /// A partition as the metadata describes it.
@@ -161,6 +163,9 @@ pub struct ClusterMeta {
     /// `brokers` has not registered yet. Empty when the answering broker
     /// does not know.
     pub cluster_brokers: Vec<u32>,
+    /// The brokers in the controller quorum (the metadata group's voters),
+    /// sorted; empty from a broker that does not say.
+    pub controller_voters: Vec<u32>,
     /// The size limits of the broker that answered.
     pub limits: BrokerLimits,
 }
@@ -186,7 +191,13 @@ impl ClusterMeta {
             .map(|b| {
                 (
                     b.id,
-                    BrokerMeta { id: b.id, address: b.address, peer_address: b.peer_address, alive: b.alive },
+                    BrokerMeta {
+                        id: b.id,
+                        address: b.address,
+                        peer_address: b.peer_address,
+                        alive: b.alive,
+                        decommissioned: b.decommissioned,
+                    },
                 )
             })
             .collect();
@@ -226,6 +237,8 @@ impl ClusterMeta {
             max_record_bytes: limit(r.max_record_bytes),
             max_batch_bytes: limit(r.max_batch_bytes),
         };
+        let mut controller_voters = r.controller_voters;
+        controller_voters.sort_unstable();
         let mut cluster_brokers = r.cluster_brokers;
         cluster_brokers.sort_unstable();
         cluster_brokers.dedup();
@@ -236,6 +249,7 @@ impl ClusterMeta {
             answered_by: answered_by.to_owned(),
             limits,
             cluster_brokers,
+            controller_voters,
         }
     }
 
@@ -486,6 +500,7 @@ impl MetadataCache {
             address: hint.address.clone(),
             peer_address: String::new(),
             alive: true,
+            decommissioned: false,
         });
         if let Some(t) = cluster.topics.get_mut(topic)
             && let Some(p) = t.partitions.iter_mut().find(|p| p.partition == partition)
@@ -667,6 +682,7 @@ mod tests {
             max_record_bytes: 1000,
             max_batch_bytes: 0,
             cluster_brokers: vec![2, 1],
+            controller_voters: vec![],
         }
     }
 

@@ -257,6 +257,13 @@ impl Ferrolog for FakeBroker {
         Err(Status::unimplemented("transfer leader"))
     }
 
+    async fn decommission_broker(
+        &self,
+        _: Request<pb::DecommissionBrokerRequest>,
+    ) -> Result<Response<pb::AdminResponse>, Status> {
+        Err(Status::unimplemented("decommission broker"))
+    }
+
     async fn create_partitions(
         &self,
         _: Request<pb::CreatePartitionsRequest>,

@@ -210,7 +210,7 @@ async fn reconcile(
     // down; openraft then demotes it after a delay, racing any hand-over).
     // Not while this broker drains: its own hand-overs move the leadership.
     let staying: BTreeSet<NodeId> = wanted.intersection(&voters).copied().collect();
-    if partition && !wanted.contains(&h.node_id) && !staying.is_empty() {
+    if !wanted.contains(&h.node_id) && !staying.is_empty() {
         if env.hand_over.groups.draining() {
             return Ok(false);
         }

@@ -8,11 +8,12 @@ use ferrolog_proto::TopicId;
 use ferrolog_proto::client::ferrolog_server::{Ferrolog, FerrologServer};
 use ferrolog_proto::client::{
     AdminResponse, AlterPartitionReassignmentsRequest, AlterPartitionReassignmentsResponse, BrokerInfo,
-    CreatePartitionsRequest, CreateTopicRequest, DeleteTopicRequest, Error, FetchRequest, FetchResponse,
-    FollowerStatus, InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse,
-    MetadataRequest, MetadataResponse, OffsetSpec, PartitionInfo, PartitionStatusRequest,
-    PartitionStatusResponse, ProduceRequest, ProduceResponse, ReassignmentResult, RecordBatch as WireBatch,
-    ReplicaState, SubscribeRequest, TopicInfo, TransferLeaderRequest, TransferLeaderResponse,
+    CreatePartitionsRequest, CreateTopicRequest, DecommissionBrokerRequest, DeleteTopicRequest, Error,
+    FetchRequest, FetchResponse, FollowerStatus, InitProducerIdRequest, InitProducerIdResponse,
+    ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse, OffsetSpec, PartitionInfo,
+    PartitionStatusRequest, PartitionStatusResponse, ProduceRequest, ProduceResponse, ReassignmentResult,
+    RecordBatch as WireBatch, ReplicaState, SubscribeRequest, TopicInfo, TransferLeaderRequest,
+    TransferLeaderResponse,
 };
 use futures::Stream;
 use tonic::{Request, Response, Status};
@@ -355,6 +356,7 @@ impl Ferrolog for ClientService {
                     replicas: if own { replicas } else { 0 },
                     dormant_replicas: if own { dormant_replicas } else { 0 },
                     dormant_wakes: if own { dormant_wakes } else { 0 },
+                    decommissioned: b.decommissioned,
                 }
             })
             .collect();
@@ -399,6 +401,7 @@ impl Ferrolog for ClientService {
             max_record_bytes: self.limits.max_record_bytes as u64,
             max_batch_bytes: self.limits.max_batch_bytes as u64,
             cluster_brokers,
+            controller_voters: self.controller.voter_brokers().into_iter().collect(),
         }))
     }
 
@@ -418,6 +421,16 @@ impl Ferrolog for ClientService {
             replication_factor: r.replication_factor,
         };
         let error = self.admin(req).await.err().and_then(|e| self.wire(&e));
+        Ok(Response::new(AdminResponse { error }))
+    }
+
+    async fn decommission_broker(
+        &self,
+        request: Request<DecommissionBrokerRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
+        let id = request.into_inner().broker_id;
+        let error =
+            self.admin(ControllerRequest::DecommissionBroker { id }).await.err().and_then(|e| self.wire(&e));
         Ok(Response::new(AdminResponse { error }))
     }
 

@@ -149,6 +149,13 @@ pub enum MetadataCommand {
         /// Placement of each new partition.
         partitions: Vec<PartitionAssignment>,
     },
+    /// A broker that holds no replica left the cluster for good: it is
+    /// never placed on again, and its node leaves the metadata group's
+    /// voters (the controller quorum).
+    BrokerDecommissioned {
+        /// Broker id.
+        id: BrokerId,
+    },
     /// A reassignment of one partition began (KIP-455): the target's new
     /// replicas get fresh node ids and host the group beside the old ones.
     ReassignmentStarted {
@@ -213,6 +220,11 @@ pub enum ControllerRequest {
     },
     /// Hand out a new producer id (KIP-98).
     AllocateProducerId,
+    /// Retire a broker that holds no replica any more.
+    DecommissionBroker {
+        /// Broker id.
+        id: BrokerId,
+    },
     /// Grow a topic to `count` partitions (KIP-195).
     CreatePartitions {
         /// Topic name.
@@ -331,6 +343,7 @@ mod tests {
                 },
                 r#"{"type":"reassign_partition","topic":"orders","partition":2,"replicas":[4,2,3]}"#,
             ),
+            (ControllerRequest::DecommissionBroker { id: 4 }, r#"{"type":"decommission_broker","id":4}"#),
             (
                 ControllerRequest::CreatePartitions { name: "orders".into(), count: 6 },
                 r#"{"type":"create_partitions","name":"orders","count":6}"#,

@@ -142,6 +142,14 @@ impl Controller {
         self.raft.state(|s| image.cluster_brokers(s.members()))
     }
 
+    /// The brokers whose metadata-group replicas vote (the controller
+    /// quorum), from this replica's view of the membership.
+    pub fn voter_brokers(&self) -> std::collections::BTreeSet<BrokerId> {
+        let image = self.image.borrow().clone();
+        let voters: Vec<ferrolog_replica::NodeId> = self.raft.state(|s| s.voters().collect());
+        voters.into_iter().filter_map(|n| image.broker_of_node(0, n)).collect()
+    }
+
     /// The controller's broker id (the metadata group's leader), if known.
     pub fn leader(&self) -> Option<BrokerId> {
         let node = self.raft.state(|s| s.leader())?;

@@ -147,6 +147,33 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
                 reply: ControllerReply::Ok,
             })
         }
+        ControllerRequest::DecommissionBroker { id } => {
+            let Some(b) = image.brokers.get(&id) else {
+                return Err(ApiError::Invalid(format!("broker {id} is not registered")));
+            };
+            if b.decommissioned {
+                return Ok(Decision::Answer(ControllerReply::Ok));
+            }
+            let held: Vec<String> =
+                image.replicas_on(id).iter().map(|(t, p, _)| format!("{t}-{p}")).collect();
+            if !held.is_empty() {
+                let shown = held.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+                return Err(ApiError::Invalid(format!(
+                    "broker {id} still holds {} replicas ({shown}{}): move them off first (ferrolog cluster rebalance \
+                     does, with the broker drained)",
+                    held.len(),
+                    if held.len() > 5 { ", ..." } else { "" }
+                )));
+            }
+            let voters = image.brokers.values().filter(|x| !x.decommissioned).count();
+            if voters <= 1 {
+                return Err(ApiError::Invalid(format!("broker {id} is the last broker of the cluster")));
+            }
+            Ok(Decision::Commit {
+                command: MetadataCommand::BrokerDecommissioned { id },
+                reply: ControllerReply::Ok,
+            })
+        }
         ControllerRequest::CreatePartitions { name, count } => {
             let Some(t) = image.topics.get(&name) else { return Err(ApiError::UnknownTopic(name)) };
             let have = t.partitions.len() as u32;
@@ -260,7 +287,12 @@ fn place_partitions(
     count: u32,
     rf: u32,
 ) -> Result<Vec<PartitionAssignment>, ApiError> {
-    let brokers: Vec<BrokerId> = image.brokers.keys().copied().filter(|b| f.live.contains(b)).collect();
+    let brokers: Vec<BrokerId> = image
+        .brokers
+        .iter()
+        .filter(|(id, b)| f.live.contains(id) && !b.decommissioned)
+        .map(|(id, _)| *id)
+        .collect();
     let placed = placement::place(&brokers, &image.replica_counts(), &image.leader_counts(), count, rf)
         .ok_or_else(|| too_few_brokers(image, f, &brokers, rf))?;
     let (mut group, mut node) = (image.next_group_id, image.next_node_id);
@@ -305,10 +337,17 @@ fn check_replica_list(image: &MetadataImage, replicas: &[BrokerId]) -> Result<()
     if distinct.len() != replicas.len() {
         return Err(ApiError::InvalidReplicaAssignment(format!("broker listed twice in {}", list(replicas))));
     }
-    if let Some(b) = replicas.iter().find(|b| !image.brokers.contains_key(b)) {
+    if let Some(b) = replicas.iter().find(|b| image.brokers.get(b).is_none_or(|x| x.decommissioned)) {
         return Err(ApiError::InvalidReplicaAssignment(format!(
-            "broker {b} is not registered (registered: {})",
-            list(&image.brokers.keys().copied().collect::<Vec<_>>())
+            "broker {b} is not registered or was decommissioned (registered: {})",
+            list(
+                &image
+                    .brokers
+                    .iter()
+                    .filter(|(_, x)| !x.decommissioned)
+                    .map(|(id, _)| *id)
+                    .collect::<Vec<_>>()
+            )
         )));
     }
     Ok(())

@@ -22,6 +22,9 @@ pub struct BrokerEntry {
     pub incarnation: u64,
     /// Its node id in the metadata group.
     pub metadata_node: NodeId,
+    /// Decommissioned: never placed on again, not a controller voter.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub decommissioned: bool,
 }
 
 /// A topic and its partitions.
@@ -111,6 +114,7 @@ impl MetadataImage {
                         peer_addr: peer_addr.clone(),
                         incarnation: if known == 0 { *incarnation } else { known },
                         metadata_node,
+                        decommissioned: self.brokers.get(id).is_some_and(|b| b.decommissioned),
                     },
                 );
             }
@@ -136,6 +140,7 @@ impl MetadataImage {
                             peer_addr: peer_addr.clone(),
                             incarnation: *incarnation,
                             metadata_node: *metadata_node,
+                            decommissioned: false,
                         },
                     );
                     for p in self.topics.values_mut().flat_map(|t| t.partitions.iter_mut()) {
@@ -177,6 +182,18 @@ impl MetadataImage {
             }
             MetadataCommand::ProducerIdsAllocated { next_producer_id } => {
                 self.next_producer_id = self.next_producer_id.max(*next_producer_id);
+            }
+            MetadataCommand::BrokerDecommissioned { id } => {
+                let holds = self
+                    .topics
+                    .values()
+                    .flat_map(|t| &t.partitions)
+                    .any(|p| p.replicas.iter().any(|r| r.broker == *id));
+                if let Some(b) = self.brokers.get_mut(id)
+                    && !holds
+                {
+                    b.decommissioned = true;
+                }
             }
             MetadataCommand::PartitionsCreated { name, first, partitions } => {
                 let ids_fresh = partitions.iter().all(|p| {
@@ -277,12 +294,15 @@ impl MetadataImage {
         &self,
         current: impl IntoIterator<Item = NodeId>,
     ) -> std::collections::BTreeSet<NodeId> {
+        let decommissioned: std::collections::BTreeSet<NodeId> =
+            self.brokers.values().filter(|b| b.decommissioned).map(|b| b.metadata_node).collect();
         current
             .into_iter()
             .map(|v| match self.retired_metadata_nodes.get(&v).and_then(|b| self.brokers.get(b)) {
                 Some(b) => b.metadata_node,
                 None => v,
             })
+            .filter(|v| !decommissioned.contains(v))
             .collect()
     }
 

@@ -61,6 +61,11 @@ pub enum TopicCommand {
 /// Cluster commands.
 #[derive(Subcommand, Debug)]
 pub enum ClusterCommand {
+    /// Plan reassignments that spread replicas and preferred leaders
+    /// evenly over the brokers (each within one of the others), moving as
+    /// few replicas as it can; with --execute, carry them out. For a broker
+    /// just added, or after brokers were down when topics were created.
+    Rebalance(crate::brokers::RebalanceArgs),
     /// Brokers, controller, readiness (every broker of the cluster
     /// registered and alive), and each partition's leader, term, replicas,
     /// commit index, high watermark and follower lag.
@@ -243,10 +248,17 @@ pub async fn topic(bootstrap: &str, command: TopicCommand) -> anyhow::Result<()>
     Ok(())
 }
 
+/// Runs a broker command.
+pub async fn broker(bootstrap: &str, command: crate::brokers::BrokerCommand) -> anyhow::Result<()> {
+    let admin = Admin::new(crate::connect(bootstrap)?).with_timeout(ADMIN_TIMEOUT);
+    crate::brokers::broker(&admin, command).await
+}
+
 /// Runs a cluster command.
 pub async fn cluster(bootstrap: &str, command: ClusterCommand) -> anyhow::Result<()> {
     let admin = Admin::new(crate::connect(bootstrap)?).with_timeout(ADMIN_TIMEOUT);
     match command {
+        ClusterCommand::Rebalance(args) => crate::brokers::rebalance(&admin, args).await,
         ClusterCommand::Status => {
             let status = admin.cluster_status().await.context("asking the cluster for its status")?;
             print!("{}", render_status(&status));

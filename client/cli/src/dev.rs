@@ -140,7 +140,7 @@ fn check_ports(slots: &[Slot]) -> anyhow::Result<()> {
             if let Err(e) = TcpListener::bind(addr) {
                 bail!(
                     "cannot use {addr} for broker {}: {e}. Is another `ferrolog dev` (or a broker) still running? \
-                     `pgrep -af 'ferrolog.*broker'` lists them (a broker restarted by hand runs as `ferrolog broker`).",
+                     `pgrep -af 'ferrolog.*broker'` lists them (a broker restarted by hand runs as `ferrolog broker run`).",
                     s.id
                 );
             }
@@ -173,6 +173,7 @@ fn spawn_broker(exe: &Path, slot: &Slot) -> anyhow::Result<tokio::process::Child
     command
         .arg0("ferrolog-broker")
         .arg("broker")
+        .arg("run")
         .arg("--config")
         .arg(&slot.config_path)
         .stdin(Stdio::null())

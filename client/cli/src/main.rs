@@ -6,9 +6,12 @@
 //! - [`produce`]: `ferrolog produce`, records from lines or CSV (plain or zipped), read by [`input`].
 //! - [`consume`]: `ferrolog consume`, records as values or JSON lines ([`output`]).
 //! - [`timefmt`]: timestamps as RFC 3339, `YYYY-MM-DD HH:MM:SS` (UTC) or integer ms.
-//! - `ferrolog broker`: runs a broker in this process (what `ferrolog dev` starts).
+//! - [`reassign`]: `ferrolog partition reassign` and `partition describe`.
+//! - [`brokers`]: `ferrolog broker list|decommission` and `ferrolog cluster rebalance`.
+//! - `ferrolog broker run`: runs a broker in this process (what `ferrolog dev` starts).
 
 mod admin;
+mod brokers;
 mod consume;
 mod dev;
 mod input;
@@ -69,9 +72,20 @@ enum Command {
     Produce(produce::ProduceArgs),
     /// Read records and print them.
     Consume(consume::ConsumeArgs),
-    /// Run a broker in this process (as the `ferrolog-broker` binary does).
-    #[command(hide = true)]
-    Broker(ferrolog_broker::cli::BrokerArgs),
+    /// Brokers: list them with their state, decommission one (and run one
+    /// in this process: `broker run`, what `ferrolog dev` starts).
+    #[command(subcommand)]
+    Broker(BrokerGroup),
+}
+
+/// `ferrolog broker ...`.
+#[derive(Subcommand, Debug)]
+enum BrokerGroup {
+    /// Run a broker in this process (as the `ferrolog-broker` binary does;
+    /// what `ferrolog dev` starts).
+    Run(ferrolog_broker::cli::BrokerArgs),
+    #[command(flatten)]
+    Admin(brokers::BrokerCommand),
 }
 
 /// How long `produce` and `consume` wait for a topic to appear in the
@@ -104,9 +118,13 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let bootstrap = cli.bootstrap.as_str();
     let result = match cli.command {
-        Command::Broker(args) => {
+        Command::Broker(BrokerGroup::Run(args)) => {
             ferrolog_broker::cli::init_tracing();
             ferrolog_broker::cli::run(args).await
+        }
+        Command::Broker(BrokerGroup::Admin(c)) => {
+            init_client_tracing();
+            admin::broker(bootstrap, c).await
         }
         Command::Dev(args) => {
             init_client_tracing();

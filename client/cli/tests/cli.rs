@@ -38,7 +38,7 @@ impl Brokers {
         for i in 0..3 {
             let log = std::fs::File::create(dir.path().join(format!("broker-{}.log", i + 1))).expect("log");
             let child = Command::new(BIN)
-                .args(["broker", "--node-id", &(i + 1).to_string()])
+                .args(["broker", "run", "--node-id", &(i + 1).to_string()])
                 .args(["--client-addr", &format!("{ip}:{}", client[i])])
                 .args(["--peer-addr", &format!("{ip}:{}", peer[i])])
                 .arg("--data-dir")
@@ -597,4 +597,92 @@ fn topic_alter_adds_partitions_that_take_writes() {
         total += n;
     }
     assert_eq!(total, 200);
+}
+
+/// A `broker list` row: (id, state, quorum, replicas, preferred leaders).
+type BrokerRow = (u32, String, String, usize, usize);
+
+/// `broker list` rows.
+fn broker_rows(c: &Brokers) -> Vec<BrokerRow> {
+    let out = c.ok(&["broker", "list"], None);
+    out.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let id = f.first()?.parse().ok()?;
+            Some((id, f[2].to_owned(), f[3].to_owned(), f[4].parse().ok()?, f[5].parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn cluster_rebalance_evens_out_and_decommission_retires_a_broker() {
+    let c = Brokers::start();
+    c.ok(&["topic", "create", "even", "--partitions", "6", "--replication-factor", "1"], None);
+    c.ok(&["produce", "even"], Some("a\nb\nc\n"));
+    // Pile every partition onto broker 1.
+    for p in 0..6 {
+        c.ok(&["partition", "reassign", "even", &p.to_string(), "--replicas", "1", "--wait", "60"], None);
+    }
+    // Brokers apply the controller's records each at its own pace: poll.
+    let until = |what: &str, ok: &dyn Fn(&[BrokerRow]) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let rows = broker_rows(&c);
+            if ok(&rows) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: {rows:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    until("all on broker 1", &|rows| rows.iter().any(|r| r.0 == 1 && r.3 == 6));
+
+    // A dry run prints the plan and changes nothing.
+    let plan = c.ok(&["cluster", "rebalance"], None);
+    let plan: serde_json::Value = serde_json::from_str(plan.trim()).expect("a JSON plan on stdout");
+    assert_eq!(plan["version"], 1);
+    assert_eq!(plan["partitions"].as_array().map(Vec::len), Some(4), "4 of 6 move off broker 1: {plan}");
+    assert_eq!(
+        broker_rows(&c).iter().find(|r| r.0 == 1).map(|r| r.3),
+        Some(6),
+        "the dry run moved something"
+    );
+    // Executed: two replicas and two preferred leaderships each.
+    c.ok(&["cluster", "rebalance", "--execute", "--wait", "60"], None);
+    until("two replicas and leaders each", &|rows| {
+        rows.len() == 3 && rows.iter().all(|r| r.3 == 2 && r.4 == 2)
+    });
+    let out = c.ok(&["cluster", "rebalance"], None);
+    assert!(out.trim().is_empty(), "balanced, yet a plan: {out}");
+
+    // Retire broker 3: its replicas move, it leaves the controller quorum.
+    let out = c.ok(&["broker", "decommission", "3", "--wait", "60"], None);
+    assert!(out.contains("broker 3 holds no replica and is decommissioned"), "{out}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows = broker_rows(&c);
+        let three = rows.iter().find(|r| r.0 == 3).cloned().expect("broker 3 listed");
+        if three.1 == "decommissioned" && three.2 == "-" && three.3 == 0 {
+            assert!(rows.iter().filter(|r| r.0 != 3).all(|r| r.2 == "voter"), "{rows:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "broker 3 not retired: {rows:?}\n{}", c.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let err = c.fails(&["partition", "reassign", "even", "0", "--replicas", "3"], None);
+    assert!(err.contains("decommissioned"), "{err}");
+    // Its process stopped, the cluster keeps working: new topics, old data.
+    let mut c = c;
+    let _ = c.children[2].kill();
+    let _ = c.children[2].wait();
+    c.ok(&["topic", "create", "after", "--partitions", "2", "--replication-factor", "2"], None);
+    c.ok(&["produce", "after"], Some("x\n"));
+    let mut all = Vec::new();
+    for p in 0..6 {
+        let out = c.ok(&["consume", "even", "-p", &p.to_string(), "--output", "json"], None);
+        all.extend(json_lines(&out).iter().map(|r| r["value"].as_str().unwrap_or_default().to_owned()));
+    }
+    all.sort();
+    assert_eq!(all, vec!["a", "b", "c"], "records lost or duplicated by the moves");
 }

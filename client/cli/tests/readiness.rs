@@ -65,7 +65,7 @@ impl Slots {
             .open(self.dir.path().join(format!("broker-{id}.log")))
             .expect("log");
         let child = Command::new(BIN)
-            .args(["broker", "--node-id", &id.to_string()])
+            .args(["broker", "run", "--node-id", &id.to_string()])
             .args(["--client-addr", &format!("{}:{}", self.ip, self.client[id - 1])])
             .args(["--peer-addr", &format!("{}:{}", self.ip, self.peer[id - 1])])
             .arg("--data-dir")
