@@ -11,6 +11,13 @@
 //!   them, or the reverse).
 //! - `netem`: delay and loss on every broker link (`tc netem` in
 //!   namespaces, the proxy's [`crate::proxy::Slow`] otherwise).
+//! - `membership`: operations that change who holds and leads a partition
+//!   (issue 11): reassign a random partition of the workload's topic to a
+//!   random set of brokers (in random order, so its preferred leader moves
+//!   too), cancel a partition's move, or hand a partition's leadership to
+//!   a random replica. Nothing is undone at the end of the period: moves
+//!   run on through later faults (a refused request, e.g. a partition
+//!   already moving, is recorded in the fault's detail).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -39,6 +46,8 @@ pub enum Fault {
     Partition,
     /// Packet delay and loss.
     Netem,
+    /// Reassignments, cancels and leadership transfers.
+    Membership,
 }
 
 impl Fault {
@@ -49,11 +58,12 @@ impl Fault {
             Fault::Pause => "pause",
             Fault::Partition => "partition",
             Fault::Netem => "netem",
+            Fault::Membership => "membership",
         }
     }
 }
 
-/// Parses `kill,partition`, `mixed` (all four) or `none`.
+/// Parses `kill,partition`, `mixed` (kill, pause, partition, netem) or `none`.
 ///
 /// # Errors
 /// An unknown name.
@@ -65,12 +75,15 @@ pub fn parse_faults(s: &str) -> anyhow::Result<Vec<Fault>> {
             "pause" => out.insert(Fault::Pause),
             "partition" => out.insert(Fault::Partition),
             "netem" => out.insert(Fault::Netem),
+            "membership" => out.insert(Fault::Membership),
             "mixed" | "all" => {
                 out.extend([Fault::Kill, Fault::Pause, Fault::Partition, Fault::Netem]);
                 true
             }
             "none" => true,
-            other => bail!("unknown fault {other:?} (kill, pause, partition, netem, mixed, none)"),
+            other => {
+                bail!("unknown fault {other:?} (kill, pause, partition, netem, membership, mixed, none)")
+            }
         };
     }
     Ok(out.into_iter().collect())
@@ -151,6 +164,7 @@ enum Active {
     Paused(Vec<u32>),
     Cut,
     Netem,
+    Nothing,
 }
 
 /// Picks 1 broker, or a majority a quarter of the time.
@@ -170,6 +184,64 @@ pub struct Targets {
     pub cluster: Arc<Mutex<Cluster>>,
     /// Their network.
     pub net: Arc<Mutex<Network>>,
+    /// For the `membership` fault: the workload's topic and an admin client.
+    pub ops: Option<Ops>,
+}
+
+/// What the `membership` fault works on.
+#[derive(Clone)]
+pub struct Ops {
+    /// An admin client of the cluster.
+    pub admin: ferrolog_client::Admin,
+    /// The workload's topic.
+    pub topic: String,
+    /// Its partition count.
+    pub partitions: u32,
+    /// Its replication factor.
+    pub replication_factor: u32,
+}
+
+impl Ops {
+    /// One random operation; returns what it did (or what refused it).
+    async fn act(&self, ids: &[u32], rng: &mut StdRng) -> String {
+        use ferrolog_client::admin::ReassignmentRequest;
+        let partition = rng.gen_range(0..self.partitions.max(1));
+        let name = format!("{}-{partition}", self.topic);
+        let roll: f64 = rng.r#gen();
+        if roll < 0.55 {
+            let mut to = ids.to_vec();
+            to.shuffle(rng);
+            to.truncate(self.replication_factor as usize);
+            let change =
+                ReassignmentRequest { topic: self.topic.clone(), partition, replicas: Some(to.clone()) };
+            match self.admin.alter_partition_reassignments(&[change]).await {
+                Ok(r) => match r.into_iter().next() {
+                    Some(Ok(())) => format!("reassign {name} to {to:?}"),
+                    Some(Err(e)) => format!("reassign {name} to {to:?} refused: {e}"),
+                    None => format!("reassign {name}: no answer"),
+                },
+                Err(e) => format!("reassign {name} failed: {e}"),
+            }
+        } else if roll < 0.7 {
+            let change = ReassignmentRequest { topic: self.topic.clone(), partition, replicas: None };
+            match self.admin.alter_partition_reassignments(&[change]).await {
+                Ok(r) => match r.into_iter().next() {
+                    Some(Ok(())) => format!("cancel the move of {name}"),
+                    Some(Err(e)) => format!("cancel {name} refused: {e}"),
+                    None => format!("cancel {name}: no answer"),
+                },
+                Err(e) => format!("cancel {name} failed: {e}"),
+            }
+        } else {
+            let to = ids[rng.gen_range(0..ids.len())];
+            match self.admin.transfer_leader(&self.topic, partition, Some(to)).await {
+                Ok((leader, term)) => {
+                    format!("transfer-leader {name} to {to}: broker {leader} leads, term {term}")
+                }
+                Err(e) => format!("transfer-leader {name} to {to} refused: {e}"),
+            }
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -177,9 +249,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Targets {
-    fn start(&self, fault: Fault, rng: &mut StdRng) -> anyhow::Result<(String, Active)> {
+    async fn start(&self, fault: Fault, rng: &mut StdRng) -> anyhow::Result<(String, Active)> {
         let ids = lock(&self.cluster).ids();
         match fault {
+            Fault::Membership => {
+                let Some(ops) = &self.ops else { bail!("the membership fault needs the workload's topic") };
+                Ok((ops.act(&ids, rng).await, Active::Nothing))
+            }
             Fault::Kill => {
                 let t = targets(&ids, rng);
                 let mut c = lock(&self.cluster);
@@ -227,6 +303,7 @@ impl Targets {
             }
             Active::Cut => lock(&self.net).heal()?,
             Active::Netem => lock(&self.net).clear_slow(),
+            Active::Nothing => {}
         }
         Ok(())
     }
@@ -276,7 +353,7 @@ pub async fn run(
         }
         let fault = faults[rng.gen_range(0..faults.len())];
         let start_s = now_s(&rec);
-        let (detail, active) = targets.start(fault, &mut rng)?;
+        let (detail, active) = targets.start(fault, &mut rng).await?;
         tracing::info!("nemesis: {detail}");
         let hold = interval.mul_f64(rng.gen_range(0.5..1.5));
         let stopped = tokio::select! {
@@ -327,6 +404,10 @@ mod tests {
     #[test]
     fn fault_lists() -> anyhow::Result<()> {
         assert_eq!(parse_faults("kill,partition")?, vec![Fault::Kill, Fault::Partition]);
+        assert_eq!(
+            parse_faults("membership,kill,partition")?,
+            vec![Fault::Kill, Fault::Partition, Fault::Membership]
+        );
         assert_eq!(parse_faults("mixed")?.len(), 4);
         assert!(parse_faults("none")?.is_empty());
         assert!(parse_faults("flood").is_err());

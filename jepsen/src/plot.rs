@@ -15,6 +15,7 @@ fn fault_colour(f: Fault) -> RGBColor {
         Fault::Pause => RGBColor(230, 170, 40),
         Fault::Partition => RGBColor(90, 120, 230),
         Fault::Netem => RGBColor(150, 90, 200),
+        Fault::Membership => RGBColor(60, 170, 110),
     }
 }
 
@@ -80,7 +81,7 @@ fn draw_inner(
                 .legend(move |(x, y)| Circle::new((x + 8, y), 3, c.filled()));
         }
     }
-    for fault in [Fault::Kill, Fault::Pause, Fault::Partition, Fault::Netem] {
+    for fault in [Fault::Kill, Fault::Pause, Fault::Partition, Fault::Netem, Fault::Membership] {
         if faults.iter().any(|f| f.fault == fault) {
             let c = fault_colour(fault);
             chart

@@ -124,7 +124,8 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
     for id in cluster.ids() {
         cluster.spawn(id)?;
     }
-    let targets = Targets { cluster: Arc::new(Mutex::new(cluster)), net: Arc::new(Mutex::new(net)) };
+    let mut targets =
+        Targets { cluster: Arc::new(Mutex::new(cluster)), net: Arc::new(Mutex::new(net)), ops: None };
     let bootstrap = lock(&targets.cluster).bootstrap();
     cluster::wait_ready(&bootstrap, opts.nodes as usize, Duration::from_secs(60))
         .await
@@ -144,6 +145,12 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
         .wait_for_leaders(&cfg.topic, Duration::from_secs(30))
         .await
         .context("waiting for partition leaders")?;
+    targets.ops = Some(nemesis::Ops {
+        admin: admin.clone().with_timeout(Duration::from_secs(10)),
+        topic: cfg.topic.clone(),
+        partitions: cfg.partitions,
+        replication_factor: rf,
+    });
 
     // Faults phase.
     let rec = Recorder::new();

@@ -4,7 +4,7 @@
 //!
 //! Broker i (1..=3) listens on 127.0.0.1:940i (clients) and :950i (peers),
 //! keeps its data, config and log in `<dir>/broker-i/`, and runs as this
-//! executable with `broker --config <dir>/broker-i/broker.toml`, named
+//! executable with `broker run --config <dir>/broker-i/broker.toml`, named
 //! `ferrolog-broker` in `ps`. A broker that exits is reported with the
 //! command to restart it by hand, and never restarted automatically, so
 //! that killing one (`kill -9`) shows a failover. Ctrl-C stops everything.
@@ -368,7 +368,7 @@ async fn deadline_kill_wait(
 }
 
 fn restart_command(exe: &Path, slot: &Slot) -> String {
-    format!("{} broker --config {}", exe.display(), slot.config_path.display())
+    format!("{} broker run --config {}", exe.display(), slot.config_path.display())
 }
 
 fn report_exit(exe: &Path, slots: &[Slot], id: u32, status: &std::io::Result<ExitStatus>) {

@@ -131,7 +131,7 @@ fn dev_cluster_shows_records_flowing_and_survives_a_kill() {
     for (i, pid) in pids.iter().enumerate() {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
         assert!(
-            cmdline.starts_with(b"ferrolog-broker\0broker\0--config\0"),
+            cmdline.starts_with(b"ferrolog-broker\0broker\0run\0--config\0"),
             "broker {}: {:?}",
             i + 1,
             String::from_utf8_lossy(&cmdline)
@@ -141,7 +141,7 @@ fn dev_cluster_shows_records_flowing_and_survives_a_kill() {
         assert!(config.contains(&format!("node_id = {}", i + 1)), "{config}");
         assert!(config.contains(&format!("127.0.0.1:{}", client_base + i as u16 + 1)), "{config}");
     }
-    dev.wait_for("broker --config", Duration::from_secs(5));
+    dev.wait_for("broker run --config", Duration::from_secs(5));
     dev.wait_for("cluster ready", Duration::from_secs(60));
     dev.wait_for("demo: producing", Duration::from_secs(60));
     let first = consumed(&dev.wait_for("] produced", Duration::from_secs(30)));
@@ -160,7 +160,8 @@ fn dev_cluster_shows_records_flowing_and_survives_a_kill() {
     assert!(report.contains("killed by signal 9 (SIGKILL)") && report.contains("not restarted"), "{report}");
     let restart = dev.wait_for("restart it", Duration::from_secs(5));
     assert!(
-        restart.contains(&format!("broker --config {}", dir.path().join("broker-2/broker.toml").display())),
+        restart
+            .contains(&format!("broker run --config {}", dir.path().join("broker-2/broker.toml").display())),
         "{restart}"
     );
     // The demo goes on with two brokers.
