@@ -266,7 +266,8 @@ impl Reconciler {
         // restart the image may stop at a lazily saved commit index, before
         // a reassignment that placed a replica here (which would then be
         // deleted as not placed: a voter forgetting its log).
-        let fresh = self.controller.heard_from_leader();
+        let fresh = self.controller.heard_from_leader()
+            && self.controller.image().applied_offset <= image.applied_offset;
         for p in self.groups.partitions() {
             let keep = wanted
                 .get(&p.group)

@@ -167,7 +167,7 @@ async fn a_partition_moves_to_a_new_broker_under_load() -> anyhow::Result<()> {
     assert!(target.contains(&l), "broker {l} leads, not one of the target {target:?}");
     let log = std::fs::read_to_string(&c.broker(leaving).log)?;
     assert!(
-        log.contains("this replica leaves the group: handing its leadership"),
+        log.contains("this replica leaves the group: handed its leadership over first"),
         "broker {leaving} led t-0 and was dropped, but did not hand over first"
     );
     let s = status(&c, l, "t", 0).await?;

@@ -136,7 +136,8 @@ async fn reconcile(
     }
     let Some(wanted) = wanted_voters(image, group, &voters) else { return Ok(true) };
     if wanted.is_empty() {
-        return Ok(true);
+        // Never a group without voters; the metadata must be wrong.
+        anyhow::bail!("the metadata wants no voter in group {group}: left as it is");
     }
     // `voters` merges both halves of a joint configuration: equal to
     // `wanted` is done only once the configuration is a single one (a
@@ -215,10 +216,22 @@ async fn reconcile(
             return Ok(false);
         }
         let to = in_order(&staying);
-        tracing::info!(group, ?to, "this replica leaves the group: handing its leadership to one that stays");
+        tracing::debug!(
+            group,
+            ?to,
+            "this replica leaves the group: handing its leadership to one that stays"
+        );
         let outcome =
             env.hand_over.hand_over(group, &to, None, std::time::Instant::now() + HAND_OVER_WITHIN).await;
-        tracing::info!(group, ?outcome, "hand-over before a membership change");
+        if matches!(outcome, crate::control::handover::Outcome::HandedOver(_)) {
+            tracing::info!(
+                group,
+                ?outcome,
+                "this replica leaves the group: handed its leadership over first"
+            );
+        } else {
+            tracing::debug!(group, ?outcome, "hand-over before a membership change");
+        }
         return Ok(false);
     }
     tracing::info!(group, ?voters, ?wanted, joint, "changing voters");

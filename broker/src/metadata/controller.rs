@@ -260,6 +260,7 @@ impl Controller {
             cluster: self.cluster_brokers(),
             new_topic_id: TopicId::v4_from_random(rand::random::<u128>()),
             cannot_reassign: self.liveness.older_than(super::decide::REASSIGNMENT_MINOR),
+            controller_voters: self.voter_brokers(),
         };
         match decide(&image, req, &facts)? {
             Decision::Answer(reply) => Ok(reply),

@@ -33,6 +33,9 @@ pub struct Facts<'a> {
     /// Live brokers that speak a peer protocol older than reassignment
     /// needs (1.5), with their minor version.
     pub cannot_reassign: Vec<(BrokerId, u32)>,
+    /// The brokers whose metadata-group replicas vote now (the controller
+    /// quorum, from the controller's own membership).
+    pub controller_voters: BTreeSet<BrokerId>,
 }
 
 /// The minor peer protocol version that reassignment commands need on
@@ -73,6 +76,11 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
     match req {
         ControllerRequest::RegisterBroker { id, client_addr, peer_addr, incarnation } => {
             let known = image.brokers.get(&id);
+            if known.is_some_and(|b| b.decommissioned && b.incarnation != incarnation) {
+                return Err(ApiError::Invalid(format!(
+                    "broker {id} was decommissioned: it cannot rejoin under this id with another data directory"
+                )));
+            }
             if let Some(b) = known
                 && b.incarnation != 0
                 && incarnation != 0
@@ -165,9 +173,23 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
                     if held.len() > 5 { ", ..." } else { "" }
                 )));
             }
-            let voters = image.brokers.values().filter(|x| !x.decommissioned).count();
-            if voters <= 1 {
-                return Err(ApiError::Invalid(format!("broker {id} is the last broker of the cluster")));
+            old_peers(f)?;
+            if f.controller_voters.contains(&id) {
+                let remaining: Vec<BrokerId> =
+                    f.controller_voters.iter().copied().filter(|v| *v != id).collect();
+                if remaining.len() < 2 {
+                    return Err(ApiError::Invalid(format!(
+                        "broker {id} is one of the controller's {} voters: without it fewer than 2 would remain \
+                         (adding controller voters is not built yet)",
+                        f.controller_voters.len()
+                    )));
+                }
+                if let Some(down) = remaining.iter().find(|v| !f.live.contains(v)) {
+                    return Err(ApiError::Unavailable(format!(
+                        "controller voter {down} does not answer: taking broker {id} out of the quorum needs \
+                         every other voter (the joint configuration needs a majority of both)"
+                    )));
+                }
             }
             Ok(Decision::Commit {
                 command: MetadataCommand::BrokerDecommissioned { id },
@@ -188,6 +210,7 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
                     f.limits.max_partitions_per_topic
                 )));
             }
+            old_peers(f)?;
             let partitions = place_partitions(image, f, count - have, t.replication_factor)?;
             Ok(Decision::Commit {
                 command: MetadataCommand::PartitionsCreated { name, first: have, partitions },
@@ -203,12 +226,7 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
                 )));
             }
             check_replica_list(image, &replicas)?;
-            if let Some((b, minor)) = f.cannot_reassign.first() {
-                return Err(ApiError::Unavailable(format!(
-                    "broker {b} speaks peer protocol 1.{minor}; reassignment needs 1.{REASSIGNMENT_MINOR} on every \
-                     broker (finish the upgrade first)"
-                )));
-            }
+            old_peers(f)?;
             if p.replicas.iter().map(|r| r.broker).eq(replicas.iter().copied()) {
                 return Ok(Decision::Answer(ControllerReply::Ok));
             }
@@ -272,6 +290,19 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
                 reply: ControllerReply::ProducerId { producer_id },
             })
         }
+    }
+}
+
+/// Refuses a request whose metadata command brokers older than peer
+/// protocol 1.[`REASSIGNMENT_MINOR`] cannot fold (their image would stop
+/// at it) while such a broker answers pings.
+fn old_peers(f: &Facts<'_>) -> Result<(), ApiError> {
+    match f.cannot_reassign.first() {
+        Some((b, minor)) => Err(ApiError::Unavailable(format!(
+            "broker {b} speaks peer protocol 1.{minor}; this needs 1.{REASSIGNMENT_MINOR} on every broker (finish \
+             the upgrade first)"
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -414,6 +445,7 @@ mod tests {
             cluster: cluster.iter().copied().collect(),
             new_topic_id: ID,
             cannot_reassign: vec![],
+            controller_voters: live.iter().copied().collect(),
         }
     }
 
@@ -640,7 +672,9 @@ mod tests {
         assert!(matches!(decide(&image, missing, &f), Err(ApiError::UnknownTopic(_))));
         let (group, node) = (image.next_group_id, image.next_node_id);
         let before = image.topics["t"].partitions.clone();
-        run(&mut image, grow(6), &f).unwrap();
+        let Decision::Commit { command, .. } = run(&mut image, grow(6), &f).unwrap() else {
+            panic!("not a commit")
+        };
         let t = &image.topics["t"];
         assert_eq!(t.partitions.len(), 6);
         assert_eq!(&t.partitions[..3], &before[..], "the old partitions are untouched");
@@ -653,11 +687,58 @@ mod tests {
                 .iter()
                 .all(|p| p.replicas.len() == 2 && p.replicas.iter().all(|r| r.node >= node))
         );
-        // Replayed a second time (a stale command): nothing changes.
-        let again = MetadataCommand::PartitionsCreated { name: "t".into(), first: 3, partitions: vec![] };
+        // The same command again (a duplicate in the log): nothing changes.
         let snapshot = image.clone();
-        image.apply(image.applied_offset, &again);
+        image.apply(image.applied_offset, &command);
         assert_eq!(image.topics, snapshot.topics);
+    }
+
+    #[test]
+    fn decommission_needs_an_empty_broker_and_leaves_a_live_quorum() {
+        let limits = Limits::default();
+        let mut f = facts(&limits, &[1, 2, 3, 4], &[1, 2, 3, 4]);
+        let mut image = image_with(&[(1, 1), (2, 2), (3, 3), (4, 4)]);
+        let on_123 = facts(&limits, &[1, 2, 3], &[1, 2, 3, 4]);
+        run(&mut image, create("t", 1, 3), &on_123).unwrap();
+        f.controller_voters = [1, 2, 3].into();
+        let retire = |id| ControllerRequest::DecommissionBroker { id };
+        assert!(matches!(decide(&image, retire(9), &f), Err(ApiError::Invalid(_))), "not registered");
+        match decide(&image, retire(1), &f) {
+            Err(ApiError::Invalid(m)) => assert!(m.contains("still holds 1 replicas (t-0)"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // Broker 4 holds nothing and is no controller voter.
+        run(&mut image, retire(4), &f).unwrap();
+        assert!(image.brokers[&4].decommissioned);
+        assert_eq!(decide(&image, retire(4), &f).unwrap(), Decision::Answer(ControllerReply::Ok));
+        assert!(!image.cluster_brokers([]).contains(&4), "no longer part of the cluster");
+        assert!(matches!(
+            decide(&image, reassign("t", 0, &[2, 3, 4]), &f),
+            Err(ApiError::InvalidReplicaAssignment(_))
+        ));
+        assert!(
+            matches!(decide(&image, register(4, 99), &f), Err(ApiError::Invalid(_))),
+            "no comeback wiped"
+        );
+        assert!(
+            image.metadata_voters([1, 2, 3, 4]).iter().eq([1, 2, 3].iter()),
+            "out of the controller quorum"
+        );
+        // Move t-0 off broker 1, then: a voter whose leaving would leave one...
+        run(&mut image, reassign("t", 0, &[2, 3]), &f).unwrap();
+        let p = image.topics["t"].partitions[0].clone();
+        let (voters, epoch) =
+            (p.wanted_replicas().iter().map(|r| r.node).collect(), p.reassignment.map_or(0, |r| r.epoch));
+        run(&mut image, ControllerRequest::CompleteReassignment { group: p.group, voters, epoch }, &f)
+            .unwrap();
+        f.controller_voters = [1, 2].into();
+        assert!(matches!(decide(&image, retire(1), &f), Err(ApiError::Invalid(_))), "one voter would remain");
+        // ...or while another voter is down, is refused.
+        f.controller_voters = [1, 2, 3].into();
+        f.live = [1, 2].into();
+        assert!(matches!(decide(&image, retire(1), &f), Err(ApiError::Unavailable(_))), "voter 3 is down");
+        f.live = [1, 2, 3].into();
+        assert!(matches!(decide(&image, retire(1), &f), Ok(Decision::Commit { .. })));
     }
 
     #[test]

@@ -140,7 +140,7 @@ impl MetadataImage {
                             peer_addr: peer_addr.clone(),
                             incarnation: *incarnation,
                             metadata_node: *metadata_node,
-                            decommissioned: false,
+                            decommissioned: self.brokers.get(id).is_some_and(|b| b.decommissioned),
                         },
                     );
                     for p in self.topics.values_mut().flat_map(|t| t.partitions.iter_mut()) {
@@ -335,6 +335,8 @@ impl MetadataImage {
                 out.insert(id);
             }
         }
+        // A decommissioned broker is no longer part of the cluster.
+        out.retain(|id| self.brokers.get(id).is_none_or(|b| !b.decommissioned));
         out
     }
 

@@ -27,12 +27,15 @@ pub const MAJOR: u32 = 1;
 /// call as one without a request, and the sender sends its votes singly).
 /// 1.4 added `PingResponse.draining` (a broker in a controlled shutdown is
 /// no hand-over target; a 1.3 broker never says so, and refuses no
-/// hand-over). 1.5 added partition reassignment: the controller requests
-/// `reassign_partition`, `cancel_reassignment` and `complete_reassignment`
-/// and the metadata commands `reassignment_started`, `_cancelled` and
-/// `_completed`. A 1.4 broker's metadata image would stop at such a
-/// command (`crate::metadata::controller::fold`), so the controller refuses
-/// reassignments while a live broker answers pings as 1.4 or older.
+/// hand-over). 1.5 added partition reassignment, partition count increase
+/// and decommissioning: the controller requests `reassign_partition`,
+/// `cancel_reassignment`, `complete_reassignment`, `create_partitions`,
+/// `decommission_broker`, and the metadata commands
+/// `reassignment_started`, `_cancelled`, `_completed`,
+/// `partitions_created`, `broker_decommissioned`. A 1.4 broker's metadata
+/// image would stop at such a command (`crate::metadata::controller::fold`),
+/// so the controller refuses them while a live broker answers pings as 1.4
+/// or older.
 pub const MINOR: u32 = 5;
 /// The gRPC metadata key carrying the sender's version, `MAJOR.MINOR`.
 pub const HEADER: &str = "ferrolog-peer-protocol";

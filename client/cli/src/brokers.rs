@@ -64,8 +64,9 @@ async fn settled_metadata(admin: &Admin) -> anyhow::Result<std::sync::Arc<Cluste
     }
 }
 
-/// Every partition's placement, and the brokers that may hold replicas
-/// (registered, not decommissioned).
+/// Every partition's placement, and the brokers that may take replicas
+/// (registered, alive, not decommissioned: a move to a broker that is down
+/// would wait for it).
 fn placements(cluster: &ClusterMeta) -> anyhow::Result<(Vec<Placement>, BTreeSet<u32>)> {
     let mut out = Vec::new();
     for t in cluster.topics.values() {
@@ -83,7 +84,7 @@ fn placements(cluster: &ClusterMeta) -> anyhow::Result<(Vec<Placement>, BTreeSet
             });
         }
     }
-    let brokers = cluster.brokers.values().filter(|b| !b.decommissioned).map(|b| b.id).collect();
+    let brokers = cluster.brokers.values().filter(|b| !b.decommissioned && b.alive).map(|b| b.id).collect();
     Ok((out, brokers))
 }
 
@@ -235,8 +236,29 @@ pub async fn broker(admin: &Admin, command: BrokerCommand) -> anyhow::Result<()>
                 wait(admin, &moving, secs).await?;
             }
             admin.decommission_broker(id).await.with_context(|| format!("decommissioning broker {id}"))?;
+            // The joint-consensus change that takes it out of the controller
+            // quorum may still need its vote: not "stop it" before that.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                let cluster = admin.fresh_metadata().await.context("reading metadata")?;
+                let voters = &cluster.controller_voters;
+                if !voters.is_empty() && !voters.contains(&id) {
+                    if voters.len() < 3 {
+                        eprintln!(
+                            "warning: the controller quorum is brokers {voters:?}: it survives no broker's failure"
+                        );
+                    }
+                    break;
+                }
+                anyhow::ensure!(
+                    tokio::time::Instant::now() < deadline,
+                    "broker {id} is decommissioned but still in the controller quorum {voters:?} after 60 s; keep it \
+                     running and check `ferrolog cluster status`"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
             println!(
-                "broker {id} holds no replica and is decommissioned: it leaves the controller quorum; stop its process"
+                "broker {id} holds no replica, is decommissioned and out of the controller quorum: stop its process"
             );
             Ok(())
         }

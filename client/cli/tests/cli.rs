@@ -658,7 +658,10 @@ fn cluster_rebalance_evens_out_and_decommission_retires_a_broker() {
 
     // Retire broker 3: its replicas move, it leaves the controller quorum.
     let out = c.ok(&["broker", "decommission", "3", "--wait", "60"], None);
-    assert!(out.contains("broker 3 holds no replica and is decommissioned"), "{out}");
+    assert!(
+        out.contains("broker 3 holds no replica, is decommissioned and out of the controller quorum"),
+        "{out}"
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let rows = broker_rows(&c);
