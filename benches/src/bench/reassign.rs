@@ -1,8 +1,8 @@
 //! A partition move under load (issue 11): a 4-broker cluster; topic
-//! `moving` (1 partition, replication factor 3) is filled with 1 KiB
-//! records, then moved so that one of its replicas goes to the broker that
-//! had none, while a one-in-flight producer writes to topic `busy` (1
-//! partition, replication factor 3). Prints the move's duration and MB/s
+//! `moving` (`--partitions`, 1 by default; replication factor 3) is filled
+//! with 1 KiB records, then each partition moves one replica to the broker
+//! that had none of it (all in one request), while a one-in-flight producer
+//! writes to topic `busy` (1 partition, replication factor 3). Prints the move's duration and MB/s
 //! (the partition's record bytes over the time from the request to the
 //! controller's record of completion), and `busy`'s produce p50/p99 before
 //! and during the move. `--throttle` sets the brokers'
@@ -34,6 +34,10 @@ pub struct ReassignArgs {
     /// Seconds of one-in-flight produce to `busy` before the move.
     #[arg(long, default_value_t = 5)]
     baseline_seconds: u64,
+    /// Partitions of `moving`, all moved in one request: how the move's
+    /// cost grows with the number of partitions.
+    #[arg(long, default_value_t = 1)]
+    partitions: u32,
 }
 
 /// One record at a time to `topic` until `stop`; the acknowledgement
@@ -68,14 +72,16 @@ pub async fn run(a: ReassignArgs) -> anyhow::Result<()> {
     let (c, _config) = cluster::start_configured("bench-reassign", 4, &config).await?;
     let meta = MetadataCache::new(ClientConfig::from_list(&c.bootstrap()))?;
     let admin = Admin::new(meta.clone()).with_timeout(Duration::from_secs(60));
-    for t in ["moving", "busy"] {
-        admin.create_topic(t, 1, 3).await?;
-        admin.wait_for_leaders(t, Duration::from_secs(60)).await?;
+    for (t, n) in [("moving", a.partitions), ("busy", 1)] {
+        admin.create_topic(t, n, 3).await?;
+        admin.wait_for_leaders(t, Duration::from_secs(120)).await?;
     }
-    let filled = load::produce(&meta, "moving", &ProduceArgs::pipelined(1024, a.fill_seconds, 1)).await?;
+    let filled =
+        load::produce(&meta, "moving", &ProduceArgs::pipelined(1024, a.fill_seconds, a.partitions)).await?;
     let bytes = filled.records * 1024;
     println!(
-        "filled moving-0 with {} records of 1 KiB ({:.0} MiB) in {:.1} s",
+        "filled {} partitions of moving with {} records of 1 KiB ({:.0} MiB) in {:.1} s",
+        a.partitions,
         filled.records,
         bytes as f64 / (1 << 20) as f64,
         filled.seconds
@@ -87,19 +93,34 @@ pub async fn run(a: ReassignArgs) -> anyhow::Result<()> {
     stop.store(true, Ordering::Relaxed);
     let before = before.await??;
 
+    // Each partition moves its first replica to the broker without one.
     let cluster = admin.fresh_metadata().await?;
-    let p = cluster.topics["moving"].partitions[0].clone();
-    let spare =
-        (1..=4).find(|b| !p.replicas.contains(b)).ok_or_else(|| anyhow::anyhow!("no spare broker"))?;
-    let target: Vec<u32> = p.replicas.iter().copied().skip(1).chain([spare]).collect();
+    let mut changes = Vec::new();
+    for p in &cluster.topics["moving"].partitions {
+        let Some(spare) = (1..=4).find(|b| !p.replicas.contains(b)) else { continue };
+        let target: Vec<u32> = p.replicas.iter().copied().skip(1).chain([spare]).collect();
+        changes.push(ReassignmentRequest {
+            topic: "moving".into(),
+            partition: p.partition,
+            replicas: Some(target),
+        });
+    }
+    anyhow::ensure!(
+        changes.len() == a.partitions as usize,
+        "{} of {} partitions can move",
+        changes.len(),
+        a.partitions
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let during = tokio::spawn(one_at_a_time(meta.clone(), "busy", stop.clone()));
     let started = Instant::now();
-    let change = ReassignmentRequest { topic: "moving".into(), partition: 0, replicas: Some(target.clone()) };
-    for r in admin.alter_partition_reassignments(&[change]).await? {
+    for r in
+        admin.clone().with_timeout(Duration::from_secs(600)).alter_partition_reassignments(&changes).await?
+    {
         r?;
     }
-    let moving = vec![("moving".to_owned(), 0u32)];
+    let requested = started.elapsed();
+    let moving: Vec<(String, u32)> = changes.iter().map(|c| (c.topic.clone(), c.partition)).collect();
     admin.wait_for_reassignments(&moving, Duration::from_secs(1800), |_| {}).await?;
     let took = started.elapsed();
     stop.store(true, Ordering::Relaxed);
@@ -107,8 +128,9 @@ pub async fn run(a: ReassignArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!during.is_empty(), "no write to busy was acknowledged during the move");
 
     println!(
-        "moved moving-0 from brokers {:?} to {target:?}: {:.1} s, {:.1} MB/s of record bytes (throttle {})",
-        p.replicas,
+        "moved one replica of each of {} partitions to the spare broker: requests committed in {:.1} s, all done in {:.1} s, {:.1} MB/s of record bytes (throttle {})",
+        changes.len(),
+        requested.as_secs_f64(),
         took.as_secs_f64(),
         bytes as f64 / took.as_secs_f64() / 1e6,
         if a.throttle == 0 { "none".to_owned() } else { format!("{:.1} MB/s", a.throttle as f64 / 1e6) }

@@ -9,18 +9,19 @@
 //! controller, which commits the completion (KIP-455's last step); the
 //! brokers left out then delete their replicas (`crate::partitions`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ferrolog_replica::NodeId;
+use futures::StreamExt;
 use tokio::sync::watch;
 
 use crate::config::BrokerId;
 use crate::control::handover::HandOver;
 use crate::groups::{GroupId, GroupRegistry, HostedGroup};
 use crate::metadata::METADATA_GROUP;
-use crate::metadata::command::ControllerRequest;
+use crate::metadata::command::{ControllerRequest, PartitionAssignment};
 use crate::metadata::controller::Controller;
 use crate::metadata::image::MetadataImage;
 use crate::network::throttle::Throttle;
@@ -32,17 +33,23 @@ pub const CAUGHT_UP_ENTRIES: u64 = 100;
 /// How long a leader leaving its group's voters tries to hand over.
 pub const HAND_OVER_WITHIN: Duration = Duration::from_secs(5);
 
-/// The voter set `group` should have, or `None` if the metadata does not say.
+/// Groups at most this many of whose memberships change at once (each
+/// change waits for Raft commits; one at a time, a bulk move of N
+/// partitions led here took N times as long).
+pub const CHANGES_AT_ONCE: usize = 32;
+
+/// The voter set `group` should have, or `None` if the metadata does not
+/// say; `p` is the group's partition, if it is one.
 pub fn wanted_voters(
     image: &MetadataImage,
     group: GroupId,
+    p: Option<&PartitionAssignment>,
     current: &BTreeSet<NodeId>,
 ) -> Option<BTreeSet<NodeId>> {
     if group == METADATA_GROUP {
         return Some(image.metadata_voters(current.iter().copied()));
     }
-    let (_, _, p) = image.partition_by_group(group)?;
-    Some(p.wanted_replicas().iter().map(|r| r.node).collect())
+    Some(p?.wanted_replicas().iter().map(|r| r.node).collect())
 }
 
 /// What the membership changes use besides the groups and the image.
@@ -73,12 +80,26 @@ pub async fn run(groups: GroupRegistry, image: watch::Receiver<Arc<MetadataImage
         let visit: Vec<GroupId> = if changed { leading.to_vec() } else { pending.iter().copied().collect() };
         seen = Some((img.clone(), leading));
         pending.clear();
-        for group in visit {
-            let Some(hosted) = groups.get(group) else { continue };
-            if !hosted.raft.is_leader() {
-                continue;
-            }
-            match reconcile(&img, group, &hosted, &env).await {
+        if visit.is_empty() {
+            continue;
+        }
+        // One pass over the topics, not one per group visited.
+        let placed: HashMap<GroupId, &PartitionAssignment> =
+            img.topics.values().flat_map(|t| t.partitions.iter()).map(|p| (p.group, p)).collect();
+        let (img, placed, groups, env) = (&img, &placed, &groups, &env);
+        let outcomes: Vec<(GroupId, anyhow::Result<bool>)> = futures::stream::iter(visit)
+            .map(|group| async move {
+                let Some(hosted) = groups.get(group) else { return (group, Ok(true)) };
+                if !hosted.raft.is_leader() {
+                    return (group, Ok(true));
+                }
+                (group, reconcile(img, group, placed.get(&group).copied(), &hosted, env).await)
+            })
+            .buffer_unordered(CHANGES_AT_ONCE)
+            .collect()
+            .await;
+        for (group, outcome) in outcomes {
+            match outcome {
                 Ok(true) => {}
                 Ok(false) => {
                     pending.insert(group);
@@ -97,6 +118,7 @@ pub async fn run(groups: GroupRegistry, image: watch::Receiver<Arc<MetadataImage
 async fn reconcile(
     image: &MetadataImage,
     group: GroupId,
+    p: Option<&PartitionAssignment>,
     h: &HostedGroup,
     env: &Env,
 ) -> anyhow::Result<bool> {
@@ -134,7 +156,7 @@ async fn reconcile(
             return Ok(false);
         }
     }
-    let Some(wanted) = wanted_voters(image, group, &voters) else { return Ok(true) };
+    let Some(wanted) = wanted_voters(image, group, p, &voters) else { return Ok(true) };
     if wanted.is_empty() {
         // Never a group without voters; the metadata must be wrong.
         anyhow::bail!("the metadata wants no voter in group {group}: left as it is");
@@ -155,8 +177,7 @@ async fn reconcile(
             timed(h.raft.remove_learners(unwanted)).await?;
             return Ok(false);
         }
-        let epoch =
-            image.partition_by_group(group).and_then(|(_, _, p)| p.reassignment.as_ref().map(|r| r.epoch));
+        let epoch = p.and_then(|p| p.reassignment.as_ref().map(|r| r.epoch));
         if let Some(epoch) = epoch {
             let voters: Vec<NodeId> = voters.into_iter().collect();
             tracing::info!(
@@ -178,7 +199,7 @@ async fn reconcile(
     for n in wanted.difference(&voters) {
         if !learners.contains(n) {
             let broker =
-                image.broker_of_node(group, *n).ok_or_else(|| anyhow::anyhow!("no broker for node {n}"))?;
+                broker_of(image, group, p, *n).ok_or_else(|| anyhow::anyhow!("no broker for node {n}"))?;
             let addr = image.brokers.get(&broker).map(|b| b.peer_addr.clone()).unwrap_or_default();
             tracing::info!(group, node = n, broker, "adding a replica as a learner");
             if partition {
@@ -198,8 +219,8 @@ async fn reconcile(
     }
     let in_order = |nodes: &BTreeSet<NodeId>| -> Vec<(NodeId, BrokerId)> {
         let mut out: Vec<(NodeId, BrokerId)> =
-            nodes.iter().filter_map(|n| image.broker_of_node(group, *n).map(|b| (*n, b))).collect();
-        if let Some((_, _, p)) = image.partition_by_group(group) {
+            nodes.iter().filter_map(|n| broker_of(image, group, p, *n).map(|b| (*n, b))).collect();
+        if let Some(p) = p {
             let wanted = p.wanted_replicas();
             out.sort_by_key(|(n, _)| wanted.iter().position(|r| r.node == *n).unwrap_or(usize::MAX));
         }
@@ -251,6 +272,20 @@ async fn reconcile(
         tracing::info!(group, ?outcome, "leaving leader handed over to the new voters");
     }
     Ok(false)
+}
+
+/// The broker of node `n` of `group`: from its partition's replicas, or
+/// the image for the metadata group.
+fn broker_of(
+    image: &MetadataImage,
+    group: GroupId,
+    p: Option<&PartitionAssignment>,
+    n: NodeId,
+) -> Option<BrokerId> {
+    match p {
+        Some(p) => p.replicas.iter().find(|r| r.node == n).map(|r| r.broker),
+        None => image.broker_of_node(group, n),
+    }
 }
 
 /// Longest one membership change may take before the pass moves on (the
