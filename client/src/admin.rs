@@ -398,10 +398,13 @@ impl Admin {
                     })
                     .collect(),
             };
+            // Each partition is one controller commit (about 20–40 ms here):
+            // a big request is given the time it needs, not the default.
+            let extra_ms = 100 * request.partitions.len() as u64;
             let answered = match self.any_broker().await {
                 Ok(address) => {
                     self.meta
-                        .call(&op, &address, 0, |mut c| async move {
+                        .call(&op, &address, extra_ms, |mut c| async move {
                             c.alter_partition_reassignments(request).await
                         })
                         .await
@@ -435,7 +438,22 @@ impl Admin {
                     None => Some(Ok(())),
                     Some(ErrorCode::Unavailable) if !late => None,
                     Some(ErrorCode::ReassignmentInProgress) if retried => {
-                        if cluster.is_none() {
+                        // The controller has a move of it: ours if its
+                        // target is ours. The broker answering metadata
+                        // may not show it yet (each applies the
+                        // controller's records at its own pace): ask again
+                        // for up to 5 s while it shows none.
+                        let shows_move = |m: &ClusterMeta| {
+                            m.topics
+                                .get(&c.topic)
+                                .and_then(|t| t.partitions.iter().find(|p| p.partition == c.partition))
+                                .is_some_and(PartitionMeta::is_reassigning)
+                        };
+                        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+                        while cluster.as_ref().is_none_or(|m| !shows_move(m)) && tokio::time::Instant::now() < until {
+                            if cluster.is_some() {
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
                             cluster = self.fresh_metadata().await.ok();
                         }
                         let ours = cluster.as_ref().is_some_and(|m| moving_to(m, c));
