@@ -450,7 +450,9 @@ impl Admin {
                                 .is_some_and(PartitionMeta::is_reassigning)
                         };
                         let until = tokio::time::Instant::now() + Duration::from_secs(5);
-                        while cluster.as_ref().is_none_or(|m| !shows_move(m)) && tokio::time::Instant::now() < until {
+                        while cluster.as_ref().is_none_or(|m| !shows_move(m))
+                            && tokio::time::Instant::now() < until
+                        {
                             if cluster.is_some() {
                                 tokio::time::sleep(Duration::from_millis(100)).await;
                             }
