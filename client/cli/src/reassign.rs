@@ -132,7 +132,8 @@ pub async fn reassign(admin: &Admin, args: ReassignArgs) -> anyhow::Result<()> {
             })
             .await
             .context("waiting for the moves to complete")?;
-        println!("done: {} partitions have their new replicas", started.len());
+        let n = started.len();
+        println!("done: {n} partition{} moved", if n == 1 { "" } else { "s" });
     }
     anyhow::ensure!(refused == 0, "{refused} of {} reassignments refused", changes.len());
     Ok(())
@@ -154,6 +155,9 @@ fn progress_line(cluster: &ClusterMeta, watched: &[(String, u32)]) -> String {
             })
         })
         .collect();
+    if moving.is_empty() {
+        return format!("moving: none of {} left", watched.len());
+    }
     let shown: Vec<&str> = moving.iter().take(3).map(String::as_str).collect();
     let more = if moving.len() > 3 { format!(" and {} more", moving.len() - 3) } else { String::new() };
     format!("moving: {} of {}: {}{more}", moving.len(), watched.len(), shown.join("; "))
