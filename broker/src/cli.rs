@@ -16,7 +16,8 @@ pub struct BrokerArgs {
     /// TOML config file (template: deploy/broker.toml).
     #[arg(long, env = "FERROLOG_CONFIG")]
     pub config: Option<PathBuf>,
-    /// This broker's id (≥ 1).
+    /// This broker's id (≥ 1). With --join it may be left out: the cluster
+    /// assigns the next free one (kept in the data directory).
     #[arg(long, env = "FERROLOG_NODE_ID")]
     pub node_id: Option<BrokerId>,
     /// Client API listen address, host:port.
@@ -32,6 +33,11 @@ pub struct BrokerArgs {
     /// (peer addresses). Used only when the data directory is new.
     #[arg(long, env = "FERROLOG_INITIAL_CLUSTER")]
     pub initial_cluster: Option<String>,
+    /// Join a running cluster instead of founding one: peer addresses
+    /// (host:port,...) of any of its brokers. Used only when the data
+    /// directory is new. Excludes --initial-cluster.
+    #[arg(long, env = "FERROLOG_JOIN", conflicts_with = "initial_cluster")]
+    pub join: Option<String>,
     /// Dial peers through other addresses: `peer=via,...`, both host:port
     /// (e.g. through a proxy). Replaces `peer_routes` of the config file.
     #[arg(long, env = "FERROLOG_PEER_ROUTES")]
@@ -68,6 +74,12 @@ impl BrokerArgs {
         }
         if let Some(v) = &self.initial_cluster {
             c.initial_cluster = config::parse_initial_cluster(v)?;
+        }
+        if let Some(v) = &self.join {
+            c.join = config::parse_join(v)?;
+            // A joining broker does not also found: the file's founders are
+            // for the founders (`deploy/broker.toml` lists them).
+            c.initial_cluster.clear();
         }
         if let Some(v) = &self.peer_routes {
             c.peer_routes = config::parse_peer_routes(v)?;

@@ -18,7 +18,9 @@ pub type BrokerId = u32;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BrokerConfig {
-    /// This broker's id (≥ 1).
+    /// This broker's id (≥ 1). 0 (the default) only with [`BrokerConfig::join`]:
+    /// the cluster assigns the next free id when the broker first joins,
+    /// and the data directory keeps it (`crate::identity`).
     pub node_id: BrokerId,
     /// Address the client API listens on, `host:port`.
     pub client_addr: SocketAddr,
@@ -30,6 +32,12 @@ pub struct BrokerConfig {
     /// The controller's founding voters, broker id → peer address; used
     /// only when the data directory is new (like etcd's `initial-cluster`).
     pub initial_cluster: BTreeMap<BrokerId, SocketAddr>,
+    /// Peer addresses of brokers of a running cluster, for a broker that is
+    /// not one of its founders: a new data directory registers through any
+    /// of them (getting a broker id if `node_id` is 0) and follows the
+    /// metadata as a learner of the controller's group; `ferrolog
+    /// controller add` can make it a voter. Excludes `initial_cluster`.
+    pub join: Vec<SocketAddr>,
     /// Peer address → address to dial instead, for peers reached through a
     /// proxy or NAT (the fault-injecting proxy of `ferrolog-jepsen`, for
     /// one). A peer not listed is dialled at its own address. Memberships
@@ -184,11 +192,12 @@ impl Default for Limits {
 impl Default for BrokerConfig {
     fn default() -> Self {
         Self {
-            node_id: 1,
+            node_id: 0,
             client_addr: SocketAddr::from(([127, 0, 0, 1], 9401)),
             peer_addr: SocketAddr::from(([127, 0, 0, 1], 9501)),
             data_dir: PathBuf::from("./ferrolog-data/broker-1"),
             initial_cluster: BTreeMap::new(),
+            join: Vec::new(),
             peer_routes: BTreeMap::new(),
             raft: RaftTimings::default(),
             storage: StoreConfig::default(),
@@ -228,8 +237,18 @@ impl BrokerConfig {
     /// [`ConfigError`] naming the first bad field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError(m));
-        if self.node_id == 0 {
-            return bad("node_id must be ≥ 1".into());
+        if self.node_id == 0 && self.join.is_empty() {
+            return bad("node_id must be ≥ 1 (0 only with join: the cluster then assigns one)".into());
+        }
+        if !self.join.is_empty() && !self.initial_cluster.is_empty() {
+            return bad(
+                "join and initial_cluster are both set: a founding broker gives initial_cluster, one that \
+                 joins a running cluster gives join"
+                    .into(),
+            );
+        }
+        if self.join.contains(&self.peer_addr) {
+            return bad(format!("join lists this broker's own peer_addr {}", self.peer_addr));
         }
         if self.balance.leader_imbalance_per_broker_percentage > 100 {
             return bad(format!(
@@ -325,6 +344,24 @@ pub fn parse_initial_cluster(text: &str) -> Result<BTreeMap<BrokerId, SocketAddr
     Ok(out)
 }
 
+/// Parses `host:port,host:port` (the `--join` flag): peer addresses of
+/// running brokers.
+///
+/// # Errors
+/// [`ConfigError`] for a malformed address or an empty list.
+pub fn parse_join(text: &str) -> Result<Vec<SocketAddr>, ConfigError> {
+    let out: Vec<SocketAddr> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|a| a.parse().map_err(|e| ConfigError(format!("join: bad peer address {a:?}: {e}"))))
+        .collect::<Result<_, _>>()?;
+    if out.is_empty() {
+        return Err(ConfigError("join: no peer address given".into()));
+    }
+    Ok(out)
+}
+
 /// Parses `host:port=host:port,...` (the `--peer-routes` flag): each peer
 /// address and the address to dial instead.
 ///
@@ -373,9 +410,19 @@ mod tests {
 
     #[test]
     fn rejects_bad_values() {
-        let ok = BrokerConfig::default();
+        let ok = BrokerConfig { node_id: 1, ..BrokerConfig::default() };
+        let joining = BrokerConfig { join: parse_join("127.0.0.1:7").expect("p"), ..BrokerConfig::default() };
+        joining.validate().expect("a joining broker may leave its id to the cluster");
         let cases: Vec<(&str, BrokerConfig)> = vec![
             ("node_id", BrokerConfig { node_id: 0, ..ok.clone() }),
+            (
+                "both set",
+                BrokerConfig {
+                    initial_cluster: parse_initial_cluster("1=127.0.0.1:9501").expect("p"),
+                    ..joining.clone()
+                },
+            ),
+            ("own peer_addr", BrokerConfig { join: vec![ok.peer_addr], ..joining.clone() }),
             ("both", BrokerConfig { peer_addr: ok.client_addr, ..ok.clone() }),
             (
                 "own peer_addr",
@@ -407,5 +454,7 @@ mod tests {
         assert!(parse_initial_cluster("x=127.0.0.1:1").is_err());
         assert!(parse_initial_cluster("1=nowhere").is_err());
         assert!(BrokerConfig::from_toml("node_id = 1\nbogus = 3\n").is_err());
+        assert!(parse_join(" , ").is_err());
+        assert!(parse_join("nowhere").is_err());
     }
 }

@@ -21,12 +21,22 @@ pub struct Identity {
     pub broker_id: BrokerId,
     /// Random, non-zero, fixed for the directory's lifetime.
     pub incarnation: u64,
-    /// This broker's Raft node id in the metadata group.
+    /// This broker's Raft node id in the metadata group; 0 while a join
+    /// (`BrokerConfig::join`) is under way: the controller has not answered
+    /// yet, and the next start asks again with the same incarnation.
     pub metadata_node: u64,
     /// This directory founded the metadata group (it may initialize it);
     /// false for a broker that joined a formed cluster.
     #[serde(default)]
     pub founder: bool,
+}
+
+impl Identity {
+    /// Whether this directory's join has not been answered yet (see
+    /// [`Identity::metadata_node`]).
+    pub fn join_pending(&self) -> bool {
+        self.metadata_node == 0
+    }
 }
 
 /// A random non-zero id from the clock and process id (incarnations, boot ids).
@@ -43,19 +53,29 @@ pub fn random_id() -> u64 {
 /// # Errors
 /// An unreadable or malformed file, or one that names another broker id.
 pub fn load(data_dir: &Path, broker_id: BrokerId) -> anyhow::Result<Option<Identity>> {
+    let id = load_any(data_dir)?;
+    if let Some(id) = &id {
+        anyhow::ensure!(
+            id.broker_id == broker_id,
+            "{} belongs to broker {}, but this is broker {broker_id}",
+            data_dir.join(IDENTITY_FILE).display(),
+            id.broker_id
+        );
+    }
+    Ok(id)
+}
+
+/// Loads the identity of `data_dir` whatever broker id it names (a broker
+/// started without an id takes the one its directory was given).
+///
+/// # Errors
+/// An unreadable or malformed file.
+pub fn load_any(data_dir: &Path) -> anyhow::Result<Option<Identity>> {
     let path = data_dir.join(IDENTITY_FILE);
     match std::fs::read(&path) {
-        Ok(bytes) => {
-            let id: Identity = serde_json::from_slice(&bytes)
-                .map_err(|e| anyhow::anyhow!("{} is damaged: {e}", path.display()))?;
-            anyhow::ensure!(
-                id.broker_id == broker_id,
-                "{} belongs to broker {}, but this is broker {broker_id}",
-                path.display(),
-                id.broker_id
-            );
-            Ok(Some(id))
-        }
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("{} is damaged: {e}", path.display())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(anyhow::anyhow!("reading {}: {e}", path.display())),
     }

@@ -162,19 +162,21 @@ impl Broker {
         if config.client_addr.port() == 0 {
             config.client_addr = client_listener.local_addr()?;
         }
-        let me = config.node_id;
         let (stopping, _) = watch::channel(false);
         crate::control::files::raise_limit();
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;
-        let raft_settings = raft_settings(&config)?;
-        let flusher = Flusher::spawn(&format!("broker-{me}")).context("starting the flusher")?;
-        let groups = GroupRegistry::default();
         let peers = PeerAddresses::new(
             config.peer_routes.iter().map(|(peer, via)| (*peer, *via)),
             Duration::from_millis(config.raft.election_timeout_min_ms),
         )
         .with_reassignment_throttle(config.reassignment.replication_throttled_rate);
+        // A broker joining a running cluster learns its id first.
+        enter_by_join(&mut config, &peers).await?;
+        let me = config.node_id;
+        let raft_settings = raft_settings(&config)?;
+        let flusher = Flusher::spawn(&format!("broker-{me}")).context("starting the flusher")?;
+        let groups = GroupRegistry::default();
 
         // Peer API first: the metadata group needs to reach the others.
         // What the pings say of other brokers: elections here, and the
@@ -206,6 +208,10 @@ impl Broker {
         // how to enter (`how_to_enter`): found the group, run as a founding
         // member that never ran, or rejoin a wiped broker under new node ids.
         let identity = match identity::load(&config.data_dir, me)? {
+            Some(id) if id.join_pending() => anyhow::bail!(
+                "{} holds an unfinished join: start the broker again with --join",
+                config.data_dir.display()
+            ),
             Some(id) => id,
             None => {
                 anyhow::ensure!(
@@ -293,7 +299,14 @@ impl Broker {
             liveness.clone(),
             meta_replica.clone(),
         )
-        .with_seeds(config.initial_cluster.iter().map(|(id, addr)| (*id, addr.to_string())));
+        .with_seeds(
+            config
+                .initial_cluster
+                .iter()
+                .map(|(id, addr)| (*id, addr.to_string()))
+                // A joined broker's seeds: brokers whose ids it does not know.
+                .chain(config.join.iter().map(|addr| (0, addr.to_string()))),
+        );
         let _ = controller_slot.set(controller.clone());
 
         let failures = Failures::default();
@@ -697,6 +710,98 @@ async fn join(c: &BrokerConfig, incarnation: u64, peers: &PeerAddresses) -> anyh
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     anyhow::bail!("could not join the existing cluster: {last}")
+}
+
+/// Enters a running cluster through `config.join` when the data directory
+/// is new (or its join was not answered): registers with the controller
+/// (`ControllerRequest::JoinBroker`), which assigns a broker id if
+/// `node_id` is 0, and stores the identity. Either way, a broker started
+/// without an id takes its directory's. The incarnation is stored before
+/// asking, so a broker that crashes before the answer asks again with it
+/// and gets the same id.
+///
+/// # Errors
+/// The controller refuses (the id is a live broker's, or was
+/// decommissioned), no broker of `join` answers within a minute, or the
+/// directory cannot be written.
+async fn enter_by_join(config: &mut BrokerConfig, peers: &PeerAddresses) -> anyhow::Result<()> {
+    let stored = identity::load_any(&config.data_dir)?;
+    if config.node_id == 0
+        && let Some(id) = &stored
+    {
+        config.node_id = id.broker_id;
+    }
+    if config.join.is_empty() || stored.as_ref().is_some_and(|id| !id.join_pending()) {
+        anyhow::ensure!(config.node_id != 0, "no broker id: give --node-id, or --join to be assigned one");
+        return Ok(());
+    }
+    let mut id = stored.unwrap_or_else(|| identity::Identity {
+        broker_id: config.node_id,
+        incarnation: identity::random_id(),
+        metadata_node: 0,
+        founder: false,
+    });
+    anyhow::ensure!(
+        id.broker_id == config.node_id,
+        "{} belongs to broker {}, but this is broker {}",
+        config.data_dir.display(),
+        id.broker_id,
+        config.node_id
+    );
+    identity::store(&config.data_dir, &id)?;
+    tracing::info!(join = ?config.join, broker = id.broker_id, "joining a running cluster");
+    let (broker_id, metadata_node) = ask_to_join(config, id.incarnation, peers).await?;
+    id.broker_id = broker_id;
+    id.metadata_node = metadata_node;
+    identity::store(&config.data_dir, &id)?;
+    config.node_id = broker_id;
+    tracing::info!(broker = broker_id, metadata_node, "joined the cluster");
+    Ok(())
+}
+
+/// Asks the brokers of `c.join` in turn (each forwards to the controller)
+/// until one answers; retries for up to a minute, but not after a refusal.
+async fn ask_to_join(
+    c: &BrokerConfig,
+    incarnation: u64,
+    peers: &PeerAddresses,
+) -> anyhow::Result<(crate::config::BrokerId, NodeId)> {
+    use crate::metadata::command::ControllerReply;
+    use ferrolog_proto::raft::ControllerCall;
+    let req = ControllerRequest::JoinBroker {
+        id: c.node_id,
+        client_addr: c.client_addr.to_string(),
+        peer_addr: c.peer_addr.to_string(),
+        incarnation,
+    };
+    let body = serde_json::to_vec(&req)?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut last = String::from("no broker to ask");
+    while tokio::time::Instant::now() < deadline {
+        for addr in &c.join {
+            let Ok(ch) = peers.channel(&addr.to_string()) else { continue };
+            let mut call = tonic::Request::new(ControllerCall { request_json: body.clone().into() });
+            call.set_timeout(Duration::from_secs(15));
+            match crate::network::peer_client(ch).controller(call).await {
+                Ok(a) => match serde_json::from_slice::<Result<ControllerReply, crate::error::ApiError>>(
+                    &a.into_inner().result_json,
+                ) {
+                    Ok(Ok(ControllerReply::Joined { broker_id, metadata_node })) => {
+                        return Ok((broker_id, metadata_node));
+                    }
+                    Ok(Err(crate::error::ApiError::Invalid(m))) => {
+                        anyhow::bail!("the cluster refused this broker: {m}")
+                    }
+                    Ok(other) => last = format!("{other:?}"),
+                    // A broker older than 1.6 does not know the request.
+                    Err(e) => last = format!("unreadable answer from {addr} (an older broker?): {e}"),
+                },
+                Err(e) => last = format!("{addr}: {}", e.message()),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    anyhow::bail!("could not join the cluster through {:?}: {last}", c.join)
 }
 
 /// Spawns one of the broker's background tasks inside a span named `name`

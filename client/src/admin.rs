@@ -216,6 +216,27 @@ impl ClusterStatus {
     }
 }
 
+/// A partition move to wait for: topic, partition, and the replicas it
+/// moves to (`None` for a cancellation, which goes back to where it began).
+pub type AwaitedMove = (String, u32, Option<Vec<u32>>);
+
+/// Whether `m` is done as `cluster` shows it: no reassignment of the
+/// partition under way and, for a move with a target, the replicas are the
+/// target. The second half matters because brokers apply the controller's
+/// records each at its own pace: a broker that has not applied the start
+/// yet shows the partition as if it had never moved. A partition the
+/// metadata does not show is not done (the answering broker may not know
+/// its topic yet).
+pub fn move_done(cluster: &ClusterMeta, m: &AwaitedMove) -> bool {
+    let (topic, partition, target) = m;
+    let Some(p) =
+        cluster.topics.get(topic).and_then(|t| t.partitions.iter().find(|x| x.partition == *partition))
+    else {
+        return false;
+    };
+    !p.is_reassigning() && target.as_ref().is_none_or(|t| p.replicas == *t)
+}
+
 /// Creates, deletes and describes topics; reports cluster status.
 #[derive(Debug, Clone)]
 pub struct Admin {
@@ -475,15 +496,15 @@ impl Admin {
         }
     }
 
-    /// Waits until none of `partitions` (topic, partition) has a
-    /// reassignment under way, reading fresh metadata every 200 ms and
-    /// calling `progress` with the metadata each time.
+    /// Waits until every one of `moves` is done ([`move_done`]), reading
+    /// fresh metadata every 200 ms and calling `progress` with the metadata
+    /// each time.
     ///
     /// # Errors
     /// [`Error::Deadline`] after `wait`; metadata errors.
     pub async fn wait_for_reassignments(
         &self,
-        partitions: &[(String, u32)],
+        moves: &[AwaitedMove],
         wait: Duration,
         mut progress: impl FnMut(&ClusterMeta),
     ) -> Result<()> {
@@ -491,19 +512,13 @@ impl Admin {
         loop {
             let cluster = self.fresh_metadata().await?;
             progress(&cluster);
-            let running = partitions.iter().any(|(t, p)| {
-                cluster
-                    .topics
-                    .get(t)
-                    .and_then(|t| t.partitions.iter().find(|x| x.partition == *p))
-                    .is_some_and(|x| x.is_reassigning())
-            });
+            let running = moves.iter().any(|m| !move_done(&cluster, m));
             if !running {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err(Error::Deadline {
-                    operation: format!("waiting for the reassignment of {} partitions", partitions.len()),
+                    operation: format!("waiting for the reassignment of {} partitions", moves.len()),
                     timeout_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
                     last: None,
                 });
@@ -532,6 +547,57 @@ impl Admin {
                         .call(op, &address, 0, |mut c| async move { c.decommission_broker(request).await })
                         .await?;
                     Error::from_wire(op, r.error)
+                }
+            })
+            .await
+    }
+
+    /// Makes broker `id` a controller voter (Kafka's AddRaftVoter,
+    /// KIP-853). Returns once the controller committed the new quorum; the
+    /// voters change after the broker's metadata replica caught up (see
+    /// [`ClusterMeta::controller_voters`](crate::metadata::ClusterMeta)).
+    ///
+    /// # Errors
+    /// `INVALID_REQUEST` (unknown or decommissioned broker),
+    /// `UNAVAILABLE` (it does not answer, or too few voters do), as
+    /// [`Error::Broker`]; [`Error::Deadline`].
+    pub async fn add_raft_voter(&self, id: u32) -> Result<()> {
+        self.change_raft_voter(id, true).await
+    }
+
+    /// Takes broker `id` out of the controller voters (Kafka's
+    /// RemoveRaftVoter, KIP-853); it stays a broker.
+    ///
+    /// # Errors
+    /// As [`Admin::add_raft_voter`]; also `INVALID_REQUEST` when it is the
+    /// only voter.
+    pub async fn remove_raft_voter(&self, id: u32) -> Result<()> {
+        self.change_raft_voter(id, false).await
+    }
+
+    async fn change_raft_voter(&self, id: u32, add: bool) -> Result<()> {
+        let what = id.to_string();
+        let name = if add { "add controller voter" } else { "remove controller voter" };
+        let op = Op::new(name, &what);
+        self.meta
+            .retrying(name, self.timeout, || {
+                let op = &op;
+                async move {
+                    let address = self.any_broker().await?;
+                    let error = if add {
+                        let request = pb::AddRaftVoterRequest { broker_id: id };
+                        self.meta
+                            .call(op, &address, 0, |mut c| async move { c.add_raft_voter(request).await })
+                            .await?
+                            .error
+                    } else {
+                        let request = pb::RemoveRaftVoterRequest { broker_id: id };
+                        self.meta
+                            .call(op, &address, 0, |mut c| async move { c.remove_raft_voter(request).await })
+                            .await?
+                            .error
+                    };
+                    Error::from_wire(op, error)
                 }
             })
             .await

@@ -264,6 +264,20 @@ impl Ferrolog for FakeBroker {
         Err(Status::unimplemented("decommission broker"))
     }
 
+    async fn add_raft_voter(
+        &self,
+        _: Request<pb::AddRaftVoterRequest>,
+    ) -> Result<Response<pb::AdminResponse>, Status> {
+        Err(Status::unimplemented("add raft voter"))
+    }
+
+    async fn remove_raft_voter(
+        &self,
+        _: Request<pb::RemoveRaftVoterRequest>,
+    ) -> Result<Response<pb::AdminResponse>, Status> {
+        Err(Status::unimplemented("remove raft voter"))
+    }
+
     async fn create_partitions(
         &self,
         _: Request<pb::CreatePartitionsRequest>,

@@ -533,6 +533,17 @@ impl RaftNode {
         raft.change_membership(voters, false).await.map(|_| ()).map_err(membership_error)
     }
 
+    /// As [`RaftNode::change_voters`], but the voters it drops stay in the
+    /// group as learners (they keep receiving the log, and never vote or
+    /// campaign), in one change.
+    ///
+    /// # Errors
+    /// As [`RaftNode::change_voters`].
+    pub async fn change_voters_keeping_learners(&self, voters: BTreeSet<NodeId>) -> Result<(), NodeError> {
+        let raft = self.running("change_voters").await.map_err(NodeError::Stopped)?;
+        raft.change_membership(voters, true).await.map(|_| ()).map_err(membership_error)
+    }
+
     /// Removes `nodes`, which must be learners, from the membership: the
     /// leader stops replicating to them. Returns once the change is
     /// committed.

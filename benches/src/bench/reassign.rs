@@ -120,7 +120,8 @@ pub async fn run(a: ReassignArgs) -> anyhow::Result<()> {
         r?;
     }
     let requested = started.elapsed();
-    let moving: Vec<(String, u32)> = changes.iter().map(|c| (c.topic.clone(), c.partition)).collect();
+    let moving: Vec<ferrolog_client::admin::AwaitedMove> =
+        changes.iter().map(|c| (c.topic.clone(), c.partition, c.replicas.clone())).collect();
     admin.wait_for_reassignments(&moving, Duration::from_secs(1800), |_| {}).await?;
     let took = started.elapsed();
     stop.store(true, Ordering::Relaxed);

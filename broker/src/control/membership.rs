@@ -166,7 +166,7 @@ async fn reconcile(
     // leader that took over mid-change finishes it below).
     if wanted == voters && !joint {
         if !partition {
-            return Ok(true);
+            return metadata_learners(image, h, &wanted, &learners).await;
         }
         if !committed {
             return Ok(false);
@@ -256,7 +256,12 @@ async fn reconcile(
         return Ok(false);
     }
     tracing::info!(group, ?voters, ?wanted, joint, "changing voters");
-    timed(h.raft.change_voters(wanted.clone())).await?;
+    if partition {
+        timed(h.raft.change_voters(wanted.clone())).await?;
+    } else {
+        // A broker leaving the controller quorum still follows the metadata.
+        timed(h.raft.change_voters_keeping_learners(wanted.clone())).await?;
+    }
     // Both phases of the joint change are committed: a majority of the
     // new voters alone now decides.
     tracing::info!(group, ?wanted, "voters changed");
@@ -270,6 +275,35 @@ async fn reconcile(
             .hand_over(group, &in_order(&wanted), None, std::time::Instant::now() + HAND_OVER_WITHIN)
             .await;
         tracing::info!(group, ?outcome, "leaving leader handed over to the new voters");
+    }
+    Ok(false)
+}
+
+/// The metadata group's learners made equal to what the image wants
+/// (every registered broker outside the quorum follows the metadata), one
+/// step per pass; returns whether they are.
+async fn metadata_learners(
+    image: &MetadataImage,
+    h: &HostedGroup,
+    voters: &BTreeSet<NodeId>,
+    learners: &BTreeSet<NodeId>,
+) -> anyhow::Result<bool> {
+    let wanted = image.metadata_learners(voters);
+    let unwanted: BTreeSet<NodeId> = learners.difference(&wanted).copied().collect();
+    if !unwanted.is_empty() {
+        tracing::info!(?unwanted, "removing metadata learners of decommissioned or retired brokers");
+        timed(h.raft.remove_learners(unwanted)).await?;
+        return Ok(false);
+    }
+    let missing: Vec<NodeId> = wanted.difference(learners).copied().collect();
+    if missing.is_empty() {
+        return Ok(true);
+    }
+    for n in missing {
+        let Some(broker) = image.broker_of_node(METADATA_GROUP, n) else { continue };
+        let addr = image.brokers.get(&broker).map(|b| b.peer_addr.clone()).unwrap_or_default();
+        tracing::info!(node = n, broker, "adding a broker to the metadata group as a learner");
+        timed(h.raft.add_learner(n, addr)).await?;
     }
     Ok(false)
 }

@@ -7,13 +7,13 @@ use std::time::Duration;
 use ferrolog_proto::TopicId;
 use ferrolog_proto::client::ferrolog_server::{Ferrolog, FerrologServer};
 use ferrolog_proto::client::{
-    AdminResponse, AlterPartitionReassignmentsRequest, AlterPartitionReassignmentsResponse, BrokerInfo,
-    CreatePartitionsRequest, CreateTopicRequest, DecommissionBrokerRequest, DeleteTopicRequest, Error,
-    FetchRequest, FetchResponse, FollowerStatus, InitProducerIdRequest, InitProducerIdResponse,
-    ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse, OffsetSpec, PartitionInfo,
-    PartitionStatusRequest, PartitionStatusResponse, ProduceRequest, ProduceResponse, ReassignmentResult,
-    RecordBatch as WireBatch, ReplicaState, SubscribeRequest, TopicInfo, TransferLeaderRequest,
-    TransferLeaderResponse,
+    AddRaftVoterRequest, AdminResponse, AlterPartitionReassignmentsRequest,
+    AlterPartitionReassignmentsResponse, BrokerInfo, CreatePartitionsRequest, CreateTopicRequest,
+    DecommissionBrokerRequest, DeleteTopicRequest, Error, FetchRequest, FetchResponse, FollowerStatus,
+    InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse, MetadataRequest,
+    MetadataResponse, OffsetSpec, PartitionInfo, PartitionStatusRequest, PartitionStatusResponse,
+    ProduceRequest, ProduceResponse, ReassignmentResult, RecordBatch as WireBatch, RemoveRaftVoterRequest,
+    ReplicaState, SubscribeRequest, TopicInfo, TransferLeaderRequest, TransferLeaderResponse,
 };
 use futures::Stream;
 use tonic::{Request, Response, Status};
@@ -391,6 +391,15 @@ impl Ferrolog for ClientService {
         if let Some(missing) = req.topics.iter().find(|t| !image.topics.contains_key(*t)) {
             error = self.wire(&ApiError::UnknownTopic(missing.clone()));
         }
+        // A broker whose image does not even list itself (one that just
+        // joined, before the metadata log reached it, or a new cluster
+        // before registrations commit) knows nothing a client could use:
+        // its empty topic list must not read as "no such topic".
+        if !image.brokers.contains_key(&self.broker) {
+            error = self.wire(&ApiError::Unavailable(
+                "this broker has not received the cluster metadata yet (it just started or joined)".into(),
+            ));
+        }
         let controller = self.controller.leader().unwrap_or(0);
         let cluster_brokers = self.controller.cluster_brokers().into_iter().collect();
         Ok(Response::new(MetadataResponse {
@@ -431,6 +440,29 @@ impl Ferrolog for ClientService {
         let id = request.into_inner().broker_id;
         let error =
             self.admin(ControllerRequest::DecommissionBroker { id }).await.err().and_then(|e| self.wire(&e));
+        Ok(Response::new(AdminResponse { error }))
+    }
+
+    async fn add_raft_voter(
+        &self,
+        request: Request<AddRaftVoterRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
+        let id = request.into_inner().broker_id;
+        let error =
+            self.admin(ControllerRequest::AddControllerVoter { id }).await.err().and_then(|e| self.wire(&e));
+        Ok(Response::new(AdminResponse { error }))
+    }
+
+    async fn remove_raft_voter(
+        &self,
+        request: Request<RemoveRaftVoterRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
+        let id = request.into_inner().broker_id;
+        let error = self
+            .admin(ControllerRequest::RemoveControllerVoter { id })
+            .await
+            .err()
+            .and_then(|e| self.wire(&e));
         Ok(Response::new(AdminResponse { error }))
     }
 

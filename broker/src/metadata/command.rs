@@ -181,6 +181,15 @@ pub enum MetadataCommand {
         /// changed since.
         epoch: u64,
     },
+    /// The controller quorum (the metadata group's voters) should be these
+    /// brokers (KIP-853's AddRaftVoter / RemoveRaftVoter, decided one
+    /// broker at a time); the controller's leader changes the group's
+    /// voters to their metadata nodes by joint consensus. Every other
+    /// registered broker follows the metadata as a learner.
+    ControllerVotersChanged {
+        /// The brokers, ascending.
+        voters: Vec<BrokerId>,
+    },
     /// Producer ids up to `next_producer_id - 1` are handed out.
     ProducerIdsAllocated {
         /// The next unused producer id.
@@ -203,6 +212,33 @@ pub enum ControllerRequest {
         /// The data directory's incarnation.
         #[serde(default)]
         incarnation: u64,
+    },
+    /// A broker that is not one of the founders joins the cluster (its
+    /// `--join`): as [`ControllerRequest::RegisterBroker`], and with `id`
+    /// 0 the controller assigns the next free broker id. Answered
+    /// [`ControllerReply::Joined`]; asked again with the same incarnation,
+    /// it answers the same.
+    JoinBroker {
+        /// The broker id asked for; 0: assign one.
+        id: BrokerId,
+        /// Client API address.
+        client_addr: String,
+        /// Peer address.
+        peer_addr: String,
+        /// The new data directory's incarnation.
+        incarnation: u64,
+    },
+    /// Make a registered broker a controller voter (KIP-853's AddRaftVoter).
+    AddControllerVoter {
+        /// Broker id.
+        id: BrokerId,
+    },
+    /// Take a broker out of the controller voters (KIP-853's
+    /// RemoveRaftVoter); it stays a broker and follows the metadata as a
+    /// learner.
+    RemoveControllerVoter {
+        /// Broker id.
+        id: BrokerId,
     },
     /// Create a topic.
     CreateTopic {
@@ -270,6 +306,13 @@ pub enum ControllerReply {
     Ok,
     /// Registered: the broker's node id in the metadata group.
     Registered {
+        /// Node id to run the metadata group's replica under.
+        metadata_node: NodeId,
+    },
+    /// Joined: the broker's id and its node id in the metadata group.
+    Joined {
+        /// The broker id (assigned, or the one asked for).
+        broker_id: BrokerId,
         /// Node id to run the metadata group's replica under.
         metadata_node: NodeId,
     },

@@ -259,7 +259,7 @@ impl Controller {
                 .collect(),
             cluster: self.cluster_brokers(),
             new_topic_id: TopicId::v4_from_random(rand::random::<u128>()),
-            cannot_reassign: self.liveness.older_than(super::decide::REASSIGNMENT_MINOR),
+            older_peers: self.liveness.older_than(crate::network::protocol::MINOR),
             controller_voters: self.voter_brokers(),
         };
         match decide(&image, req, &facts)? {

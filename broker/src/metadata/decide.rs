@@ -16,6 +16,7 @@ use super::image::MetadataImage;
 use super::placement;
 use crate::config::{BrokerId, Limits};
 use crate::error::ApiError;
+use ferrolog_raft_store::types::NodeId;
 
 /// What the controller knows besides the image when it decides.
 #[derive(Clone, Debug)]
@@ -30,9 +31,10 @@ pub struct Facts<'a> {
     pub cluster: BTreeSet<BrokerId>,
     /// The id a topic created now gets (KIP-516: random, 128 bits).
     pub new_topic_id: TopicId,
-    /// Live brokers that speak a peer protocol older than reassignment
-    /// needs (1.5), with their minor version.
-    pub cannot_reassign: Vec<(BrokerId, u32)>,
+    /// Live brokers that speak an older peer protocol than this build's
+    /// (`crate::network::protocol::MINOR`), with their minor version:
+    /// commands they cannot fold are refused while they answer.
+    pub older_peers: Vec<(BrokerId, u32)>,
     /// The brokers whose metadata-group replicas vote now (the controller
     /// quorum, from the controller's own membership).
     pub controller_voters: BTreeSet<BrokerId>,
@@ -41,6 +43,9 @@ pub struct Facts<'a> {
 /// The minor peer protocol version that reassignment commands need on
 /// every broker (see `crate::network::protocol::MINOR`).
 pub const REASSIGNMENT_MINOR: u32 = 5;
+/// The minor peer protocol version that `ControllerVotersChanged` needs on
+/// every broker.
+pub const CONTROLLER_VOTERS_MINOR: u32 = 6;
 
 /// What to do about a request.
 #[derive(Clone, Debug, PartialEq)]
@@ -124,6 +129,11 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
             let command = MetadataCommand::BrokerRegistered { id, client_addr, peer_addr, incarnation };
             Ok(Decision::Commit { command, reply })
         }
+        ControllerRequest::JoinBroker { id, client_addr, peer_addr, incarnation } => {
+            join(image, f, id, client_addr, peer_addr, incarnation)
+        }
+        ControllerRequest::AddControllerVoter { id } => change_controller_voters(f, image, id, true),
+        ControllerRequest::RemoveControllerVoter { id } => change_controller_voters(f, image, id, false),
         ControllerRequest::CreateTopic { name, partitions, replication_factor } => {
             validate_topic_name(&name)?;
             if partitions == 0 || partitions > f.limits.max_partitions_per_topic {
@@ -173,23 +183,16 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
                     if held.len() > 5 { ", ..." } else { "" }
                 )));
             }
-            old_peers(f)?;
-            if f.controller_voters.contains(&id) {
-                let remaining: Vec<BrokerId> =
-                    f.controller_voters.iter().copied().filter(|v| *v != id).collect();
-                if remaining.len() < 2 {
+            old_peers(f, REASSIGNMENT_MINOR)?;
+            let wanted = image.controller_voters.as_ref().unwrap_or(&f.controller_voters);
+            if f.controller_voters.contains(&id) || wanted.contains(&id) {
+                let remaining: BTreeSet<BrokerId> = wanted.iter().copied().filter(|v| *v != id).collect();
+                if remaining.is_empty() {
                     return Err(ApiError::Invalid(format!(
-                        "broker {id} is one of the controller's {} voters: without it fewer than 2 would remain \
-                         (adding controller voters is not built yet)",
-                        f.controller_voters.len()
+                        "broker {id} is the only controller voter: add another first (ferrolog controller add)"
                     )));
                 }
-                if let Some(down) = remaining.iter().find(|v| !f.live.contains(v)) {
-                    return Err(ApiError::Unavailable(format!(
-                        "controller voter {down} does not answer: taking broker {id} out of the quorum needs \
-                         every other voter (the joint configuration needs a majority of both)"
-                    )));
-                }
+                quorum_change_possible(&f.controller_voters, &remaining, f)?;
             }
             Ok(Decision::Commit {
                 command: MetadataCommand::BrokerDecommissioned { id },
@@ -210,7 +213,7 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
                     f.limits.max_partitions_per_topic
                 )));
             }
-            old_peers(f)?;
+            old_peers(f, REASSIGNMENT_MINOR)?;
             let partitions = place_partitions(image, f, count - have, t.replication_factor)?;
             Ok(Decision::Commit {
                 command: MetadataCommand::PartitionsCreated { name, first: have, partitions },
@@ -226,7 +229,7 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
                 )));
             }
             check_replica_list(image, &replicas)?;
-            old_peers(f)?;
+            old_peers(f, REASSIGNMENT_MINOR)?;
             if p.replicas.iter().map(|r| r.broker).eq(replicas.iter().copied()) {
                 return Ok(Decision::Answer(ControllerReply::Ok));
             }
@@ -294,16 +297,156 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
 }
 
 /// Refuses a request whose metadata command brokers older than peer
-/// protocol 1.[`REASSIGNMENT_MINOR`] cannot fold (their image would stop
-/// at it) while such a broker answers pings.
-fn old_peers(f: &Facts<'_>) -> Result<(), ApiError> {
-    match f.cannot_reassign.first() {
+/// protocol 1.`need` cannot fold (their image would stop at it) while
+/// such a broker answers pings.
+fn old_peers(f: &Facts<'_>, need: u32) -> Result<(), ApiError> {
+    match f.older_peers.iter().find(|(_, minor)| *minor < need) {
         Some((b, minor)) => Err(ApiError::Unavailable(format!(
-            "broker {b} speaks peer protocol 1.{minor}; this needs 1.{REASSIGNMENT_MINOR} on every broker (finish \
-             the upgrade first)"
+            "broker {b} speaks peer protocol 1.{minor}; this needs 1.{need} on every broker (finish the upgrade \
+             first)"
         ))),
         None => Ok(()),
     }
+}
+
+/// Whether a quorum change from `old` to `new` (broker ids) can commit with
+/// the brokers that answer now: joint consensus needs a majority of each
+/// (Raft paper §6).
+fn quorum_change_possible(
+    old: &BTreeSet<BrokerId>,
+    new: &BTreeSet<BrokerId>,
+    f: &Facts<'_>,
+) -> Result<(), ApiError> {
+    for (which, set) in [("current", old), ("new", new)] {
+        let live: Vec<BrokerId> = set.iter().copied().filter(|b| f.live.contains(b)).collect();
+        if live.len() * 2 <= set.len() {
+            return Err(ApiError::Unavailable(format!(
+                "only brokers {} of the {which} controller voters {} answer: the joint configuration needs a \
+                 majority of both the current and the new voters",
+                list(&live),
+                list(&set.iter().copied().collect::<Vec<_>>())
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Decides a join (`ControllerRequest::JoinBroker`).
+fn join(
+    image: &MetadataImage,
+    f: &Facts<'_>,
+    id: BrokerId,
+    client_addr: String,
+    peer_addr: String,
+    incarnation: u64,
+) -> Result<Decision, ApiError> {
+    if incarnation == 0 {
+        return Err(ApiError::Invalid("a joining broker must give its data directory's incarnation".into()));
+    }
+    // Asked again (the answer was lost, or the broker restarted before
+    // storing it): the same answer.
+    if let Some((b, entry)) = image.brokers.iter().find(|(_, b)| b.incarnation == incarnation)
+        && (id == 0 || id == *b)
+    {
+        return Ok(Decision::Answer(ControllerReply::Joined {
+            broker_id: *b,
+            metadata_node: entry.metadata_node,
+        }));
+    }
+    // A metadata node id that some broker has (or had) must not become a
+    // new broker's: metadata nodes are broker ids, and node ids handed out
+    // for wiped brokers (`BrokerReplaced`).
+    let taken = |b: BrokerId| {
+        let node = NodeId::from(b);
+        image.brokers.contains_key(&b)
+            || f.cluster.contains(&b)
+            || image.retired_metadata_nodes.contains_key(&node)
+            || image.brokers.values().any(|x| x.metadata_node == node)
+    };
+    let id = if id == 0 {
+        let mut next = image.brokers.keys().chain(&f.cluster).copied().max().unwrap_or(0) + 1;
+        while taken(next) {
+            next += 1;
+        }
+        next
+    } else if let Some(known) = image.brokers.get(&id) {
+        if f.live.contains(&id) {
+            return Err(ApiError::Invalid(format!(
+                "broker id {id} belongs to a live broker at {}: give another id, or none to be assigned one",
+                known.peer_addr
+            )));
+        }
+        // A broker that is down comes back on a new disk (the machine was
+        // replaced): as a wiped broker does.
+        return decide(
+            image,
+            ControllerRequest::RegisterBroker { id, client_addr, peer_addr, incarnation },
+            f,
+        )
+        .map(|d| match d {
+            Decision::Commit { command, reply: ControllerReply::Registered { metadata_node } } => {
+                Decision::Commit { command, reply: ControllerReply::Joined { broker_id: id, metadata_node } }
+            }
+            other => other,
+        });
+    } else if taken(id) {
+        return Err(ApiError::Invalid(format!(
+            "broker id {id} is a founding member's or a metadata node id in use: give another id, or none to be \
+             assigned one"
+        )));
+    } else {
+        id
+    };
+    let command = MetadataCommand::BrokerRegistered { id, client_addr, peer_addr, incarnation };
+    Ok(Decision::Commit {
+        command,
+        reply: ControllerReply::Joined { broker_id: id, metadata_node: NodeId::from(id) },
+    })
+}
+
+/// Decides `controller add|remove` (KIP-853's AddRaftVoter and
+/// RemoveRaftVoter): the new quorum, if it changes.
+fn change_controller_voters(
+    f: &Facts<'_>,
+    image: &MetadataImage,
+    id: BrokerId,
+    add: bool,
+) -> Result<Decision, ApiError> {
+    let Some(b) = image.brokers.get(&id) else {
+        return Err(ApiError::Invalid(format!("broker {id} is not registered")));
+    };
+    if b.decommissioned {
+        return Err(ApiError::Invalid(format!("broker {id} was decommissioned")));
+    }
+    // The quorum the metadata asks for (a change not yet carried out
+    // included), else the group's voters now.
+    let current = &f.controller_voters;
+    let base = image.controller_voters.clone().unwrap_or_else(|| current.clone());
+    let mut wanted = base.clone();
+    if add {
+        wanted.insert(id);
+    } else {
+        wanted.remove(&id);
+    }
+    if wanted == base {
+        return Ok(Decision::Answer(ControllerReply::Ok));
+    }
+    if wanted.is_empty() {
+        return Err(ApiError::Invalid(format!(
+            "broker {id} is the only controller voter: add another first"
+        )));
+    }
+    if add && !f.live.contains(&id) {
+        return Err(ApiError::Unavailable(format!(
+            "broker {id} does not answer: a voter that cannot catch up would hold the change"
+        )));
+    }
+    old_peers(f, CONTROLLER_VOTERS_MINOR)?;
+    quorum_change_possible(current, &wanted, f)?;
+    Ok(Decision::Commit {
+        command: MetadataCommand::ControllerVotersChanged { voters: wanted.into_iter().collect() },
+        reply: ControllerReply::Ok,
+    })
 }
 
 /// `count` new partitions of `rf` replicas on the live registered brokers,
@@ -444,7 +587,7 @@ mod tests {
             live: live.iter().copied().collect(),
             cluster: cluster.iter().copied().collect(),
             new_topic_id: ID,
-            cannot_reassign: vec![],
+            older_peers: vec![],
             controller_voters: live.iter().copied().collect(),
         }
     }
@@ -731,14 +874,110 @@ mod tests {
             (p.wanted_replicas().iter().map(|r| r.node).collect(), p.reassignment.map_or(0, |r| r.epoch));
         run(&mut image, ControllerRequest::CompleteReassignment { group: p.group, voters, epoch }, &f)
             .unwrap();
-        f.controller_voters = [1, 2].into();
-        assert!(matches!(decide(&image, retire(1), &f), Err(ApiError::Invalid(_))), "one voter would remain");
+        f.controller_voters = [1].into();
+        assert!(matches!(decide(&image, retire(1), &f), Err(ApiError::Invalid(_))), "no voter would remain");
         // ...or while another voter is down, is refused.
         f.controller_voters = [1, 2, 3].into();
         f.live = [1, 2].into();
         assert!(matches!(decide(&image, retire(1), &f), Err(ApiError::Unavailable(_))), "voter 3 is down");
         f.live = [1, 2, 3].into();
         assert!(matches!(decide(&image, retire(1), &f), Ok(Decision::Commit { .. })));
+    }
+
+    #[test]
+    fn a_joining_broker_gets_the_next_free_id_once() {
+        let limits = Limits::default();
+        let mut image = image_with(&[(1, 1), (2, 2), (3, 3)]);
+        // Founder 4 of initial_cluster has not registered yet: not handed out.
+        let f = facts(&limits, &[1, 2, 3], &[1, 2, 3, 4]);
+        let join = |id, incarnation| ControllerRequest::JoinBroker {
+            id,
+            client_addr: "c".into(),
+            peer_addr: "p".into(),
+            incarnation,
+        };
+        let joined = |broker_id, metadata_node| ControllerReply::Joined { broker_id, metadata_node };
+        match run(&mut image, join(0, 50), &f).unwrap() {
+            Decision::Commit { reply, .. } => assert_eq!(reply, joined(5, 5)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(image.brokers[&5].incarnation, 50);
+        // Asked again with the same incarnation (a lost answer): the same id.
+        assert_eq!(decide(&image, join(0, 50), &f).unwrap(), Decision::Answer(joined(5, 5)));
+        assert_eq!(decide(&image, join(5, 50), &f).unwrap(), Decision::Answer(joined(5, 5)));
+        // Another directory gets another id; a given free id is taken as is.
+        assert!(
+            matches!(decide(&image, join(0, 51), &f).unwrap(), Decision::Commit { reply, .. } if reply == joined(6, 6))
+        );
+        assert!(
+            matches!(decide(&image, join(9, 51), &f).unwrap(), Decision::Commit { reply, .. } if reply == joined(9, 9))
+        );
+        // A live broker's id, a founder's, or no incarnation: refused.
+        assert!(
+            matches!(decide(&image, join(2, 51), &f), Err(ApiError::Invalid(m)) if m.contains("live broker"))
+        );
+        assert!(
+            matches!(decide(&image, join(4, 51), &f), Err(ApiError::Invalid(m)) if m.contains("founding"))
+        );
+        assert!(matches!(decide(&image, join(0, 0), &f), Err(ApiError::Invalid(_))));
+        // A broker that is down may come back on a new disk under its id:
+        // new node ids, as for a wiped broker.
+        let two_down = facts(&limits, &[1, 3, 5], &[1, 2, 3, 4]);
+        match run(&mut image, join(2, 52), &two_down).unwrap() {
+            Decision::Commit { command: MetadataCommand::BrokerReplaced { .. }, reply } => {
+                assert!(
+                    matches!(reply, ControllerReply::Joined { broker_id: 2, metadata_node } if metadata_node >= 1000)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // A metadata node id handed out to broker 2 is never a new broker's id.
+        let node = image.brokers[&2].metadata_node;
+        let id = BrokerId::try_from(node).expect("small");
+        assert!(matches!(decide(&image, join(id, 53), &f), Err(ApiError::Invalid(_))));
+    }
+
+    #[test]
+    fn the_controller_quorum_changes_one_broker_at_a_time_with_majorities_live() {
+        let limits = Limits::default();
+        let mut image = image_with(&[(1, 1), (2, 2), (3, 3), (4, 4), (5, 5)]);
+        let mut f = facts(&limits, &[1, 2, 3, 4, 5], &[1, 2, 3, 4, 5]);
+        f.controller_voters = [1, 2, 3].into();
+        let add = |id| ControllerRequest::AddControllerVoter { id };
+        let remove = |id| ControllerRequest::RemoveControllerVoter { id };
+        assert_eq!(
+            decide(&image, add(2), &f).unwrap(),
+            Decision::Answer(ControllerReply::Ok),
+            "a voter already"
+        );
+        assert!(matches!(decide(&image, add(9), &f), Err(ApiError::Invalid(_))), "not registered");
+        run(&mut image, add(4), &f).unwrap();
+        assert_eq!(image.controller_voters, Some([1, 2, 3, 4].into()));
+        assert!(image.metadata_voters([1, 2, 3]).iter().eq([1, 2, 3, 4].iter()));
+        assert!(image.metadata_learners(&[1, 2, 3, 4].into()).iter().eq([5].iter()), "5 follows");
+        // A second change builds on the wanted quorum, not the group's
+        // voters (the first one is not carried out yet).
+        run(&mut image, remove(1), &f).unwrap();
+        assert_eq!(image.controller_voters, Some([2, 3, 4].into()));
+        assert!(image.metadata_learners(&[2, 3, 4].into()).iter().eq([1, 5].iter()), "1 stays a broker");
+        // Majorities: with voters {1,2,3} and only 1 live, nothing changes.
+        f.live = [1, 4, 5].into();
+        assert!(matches!(decide(&image, remove(2), &f), Err(ApiError::Unavailable(_))));
+        // A broker that does not answer is not added.
+        f.live = [1, 2, 3, 4].into();
+        assert!(matches!(decide(&image, add(5), &f), Err(ApiError::Unavailable(_))));
+        // Never none; a broker older than 1.6 holds the change.
+        f.controller_voters = [2].into();
+        let mut one = image_with(&[(1, 1), (2, 2)]);
+        assert!(matches!(decide(&one, remove(2), &f), Err(ApiError::Invalid(_))));
+        f.older_peers = vec![(1, 5)];
+        assert!(matches!(decide(&one, add(1), &f), Err(ApiError::Unavailable(m)) if m.contains("1.5")));
+        // Decommissioning a wanted voter takes it out of the wanted quorum.
+        f.older_peers = vec![];
+        run(&mut one, add(1), &f).unwrap();
+        run(&mut one, ControllerRequest::DecommissionBroker { id: 2 }, &f).unwrap();
+        assert_eq!(one.controller_voters, Some([1].into()));
+        assert!(one.metadata_learners(&[1].into()).is_empty(), "a decommissioned broker does not follow");
     }
 
     #[test]

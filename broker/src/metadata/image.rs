@@ -61,6 +61,12 @@ pub struct MetadataImage {
     /// with the broker they belonged to.
     #[serde(default)]
     pub retired_metadata_nodes: BTreeMap<NodeId, BrokerId>,
+    /// The controller quorum as last set by `controller add|remove`
+    /// (`ControllerVotersChanged`), minus brokers decommissioned since;
+    /// `None` until then: the founding voters, as the group's membership
+    /// has them ([`MetadataImage::metadata_voters`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller_voters: Option<std::collections::BTreeSet<BrokerId>>,
 }
 
 /// The id of a topic whose `TopicCreated` command carries none (written
@@ -180,6 +186,15 @@ impl MetadataImage {
             MetadataCommand::TopicDeleted { name } => {
                 self.topics.remove(name);
             }
+            MetadataCommand::ControllerVotersChanged { voters } => {
+                // Only registered, active brokers, and never none (the
+                // controller checked; a command that fails it changes nothing).
+                let valid = !voters.is_empty()
+                    && voters.iter().all(|b| self.brokers.get(b).is_some_and(|x| !x.decommissioned));
+                if valid {
+                    self.controller_voters = Some(voters.iter().copied().collect());
+                }
+            }
             MetadataCommand::ProducerIdsAllocated { next_producer_id } => {
                 self.next_producer_id = self.next_producer_id.max(*next_producer_id);
             }
@@ -193,6 +208,9 @@ impl MetadataImage {
                     && !holds
                 {
                     b.decommissioned = true;
+                    if let Some(v) = self.controller_voters.as_mut() {
+                        v.remove(id);
+                    }
                 }
             }
             MetadataCommand::PartitionsCreated { name, first, partitions } => {
@@ -288,12 +306,22 @@ impl MetadataImage {
     }
 
     /// The metadata group's voters as they should be, given the current
-    /// ones: a voter retired by a wiped broker is replaced by that broker's
-    /// new node id.
+    /// ones: the metadata nodes of [`MetadataImage::controller_voters`]
+    /// once set; before, the current ones, where a voter retired by a wiped
+    /// broker is replaced by that broker's new node id. Decommissioned
+    /// brokers never vote.
     pub fn metadata_voters(
         &self,
         current: impl IntoIterator<Item = NodeId>,
     ) -> std::collections::BTreeSet<NodeId> {
+        if let Some(set) = &self.controller_voters {
+            return set
+                .iter()
+                .filter_map(|b| self.brokers.get(b))
+                .filter(|b| !b.decommissioned)
+                .map(|b| b.metadata_node)
+                .collect();
+        }
         let decommissioned: std::collections::BTreeSet<NodeId> =
             self.brokers.values().filter(|b| b.decommissioned).map(|b| b.metadata_node).collect();
         current
@@ -303,6 +331,21 @@ impl MetadataImage {
                 None => v,
             })
             .filter(|v| !decommissioned.contains(v))
+            .collect()
+    }
+
+    /// The metadata group's learners as they should be, given its wanted
+    /// `voters`: every registered broker that is not decommissioned and
+    /// does not vote follows the metadata (its image serves its clients and
+    /// drives its replicas).
+    pub fn metadata_learners(
+        &self,
+        voters: &std::collections::BTreeSet<NodeId>,
+    ) -> std::collections::BTreeSet<NodeId> {
+        self.brokers
+            .values()
+            .filter(|b| !b.decommissioned && !voters.contains(&b.metadata_node))
+            .map(|b| b.metadata_node)
             .collect()
     }
 

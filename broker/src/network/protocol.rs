@@ -35,8 +35,12 @@ pub const MAJOR: u32 = 1;
 /// `partitions_created`, `broker_decommissioned`. A 1.4 broker's metadata
 /// image would stop at such a command (`crate::metadata::controller::fold`),
 /// so the controller refuses them while a live broker answers pings as 1.4
-/// or older.
-pub const MINOR: u32 = 5;
+/// or older. 1.6 added brokers that join a running cluster and controller
+/// voter changes: the controller request `join_broker` (answered
+/// `joined`), `add_controller_voter`, `remove_controller_voter`, and the
+/// metadata command `controller_voters_changed` (refused while a 1.5
+/// broker answers, as above).
+pub const MINOR: u32 = 6;
 /// The gRPC metadata key carrying the sender's version, `MAJOR.MINOR`.
 pub const HEADER: &str = "ferrolog-peer-protocol";
 /// A version to announce instead of this build's, set by

@@ -254,6 +254,15 @@ pub async fn broker(bootstrap: &str, command: crate::brokers::BrokerCommand) -> 
     crate::brokers::broker(&admin, command).await
 }
 
+/// Runs a controller quorum command.
+pub async fn controller(
+    bootstrap: &str,
+    command: crate::controller::ControllerCommand,
+) -> anyhow::Result<()> {
+    let admin = Admin::new(crate::connect(bootstrap)?).with_timeout(ADMIN_TIMEOUT);
+    crate::controller::run(&admin, command).await
+}
+
 /// Runs a cluster command.
 pub async fn cluster(bootstrap: &str, command: ClusterCommand) -> anyhow::Result<()> {
     let admin = Admin::new(crate::connect(bootstrap)?).with_timeout(ADMIN_TIMEOUT);

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Subcommand;
 use ferrolog_client::Admin;
-use ferrolog_client::admin::ReassignmentRequest;
+use ferrolog_client::admin::{AwaitedMove, ReassignmentRequest, move_done};
 use ferrolog_client::metadata::ClusterMeta;
 use ferrolog_client::rebalance::{self, Placement};
 
@@ -89,7 +89,7 @@ fn placements(cluster: &ClusterMeta) -> anyhow::Result<(Vec<Placement>, BTreeSet
 }
 
 /// Starts the reassignments of `changes`; fails if any is refused.
-async fn execute(admin: &Admin, changes: &[Placement]) -> anyhow::Result<Vec<(String, u32)>> {
+async fn execute(admin: &Admin, changes: &[Placement]) -> anyhow::Result<Vec<AwaitedMove>> {
     let requests: Vec<ReassignmentRequest> = changes
         .iter()
         .map(|c| ReassignmentRequest {
@@ -107,24 +107,15 @@ async fn execute(admin: &Admin, changes: &[Placement]) -> anyhow::Result<Vec<(St
         }
     }
     anyhow::ensure!(refused == 0, "{refused} of {} reassignments refused", changes.len());
-    Ok(changes.iter().map(|c| (c.topic.clone(), c.partition)).collect())
+    Ok(changes.iter().map(|c| (c.topic.clone(), c.partition, Some(c.replicas.clone()))).collect())
 }
 
 /// Waits for `moving` to complete, printing how many still move.
-async fn wait(admin: &Admin, moving: &[(String, u32)], secs: u64) -> anyhow::Result<()> {
+async fn wait(admin: &Admin, moving: &[AwaitedMove], secs: u64) -> anyhow::Result<()> {
     let mut last = usize::MAX;
     admin
         .wait_for_reassignments(moving, Duration::from_secs(secs), |cluster| {
-            let left = moving
-                .iter()
-                .filter(|(t, p)| {
-                    cluster
-                        .topics
-                        .get(t)
-                        .and_then(|t| t.partitions.iter().find(|x| x.partition == *p))
-                        .is_some_and(|x| x.is_reassigning())
-                })
-                .count();
+            let left = moving.iter().filter(|m| !move_done(cluster, m)).count();
             if left != last {
                 eprintln!("moving: {left} of {} partitions", moving.len());
                 last = left;
@@ -183,9 +174,38 @@ pub async fn rebalance(admin: &Admin, args: RebalanceArgs) -> anyhow::Result<()>
     println!("reassigning {} partitions", moving.len());
     if let Some(secs) = args.wait {
         wait(admin, &moving, secs).await?;
-        println!("done: replicas and preferred leaders are spread evenly");
+        let moved = elect_preferred_leaders(admin).await?;
+        println!(
+            "done: replicas and preferred leaders are spread evenly; {moved} leaderships moved to preferred replicas"
+        );
     }
     Ok(())
+}
+
+/// Hands every partition's leadership to its preferred replica where
+/// another leads (Kafka's preferred leader election, KIP-460), as the
+/// brokers' own balancing would at its next check; returns how many moved.
+/// A preferred replica that cannot lead now (behind, or down) is reported
+/// and skipped.
+async fn elect_preferred_leaders(admin: &Admin) -> anyhow::Result<usize> {
+    let cluster = admin.fresh_metadata().await.context("reading metadata")?;
+    let mut moved = 0;
+    for t in cluster.topics.values() {
+        for p in &t.partitions {
+            let Some(preferred) = p.replicas.first().copied() else { continue };
+            if p.leader == preferred || p.is_reassigning() {
+                continue;
+            }
+            match admin.transfer_leader(&t.name, p.partition, None).await {
+                Ok(_) => moved += 1,
+                Err(e) if e.code() == Some(ferrolog_client::error::ErrorCode::ElectionNotNeeded) => {}
+                Err(e) => {
+                    eprintln!("{}-{}: preferred leader {preferred} not elected: {e}", t.name, p.partition)
+                }
+            }
+        }
+    }
+    Ok(moved)
 }
 
 /// Runs a broker command.

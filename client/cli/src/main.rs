@@ -8,11 +8,13 @@
 //! - [`timefmt`]: timestamps as RFC 3339, `YYYY-MM-DD HH:MM:SS` (UTC) or integer ms.
 //! - [`reassign`]: `ferrolog partition reassign` and `partition describe`.
 //! - [`brokers`]: `ferrolog broker list|decommission` and `ferrolog cluster rebalance`.
+//! - [`controller`]: `ferrolog controller add|remove` (the controller quorum).
 //! - `ferrolog broker run`: runs a broker in this process (what `ferrolog dev` starts).
 
 mod admin;
 mod brokers;
 mod consume;
+mod controller;
 mod dev;
 mod input;
 mod output;
@@ -76,6 +78,9 @@ enum Command {
     /// in this process: `broker run`, what `ferrolog dev` starts).
     #[command(subcommand)]
     Broker(BrokerGroup),
+    /// The controller quorum: add or remove a voter.
+    #[command(subcommand)]
+    Controller(controller::ControllerCommand),
 }
 
 /// `ferrolog broker ...`.
@@ -125,6 +130,10 @@ async fn main() -> ExitCode {
         Command::Broker(BrokerGroup::Admin(c)) => {
             init_client_tracing();
             admin::broker(bootstrap, c).await
+        }
+        Command::Controller(c) => {
+            init_client_tracing();
+            admin::controller(bootstrap, c).await
         }
         Command::Dev(args) => {
             init_client_tracing();

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use ferrolog_client::Admin;
-use ferrolog_client::admin::{PartitionReport, ReassignmentRequest, ReplicaHealth};
+use ferrolog_client::admin::{AwaitedMove, PartitionReport, ReassignmentRequest, ReplicaHealth, move_done};
 use ferrolog_client::metadata::ClusterMeta;
 use serde::Deserialize;
 
@@ -106,11 +106,11 @@ pub async fn reassign(admin: &Admin, args: ReassignArgs) -> anyhow::Result<()> {
         match (r, &c.replicas) {
             (Ok(()), Some(to)) => {
                 println!("{name}: moving to brokers {}", join(to));
-                started.push((c.topic.clone(), c.partition));
+                started.push((c.topic.clone(), c.partition, Some(to.clone())));
             }
             (Ok(()), None) => {
                 println!("{name}: cancelled; going back to its original replicas");
-                started.push((c.topic.clone(), c.partition));
+                started.push((c.topic.clone(), c.partition, None));
             }
             (Err(e), _) => {
                 eprintln!("{name}: refused: {e}");
@@ -140,12 +140,13 @@ pub async fn reassign(admin: &Admin, args: ReassignArgs) -> anyhow::Result<()> {
 }
 
 /// One progress line: how many of `watched` still move, with the first few.
-fn progress_line(cluster: &ClusterMeta, watched: &[(String, u32)]) -> String {
+fn progress_line(cluster: &ClusterMeta, watched: &[AwaitedMove]) -> String {
     let moving: Vec<String> = watched
         .iter()
-        .filter_map(|(t, p)| {
+        .filter(|w| !move_done(cluster, w))
+        .filter_map(|(t, p, _)| {
             let m = cluster.topics.get(t)?.partitions.iter().find(|x| x.partition == *p)?;
-            m.is_reassigning().then(|| {
+            Some({
                 format!(
                     "{t}-{p} (replicas {}, adding {}, removing {})",
                     join(&m.replicas),

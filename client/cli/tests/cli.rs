@@ -14,8 +14,13 @@ const BIN: &str = env!("CARGO_BIN_EXE_ferrolog");
 
 /// Three broker processes, killed when dropped.
 struct Brokers {
+    /// Broker id - 1 → its process.
     children: Vec<Child>,
     bootstrap: String,
+    /// Peer addresses of the brokers, index = id - 1 (for `--join`).
+    peers: Vec<String>,
+    /// The command line of each joined broker (id, args), to restart it.
+    joined_args: Vec<(u32, Vec<String>)>,
     dir: tempfile::TempDir,
 }
 
@@ -30,7 +35,12 @@ impl Drop for Brokers {
 
 impl Brokers {
     fn start() -> Brokers {
-        let dir = tempfile::tempdir().expect("temp dir");
+        let mut dir = tempfile::tempdir().expect("temp dir");
+        // FERROLOG_KEEP_DATA=1 keeps the data directories and logs.
+        if std::env::var_os("FERROLOG_KEEP_DATA").is_some() {
+            dir.disable_cleanup(true);
+            eprintln!("data and logs kept in {}", dir.path().display());
+        }
         let (ip, ports) = common::private_addrs(6);
         let (client, peer) = ports.split_at(3);
         let initial = (0..3).map(|i| format!("{}={ip}:{}", i + 1, peer[i])).collect::<Vec<_>>().join(",");
@@ -53,7 +63,8 @@ impl Brokers {
             children.push(child);
         }
         let bootstrap = client.iter().map(|p| format!("{ip}:{p}")).collect::<Vec<_>>().join(",");
-        let brokers = Brokers { children, bootstrap, dir };
+        let peers = peer.iter().map(|p| format!("{ip}:{p}")).collect();
+        let brokers = Brokers { children, bootstrap, peers, joined_args: Vec::new(), dir };
         brokers.wait_ready();
         brokers
     }
@@ -75,8 +86,74 @@ impl Brokers {
         }
     }
 
+    /// Starts a broker that joins the cluster (`broker run --join`, on an
+    /// address of its own, without `--node-id`) and waits until `broker
+    /// list` shows it alive; returns the id the cluster gave it.
+    fn join(&mut self) -> u32 {
+        let (ip, ports) = common::private_addrs(2);
+        let n = self.children.len() + 1;
+        let log = std::fs::File::create(self.dir.path().join(format!("broker-{n}.log"))).expect("log");
+        let (client, peer) = (format!("{ip}:{}", ports[0]), format!("{ip}:{}", ports[1]));
+        let data = self.dir.path().join(format!("broker-{n}")).display().to_string();
+        let args: Vec<String> =
+            ["broker", "run", "--client-addr", &client, "--peer-addr", &peer, "--data-dir", &data]
+                .into_iter()
+                .map(str::to_owned)
+                .chain(["--join".to_owned(), self.peers.join(",")])
+                .collect();
+        let child = Self::spawn_broker(&args, log);
+        self.joined_args.push((n as u32, args));
+        self.children.push(child);
+        self.peers.push(peer);
+        self.bootstrap = format!("{},{client}", self.bootstrap);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let rows = broker_rows(self);
+            // It answers Metadata itself only once the metadata reached it.
+            let own =
+                Command::new(BIN).args(["--bootstrap", &client, "broker", "list"]).output().expect("run");
+            if rows.len() == n && own.status.success() {
+                let row = rows.last().expect("a row");
+                if row.1 == "alive" {
+                    return row.0;
+                }
+            }
+            assert!(Instant::now() < deadline, "broker {n} did not join: {rows:?}\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    fn spawn_broker(args: &[String], log: std::fs::File) -> Child {
+        Command::new(BIN)
+            .args(args)
+            .env_remove("FERROLOG_CONFIG")
+            .env_remove("FERROLOG_NODE_ID")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start a joining broker")
+    }
+
+    /// Starts joined broker `id` again with the command line it first had.
+    fn respawn(&mut self, id: u32) {
+        let args = self.joined_args.iter().find(|(b, _)| *b == id).map(|(_, a)| a.clone()).expect("joined");
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.path().join(format!("broker-{id}.log")))
+            .expect("log");
+        self.children[(id - 1) as usize] = Self::spawn_broker(&args, log);
+    }
+
+    /// SIGKILLs broker `id`.
+    fn kill(&mut self, id: u32) {
+        let c = &mut self.children[(id - 1) as usize];
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
     fn logs(&self) -> String {
-        (1..=3)
+        (1..=self.children.len())
             .map(|i| {
                 let p = self.dir.path().join(format!("broker-{i}.log"));
                 let text = std::fs::read_to_string(&p).unwrap_or_default();
@@ -688,4 +765,164 @@ fn cluster_rebalance_evens_out_and_decommission_retires_a_broker() {
     }
     all.sort();
     assert_eq!(all, vec!["a", "b", "c"], "records lost or duplicated by the moves");
+}
+
+/// Leader of every partition of `topic` (`topic describe`; 0: none).
+fn leaders(c: &Brokers, topic: &str) -> Vec<u32> {
+    let out = c.ok(&["topic", "describe", topic], None);
+    out.lines()
+        .filter(|l| l.starts_with(char::is_numeric))
+        .filter_map(|l| l.split_whitespace().nth(1).map(|x| x.parse().unwrap_or(0)))
+        .collect()
+}
+
+/// Every value of `topic`'s `partitions` partitions, sorted.
+fn all_values(c: &Brokers, topic: &str, partitions: u32) -> Vec<String> {
+    let mut all = Vec::new();
+    for p in 0..partitions {
+        let out = c.ok(&["consume", topic, "-p", &p.to_string(), "--output", "json"], None);
+        all.extend(json_lines(&out).iter().map(|r| r["value"].as_str().unwrap_or_default().to_owned()));
+    }
+    all.sort();
+    all
+}
+
+#[test]
+fn a_joined_broker_gets_an_id_and_rebalance_gives_it_its_share() {
+    let mut c = Brokers::start();
+    c.ok(&["topic", "create", "grow", "--partitions", "6", "--replication-factor", "2"], None);
+    c.ok(&["produce", "grow"], Some("a\nb\nc\nd\ne\nf\n"));
+    // Broker 4 joins through the founders' peer addresses, without an id.
+    let four = c.join();
+    assert_eq!(four, 4, "the cluster assigns the next free id");
+    let rows = broker_rows(&c);
+    assert_eq!(rows.iter().find(|r| r.0 == 4).map(|r| (r.2.as_str(), r.3)), Some(("-", 0)), "{rows:?}");
+    // It follows the metadata: it answers for the topic itself.
+    let four_addr = c.bootstrap.rsplit(',').next().expect("4's address").to_owned();
+    let own = Command::new(BIN).args(["--bootstrap", &four_addr, "topic", "list"]).output().expect("run");
+    assert!(
+        String::from_utf8_lossy(&own.stdout).contains("grow"),
+        "broker 4 does not know the topic: {own:?}"
+    );
+
+    c.ok(&["cluster", "rebalance", "--execute", "--wait", "120"], None);
+    // 12 replicas and 6 preferred leaderships over 4 brokers: 3 each, and 1 or 2.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows = broker_rows(&c);
+        let ls = leaders(&c, "grow");
+        let led = |b: u32| ls.iter().filter(|l| **l == b).count();
+        let even = rows.len() == 4
+            && rows.iter().all(|r| r.3 == 3 && (1..=2).contains(&r.4))
+            && ls.len() == 6
+            && (1..=4).all(|b| (1..=2).contains(&led(b)));
+        if even {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not even: {rows:?}, leaders {ls:?}\n{}", c.logs());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(all_values(&c, "grow", 6), ["a", "b", "c", "d", "e", "f"], "records lost or duplicated");
+    // Restarted with the same command line, the joined broker keeps its id
+    // (from its data directory): no fifth broker appears.
+    c.kill(4);
+    c.respawn(4);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let rows = broker_rows(&c);
+        if rows.len() == 4 && rows.iter().all(|r| r.1 == "alive") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "broker 4 did not come back: {rows:?}\n{}", c.logs());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let log = std::fs::read_to_string(c.dir.path().join("broker-4.log")).expect("log");
+    assert_eq!(log.matches("joined the cluster").count(), 1, "joined again on restart:\n{log}");
+    assert_eq!(all_values(&c, "grow", 6), ["a", "b", "c", "d", "e", "f"]);
+}
+
+/// Runs `ferrolog produce probe` with one record every 300 ms until
+/// `stop`: each run gets a producer id from the controller (a write to
+/// the metadata log, which needs the controller quorum) and appends to
+/// topic "probe". Returns (attempts, failures with their errors, values
+/// acknowledged).
+fn probe_controller(
+    bootstrap: std::sync::Arc<std::sync::Mutex<String>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<(usize, Vec<String>, Vec<String>)> {
+    std::thread::spawn(move || {
+        let (mut attempts, mut failures, mut acked) = (0, Vec::new(), Vec::new());
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let b = bootstrap.lock().expect("lock").clone();
+            let value = format!("p{attempts:04}");
+            let mut child = Command::new(BIN)
+                .args(["--bootstrap", &b, "produce", "probe"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("run");
+            {
+                use std::io::Write;
+                child.stdin.take().expect("stdin").write_all(format!("{value}\n").as_bytes()).expect("write");
+            }
+            let out = child.wait_with_output().expect("wait");
+            if out.status.success() {
+                acked.push(value);
+            } else {
+                failures.push(String::from_utf8_lossy(&out.stderr).into_owned());
+            }
+            attempts += 1;
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        (attempts, failures, acked)
+    })
+}
+
+#[test]
+fn founders_are_replaced_one_by_one_without_losing_the_controller_quorum() {
+    let mut c = Brokers::start();
+    c.ok(&["topic", "create", "keep", "--partitions", "3", "--replication-factor", "3"], None);
+    c.ok(&["produce", "keep"], Some("1\n2\n3\n4\n5\n6\n"));
+    c.ok(&["topic", "create", "probe", "--partitions", "1", "--replication-factor", "3"], None);
+    let joined: Vec<u32> = (0..3).map(|_| c.join()).collect();
+    assert_eq!(joined, [4, 5, 6]);
+    let bootstrap = std::sync::Arc::new(std::sync::Mutex::new(c.bootstrap.clone()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let prober = probe_controller(bootstrap.clone(), stop.clone());
+    let voters =
+        |c: &Brokers| -> Vec<u32> { broker_rows(c).iter().filter(|r| r.2 == "voter").map(|r| r.0).collect() };
+    // Each founder in turn: a joined broker becomes a voter, then the
+    // founder is drained and retired (leaving the quorum), then stopped.
+    for (founder, new) in [(1, 4), (2, 5), (3, 6)] {
+        let out = c.ok(&["controller", "add", &new.to_string()], None);
+        assert!(out.contains("controller voters:"), "{out}");
+        let out = c.ok(&["broker", "decommission", &founder.to_string(), "--wait", "120"], None);
+        assert!(out.contains("out of the controller quorum"), "{out}");
+        c.kill(founder);
+        // The founders stopped so far are no longer asked.
+        let live: Vec<String> = c.bootstrap.split(',').skip(1).map(str::to_owned).collect();
+        c.bootstrap = live.join(",");
+        *bootstrap.lock().expect("lock") = c.bootstrap.clone();
+        let v = voters(&c);
+        assert_eq!(v.len(), 3, "after replacing founder {founder}: voters {v:?}");
+        assert!(v.contains(&new) && !v.contains(&founder), "{v:?}");
+        let topic = format!("after-{founder}");
+        c.ok(&["topic", "create", &topic, "--partitions", "2", "--replication-factor", "3"], None);
+        c.ok(&["produce", &topic], Some("x\n"));
+        assert_eq!(all_values(&c, &topic, 2), ["x"]);
+    }
+    assert_eq!(voters(&c), [4, 5, 6], "every founder replaced");
+    // A voter can also leave the quorum and come back while staying a broker.
+    let out = c.ok(&["controller", "remove", "6"], None);
+    assert!(out.contains("controller voters: 4,5"), "{out}");
+    let out = c.ok(&["controller", "add", "6"], None);
+    assert!(out.contains("controller voters: 4,5,6"), "{out}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (attempts, failures, acked) = prober.join().expect("prober");
+    assert!(attempts >= 10, "only {attempts} controller probes ran");
+    assert!(failures.is_empty(), "controller writes failed during the changes: {failures:#?}\n{}", c.logs());
+    assert_eq!(all_values(&c, "keep", 3), ["1", "2", "3", "4", "5", "6"], "records lost or duplicated");
+    assert_eq!(all_values(&c, "probe", 1), acked, "probe records lost or duplicated");
+    println!("founders 1-3 replaced by joined brokers 4-6; {attempts} producer ids and appends, none failed");
 }
