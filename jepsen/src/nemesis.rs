@@ -14,10 +14,13 @@
 //! - `membership`: operations that change who holds and leads a partition
 //!   (issue 11): reassign a random partition of the workload's topic to a
 //!   random set of brokers (in random order, so its preferred leader moves
-//!   too), cancel a partition's move, or hand a partition's leadership to
-//!   a random replica. Nothing is undone at the end of the period: moves
-//!   run on through later faults (a refused request, e.g. a partition
-//!   already moving, is recorded in the fault's detail).
+//!   too), cancel a partition's move, hand a partition's leadership to a
+//!   random replica, or change the controller quorum (remove a random
+//!   voter while more than 3 vote, else add a broker that does not vote;
+//!   KIP-853). Nothing is undone at the end of the period: moves and
+//!   quorum changes run on through later faults (a refused request, e.g. a
+//!   partition already moving or a quorum change without a live majority,
+//!   is recorded in the fault's detail).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -208,7 +211,7 @@ impl Ops {
         let partition = rng.gen_range(0..self.partitions.max(1));
         let name = format!("{}-{partition}", self.topic);
         let roll: f64 = rng.r#gen();
-        if roll < 0.55 {
+        if roll < 0.5 {
             let mut to = ids.to_vec();
             to.shuffle(rng);
             to.truncate(self.replication_factor as usize);
@@ -222,7 +225,9 @@ impl Ops {
                 },
                 Err(e) => format!("reassign {name} failed: {e}"),
             }
-        } else if roll < 0.7 {
+        } else if roll < 0.85 {
+            self.change_quorum(ids, rng).await
+        } else if roll < 0.92 {
             let change = ReassignmentRequest { topic: self.topic.clone(), partition, replicas: None };
             match self.admin.alter_partition_reassignments(&[change]).await {
                 Ok(r) => match r.into_iter().next() {
@@ -239,6 +244,34 @@ impl Ops {
                     format!("transfer-leader {name} to {to}: broker {leader} leads, term {term}")
                 }
                 Err(e) => format!("transfer-leader {name} to {to} refused: {e}"),
+            }
+        }
+    }
+}
+
+impl Ops {
+    /// Removes a random controller voter while more than 3 vote, else adds
+    /// a random broker that does not vote.
+    async fn change_quorum(&self, ids: &[u32], rng: &mut StdRng) -> String {
+        let voters = match self.admin.fresh_metadata().await {
+            Ok(m) => m.controller_voters.clone(),
+            Err(e) => return format!("controller quorum change: no metadata: {e}"),
+        };
+        let others: Vec<u32> = ids.iter().copied().filter(|b| !voters.contains(b)).collect();
+        if voters.len() > 3 || others.is_empty() {
+            let v: Vec<u32> = voters.iter().copied().collect();
+            let Some(id) = v.choose(rng).copied() else {
+                return "controller quorum change: no voters known".into();
+            };
+            match self.admin.remove_raft_voter(id).await {
+                Ok(()) => format!("controller remove {id} (voters were {v:?})"),
+                Err(e) => format!("controller remove {id} refused: {e}"),
+            }
+        } else {
+            let id = others[rng.gen_range(0..others.len())];
+            match self.admin.add_raft_voter(id).await {
+                Ok(()) => format!("controller add {id} (voters were {voters:?})"),
+                Err(e) => format!("controller add {id} refused: {e}"),
             }
         }
     }
