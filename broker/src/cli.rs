@@ -78,8 +78,13 @@ impl BrokerArgs {
         if let Some(v) = &self.join {
             c.join = config::parse_join(v)?;
             // A joining broker does not also found: the file's founders are
-            // for the founders (`deploy/broker.toml` lists them).
+            // for the founders (`deploy/broker.toml` lists them); and
+            // without --node-id it is given an id, whatever the file says
+            // (a shared file's `node_id` is some founder's).
             c.initial_cluster.clear();
+            if self.node_id.is_none() {
+                c.node_id = 0;
+            }
         }
         if let Some(v) = &self.peer_routes {
             c.peer_routes = config::parse_peer_routes(v)?;

@@ -237,6 +237,13 @@ impl BrokerConfig {
     /// [`ConfigError`] naming the first bad field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError(m));
+        if u64::from(self.node_id) >= crate::metadata::image::FIRST_NODE_ID {
+            return bad(format!(
+                "node_id is {}: broker ids are below {} (the Raft node ids above are handed out by the controller)",
+                self.node_id,
+                crate::metadata::image::FIRST_NODE_ID
+            ));
+        }
         if self.node_id == 0 && self.join.is_empty() {
             return bad("node_id must be ≥ 1 (0 only with join: the cluster then assigns one)".into());
         }

@@ -647,6 +647,17 @@ async fn how_to_enter(c: &BrokerConfig, incarnation: u64, peers: &PeerAddresses)
             if !crate::network::protocol::check_peer(*id, r.protocol_major, r.protocol_minor) {
                 continue;
             }
+            // An answer from another broker than the founding member
+            // listed (a machine replaced at the same address) says nothing
+            // about the founders' group.
+            if r.broker_id != *id {
+                tracing::warn!(
+                    peer = id,
+                    answered_as = r.broker_id,
+                    "a founding member's address answers as another broker"
+                );
+                continue;
+            }
             answered += 1;
             if r.your_incarnation != 0 && r.your_incarnation != incarnation {
                 tracing::warn!(peer = id, "this broker's earlier data is known to the cluster: it was wiped");
@@ -788,6 +799,11 @@ async fn ask_to_join(
                 ) {
                     Ok(Ok(ControllerReply::Joined { broker_id, metadata_node })) => {
                         return Ok((broker_id, metadata_node));
+                    }
+                    // A broker older than 1.6 does not know the request:
+                    // another one of `join` may.
+                    Ok(Err(crate::error::ApiError::Invalid(m))) if m.contains("does not decode") => {
+                        last = format!("{addr} speaks an older peer protocol: {m}");
                     }
                     Ok(Err(crate::error::ApiError::Invalid(m))) => {
                         anyhow::bail!("the cluster refused this broker: {m}")

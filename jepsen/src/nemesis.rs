@@ -258,7 +258,10 @@ impl Ops {
             Err(e) => return format!("controller quorum change: no metadata: {e}"),
         };
         let others: Vec<u32> = ids.iter().copied().filter(|b| !voters.contains(b)).collect();
-        if voters.len() > 3 || others.is_empty() {
+        if others.is_empty() && voters.len() <= 3 {
+            return format!("controller quorum change: none to make (voters {voters:?})");
+        }
+        if voters.len() > 3 && (others.is_empty() || rng.gen_bool(0.5)) {
             let v: Vec<u32> = voters.iter().copied().collect();
             let Some(id) = v.choose(rng).copied() else {
                 return "controller quorum change: no voters known".into();

@@ -21,7 +21,7 @@ use crate::config::BrokerId;
 use crate::control::handover::HandOver;
 use crate::groups::{GroupId, GroupRegistry, HostedGroup};
 use crate::metadata::METADATA_GROUP;
-use crate::metadata::command::{ControllerRequest, PartitionAssignment};
+use crate::metadata::command::{CompletionReport, ControllerRequest, PartitionAssignment};
 use crate::metadata::controller::Controller;
 use crate::metadata::image::MetadataImage;
 use crate::network::throttle::Throttle;
@@ -86,18 +86,23 @@ pub async fn run(groups: GroupRegistry, image: watch::Receiver<Arc<MetadataImage
         // One pass over the topics, not one per group visited.
         let placed: HashMap<GroupId, &PartitionAssignment> =
             img.topics.values().flat_map(|t| t.partitions.iter()).map(|p| (p.group, p)).collect();
-        let (img, placed, groups, env) = (&img, &placed, &groups, &env);
+        let reports = std::sync::Mutex::new(Vec::new());
+        let (img, placed, groups, env, reports_ref) = (&img, &placed, &groups, &env, &reports);
         let outcomes: Vec<(GroupId, anyhow::Result<bool>)> = futures::stream::iter(visit)
             .map(|group| async move {
                 let Some(hosted) = groups.get(group) else { return (group, Ok(true)) };
                 if !hosted.raft.is_leader() {
                     return (group, Ok(true));
                 }
-                (group, reconcile(img, group, placed.get(&group).copied(), &hosted, env).await)
+                (group, reconcile(img, group, placed.get(&group).copied(), &hosted, env, reports_ref).await)
             })
             .buffer_unordered(CHANGES_AT_ONCE)
             .collect()
             .await;
+        let reports = reports.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !reports.is_empty() {
+            report_completions(&env.controller, reports).await;
+        }
         for (group, outcome) in outcomes {
             match outcome {
                 Ok(true) => {}
@@ -121,6 +126,7 @@ async fn reconcile(
     p: Option<&PartitionAssignment>,
     h: &HostedGroup,
     env: &Env,
+    reports: &std::sync::Mutex<Vec<CompletionReport>>,
 ) -> anyhow::Result<bool> {
     let (voters, joint, learners, last, matched, committed) = h.raft.state(|s| {
         let voters: BTreeSet<NodeId> = s.voters().collect();
@@ -155,8 +161,18 @@ async fn reconcile(
         if !env.controller.image_caught_up() {
             return Ok(false);
         }
+    } else if !env.controller.image_caught_up() {
+        // An image behind the metadata log (after a restart, before the
+        // leader's first commit) would undo quorum changes it has not seen.
+        return Ok(false);
     }
     let Some(wanted) = wanted_voters(image, group, p, &voters) else { return Ok(true) };
+    // The metadata group's learners first, whatever the voters' state: a
+    // wanted voter that cannot catch up must not keep new brokers from
+    // getting the metadata.
+    if !partition && !metadata_learners(image, h, &wanted, &voters, &learners).await? {
+        return Ok(false);
+    }
     if wanted.is_empty() {
         // Never a group without voters; the metadata must be wrong.
         anyhow::bail!("the metadata wants no voter in group {group}: left as it is");
@@ -166,7 +182,7 @@ async fn reconcile(
     // leader that took over mid-change finishes it below).
     if wanted == voters && !joint {
         if !partition {
-            return metadata_learners(image, h, &wanted, &learners).await;
+            return Ok(true);
         }
         if !committed {
             return Ok(false);
@@ -186,8 +202,13 @@ async fn reconcile(
                 epoch,
                 "reassignment's target is the membership: reporting it done"
             );
-            env.controller.handle(ControllerRequest::CompleteReassignment { group, voters, epoch }).await?;
-            // Done once the image shows it (the next pass over a new image).
+            // Reported with the pass's others (`report_completions`); done
+            // once the image shows it (the next pass over a new image).
+            reports.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(CompletionReport {
+                group,
+                voters,
+                epoch,
+            });
             return Ok(false);
         }
         return Ok(true);
@@ -279,17 +300,23 @@ async fn reconcile(
     Ok(false)
 }
 
-/// The metadata group's learners made equal to what the image wants
-/// (every registered broker outside the quorum follows the metadata), one
-/// step per pass; returns whether they are.
+/// The metadata group's learners made what the image wants, given the
+/// wanted voters: every registered broker outside the quorum follows the
+/// metadata; a learner that is neither wanted as one nor about to vote
+/// (a decommissioned broker's, a wiped broker's old node) is removed.
+/// One step per pass; returns whether they were already right.
 async fn metadata_learners(
     image: &MetadataImage,
     h: &HostedGroup,
+    wanted_voters: &BTreeSet<NodeId>,
     voters: &BTreeSet<NodeId>,
     learners: &BTreeSet<NodeId>,
 ) -> anyhow::Result<bool> {
-    let wanted = image.metadata_learners(voters);
-    let unwanted: BTreeSet<NodeId> = learners.difference(&wanted).copied().collect();
+    // A voter the change drops is a learner afterwards (kept), so it counts.
+    let mut wanted = image.metadata_learners(wanted_voters);
+    wanted.retain(|n| !voters.contains(n));
+    let unwanted: BTreeSet<NodeId> =
+        learners.iter().copied().filter(|n| !wanted.contains(n) && !wanted_voters.contains(n)).collect();
     if !unwanted.is_empty() {
         tracing::info!(?unwanted, "removing metadata learners of decommissioned or retired brokers");
         timed(h.raft.remove_learners(unwanted)).await?;
@@ -306,6 +333,30 @@ async fn metadata_learners(
         timed(h.raft.add_learner(n, addr)).await?;
     }
     Ok(false)
+}
+
+/// Reports a pass's completed reassignments to the controller in one
+/// request (one metadata entry); a controller older than 1.6, which does
+/// not know that request, gets them one by one. What fails is reported
+/// again next pass (the groups stay pending).
+async fn report_completions(controller: &Controller, reports: Vec<CompletionReport>) {
+    let n = reports.len();
+    match controller.handle(ControllerRequest::CompleteReassignments { reports: reports.clone() }).await {
+        Ok(_) => tracing::debug!(reports = n, "completed reassignments reported"),
+        Err(crate::error::ApiError::Invalid(m)) if m.contains("does not decode") => {
+            for r in reports {
+                let req = ControllerRequest::CompleteReassignment {
+                    group: r.group,
+                    voters: r.voters,
+                    epoch: r.epoch,
+                };
+                if let Err(e) = controller.handle(req).await {
+                    tracing::warn!(group = r.group, "reporting a completed reassignment: {e}");
+                }
+            }
+        }
+        Err(e) => tracing::warn!(reports = n, "reporting completed reassignments: {e}"),
+    }
 }
 
 /// The broker of node `n` of `group`: from its partition's replicas, or

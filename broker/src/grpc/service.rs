@@ -25,7 +25,7 @@ use crate::control::handover;
 use crate::control::liveness::Liveness;
 use crate::error::ApiError;
 use crate::groups::GroupRegistry;
-use crate::metadata::command::{ControllerReply, ControllerRequest, PartitionAssignment};
+use crate::metadata::command::{ControllerReply, ControllerRequest, PartitionAssignment, PartitionMove};
 use crate::metadata::controller::{Controller, now_ms};
 use crate::partition::records::{self, BatchError, ProducerFields};
 use crate::partition::{FetchOutcome, Partition};
@@ -562,18 +562,47 @@ impl Ferrolog for ClientService {
                 results: vec![],
             }));
         }
-        let mut results = Vec::with_capacity(req.partitions.len());
-        for p in req.partitions {
-            let call = if p.cancel {
-                ControllerRequest::CancelReassignment { topic: p.topic.clone(), partition: p.partition }
-            } else {
-                ControllerRequest::ReassignPartition {
-                    topic: p.topic.clone(),
-                    partition: p.partition,
-                    replicas: p.replicas.clone(),
+        // One controller request (one commit) for all of them; a
+        // controller older than 1.6 does not know it: one each then.
+        let moves: Vec<PartitionMove> = req
+            .partitions
+            .iter()
+            .map(|p| PartitionMove {
+                topic: p.topic.clone(),
+                partition: p.partition,
+                replicas: (!p.cancel).then(|| p.replicas.clone()),
+            })
+            .collect();
+        let outcomes: Vec<Result<(), ApiError>> =
+            match self.controller.handle(ControllerRequest::ReassignPartitions { moves }).await {
+                Ok(ControllerReply::Each { results }) if results.len() == req.partitions.len() => results,
+                Ok(other) => {
+                    let e = ApiError::Unavailable(format!("unexpected controller answer {other:?}"));
+                    vec![Err(e); req.partitions.len()]
                 }
+                Err(ApiError::Invalid(m)) if m.contains("does not decode") => {
+                    let mut each = Vec::with_capacity(req.partitions.len());
+                    for p in &req.partitions {
+                        let call = if p.cancel {
+                            ControllerRequest::CancelReassignment {
+                                topic: p.topic.clone(),
+                                partition: p.partition,
+                            }
+                        } else {
+                            ControllerRequest::ReassignPartition {
+                                topic: p.topic.clone(),
+                                partition: p.partition,
+                                replicas: p.replicas.clone(),
+                            }
+                        };
+                        each.push(self.controller.handle(call).await.map(|_| ()));
+                    }
+                    each
+                }
+                Err(e) => vec![Err(e); req.partitions.len()],
             };
-            let outcome = self.controller.handle(call).await;
+        let mut results = Vec::with_capacity(req.partitions.len());
+        for (p, outcome) in req.partitions.into_iter().zip(outcomes) {
             match &outcome {
                 Ok(_) => tracing::info!(topic = %p.topic, partition = p.partition, replicas = ?p.replicas,
                     cancel = p.cancel, "reassignment request committed"),

@@ -190,6 +190,14 @@ pub enum MetadataCommand {
         /// The brokers, ascending.
         voters: Vec<BrokerId>,
     },
+    /// Several commands committed as one metadata log entry (a request
+    /// about many partitions: one commit, and one new image on every
+    /// broker, instead of one each). Applied in order, each as if it were
+    /// the entry itself (the entry's offset is each one's epoch).
+    Batch {
+        /// The commands, none of them a batch.
+        commands: Vec<MetadataCommand>,
+    },
     /// Producer ids up to `next_producer_id - 1` are handed out.
     ProducerIdsAllocated {
         /// The next unused producer id.
@@ -285,6 +293,21 @@ pub enum ControllerRequest {
         /// Partition number.
         partition: u32,
     },
+    /// Start or cancel the reassignments of many partitions at once
+    /// (KIP-455's AlterPartitionReassignments): decided one by one, on the
+    /// image with the earlier ones applied, and committed together.
+    /// Answered [`ControllerReply::Each`], in order.
+    ReassignPartitions {
+        /// The moves.
+        moves: Vec<PartitionMove>,
+    },
+    /// Several [`ControllerRequest::CompleteReassignment`] reports (one
+    /// leader's, from one pass over its groups), committed together.
+    /// Answered [`ControllerReply::Each`], in order.
+    CompleteReassignments {
+        /// The reports.
+        reports: Vec<CompletionReport>,
+    },
     /// A partition leader reports that its group's committed voters are
     /// `voters` (and it has no other member), so a reassignment whose
     /// target they are is complete.
@@ -298,12 +321,41 @@ pub enum ControllerRequest {
     },
 }
 
+/// One partition of [`ControllerRequest::ReassignPartitions`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionMove {
+    /// Topic name.
+    pub topic: String,
+    /// Partition number.
+    pub partition: u32,
+    /// Target brokers in order (the first is the preferred leader); `None`
+    /// cancels the reassignment under way.
+    pub replicas: Option<Vec<BrokerId>>,
+}
+
+/// One report of [`ControllerRequest::CompleteReassignments`], as
+/// [`ControllerRequest::CompleteReassignment`] has it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompletionReport {
+    /// The partition's Raft group id.
+    pub group: u64,
+    /// The group's committed voters, node ids.
+    pub voters: Vec<NodeId>,
+    /// The [`Reassignment::epoch`] of the target the leader's image showed.
+    pub epoch: u64,
+}
+
 /// The controller's answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ControllerReply {
     /// Done.
     Ok,
+    /// One outcome per item of a request about many partitions, in order.
+    Each {
+        /// `Ok` or the item's own error.
+        results: Vec<Result<(), crate::error::ApiError>>,
+    },
     /// Registered: the broker's node id in the metadata group.
     Registered {
         /// Node id to run the metadata group's replica under.
@@ -403,12 +455,49 @@ mod tests {
                 },
                 r#"{"type":"complete_reassignment","group":7,"voters":[1001,1002,1010],"epoch":42}"#,
             ),
+            (
+                ControllerRequest::JoinBroker {
+                    id: 0,
+                    client_addr: "10.0.0.4:9092".into(),
+                    peer_addr: "10.0.0.4:9093".into(),
+                    incarnation: 78,
+                },
+                r#"{"type":"join_broker","id":0,"client_addr":"10.0.0.4:9092","peer_addr":"10.0.0.4:9093","incarnation":78}"#,
+            ),
+            (ControllerRequest::AddControllerVoter { id: 4 }, r#"{"type":"add_controller_voter","id":4}"#),
+            (
+                ControllerRequest::RemoveControllerVoter { id: 1 },
+                r#"{"type":"remove_controller_voter","id":1}"#,
+            ),
+            (
+                ControllerRequest::ReassignPartitions {
+                    moves: vec![
+                        PartitionMove { topic: "orders".into(), partition: 2, replicas: Some(vec![4, 2]) },
+                        PartitionMove { topic: "orders".into(), partition: 3, replicas: None },
+                    ],
+                },
+                r#"{"type":"reassign_partitions","moves":[{"topic":"orders","partition":2,"replicas":[4,2]},{"topic":"orders","partition":3,"replicas":null}]}"#,
+            ),
+            (
+                ControllerRequest::CompleteReassignments {
+                    reports: vec![CompletionReport { group: 7, voters: vec![1001], epoch: 42 }],
+                },
+                r#"{"type":"complete_reassignments","reports":[{"group":7,"voters":[1001],"epoch":42}]}"#,
+            ),
         ];
         for (request, text) in requests {
             assert_eq!(serde_json::to_string(&request).unwrap(), text);
             assert_eq!(serde_json::from_str::<ControllerRequest>(text).unwrap(), request);
         }
-        let answers: [(Result<ControllerReply, ApiError>, &str); 4] = [
+        let answers: [(Result<ControllerReply, ApiError>, &str); 6] = [
+            (
+                Ok(ControllerReply::Joined { broker_id: 4, metadata_node: 4 }),
+                r#"{"Ok":{"type":"joined","broker_id":4,"metadata_node":4}}"#,
+            ),
+            (
+                Ok(ControllerReply::Each { results: vec![Ok(()), Err(ApiError::TopicExists("t".into()))] }),
+                r#"{"Ok":{"type":"each","results":[{"Ok":null},{"Err":{"TopicExists":"t"}}]}}"#,
+            ),
             (Ok(ControllerReply::Ok), r#"{"Ok":{"type":"ok"}}"#),
             (
                 Ok(ControllerReply::Registered { metadata_node: 5 }),

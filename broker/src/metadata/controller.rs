@@ -28,6 +28,9 @@ use crate::partition::records;
 const APPLY_WAIT: Duration = Duration::from_secs(10);
 /// Bytes read from the metadata log per step.
 const READ_BYTES: usize = 1 << 20;
+/// Most commands in one metadata log entry (`MetadataCommand::Batch`);
+/// a bigger batch is split.
+pub const BATCH_COMMANDS_MAX: usize = 1000;
 
 /// Kafka's topic name rule: 1 to 249 characters of `[a-zA-Z0-9._-]`, and
 /// not `.` or `..`.
@@ -150,6 +153,13 @@ impl Controller {
         voters.into_iter().filter_map(|n| image.broker_of_node(0, n)).collect()
     }
 
+    /// Voters of the metadata group that map to no registered broker.
+    pub fn unregistered_voters(&self) -> Vec<ferrolog_replica::NodeId> {
+        let image = self.image.borrow().clone();
+        let voters: Vec<ferrolog_replica::NodeId> = self.raft.state(|s| s.voters().collect());
+        voters.into_iter().filter(|n| image.broker_of_node(0, *n).is_none()).collect()
+    }
+
     /// The controller's broker id (the metadata group's leader), if known.
     pub fn leader(&self) -> Option<BrokerId> {
         let node = self.raft.state(|s| s.leader())?;
@@ -261,6 +271,7 @@ impl Controller {
             new_topic_id: TopicId::v4_from_random(rand::random::<u128>()),
             older_peers: self.liveness.older_than(crate::network::protocol::MINOR),
             controller_voters: self.voter_brokers(),
+            unregistered_voters: self.unregistered_voters(),
         };
         match decide(&image, req, &facts)? {
             Decision::Answer(reply) => Ok(reply),
@@ -271,7 +282,30 @@ impl Controller {
                         "broker came back with a new data directory: replacing its replicas"
                     );
                 }
-                self.propose(command).await?;
+                match command {
+                    MetadataCommand::Batch { commands } => {
+                        // Brokers older than 1.6 cannot fold a batch: one
+                        // entry per command while one answers. Otherwise
+                        // entries of at most BATCH_COMMANDS_MAX commands
+                        // (about 200 bytes each), well inside one peer message.
+                        let one_by_one = facts
+                            .older_peers
+                            .iter()
+                            .any(|(_, minor)| *minor < super::decide::CONTROLLER_VOTERS_MINOR);
+                        if one_by_one {
+                            for c in commands {
+                                self.propose(c).await?;
+                            }
+                        } else {
+                            for chunk in commands.chunks(BATCH_COMMANDS_MAX) {
+                                self.propose(MetadataCommand::Batch { commands: chunk.to_vec() }).await?;
+                            }
+                        }
+                    }
+                    command => {
+                        self.propose(command).await?;
+                    }
+                }
                 Ok(reply)
             }
             Decision::CreateTopic { command, name } => {
@@ -303,7 +337,12 @@ impl Controller {
         };
         let offset = self.raft.write(batch).await.map_err(write_error)?.base_offset;
         self.wait_applied(offset + 1).await?;
-        tracing::info!(offset, ?command, "controller committed");
+        match &command {
+            MetadataCommand::Batch { commands } => {
+                tracing::info!(offset, commands = commands.len(), first = ?commands.first(), "controller committed a batch");
+            }
+            command => tracing::info!(offset, ?command, "controller committed"),
+        }
         Ok(offset)
     }
 

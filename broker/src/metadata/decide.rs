@@ -9,7 +9,8 @@ use std::collections::BTreeSet;
 use ferrolog_proto::TopicId;
 
 use super::command::{
-    ControllerReply, ControllerRequest, MetadataCommand, PartitionAssignment, ReplicaAssignment,
+    ControllerReply, ControllerRequest, MetadataCommand, PartitionAssignment, PartitionMove,
+    ReplicaAssignment,
 };
 use super::controller::validate_topic_name;
 use super::image::MetadataImage;
@@ -38,6 +39,10 @@ pub struct Facts<'a> {
     /// The brokers whose metadata-group replicas vote now (the controller
     /// quorum, from the controller's own membership).
     pub controller_voters: BTreeSet<BrokerId>,
+    /// Voters of the metadata group that are no registered broker's node
+    /// (a founding member that never started): left out of
+    /// `controller_voters`, so quorum changes wait for them.
+    pub unregistered_voters: Vec<NodeId>,
 }
 
 /// The minor peer protocol version that reassignment commands need on
@@ -80,6 +85,7 @@ pub enum Decision {
 pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> Result<Decision, ApiError> {
     match req {
         ControllerRequest::RegisterBroker { id, client_addr, peer_addr, incarnation } => {
+            replaced(image, incarnation)?;
             let known = image.brokers.get(&id);
             if known.is_some_and(|b| b.decommissioned && b.incarnation != incarnation) {
                 return Err(ApiError::Invalid(format!(
@@ -131,6 +137,30 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
         }
         ControllerRequest::JoinBroker { id, client_addr, peer_addr, incarnation } => {
             join(image, f, id, client_addr, peer_addr, incarnation)
+        }
+        ControllerRequest::ReassignPartitions { moves } => {
+            let key = |m: &PartitionMove| format!("{}-{}", m.topic, m.partition);
+            let keys: Vec<String> = moves.iter().map(key).collect();
+            let requests = moves.into_iter().map(|m| match m.replicas {
+                Some(replicas) => {
+                    ControllerRequest::ReassignPartition { topic: m.topic, partition: m.partition, replicas }
+                }
+                None => ControllerRequest::CancelReassignment { topic: m.topic, partition: m.partition },
+            });
+            Ok(each(image, f, keys.into_iter().zip(requests)))
+        }
+        ControllerRequest::CompleteReassignments { reports } => {
+            let requests = reports.into_iter().map(|r| {
+                (
+                    format!("group {}", r.group),
+                    ControllerRequest::CompleteReassignment {
+                        group: r.group,
+                        voters: r.voters,
+                        epoch: r.epoch,
+                    },
+                )
+            });
+            Ok(each(image, f, requests))
         }
         ControllerRequest::AddControllerVoter { id } => change_controller_voters(f, image, id, true),
         ControllerRequest::RemoveControllerVoter { id } => change_controller_voters(f, image, id, false),
@@ -222,6 +252,11 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
         }
         ControllerRequest::ReassignPartition { topic, partition, replicas } => {
             let p = partition_of(image, &topic, partition)?;
+            // Asked again for the move under way (a retry after an answer
+            // was lost, or a batch committed in part): done already.
+            if p.reassignment.as_ref().is_some_and(|r| !r.cancelled && r.target == replicas) {
+                return Ok(Decision::Answer(ControllerReply::Ok));
+            }
             if p.reassignment.is_some() {
                 return Err(ApiError::ReassignmentInProgress(format!(
                     "{topic}-{partition} is moving to brokers {}; cancel it first",
@@ -331,6 +366,60 @@ fn quorum_change_possible(
     Ok(())
 }
 
+/// Decides each request of a batch (each keyed by the partition it is
+/// about) on the image with the earlier ones' commands applied; the
+/// commands go into one [`MetadataCommand::Batch`]. A partition named
+/// twice gets an error the second time (one change per partition per
+/// entry). Only single-partition requests belong here.
+fn each(
+    image: &MetadataImage,
+    f: &Facts<'_>,
+    requests: impl Iterator<Item = (String, ControllerRequest)>,
+) -> Decision {
+    let mut working: Option<MetadataImage> = None;
+    let mut seen = BTreeSet::new();
+    let mut commands = Vec::new();
+    let mut results = Vec::new();
+    for (key, req) in requests {
+        if !seen.insert(key.clone()) {
+            results.push(Err(ApiError::Invalid(format!("{key} is named twice in one request"))));
+            continue;
+        }
+        let current = working.as_ref().unwrap_or(image);
+        results.push(match decide(current, req, f) {
+            Ok(Decision::Answer(_)) => Ok(()),
+            Ok(Decision::Commit { command, .. }) => {
+                let w = working.get_or_insert_with(|| image.clone());
+                let offset = w.applied_offset;
+                w.apply(offset, &command);
+                commands.push(command);
+                Ok(())
+            }
+            Ok(Decision::CreateTopic { .. }) => Err(ApiError::Invalid(format!("{key}: not a batch request"))),
+            Err(e) => Err(e),
+        });
+    }
+    let reply = ControllerReply::Each { results };
+    if commands.is_empty() {
+        Decision::Answer(reply)
+    } else {
+        Decision::Commit { command: MetadataCommand::Batch { commands }, reply }
+    }
+}
+
+/// Refuses a data directory whose broker was replaced by another
+/// directory (`BrokerReplaced`): its process, if it runs again, must not
+/// register and take the broker's replicas back.
+fn replaced(image: &MetadataImage, incarnation: u64) -> Result<(), ApiError> {
+    if incarnation != 0 && image.replaced_incarnations.contains(&incarnation) {
+        return Err(ApiError::Invalid(format!(
+            "data directory incarnation {incarnation} belongs to a broker that was since replaced by another data \
+             directory under the same id: this process must not run"
+        )));
+    }
+    Ok(())
+}
+
 /// Decides a join (`ControllerRequest::JoinBroker`).
 fn join(
     image: &MetadataImage,
@@ -343,6 +432,7 @@ fn join(
     if incarnation == 0 {
         return Err(ApiError::Invalid("a joining broker must give its data directory's incarnation".into()));
     }
+    replaced(image, incarnation)?;
     // Asked again (the answer was lost, or the broker restarted before
     // storing it): the same answer.
     if let Some((b, entry)) = image.brokers.iter().find(|(_, b)| b.incarnation == incarnation)
@@ -363,32 +453,36 @@ fn join(
             || image.retired_metadata_nodes.contains_key(&node)
             || image.brokers.values().any(|x| x.metadata_node == node)
     };
+    // Broker ids stay below the node ids the controller hands out.
+    let below = |b: BrokerId| u64::from(b) < super::image::FIRST_NODE_ID;
     let id = if id == 0 {
-        let mut next = image.brokers.keys().chain(&f.cluster).copied().max().unwrap_or(0) + 1;
-        while taken(next) {
+        let mut next = image.brokers.keys().chain(&f.cluster).copied().max().unwrap_or(0).saturating_add(1);
+        while below(next) && taken(next) {
             next += 1;
         }
-        next
-    } else if let Some(known) = image.brokers.get(&id) {
-        if f.live.contains(&id) {
+        if !below(next) {
             return Err(ApiError::Invalid(format!(
-                "broker id {id} belongs to a live broker at {}: give another id, or none to be assigned one",
-                known.peer_addr
+                "no free broker id below {}: give one with --node-id",
+                super::image::FIRST_NODE_ID
             )));
         }
-        // A broker that is down comes back on a new disk (the machine was
-        // replaced): as a wiped broker does.
-        return decide(
-            image,
-            ControllerRequest::RegisterBroker { id, client_addr, peer_addr, incarnation },
-            f,
-        )
-        .map(|d| match d {
-            Decision::Commit { command, reply: ControllerReply::Registered { metadata_node } } => {
-                Decision::Commit { command, reply: ControllerReply::Joined { broker_id: id, metadata_node } }
-            }
-            other => other,
-        });
+        next
+    } else if !below(id) {
+        return Err(ApiError::Invalid(format!(
+            "broker id {id}: broker ids are below {}",
+            super::image::FIRST_NODE_ID
+        )));
+    } else if let Some(known) = image.brokers.get(&id) {
+        // Taking over a registered id is how two processes end up
+        // replacing each other's replicas: never by a join. (A founding
+        // broker that lost its disk comes back with its original command
+        // line, `--initial-cluster`, and is recognized as wiped.)
+        return Err(ApiError::Invalid(format!(
+            "broker id {id} is registered (at {}{}): give another id, or none to be assigned one; a broker \
+             that lost its disk joins as a new one, and the old id is decommissioned",
+            known.peer_addr,
+            if f.live.contains(&id) { ", alive" } else { ", down" }
+        )));
     } else if taken(id) {
         return Err(ApiError::Invalid(format!(
             "broker id {id} is a founding member's or a metadata node id in use: give another id, or none to be \
@@ -420,6 +514,12 @@ fn change_controller_voters(
     }
     // The quorum the metadata asks for (a change not yet carried out
     // included), else the group's voters now.
+    if let Some(n) = f.unregistered_voters.first() {
+        return Err(ApiError::Unavailable(format!(
+            "controller voter node {n} is no registered broker (a founding member that never started?): start it \
+             first, so that a quorum change does not drop it unasked"
+        )));
+    }
     let current = &f.controller_voters;
     let base = image.controller_voters.clone().unwrap_or_else(|| current.clone());
     let mut wanted = base.clone();
@@ -564,6 +664,7 @@ fn too_few_brokers(image: &MetadataImage, f: &Facts<'_>, live: &[BrokerId], rf: 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metadata::command::CompletionReport;
 
     const ID: TopicId = TopicId(0x1234);
 
@@ -589,6 +690,7 @@ mod tests {
             new_topic_id: ID,
             older_peers: vec![],
             controller_voters: live.iter().copied().collect(),
+            unregistered_voters: vec![],
         }
     }
 
@@ -885,6 +987,69 @@ mod tests {
     }
 
     #[test]
+    fn many_moves_are_decided_one_by_one_and_committed_as_one_entry() {
+        let limits = Limits::default();
+        let mut image = image_with(&[(1, 1), (2, 2), (3, 3), (4, 4)]);
+        let f = facts(&limits, &[1, 2, 3, 4], &[1, 2, 3, 4]);
+        run(&mut image, create("t", 3, 2), &facts(&limits, &[1, 2, 3], &[1, 2, 3, 4])).unwrap();
+        let mv = |partition, replicas: Option<Vec<BrokerId>>| PartitionMove {
+            topic: "t".into(),
+            partition,
+            replicas,
+        };
+        let moves = vec![
+            mv(0, Some(vec![4, 1])),
+            mv(1, Some(vec![4, 2])),
+            mv(0, Some(vec![3, 4])),
+            mv(9, Some(vec![1, 2])),
+            mv(2, None),
+        ];
+        let before = image.next_node_id;
+        let d = run(&mut image, ControllerRequest::ReassignPartitions { moves }, &f).unwrap();
+        let Decision::Commit {
+            command: MetadataCommand::Batch { commands },
+            reply: ControllerReply::Each { results },
+        } = d
+        else {
+            panic!("{d:?}")
+        };
+        assert_eq!(commands.len(), 2, "{commands:?}");
+        assert!(results[0].is_ok() && results[1].is_ok(), "{results:?}");
+        assert!(matches!(&results[2], Err(ApiError::Invalid(m)) if m.contains("twice")), "{results:?}");
+        assert!(matches!(results[3], Err(ApiError::UnknownTopic(_))), "{results:?}");
+        assert!(matches!(results[4], Err(ApiError::NoReassignmentInProgress(_))), "{results:?}");
+        // Both moves applied from the one entry, with distinct new node ids
+        // and the entry's offset as their epoch.
+        let parts = &image.topics["t"].partitions;
+        let (a, b) = (parts[0].clone(), parts[1].clone());
+        assert_eq!(a.reassignment.as_ref().map(|r| r.target.clone()), Some(vec![4, 1]));
+        assert_eq!(b.reassignment.as_ref().map(|r| r.target.clone()), Some(vec![4, 2]));
+        assert_eq!(a.reassignment.as_ref().map(|r| r.epoch), b.reassignment.as_ref().map(|r| r.epoch));
+        let new_a = a.replicas.iter().find(|r| r.broker == 4).map(|r| r.node);
+        let new_b = b.replicas.iter().find(|r| r.broker == 4).map(|r| r.node);
+        assert_ne!(new_a, new_b);
+        assert_eq!(image.next_node_id, before + 2);
+        // Their completions, reported together, also commit as one entry.
+        let reports = [a, b]
+            .iter()
+            .map(|p| CompletionReport {
+                group: p.group,
+                voters: p.wanted_replicas().iter().map(|r| r.node).collect(),
+                epoch: p.reassignment.as_ref().map_or(0, |r| r.epoch),
+            })
+            .collect();
+        let d = run(&mut image, ControllerRequest::CompleteReassignments { reports }, &f).unwrap();
+        assert!(
+            matches!(d, Decision::Commit { command: MetadataCommand::Batch { ref commands }, .. } if commands.len() == 2)
+        );
+        assert!(image.topics["t"].partitions.iter().all(|p| p.reassignment.is_none()));
+        assert_eq!(
+            image.topics["t"].partitions[0].replicas.iter().map(|r| r.broker).collect::<Vec<_>>(),
+            [4, 1]
+        );
+    }
+
+    #[test]
     fn a_joining_broker_gets_the_next_free_id_once() {
         let limits = Limits::default();
         let mut image = image_with(&[(1, 1), (2, 2), (3, 3)]);
@@ -913,28 +1078,24 @@ mod tests {
             matches!(decide(&image, join(9, 51), &f).unwrap(), Decision::Commit { reply, .. } if reply == joined(9, 9))
         );
         // A live broker's id, a founder's, or no incarnation: refused.
-        assert!(
-            matches!(decide(&image, join(2, 51), &f), Err(ApiError::Invalid(m)) if m.contains("live broker"))
-        );
+        assert!(matches!(decide(&image, join(2, 51), &f), Err(ApiError::Invalid(m)) if m.contains("alive")));
         assert!(
             matches!(decide(&image, join(4, 51), &f), Err(ApiError::Invalid(m)) if m.contains("founding"))
         );
         assert!(matches!(decide(&image, join(0, 0), &f), Err(ApiError::Invalid(_))));
-        // A broker that is down may come back on a new disk under its id:
-        // new node ids, as for a wiped broker.
+        // Nor a registered broker's that is down, nor one in the node id range.
         let two_down = facts(&limits, &[1, 3, 5], &[1, 2, 3, 4]);
-        match run(&mut image, join(2, 52), &two_down).unwrap() {
-            Decision::Commit { command: MetadataCommand::BrokerReplaced { .. }, reply } => {
-                assert!(
-                    matches!(reply, ControllerReply::Joined { broker_id: 2, metadata_node } if metadata_node >= 1000)
-                );
-            }
-            other => panic!("{other:?}"),
-        }
-        // A metadata node id handed out to broker 2 is never a new broker's id.
-        let node = image.brokers[&2].metadata_node;
-        let id = BrokerId::try_from(node).expect("small");
-        assert!(matches!(decide(&image, join(id, 53), &f), Err(ApiError::Invalid(_))));
+        assert!(
+            matches!(decide(&image, join(2, 52), &two_down), Err(ApiError::Invalid(m)) if m.contains("down"))
+        );
+        assert!(matches!(decide(&image, join(1000, 52), &f), Err(ApiError::Invalid(_))));
+        // A founder wiped and replaced: its old directory may not come back.
+        let wiped = run(&mut image, register(2, 60), &f).unwrap();
+        assert!(matches!(wiped, Decision::Commit { command: MetadataCommand::BrokerReplaced { .. }, .. }));
+        assert!(
+            matches!(decide(&image, register(2, 2), &f), Err(ApiError::Invalid(m)) if m.contains("replaced"))
+        );
+        assert!(matches!(decide(&image, join(0, 2), &f), Err(ApiError::Invalid(_))));
     }
 
     #[test]

@@ -67,6 +67,10 @@ pub struct MetadataImage {
     /// has them ([`MetadataImage::metadata_voters`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub controller_voters: Option<std::collections::BTreeSet<BrokerId>>,
+    /// Incarnations of data directories whose broker came back with
+    /// another one (`BrokerReplaced`): never registered again.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub replaced_incarnations: std::collections::BTreeSet<u64>,
 }
 
 /// The id of a topic whose `TopicCreated` command carries none (written
@@ -109,7 +113,19 @@ impl MetadataImage {
     /// topic, a topic id some live topic already has) change nothing: the
     /// first one in the log wins.
     pub fn apply(&mut self, offset: u64, command: &MetadataCommand) {
+        self.apply_one(offset, command);
+        self.applied_offset = offset + 1;
+    }
+
+    /// Applies one command (each command of a batch in turn) without
+    /// moving `applied_offset`.
+    fn apply_one(&mut self, offset: u64, command: &MetadataCommand) {
         match command {
+            MetadataCommand::Batch { commands } => {
+                for c in commands {
+                    self.apply_one(offset, c);
+                }
+            }
             MetadataCommand::BrokerRegistered { id, client_addr, peer_addr, incarnation } => {
                 let metadata_node = self.brokers.get(id).map_or(NodeId::from(*id), |b| b.metadata_node);
                 let known = self.brokers.get(id).map_or(0, |b| b.incarnation);
@@ -139,6 +155,9 @@ impl MetadataImage {
                     self.next_node_id = highest + 1;
                     let old = self.brokers.get(id).map_or(NodeId::from(*id), |b| b.metadata_node);
                     self.retired_metadata_nodes.insert(old, *id);
+                    if let Some(gone) = self.brokers.get(id).map(|b| b.incarnation).filter(|i| *i != 0) {
+                        self.replaced_incarnations.insert(gone);
+                    }
                     self.brokers.insert(
                         *id,
                         BrokerEntry {
@@ -255,7 +274,6 @@ impl MetadataImage {
                 }
             }
         }
-        self.applied_offset = offset + 1;
     }
 
     /// The partition whose Raft group is `group`.

@@ -536,7 +536,20 @@ fn partition_leadership_moves_on_request() {
 
     // To a named broker.
     let to = replicas.iter().copied().find(|b| *b != leader).expect("another replica");
-    let out = c.ok(&["partition", "transfer-leader", "moves", "0", "--to", &to.to_string()], None);
+    // Right after the start, the leader's broker may not have heard `to`'s
+    // pings yet: PREFERRED_LEADER_NOT_AVAILABLE ("not alive") for a moment.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let out = loop {
+        let out = c.run(&["partition", "transfer-leader", "moves", "0", "--to", &to.to_string()], None);
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.success()
+            || !err.contains("PREFERRED_LEADER_NOT_AVAILABLE")
+            || Instant::now() > deadline
+        {
+            break String::from_utf8_lossy(&out.stdout).into_owned() + &err;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert!(out.contains(&format!("moves-0: broker {to} leads now")), "{out}");
     let deadline = Instant::now() + Duration::from_secs(10);
     while leader_and_replicas(&c, "moves").0 != to {
@@ -890,8 +903,35 @@ fn founders_are_replaced_one_by_one_without_losing_the_controller_quorum() {
     let bootstrap = std::sync::Arc::new(std::sync::Mutex::new(c.bootstrap.clone()));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let prober = probe_controller(bootstrap.clone(), stop.clone());
-    let voters =
-        |c: &Brokers| -> Vec<u32> { broker_rows(c).iter().filter(|r| r.2 == "voter").map(|r| r.0).collect() };
+    // The voters as every running broker shows them, once they all agree
+    // (each follows the metadata group at its own pace; one that lags
+    // must not pass a check for the others).
+    let voters = |c: &Brokers| -> Vec<u32> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let views: Vec<Vec<u32>> = c
+                .bootstrap
+                .split(',')
+                .map(|addr| {
+                    let out = Command::new(BIN)
+                        .args(["--bootstrap", addr, "broker", "list"])
+                        .output()
+                        .expect("run");
+                    String::from_utf8_lossy(&out.stdout)
+                        .lines()
+                        .skip(1)
+                        .filter(|l| l.split_whitespace().nth(3) == Some("voter"))
+                        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+                        .collect()
+                })
+                .collect();
+            if views.windows(2).all(|w| w[0] == w[1]) && !views[0].is_empty() {
+                return views[0].clone();
+            }
+            assert!(Instant::now() < deadline, "the brokers disagree on the voters: {views:?}");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    };
     // Each founder in turn: a joined broker becomes a voter, then the
     // founder is drained and retired (leaving the quorum), then stopped.
     for (founder, new) in [(1, 4), (2, 5), (3, 6)] {
@@ -916,8 +956,10 @@ fn founders_are_replaced_one_by_one_without_losing_the_controller_quorum() {
     // A voter can also leave the quorum and come back while staying a broker.
     let out = c.ok(&["controller", "remove", "6"], None);
     assert!(out.contains("controller voters: 4,5"), "{out}");
+    assert_eq!(voters(&c), [4, 5]);
     let out = c.ok(&["controller", "add", "6"], None);
     assert!(out.contains("controller voters: 4,5,6"), "{out}");
+    assert_eq!(voters(&c), [4, 5, 6]);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (attempts, failures, acked) = prober.join().expect("prober");
     assert!(attempts >= 10, "only {attempts} controller probes ran");
