@@ -419,8 +419,10 @@ impl Admin {
                     })
                     .collect(),
             };
-            // Each partition is one controller commit (about 20–40 ms here):
-            // a big request is given the time it needs, not the default.
+            // The controller commits up to 1,000 moves per metadata entry,
+            // but a controller older than peer protocol 1.6 commits one per
+            // partition (20–40 ms each here): a big request is given the
+            // time that needs, not the default.
             let extra_ms = 100 * request.partitions.len() as u64;
             let answered = match self.any_broker().await {
                 Ok(address) => {

@@ -38,6 +38,41 @@ pub const HAND_OVER_WITHIN: Duration = Duration::from_secs(5);
 /// partitions led here took N times as long).
 pub const CHANGES_AT_ONCE: usize = 32;
 
+/// Most membership changes of partitions led by one broker under way at
+/// once (learners added, not yet done); more wait for their turn.
+pub const MOVES_AT_ONCE: usize = 1024;
+
+/// The partition groups led here whose membership change is under way
+/// (see [`MOVES_AT_ONCE`]).
+#[derive(Debug, Default)]
+struct Moves(std::sync::Mutex<BTreeSet<GroupId>>);
+
+impl Moves {
+    /// Whether `group`'s change may go on: it is under way already, or
+    /// there is room for one more.
+    fn admit(&self, group: GroupId) -> bool {
+        let mut active = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if active.contains(&group) {
+            return true;
+        }
+        if active.len() >= MOVES_AT_ONCE {
+            return false;
+        }
+        active.insert(group)
+    }
+
+    /// Frees the places of groups no longer led here.
+    fn keep_only(&self, leading: &[GroupId]) {
+        let mut active = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        active.retain(|g| leading.binary_search(g).is_ok());
+    }
+
+    /// `group` needs nothing more (or is not led here): its place is free.
+    fn done(&self, group: GroupId) {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&group);
+    }
+}
+
 /// The voter set `group` should have, or `None` if the metadata does not
 /// say; `p` is the group's partition, if it is one.
 pub fn wanted_voters(
@@ -72,12 +107,16 @@ pub async fn run(groups: GroupRegistry, image: watch::Receiver<Arc<MetadataImage
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seen: Option<(Arc<MetadataImage>, Arc<Vec<GroupId>>)> = None;
     let mut pending: BTreeSet<GroupId> = BTreeSet::new();
+    let moves = Moves::default();
     loop {
         tick.tick().await;
         let img = image.borrow().clone();
         let leading = groups.leading();
         let changed = seen.as_ref().is_none_or(|(i, l)| !Arc::ptr_eq(i, &img) || !Arc::ptr_eq(l, &leading));
         let visit: Vec<GroupId> = if changed { leading.to_vec() } else { pending.iter().copied().collect() };
+        if changed {
+            moves.keep_only(&leading);
+        }
         seen = Some((img.clone(), leading));
         pending.clear();
         if visit.is_empty() {
@@ -87,14 +126,19 @@ pub async fn run(groups: GroupRegistry, image: watch::Receiver<Arc<MetadataImage
         let placed: HashMap<GroupId, &PartitionAssignment> =
             img.topics.values().flat_map(|t| t.partitions.iter()).map(|p| (p.group, p)).collect();
         let reports = std::sync::Mutex::new(Vec::new());
-        let (img, placed, groups, env, reports_ref) = (&img, &placed, &groups, &env, &reports);
+        let (img, placed, groups, env, reports_ref, moves_ref) =
+            (&img, &placed, &groups, &env, &reports, &moves);
         let outcomes: Vec<(GroupId, anyhow::Result<bool>)> = futures::stream::iter(visit)
             .map(|group| async move {
                 let Some(hosted) = groups.get(group) else { return (group, Ok(true)) };
                 if !hosted.raft.is_leader() {
                     return (group, Ok(true));
                 }
-                (group, reconcile(img, group, placed.get(&group).copied(), &hosted, env, reports_ref).await)
+                (
+                    group,
+                    reconcile(img, group, placed.get(&group).copied(), &hosted, env, reports_ref, moves_ref)
+                        .await,
+                )
             })
             .buffer_unordered(CHANGES_AT_ONCE)
             .collect()
@@ -105,7 +149,7 @@ pub async fn run(groups: GroupRegistry, image: watch::Receiver<Arc<MetadataImage
         }
         for (group, outcome) in outcomes {
             match outcome {
-                Ok(true) => {}
+                Ok(true) => moves.done(group),
                 Ok(false) => {
                     pending.insert(group);
                 }
@@ -127,6 +171,7 @@ async fn reconcile(
     h: &HostedGroup,
     env: &Env,
     reports: &std::sync::Mutex<Vec<CompletionReport>>,
+    moves: &Moves,
 ) -> anyhow::Result<bool> {
     let (voters, joint, learners, last, matched, committed) = h.raft.state(|s| {
         let voters: BTreeSet<NodeId> = s.voters().collect();
@@ -212,6 +257,14 @@ async fn reconcile(
             return Ok(false);
         }
         return Ok(true);
+    }
+    // A change that has not begun (no learner added yet) waits while
+    // MOVES_AT_ONCE others led here are under way: every group with a
+    // learner copying stays awake (heartbeats, replication), and 10,000 at
+    // once saturated a small machine until heartbeats timed out.
+    let starting = wanted.difference(&voters).any(|n| !learners.contains(n));
+    if partition && starting && !moves.admit(group) {
+        return Ok(false);
     }
     if !h.raft.renew_lease(CHECK_INTERVAL).await {
         return Ok(false);
@@ -384,5 +437,25 @@ async fn timed<E: std::error::Error + Send + Sync + 'static>(
     match tokio::time::timeout(CHANGE_WITHIN, change).await {
         Ok(r) => Ok(r?),
         Err(_) => anyhow::bail!("not done within {CHANGE_WITHIN:?}; tried again next pass"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn at_most_moves_at_once_changes_run_and_freed_places_are_reused() {
+        let moves = Moves::default();
+        let n = MOVES_AT_ONCE as u64;
+        assert!((0..n).all(|g| moves.admit(g)));
+        assert!(!moves.admit(n), "one more than the limit waits");
+        assert!(moves.admit(3), "one under way goes on");
+        moves.done(3);
+        assert!(moves.admit(n), "a freed place is taken");
+        // Groups led elsewhere now give their places back.
+        moves.keep_only(&[1, 2]);
+        assert!((n + 1..2 * n - 1).all(|g| moves.admit(g)));
+        assert!(!moves.admit(2 * n), "full again");
     }
 }

@@ -35,11 +35,15 @@ pub const MAJOR: u32 = 1;
 /// `partitions_created`, `broker_decommissioned`. A 1.4 broker's metadata
 /// image would stop at such a command (`crate::metadata::controller::fold`),
 /// so the controller refuses them while a live broker answers pings as 1.4
-/// or older. 1.6 added brokers that join a running cluster and controller
-/// voter changes: the controller request `join_broker` (answered
-/// `joined`), `add_controller_voter`, `remove_controller_voter`, and the
-/// metadata command `controller_voters_changed` (refused while a 1.5
-/// broker answers, as above).
+/// or older. 1.6 added brokers that join a running cluster, controller
+/// voter changes and batched metadata entries: the controller requests
+/// `join_broker` (answered `joined`), `add_controller_voter`,
+/// `remove_controller_voter`, `reassign_partitions` and
+/// `complete_reassignments` (answered `each`), and the metadata commands
+/// `controller_voters_changed` (refused while a 1.5 broker answers, as
+/// above) and `batch` (written one command per entry instead while one
+/// does). A 1.6 broker that finds a 1.5 controller sends its requests
+/// one partition at a time.
 pub const MINOR: u32 = 6;
 /// The gRPC metadata key carrying the sender's version, `MAJOR.MINOR`.
 pub const HEADER: &str = "ferrolog-peer-protocol";
