@@ -692,35 +692,46 @@ async fn how_to_enter(c: &BrokerConfig, incarnation: u64, peers: &PeerAddresses)
 /// id to use in the metadata group. Retries for up to a minute.
 async fn join(c: &BrokerConfig, incarnation: u64, peers: &PeerAddresses) -> anyhow::Result<NodeId> {
     use crate::metadata::command::ControllerReply;
-    use ferrolog_proto::raft::ControllerCall;
     let req = ControllerRequest::RegisterBroker {
         id: c.node_id,
         client_addr: c.client_addr.to_string(),
         peer_addr: c.peer_addr.to_string(),
         incarnation,
     };
-    let body = serde_json::to_vec(&req)?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let mut last = String::new();
     while tokio::time::Instant::now() < deadline {
         for addr in c.initial_cluster.iter().filter(|(id, _)| **id != c.node_id).map(|(_, a)| a.to_string()) {
-            let Ok(ch) = peers.channel(&addr) else { continue };
-            let mut call = tonic::Request::new(ControllerCall { request_json: body.clone().into() });
-            call.set_timeout(Duration::from_secs(15));
-            match crate::network::peer_client(ch).controller(call).await {
-                Ok(a) => match serde_json::from_slice::<Result<ControllerReply, crate::error::ApiError>>(
-                    &a.into_inner().result_json,
-                ) {
-                    Ok(Ok(ControllerReply::Registered { metadata_node })) => return Ok(metadata_node),
-                    Ok(other) => last = format!("{other:?}"),
-                    Err(e) => last = e.to_string(),
-                },
-                Err(e) => last = e.message().to_owned(),
+            match forward_to_controller(peers, &addr, &req).await {
+                Ok(Ok(ControllerReply::Registered { metadata_node })) => return Ok(metadata_node),
+                Ok(other) => last = format!("{other:?}"),
+                Err(e) => last = e,
             }
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     anyhow::bail!("could not join the existing cluster: {last}")
+}
+
+/// One controller request sent through the broker at peer address `addr`
+/// (which forwards it to the controller): the controller's answer, or why
+/// none came (unreachable, or an answer that does not decode).
+async fn forward_to_controller(
+    peers: &PeerAddresses,
+    addr: &str,
+    req: &ControllerRequest,
+) -> Result<Result<crate::metadata::command::ControllerReply, crate::error::ApiError>, String> {
+    use ferrolog_proto::raft::ControllerCall;
+    let body = serde_json::to_vec(req).map_err(|e| e.to_string())?;
+    let ch = peers.channel(addr).map_err(|e| format!("{addr}: {e}"))?;
+    let mut call = tonic::Request::new(ControllerCall { request_json: body.into() });
+    call.set_timeout(Duration::from_secs(15));
+    let answer = crate::network::peer_client(ch)
+        .controller(call)
+        .await
+        .map_err(|e| format!("{addr}: {}", e.message()))?;
+    serde_json::from_slice(&answer.into_inner().result_json)
+        .map_err(|e| format!("unreadable answer from {addr} (an older broker?): {e}"))
 }
 
 /// Enters a running cluster through `config.join` when the data directory
@@ -777,42 +788,30 @@ async fn ask_to_join(
     incarnation: u64,
     peers: &PeerAddresses,
 ) -> anyhow::Result<(crate::config::BrokerId, NodeId)> {
+    use crate::error::ApiError;
     use crate::metadata::command::ControllerReply;
-    use ferrolog_proto::raft::ControllerCall;
     let req = ControllerRequest::JoinBroker {
         id: c.node_id,
         client_addr: c.client_addr.to_string(),
         peer_addr: c.peer_addr.to_string(),
         incarnation,
     };
-    let body = serde_json::to_vec(&req)?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let mut last = String::from("no broker to ask");
     while tokio::time::Instant::now() < deadline {
         for addr in &c.join {
-            let Ok(ch) = peers.channel(&addr.to_string()) else { continue };
-            let mut call = tonic::Request::new(ControllerCall { request_json: body.clone().into() });
-            call.set_timeout(Duration::from_secs(15));
-            match crate::network::peer_client(ch).controller(call).await {
-                Ok(a) => match serde_json::from_slice::<Result<ControllerReply, crate::error::ApiError>>(
-                    &a.into_inner().result_json,
-                ) {
-                    Ok(Ok(ControllerReply::Joined { broker_id, metadata_node })) => {
-                        return Ok((broker_id, metadata_node));
-                    }
-                    // A broker older than 1.6 does not know the request:
-                    // another one of `join` may.
-                    Ok(Err(crate::error::ApiError::Invalid(m))) if m.contains("does not decode") => {
-                        last = format!("{addr} speaks an older peer protocol: {m}");
-                    }
-                    Ok(Err(crate::error::ApiError::Invalid(m))) => {
-                        anyhow::bail!("the cluster refused this broker: {m}")
-                    }
-                    Ok(other) => last = format!("{other:?}"),
-                    // A broker older than 1.6 does not know the request.
-                    Err(e) => last = format!("unreadable answer from {addr} (an older broker?): {e}"),
-                },
-                Err(e) => last = format!("{addr}: {}", e.message()),
+            match forward_to_controller(peers, &addr.to_string(), &req).await {
+                Ok(Ok(ControllerReply::Joined { broker_id, metadata_node })) => {
+                    return Ok((broker_id, metadata_node));
+                }
+                // A broker older than 1.6 does not know the request:
+                // another one of `join` may.
+                Ok(Err(ApiError::Invalid(m))) if m.contains("does not decode") => {
+                    last = format!("{addr} speaks an older peer protocol: {m}");
+                }
+                Ok(Err(ApiError::Invalid(m))) => anyhow::bail!("the cluster refused this broker: {m}"),
+                Ok(other) => last = format!("{other:?}"),
+                Err(e) => last = e,
             }
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
