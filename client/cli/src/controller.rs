@@ -60,10 +60,12 @@ pub async fn run(admin: &Admin, command: ControllerCommand) -> anyhow::Result<()
             let list = voters.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
             println!("controller voters: {list}");
             if voters.len() % 2 == 0 {
+                let n = voters.len();
+                let tolerated = (n - 1) / 2;
                 eprintln!(
-                    "note: {} voters tolerate no more failures than {}; an odd count is the usual choice",
-                    voters.len(),
-                    voters.len() - 1
+                    "note: {n} voters tolerate {tolerated} failure{}, as {} do; an odd count is the usual choice",
+                    if tolerated == 1 { "" } else { "s" },
+                    n - 1
                 );
             }
             return Ok(());
