@@ -398,13 +398,9 @@ async fn report_completions(controller: &Controller, reports: Vec<CompletionRepo
         Ok(_) => tracing::debug!(reports = n, "completed reassignments reported"),
         Err(crate::error::ApiError::Invalid(m)) if m.contains("does not decode") => {
             for r in reports {
-                let req = ControllerRequest::CompleteReassignment {
-                    group: r.group,
-                    voters: r.voters,
-                    epoch: r.epoch,
-                };
-                if let Err(e) = controller.handle(req).await {
-                    tracing::warn!(group = r.group, "reporting a completed reassignment: {e}");
+                let group = r.group;
+                if let Err(e) = controller.handle(r.into_request()).await {
+                    tracing::warn!(group, "reporting a completed reassignment: {e}");
                 }
             }
         }

@@ -196,6 +196,12 @@ impl ClientService {
     async fn admin(&self, req: ControllerRequest) -> Result<ControllerReply, ApiError> {
         self.controller.handle(req).await
     }
+
+    /// An admin request whose answer is only its error, if any.
+    async fn admin_response(&self, req: ControllerRequest) -> Result<Response<AdminResponse>, Status> {
+        let error = self.admin(req).await.err().and_then(|e| self.wire(&e));
+        Ok(Response::new(AdminResponse { error }))
+    }
 }
 
 type SubscribeStream = Pin<Box<dyn Stream<Item = Result<FetchResponse, Status>> + Send>>;
@@ -429,8 +435,7 @@ impl Ferrolog for ClientService {
             partitions: r.partitions,
             replication_factor: r.replication_factor,
         };
-        let error = self.admin(req).await.err().and_then(|e| self.wire(&e));
-        Ok(Response::new(AdminResponse { error }))
+        self.admin_response(req).await
     }
 
     async fn decommission_broker(
@@ -438,9 +443,7 @@ impl Ferrolog for ClientService {
         request: Request<DecommissionBrokerRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
         let id = request.into_inner().broker_id;
-        let error =
-            self.admin(ControllerRequest::DecommissionBroker { id }).await.err().and_then(|e| self.wire(&e));
-        Ok(Response::new(AdminResponse { error }))
+        self.admin_response(ControllerRequest::DecommissionBroker { id }).await
     }
 
     async fn add_raft_voter(
@@ -448,9 +451,7 @@ impl Ferrolog for ClientService {
         request: Request<AddRaftVoterRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
         let id = request.into_inner().broker_id;
-        let error =
-            self.admin(ControllerRequest::AddControllerVoter { id }).await.err().and_then(|e| self.wire(&e));
-        Ok(Response::new(AdminResponse { error }))
+        self.admin_response(ControllerRequest::AddControllerVoter { id }).await
     }
 
     async fn remove_raft_voter(
@@ -458,12 +459,7 @@ impl Ferrolog for ClientService {
         request: Request<RemoveRaftVoterRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
         let id = request.into_inner().broker_id;
-        let error = self
-            .admin(ControllerRequest::RemoveControllerVoter { id })
-            .await
-            .err()
-            .and_then(|e| self.wire(&e));
-        Ok(Response::new(AdminResponse { error }))
+        self.admin_response(ControllerRequest::RemoveControllerVoter { id }).await
     }
 
     async fn create_partitions(
@@ -472,8 +468,7 @@ impl Ferrolog for ClientService {
     ) -> Result<Response<AdminResponse>, Status> {
         let r = request.into_inner();
         let req = ControllerRequest::CreatePartitions { name: r.topic, count: r.count };
-        let error = self.admin(req).await.err().and_then(|e| self.wire(&e));
-        Ok(Response::new(AdminResponse { error }))
+        self.admin_response(req).await
     }
 
     async fn delete_topic(
@@ -481,8 +476,7 @@ impl Ferrolog for ClientService {
         request: Request<DeleteTopicRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
         let req = ControllerRequest::DeleteTopic { name: request.into_inner().name };
-        let error = self.admin(req).await.err().and_then(|e| self.wire(&e));
-        Ok(Response::new(AdminResponse { error }))
+        self.admin_response(req).await
     }
 
     async fn init_producer_id(
@@ -573,34 +567,25 @@ impl Ferrolog for ClientService {
                 replicas: (!p.cancel).then(|| p.replicas.clone()),
             })
             .collect();
-        let outcomes: Vec<Result<(), ApiError>> =
-            match self.controller.handle(ControllerRequest::ReassignPartitions { moves }).await {
-                Ok(ControllerReply::Each { results }) if results.len() == req.partitions.len() => results,
-                Ok(other) => {
-                    let e = ApiError::Unavailable(format!("unexpected controller answer {other:?}"));
-                    vec![Err(e); req.partitions.len()]
+        let outcomes: Vec<Result<(), ApiError>> = match self
+            .controller
+            .handle(ControllerRequest::ReassignPartitions { moves: moves.clone() })
+            .await
+        {
+            Ok(ControllerReply::Each { results }) if results.len() == req.partitions.len() => results,
+            Ok(other) => {
+                let e = ApiError::Unavailable(format!("unexpected controller answer {other:?}"));
+                vec![Err(e); req.partitions.len()]
+            }
+            Err(ApiError::Invalid(m)) if m.contains("does not decode") => {
+                let mut each = Vec::with_capacity(moves.len());
+                for m in moves {
+                    each.push(self.controller.handle(m.into_request()).await.map(|_| ()));
                 }
-                Err(ApiError::Invalid(m)) if m.contains("does not decode") => {
-                    let mut each = Vec::with_capacity(req.partitions.len());
-                    for p in &req.partitions {
-                        let call = if p.cancel {
-                            ControllerRequest::CancelReassignment {
-                                topic: p.topic.clone(),
-                                partition: p.partition,
-                            }
-                        } else {
-                            ControllerRequest::ReassignPartition {
-                                topic: p.topic.clone(),
-                                partition: p.partition,
-                                replicas: p.replicas.clone(),
-                            }
-                        };
-                        each.push(self.controller.handle(call).await.map(|_| ()));
-                    }
-                    each
-                }
-                Err(e) => vec![Err(e); req.partitions.len()],
-            };
+                each
+            }
+            Err(e) => vec![Err(e); req.partitions.len()],
+        };
         let mut results = Vec::with_capacity(req.partitions.len());
         for (p, outcome) in req.partitions.into_iter().zip(outcomes) {
             match &outcome {

@@ -333,6 +333,21 @@ pub struct PartitionMove {
     pub replicas: Option<Vec<BrokerId>>,
 }
 
+impl PartitionMove {
+    /// The single-partition request this move stands for (what a batch is
+    /// decided as, and what a controller older than 1.6 is sent).
+    pub fn into_request(self) -> ControllerRequest {
+        match self.replicas {
+            Some(replicas) => ControllerRequest::ReassignPartition {
+                topic: self.topic,
+                partition: self.partition,
+                replicas,
+            },
+            None => ControllerRequest::CancelReassignment { topic: self.topic, partition: self.partition },
+        }
+    }
+}
+
 /// One report of [`ControllerRequest::CompleteReassignments`], as
 /// [`ControllerRequest::CompleteReassignment`] has it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -343,6 +358,13 @@ pub struct CompletionReport {
     pub voters: Vec<NodeId>,
     /// The [`Reassignment::epoch`] of the target the leader's image showed.
     pub epoch: u64,
+}
+
+impl CompletionReport {
+    /// The single report this stands for (as [`PartitionMove::into_request`]).
+    pub fn into_request(self) -> ControllerRequest {
+        ControllerRequest::CompleteReassignment { group: self.group, voters: self.voters, epoch: self.epoch }
+    }
 }
 
 /// The controller's answer.

@@ -141,25 +141,11 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
         ControllerRequest::ReassignPartitions { moves } => {
             let key = |m: &PartitionMove| format!("{}-{}", m.topic, m.partition);
             let keys: Vec<String> = moves.iter().map(key).collect();
-            let requests = moves.into_iter().map(|m| match m.replicas {
-                Some(replicas) => {
-                    ControllerRequest::ReassignPartition { topic: m.topic, partition: m.partition, replicas }
-                }
-                None => ControllerRequest::CancelReassignment { topic: m.topic, partition: m.partition },
-            });
+            let requests = moves.into_iter().map(PartitionMove::into_request);
             Ok(each(image, f, keys.into_iter().zip(requests)))
         }
         ControllerRequest::CompleteReassignments { reports } => {
-            let requests = reports.into_iter().map(|r| {
-                (
-                    format!("group {}", r.group),
-                    ControllerRequest::CompleteReassignment {
-                        group: r.group,
-                        voters: r.voters,
-                        epoch: r.epoch,
-                    },
-                )
-            });
+            let requests = reports.into_iter().map(|r| (format!("group {}", r.group), r.into_request()));
             Ok(each(image, f, requests))
         }
         ControllerRequest::AddControllerVoter { id } => change_controller_voters(f, image, id, true),
