@@ -49,12 +49,6 @@ pub struct Cluster {
     /// Environment of one broker only, index = id - 1.
     broker_env: Vec<Vec<(String, String)>>,
     extra_env: Vec<(String, String)>,
-    /// Whether broker `id` joined a running cluster (`--join`, index = id - 1):
-    /// it is started without `--node-id` and `--initial-cluster`.
-    joining: Vec<bool>,
-    /// The client port of every broker (the peer port is the next one);
-    /// brokers differ by address.
-    base_port: u16,
     _root: tempfile::TempDir,
 }
 
@@ -157,8 +151,6 @@ impl Cluster {
             broker_args: vec![Vec::new(); n as usize],
             broker_env: vec![Vec::new(); n as usize],
             extra_env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            joining: vec![false; n as usize],
-            base_port: base,
             _root: root,
         })
     }
@@ -186,49 +178,12 @@ impl Cluster {
         &self.brokers[(id - 1) as usize]
     }
 
-    /// Adds a broker that joins the running cluster as an operator adds a
-    /// machine: the next slot (id `size() + 1`, address 127.0.0.(id + 1)),
-    /// started with `--join` and the peer addresses of the brokers running
-    /// now, without `--node-id` (the cluster assigns one: a test checks
-    /// that it is this slot's id) or `--initial-cluster`. Returns the id.
-    ///
-    /// # Errors
-    /// If the process cannot be spawned.
-    pub fn add_joining(&mut self) -> anyhow::Result<u32> {
-        let id = self.size() + 1;
-        let ip = format!("127.0.0.{}", id + 1);
-        let join: Vec<String> =
-            self.brokers.iter().filter(|b| b.child.is_some()).map(|b| b.peer_addr.to_string()).collect();
-        self.brokers.push(BrokerProc {
-            id,
-            client_addr: format!("{ip}:{}", self.base_port).parse()?,
-            peer_addr: format!("{ip}:{}", self.base_port + 1).parse()?,
-            data_dir: self._root.path().join(format!("broker-{id}")),
-            log: self._root.path().join(format!("broker-{id}.log")),
-            child: None,
-        });
-        self.broker_args.push(vec!["--join".to_owned(), join.join(",")]);
-        self.broker_env.push(Vec::new());
-        self.joining.push(true);
-        self.spawn(id)?;
-        Ok(id)
-    }
-
     /// Starts (or restarts) broker `id` on its data directory.
     ///
     /// # Errors
     /// If the process cannot be spawned.
     pub fn spawn(&mut self, id: u32) -> anyhow::Result<()> {
-        let founding = if self.joining[(id - 1) as usize] {
-            Vec::new()
-        } else {
-            vec![
-                "--node-id".to_owned(),
-                id.to_string(),
-                "--initial-cluster".to_owned(),
-                self.initial_cluster.clone(),
-            ]
-        };
+        let initial_cluster = self.initial_cluster.clone();
         let (binary, env, args) = (self.binary.clone(), self.extra_env.clone(), self.binary_args.clone());
         let own_args = self.broker_args[(id - 1) as usize].clone();
         let own_env = self.broker_env[(id - 1) as usize].clone();
@@ -236,13 +191,16 @@ impl Cluster {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&b.log)?;
         let child = Command::new(&binary)
             .args(args)
-            .args(founding)
+            .arg("--node-id")
+            .arg(id.to_string())
             .arg("--client-addr")
             .arg(b.client_addr.to_string())
             .arg("--peer-addr")
             .arg(b.peer_addr.to_string())
             .arg("--data-dir")
             .arg(&b.data_dir)
+            .arg("--initial-cluster")
+            .arg(&initial_cluster)
             .args(own_args)
             // The log filter: `FERROLOG_TEST_LOG`, else info; a `RUST_LOG`
             // in the cluster's or this broker's environment (a benchmark's
