@@ -262,18 +262,25 @@ impl Reconciler {
         let wanted: BTreeMap<u64, (String, u32, PartitionAssignment)> =
             image.replicas_on(self.broker).into_iter().map(|(t, p, a)| (a.group, (t, p, a))).collect();
         let (mut removed, mut reassigned) = (0usize, 0usize);
-        // Deleting a replica needs an image known to be current: after a
-        // restart the image may stop at a lazily saved commit index, before
-        // a reassignment that placed a replica here (which would then be
-        // deleted as not placed: a voter forgetting its log).
-        let fresh = self.controller.heard_from_leader()
-            && self.controller.image().applied_offset <= image.applied_offset;
-        for p in self.groups.partitions() {
-            let keep = wanted
+        let placed_here = |p: &Partition| {
+            wanted
                 .get(&p.group)
-                .and_then(|(_, _, a)| a.replicas.iter().find(|r| r.broker == self.broker));
-            match keep {
-                Some(r) if r.node == p.node_id => {}
+                .and_then(|(_, _, a)| a.replicas.iter().find(|r| r.broker == self.broker))
+                .map(|r| r.node)
+        };
+        // Deleting a replica needs an image known to hold every metadata
+        // change committed so far: after a restart the image may stop at a
+        // lazily saved commit index, before a reassignment that placed a
+        // replica here (which would then be deleted as not placed: a voter
+        // forgetting its log). Confirmed with the controller (ReadIndex)
+        // only when something would be deleted.
+        let hosted = self.groups.partitions();
+        let orphans = self.orphan_dirs(image, &wanted);
+        let doomed = hosted.iter().any(|p| placed_here(p) != Some(p.node_id));
+        let fresh = (doomed || !orphans.is_empty()) && self.confirmed_current(image).await;
+        for p in hosted {
+            match placed_here(&p) {
+                Some(node) if node == p.node_id => {}
                 _ if !fresh => {}
                 Some(_) => {
                     // Re-assigned under a new node id: what it holds belongs to the old one.
@@ -382,7 +389,10 @@ impl Reconciler {
             wanted.contains_key(g) && f.running_since.is_none_or(|t| t.elapsed() < HEALTHY_AFTER)
         });
         if fresh {
-            self.sweep_orphans(image, &wanted).await;
+            for dir in orphans {
+                tracing::info!(dir = %dir.display(), "removing a replica no longer placed here (topic deleted or replica moved)");
+                self.remove(&dir).await;
+            }
         }
         self.groups.set_replicas_open();
         (failed + removed + reassigned, true)
@@ -426,23 +436,44 @@ impl Reconciler {
         }
     }
 
-    /// Removes replica directories of groups this broker no longer hosts
-    /// (a topic deleted, or a replica moved off, while the broker was down).
-    /// Only on an image known to be current (see `reconcile`).
-    async fn sweep_orphans(
+    /// Replica directories of groups this broker neither hosts nor is
+    /// placed in by `image` (a topic deleted, or a replica moved off, while
+    /// the broker was down): removed by `reconcile` only on an image
+    /// confirmed current.
+    fn orphan_dirs(
         &self,
         image: &MetadataImage,
         wanted: &BTreeMap<u64, (String, u32, PartitionAssignment)>,
-    ) {
-        let Ok(entries) = std::fs::read_dir(&self.root) else { return };
-        for e in entries.flatten().filter(|e| e.path().is_dir()) {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(group) = name.rsplit_once(".g").and_then(|(_, g)| g.parse::<u64>().ok()) else {
-                continue;
-            };
-            if group < image.next_group_id && !wanted.contains_key(&group) && !self.groups.contains(group) {
-                tracing::info!(dir = %name, "removing a replica no longer placed here (topic deleted or replica moved)");
-                self.remove(&e.path()).await;
+    ) -> Vec<PathBuf> {
+        let Ok(entries) = std::fs::read_dir(&self.root) else { return Vec::new() };
+        entries
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.rsplit_once(".g").and_then(|(_, g)| g.parse::<u64>().ok()).is_some_and(|group| {
+                    group < image.next_group_id
+                        && !wanted.contains_key(&group)
+                        && !self.groups.contains(group)
+                })
+            })
+            .map(|e| e.path())
+            .collect()
+    }
+
+    /// Whether `image` holds every metadata change the controller had
+    /// committed when asked now ([`Controller::current_image`], ReadIndex):
+    /// what it does not place here is really gone.
+    async fn confirmed_current(&self, image: &MetadataImage) -> bool {
+        match self.controller.current_image().await {
+            Ok(current) => current.applied_offset <= image.applied_offset,
+            Err(e) => {
+                crate::logging::every(
+                    "reconcile.confirm",
+                    Duration::from_secs(30),
+                    format_args!("not removing replicas yet: {e}"),
+                );
+                false
             }
         }
     }

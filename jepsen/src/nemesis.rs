@@ -262,7 +262,7 @@ impl Ops {
             return format!("controller quorum change: none to make (voters {voters:?})");
         }
         if voters.len() > 3 && (others.is_empty() || rng.gen_bool(0.5)) {
-            let v: Vec<u32> = voters.iter().copied().collect();
+            let v: Vec<u32> = voters.to_vec();
             let Some(id) = v.choose(rng).copied() else {
                 return "controller quorum change: no voters known".into();
             };

@@ -386,6 +386,34 @@ impl RaftNode {
         }
     }
 
+    /// ReadIndex (Raft thesis §6.4): confirms that this replica still leads
+    /// its group (a heartbeat round acknowledged by a quorum, with no log
+    /// entry written) and waits until everything committed before the call
+    /// is applied here. Returns the log index it read at; the replica's
+    /// high watermark then covers every record up to it. Bounded by
+    /// `timeout`.
+    ///
+    /// # Errors
+    /// [`ProposeError::NotLeader`] if it does not lead (or was deposed);
+    /// [`ProposeError::Unavailable`] if no quorum answered within `timeout`
+    /// or the node has stopped.
+    pub async fn read_index(&self, timeout: Duration) -> Result<u64, ProposeError> {
+        let raft = self.running("read_index").await.map_err(ProposeError::Unavailable)?;
+        let read = raft.ensure_linearizable(openraft::raft::ReadPolicy::ReadIndex);
+        match tokio::time::timeout(timeout, read).await {
+            Ok(Ok(read)) => Ok(read.log_id().index),
+            Ok(Err(e)) => match e.api_error() {
+                Some(openraft::error::LinearizableReadError::ForwardToLeader(f)) => {
+                    Err(ProposeError::NotLeader { leader: f.leader_id })
+                }
+                _ => Err(ProposeError::Unavailable(e.to_string())),
+            },
+            Err(_) => Err(ProposeError::Unavailable(format!(
+                "no quorum confirmed the leadership within {timeout:?}"
+            ))),
+        }
+    }
+
     /// The leader's node id and the peer address its membership records,
     /// as this replica knows them.
     pub fn leader_address(&self) -> Option<(NodeId, String)> {

@@ -290,3 +290,89 @@ async fn a_subscription_without_an_id_is_pinned_to_its_incarnation() -> anyhow::
     assert_eq!(code(&answer.error), ErrorCode::UnknownTopicId, "{:?}", answer.batches);
     Ok(())
 }
+
+/// A broker whose metadata lags the controller never tells a client that
+/// a live topic is gone (UNKNOWN_TOPIC_ID is final: the client stops). CI
+/// once saw a restarted broker, following the controller again but with
+/// its image still at a lazily saved commit index, answer a produce to a
+/// live topic that way. Here the lag is made on purpose: a broker cut off
+/// from the others keeps its leader and commit index, and misses a topic
+/// created meanwhile. While the cut lasts it answers UNAVAILABLE (it
+/// cannot confirm its image with the controller), once healed it serves
+/// or redirects; and a topic really deleted is still called gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_broker_never_calls_a_live_topic_gone() -> anyhow::Result<()> {
+    let (c, proxy) = Cluster::start_through_proxy("lagging-image", BIN, 3).await?;
+    create_topic(&c, "before", 1, 3).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let controller = loop {
+        let m = metadata(c.broker(1).client_addr).await?;
+        if m.controller != 0 {
+            break m.controller;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no controller known");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let lagging = (1..=3).find(|b| *b != controller).expect("3 brokers");
+    for other in (1..=3).filter(|b| *b != lagging) {
+        proxy.cut(lagging, other);
+        proxy.cut(other, lagging);
+    }
+    // Created through the controller, committed by it and the third broker.
+    let mut admin = connect(c.broker(controller).client_addr).await?;
+    let created = admin
+        .create_topic(ferrolog_proto::client::CreateTopicRequest {
+            name: "w".into(),
+            partitions: 1,
+            replication_factor: 3,
+        })
+        .await?
+        .into_inner();
+    assert_eq!(code(&created.error), ErrorCode::None, "{:?}", created.error);
+    let id = topic_id_on(&c, controller).await?;
+    let with_id = |topic_id: bytes::Bytes| ProduceRequest { topic_id, ..batch("w", -1, 0, "v") };
+    assert!(
+        !metadata(c.broker(lagging).client_addr).await?.topics.iter().any(|t| t.name == "w"),
+        "broker {lagging} learned of the topic through the cut: the test shows nothing"
+    );
+    for _ in 0..3 {
+        let r = produce_once(c.broker(lagging).client_addr, with_id(id.clone())).await?;
+        assert_eq!(
+            code(&r.error),
+            ErrorCode::Unavailable,
+            "cut off, broker {lagging} answered {:?}",
+            r.error
+        );
+    }
+
+    proxy.heal();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut unavailable = 0;
+    loop {
+        let r = produce_once(c.broker(lagging).client_addr, with_id(id.clone())).await?;
+        match code(&r.error) {
+            ErrorCode::None | ErrorCode::NotLeader => break,
+            ErrorCode::Unavailable if Instant::now() < deadline => unavailable += 1,
+            other => panic!("healed, broker {lagging} answered {other:?}: {:?}", r.error),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("broker {lagging} served the topic after {unavailable} UNAVAILABLE answers once healed");
+
+    // The confirmation does not hide a real deletion.
+    let deleted = admin
+        .delete_topic(ferrolog_proto::client::DeleteTopicRequest { name: "w".into() })
+        .await?
+        .into_inner();
+    assert_eq!(code(&deleted.error), ErrorCode::None, "{:?}", deleted.error);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = produce_once(c.broker(lagging).client_addr, with_id(id.clone())).await?;
+        match code(&r.error) {
+            ErrorCode::UnknownTopicId => break,
+            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+            other => panic!("after the deletion broker {lagging} still answered {other:?}: {:?}", r.error),
+        }
+    }
+    Ok(())
+}

@@ -126,8 +126,9 @@ pub async fn run(groups: GroupRegistry, image: watch::Receiver<Arc<MetadataImage
         let placed: HashMap<GroupId, &PartitionAssignment> =
             img.topics.values().flat_map(|t| t.partitions.iter()).map(|p| (p.group, p)).collect();
         let reports = std::sync::Mutex::new(Vec::new());
-        let (img, placed, groups, env, reports_ref, moves_ref) =
-            (&img, &placed, &groups, &env, &reports, &moves);
+        let confirmed = Confirmed::default();
+        let (img, placed, groups, env, reports_ref, moves_ref, confirmed) =
+            (&img, &placed, &groups, &env, &reports, &moves, &confirmed);
         let outcomes: Vec<(GroupId, anyhow::Result<bool>)> = futures::stream::iter(visit)
             .map(|group| async move {
                 let Some(hosted) = groups.get(group) else { return (group, Ok(true)) };
@@ -136,8 +137,15 @@ pub async fn run(groups: GroupRegistry, image: watch::Receiver<Arc<MetadataImage
                 }
                 (
                     group,
-                    reconcile(img, group, placed.get(&group).copied(), &hosted, env, reports_ref, moves_ref)
-                        .await,
+                    reconcile(
+                        img,
+                        group,
+                        placed.get(&group).copied(),
+                        &hosted,
+                        env,
+                        (reports_ref, moves_ref, confirmed),
+                    )
+                    .await,
                 )
             })
             .buffer_unordered(CHANGES_AT_ONCE)
@@ -162,6 +170,27 @@ pub async fn run(groups: GroupRegistry, image: watch::Receiver<Arc<MetadataImage
     }
 }
 
+/// Whether one pass's image holds every metadata change the controller
+/// had committed (asked once per pass, when a group first needs it).
+type Confirmed = tokio::sync::OnceCell<bool>;
+
+/// Whether `image` is confirmed current with the controller (ReadIndex,
+/// [`Controller::current_image`]): an image behind the controller's
+/// commits may miss a reassignment or a quorum change, and acting on it
+/// would undo them. After a restart the image can stop at a lazily saved
+/// commit index while the replica already follows the current leader, so
+/// no local view of Raft's state can tell.
+async fn confirmed_current(confirmed: &Confirmed, controller: &Controller, image: &MetadataImage) -> bool {
+    *confirmed
+        .get_or_init(|| async {
+            controller
+                .current_image()
+                .await
+                .is_ok_and(|current| current.applied_offset <= image.applied_offset)
+        })
+        .await
+}
+
 /// One group's comparison and next step; returns whether its membership
 /// is what the metadata wants (nothing left to do).
 async fn reconcile(
@@ -170,8 +199,7 @@ async fn reconcile(
     p: Option<&PartitionAssignment>,
     h: &HostedGroup,
     env: &Env,
-    reports: &std::sync::Mutex<Vec<CompletionReport>>,
-    moves: &Moves,
+    (reports, moves, confirmed): (&std::sync::Mutex<Vec<CompletionReport>>, &Moves, &Confirmed),
 ) -> anyhow::Result<bool> {
     let (voters, joint, learners, last, matched, committed) = h.raft.state(|s| {
         let voters: BTreeSet<NodeId> = s.voters().collect();
@@ -203,10 +231,10 @@ async fn reconcile(
             );
             return Ok(false);
         }
-        if !env.controller.image_caught_up() {
+        if !confirmed_current(confirmed, &env.controller, image).await {
             return Ok(false);
         }
-    } else if !env.controller.image_caught_up() {
+    } else if !confirmed_current(confirmed, &env.controller, image).await {
         // An image behind the metadata log (after a restart, before the
         // leader's first commit) would undo quorum changes it has not seen.
         return Ok(false);

@@ -44,8 +44,7 @@ use ferrolog_replica::{NodeId, RaftNode};
 /// Keyed on the leadership, not the term alone: one term can see two
 /// leaderships (the Raft library orders leader ids by term, then node id),
 /// and only an entry of the leader it now follows shows that this leader
-/// has brought it back (as `Partition::ready_leader` and
-/// `Controller::heard_from_leader` do).
+/// has brought it back (as `Partition::ready_leader` does).
 ///
 /// An entry of the current term it already held when it opened proves
 /// nothing: a follower restarts with its persisted vote for the leader of

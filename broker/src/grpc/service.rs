@@ -27,6 +27,7 @@ use crate::error::ApiError;
 use crate::groups::GroupRegistry;
 use crate::metadata::command::{ControllerReply, ControllerRequest, PartitionAssignment, PartitionMove};
 use crate::metadata::controller::{Controller, now_ms};
+use crate::metadata::image::MetadataImage;
 use crate::partition::records::{self, BatchError, ProducerFields};
 use crate::partition::{FetchOutcome, Partition};
 use crate::partitions::Failures;
@@ -93,28 +94,42 @@ impl ClientService {
     /// The hosted replica of the current incarnation of `topic`, or the
     /// reason it cannot be served here. With `topic_id` (KIP-516), a topic
     /// of that name with another id, or none at all, is
-    /// [`ApiError::UnknownTopicId`] (`Unavailable` while this broker's
-    /// image may still be behind the controller: the id may be newer than
-    /// what it knows). A hosted replica of an older incarnation (not
-    /// stopped yet by the reconciler) is never served.
-    fn partition(
+    /// [`ApiError::UnknownTopicId`]. A hosted replica of an older
+    /// incarnation (not stopped yet by the reconciler) is never served.
+    ///
+    /// Saying that a topic, a partition or an id does not exist is final
+    /// for a client (it stops), and this broker's image may lag the
+    /// controller (after a restart, for a while); so such an answer is
+    /// given only from an image confirmed current with the controller
+    /// ([`Controller::current_image`]), and is `Unavailable` (retriable)
+    /// when that cannot be confirmed. Only the way to an error pays for
+    /// it: produce and fetch do not.
+    async fn partition(
         &self,
         topic: &str,
         partition: u32,
         topic_id: Option<TopicId>,
     ) -> Result<Arc<Partition>, ApiError> {
-        let image = self.controller.image();
-        let catching_up = || ApiError::Unavailable("this broker's metadata is catching up".into());
-        // Declaring a topic id gone is final for the client (it stops), so
-        // it also needs proof that the image is current. (Both are checked
-        // only on the way to an error: produce and fetch do not pay for them.)
-        let caught_up = || self.controller.image_caught_up();
-        let id_sure = || caught_up() && self.controller.heard_from_leader();
+        let found = self.partition_in(&self.controller.image(), topic, partition, topic_id);
+        if !matches!(found, Err(ApiError::UnknownTopic(_) | ApiError::UnknownTopicId { .. })) {
+            return found;
+        }
+        match self.controller.current_image().await {
+            Ok(image) => self.partition_in(&image, topic, partition, topic_id),
+            Err(e) => Err(ApiError::Unavailable(format!("this broker's metadata may be behind: {e}"))),
+        }
+    }
+
+    /// [`ClientService::partition`] as `image` has it, whether or not the
+    /// image is current.
+    fn partition_in(
+        &self,
+        image: &MetadataImage,
+        topic: &str,
+        partition: u32,
+        topic_id: Option<TopicId>,
+    ) -> Result<Arc<Partition>, ApiError> {
         let Some(t) = image.topics.get(topic) else {
-            if !caught_up() || (topic_id.is_some() && !id_sure()) {
-                // After a restart the image may be behind the controller.
-                return Err(catching_up());
-            }
             return Err(match topic_id {
                 Some(id) => {
                     ApiError::UnknownTopicId { topic: topic.to_owned(), id: id.to_string(), current: None }
@@ -125,9 +140,6 @@ impl ClientService {
         if let Some(id) = topic_id
             && id != t.topic_id
         {
-            if !id_sure() {
-                return Err(catching_up());
-            }
             return Err(ApiError::UnknownTopicId {
                 topic: topic.to_owned(),
                 id: id.to_string(),
@@ -213,7 +225,7 @@ impl Ferrolog for ClientService {
         let span = tracing::debug_span!("produce", node = self.broker, partition = %format!("{}-{}", req.topic, req.partition));
         let result = async {
             let topic_id = TopicId::from_wire(&req.topic_id).map_err(ApiError::Invalid)?;
-            let partition = self.partition(&req.topic, req.partition, topic_id)?;
+            let partition = self.partition(&req.topic, req.partition, topic_id).await?;
             let epoch = i16::try_from(req.producer_epoch).map_err(|_| {
                 ApiError::Invalid(format!("producer epoch {} out of range", req.producer_epoch))
             })?;
@@ -247,10 +259,11 @@ impl Ferrolog for ClientService {
         let req = request.into_inner();
         let wait = Duration::from_millis(u64::from(req.max_wait_ms).min(self.limits.max_fetch_wait_ms));
         let span = tracing::debug_span!("fetch", node = self.broker, partition = %format!("{}-{}", req.topic, req.partition));
-        let result = match TopicId::from_wire(&req.topic_id)
-            .map_err(ApiError::Invalid)
-            .and_then(|id| self.partition(&req.topic, req.partition, id))
-        {
+        let partition = match TopicId::from_wire(&req.topic_id).map_err(ApiError::Invalid) {
+            Ok(id) => self.partition(&req.topic, req.partition, id).await,
+            Err(e) => Err(e),
+        };
+        let result = match partition {
             Ok(p) => p.fetch(req.offset, self.max_bytes(req.max_bytes), wait).instrument(span).await,
             Err(e) => Err(e),
         };
@@ -279,7 +292,7 @@ impl Ferrolog for ClientService {
                 let max_bytes = this.max_bytes(req.max_bytes);
                 loop {
                     let partition = match &topic_id {
-                        Ok(id) => this.partition(&req.topic, req.partition, *id),
+                        Ok(id) => this.partition(&req.topic, req.partition, *id).await,
                         Err(e) => Err(e.clone()),
                     };
                     let result = match partition {
@@ -316,7 +329,7 @@ impl Ferrolog for ClientService {
         let req = request.into_inner();
         let result = async {
             let topic_id = TopicId::from_wire(&req.topic_id).map_err(ApiError::Invalid)?;
-            let p = self.partition(&req.topic, req.partition, topic_id)?;
+            let p = self.partition(&req.topic, req.partition, topic_id).await?;
             let (start, hw) = p.offsets().await?;
             match OffsetSpec::try_from(req.spec) {
                 Ok(OffsetSpec::Earliest) => Ok((start, true, None)),
@@ -507,7 +520,7 @@ impl Ferrolog for ClientService {
                 ..PartitionStatusResponse::default()
             }));
         }
-        Ok(Response::new(match self.partition(&req.topic, req.partition, None) {
+        Ok(Response::new(match self.partition(&req.topic, req.partition, None).await {
             Ok(p) => {
                 let s = p.status();
                 let (replica_state, replica_detail) = match p.replica.recovering() {
@@ -632,7 +645,7 @@ impl ClientService {
     /// [`handover::HandOver::transfer_to`]).
     async fn transfer_leadership(&self, req: &TransferLeaderRequest) -> Result<(BrokerId, u64), ApiError> {
         let name = format!("{}-{}", req.topic, req.partition);
-        let p = self.partition(&req.topic, req.partition, None)?;
+        let p = self.partition(&req.topic, req.partition, None).await?;
         p.ready_leader().await?;
         let h = self
             .groups

@@ -319,6 +319,12 @@ pub enum ControllerRequest {
         /// The [`Reassignment::epoch`] of the target the leader's image showed.
         epoch: u64,
     },
+    /// How far the metadata log is committed now (ReadIndex, Raft thesis
+    /// §6.4): the controller confirms its leadership with a quorum, writes
+    /// nothing, and answers [`ControllerReply::ReadIndex`]. A broker whose
+    /// image has folded up to that offset knows every metadata change
+    /// committed before it asked (peer protocol 1.7).
+    ReadIndex,
 }
 
 /// One partition of [`ControllerRequest::ReassignPartitions`].
@@ -394,6 +400,13 @@ pub enum ControllerReply {
     ProducerId {
         /// The id.
         producer_id: i64,
+    },
+    /// The answer to [`ControllerRequest::ReadIndex`].
+    ReadIndex {
+        /// Metadata log offset (records, as an image's `applied_offset`)
+        /// up to which the controller's log was committed and applied
+        /// when it confirmed its leadership.
+        offset: u64,
     },
 }
 
@@ -506,12 +519,14 @@ mod tests {
                 },
                 r#"{"type":"complete_reassignments","reports":[{"group":7,"voters":[1001],"epoch":42}]}"#,
             ),
+            (ControllerRequest::ReadIndex, r#"{"type":"read_index"}"#),
         ];
         for (request, text) in requests {
             assert_eq!(serde_json::to_string(&request).unwrap(), text);
             assert_eq!(serde_json::from_str::<ControllerRequest>(text).unwrap(), request);
         }
-        let answers: [(Result<ControllerReply, ApiError>, &str); 6] = [
+        let answers: [(Result<ControllerReply, ApiError>, &str); 7] = [
+            (Ok(ControllerReply::ReadIndex { offset: 91 }), r#"{"Ok":{"type":"read_index","offset":91}}"#),
             (
                 Ok(ControllerReply::Joined { broker_id: 4, metadata_node: 4 }),
                 r#"{"Ok":{"type":"joined","broker_id":4,"metadata_node":4}}"#,

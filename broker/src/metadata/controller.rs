@@ -26,6 +26,9 @@ use crate::partition::records;
 
 /// Longest a controller request waits for its command to commit and apply.
 const APPLY_WAIT: Duration = Duration::from_secs(10);
+/// Longest [`Controller::current_image`] waits for the controller's
+/// ReadIndex, and then for this broker's image to fold up to it.
+const CONFIRM_WAIT: Duration = Duration::from_secs(2);
 /// Bytes read from the metadata log per step.
 const READ_BYTES: usize = 1 << 20;
 /// Most commands in one metadata log entry (`MetadataCommand::Batch`);
@@ -68,7 +71,15 @@ pub struct Controller {
     /// (`initial_cluster`), asked by [`Controller::handle_via_any`] when
     /// the image does not list them (yet).
     seeds: Arc<Vec<(BrokerId, String)>>,
+    /// The last ReadIndex asked of the controller: when it was asked and
+    /// what it gave (see [`Controller::current_image`]). Held while one is
+    /// under way, so callers that wait share the next one.
+    confirmed: Arc<Mutex<Option<ReadIndexAnswer>>>,
 }
+
+/// When a ReadIndex was asked of the controller, and the metadata log
+/// offset it answered (or why it did not).
+type ReadIndexAnswer = (std::time::Instant, Result<u64, ApiError>);
 
 impl Controller {
     /// A controller over the metadata group's Raft node, its `replica` and
@@ -83,8 +94,19 @@ impl Controller {
         liveness: Liveness,
         replica: Replica,
     ) -> Self {
-        let seeds = Arc::default();
-        Self { raft, image, peers, limits, serial: Arc::new(Mutex::new(())), me, liveness, replica, seeds }
+        let (seeds, confirmed) = (Arc::default(), Arc::default());
+        Self {
+            raft,
+            image,
+            peers,
+            limits,
+            serial: Arc::new(Mutex::new(())),
+            me,
+            liveness,
+            replica,
+            seeds,
+            confirmed,
+        }
     }
 
     /// Gives the founding brokers' peer addresses (`initial_cluster`), which
@@ -97,8 +119,10 @@ impl Controller {
     /// Whether this broker's image reflects everything the controller has
     /// committed, as far as this replica knows: a leader is known, the local
     /// replica applied up to the commit index it learned, and the image
-    /// folded everything applied. After a restart the replica knows only a
-    /// lazily saved commit index until it hears from the leader.
+    /// folded everything applied. A local hint only: after a restart the
+    /// replica knows a lazily saved commit index, possibly of the current
+    /// leadership, until the leader tells it more. What a lagging image
+    /// must not decide asks [`Controller::current_image`] instead.
     pub fn image_caught_up(&self) -> bool {
         let (leader, applied, committed) = self
             .raft
@@ -108,24 +132,72 @@ impl Controller {
             && self.image.borrow().applied_offset >= self.replica.high_watermark()
     }
 
-    /// Whether this broker's metadata replica is the controller now, or has
-    /// accepted entries from the controller since the process started, and
-    /// the commit index it knows is the current leader's: an entry of the
-    /// current leadership (term and leader's node id: one term can see two
-    /// leaderships) is committed. A leader restored from the persisted vote
-    /// proves nothing, nor does a newly elected one before its blank entry
-    /// commits (its commit index is the lazily saved one until then), nor
-    /// a follower of it: until then the image may lack what was committed
-    /// meanwhile, although [`Controller::image_caught_up`] holds (CI saw a
-    /// restarted broker answer UNKNOWN_TOPIC_ID for a topic it had not
-    /// replayed yet).
-    pub fn heard_from_leader(&self) -> bool {
-        let heard = self.raft.is_leader()
-            || crate::network::server::METADATA_LEADER_HEARD.load(std::sync::atomic::Ordering::Relaxed);
-        heard
-            && self.raft.state(|s| {
-                s.leader().is_some_and(|leader| s.committed_leadership() == Some((s.term(), leader)))
-            })
+    /// This broker's image, once it holds every metadata change the
+    /// controller had committed when this call began: the controller
+    /// confirms its leadership with a quorum and says how far its log is
+    /// committed (ReadIndex, Raft thesis §6.4; [`ControllerRequest::ReadIndex`]),
+    /// and the image is waited for until it has folded that far. For
+    /// answers a lagging image must not give: that a topic or an id does
+    /// not exist (final for a client), that a replica is no longer placed
+    /// here (its data is deleted). After a restart the image may stop at a
+    /// lazily saved commit index for a while, even once this replica
+    /// follows the current leader; no local view of Raft's state tells
+    /// that apart (CI saw a restarted broker call a live topic deleted).
+    ///
+    /// Concurrent calls share one ReadIndex: a call uses the answer (or
+    /// the failure) of one asked after it began, so a burst of requests for
+    /// an unknown topic costs the controller one round, not one each.
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] when no controller is known or answers
+    /// within [`CONFIRM_WAIT`] (a controller older than peer protocol 1.7
+    /// does not know the request), or the image does not catch up in time.
+    pub async fn current_image(&self) -> Result<Arc<MetadataImage>, ApiError> {
+        let began = std::time::Instant::now();
+        let offset = {
+            let mut last = self.confirmed.lock().await;
+            match &*last {
+                Some((asked, answer)) if *asked >= began => answer.clone(),
+                _ => {
+                    let asked = std::time::Instant::now();
+                    let answer = match tokio::time::timeout(
+                        CONFIRM_WAIT,
+                        self.handle(ControllerRequest::ReadIndex),
+                    )
+                    .await
+                    {
+                        Ok(Ok(ControllerReply::ReadIndex { offset })) => Ok(offset),
+                        Ok(Ok(other)) => Err(ApiError::Unavailable(format!(
+                            "the controller answered a ReadIndex with {other:?} (an older version?)"
+                        ))),
+                        Ok(Err(e)) => Err(ApiError::Unavailable(format!(
+                            "cannot confirm this broker's metadata with the controller: {e}"
+                        ))),
+                        Err(_) => Err(ApiError::Unavailable(format!(
+                            "the controller did not confirm this broker's metadata within {CONFIRM_WAIT:?}"
+                        ))),
+                    };
+                    *last = Some((asked, answer.clone()));
+                    answer
+                }
+            }
+        }?;
+        let mut rx = self.image.clone();
+        match tokio::time::timeout(CONFIRM_WAIT, rx.wait_for(|i| i.applied_offset >= offset)).await {
+            Ok(Ok(image)) => Ok(image.clone()),
+            _ => Err(ApiError::Unavailable(format!(
+                "this broker's metadata is catching up: not at offset {offset} within {CONFIRM_WAIT:?}"
+            ))),
+        }
+    }
+
+    /// Answers [`ControllerRequest::ReadIndex`] as the controller: confirms
+    /// its leadership with a quorum (no entry is written) and returns the
+    /// offset its applied log then reaches.
+    async fn read_index(&self) -> Result<ControllerReply, ApiError> {
+        self.raft.read_index(CONFIRM_WAIT).await.map_err(write_error)?;
+        // Everything up to the read index is applied: the high watermark covers it.
+        Ok(ControllerReply::ReadIndex { offset: self.replica.high_watermark() })
     }
 
     /// The current image.
@@ -252,6 +324,10 @@ impl Controller {
     /// # Errors
     /// As [`Controller::handle`]; [`ApiError::NotLeader`] if leadership moved.
     pub async fn execute(&self, req: ControllerRequest) -> Result<ControllerReply, ApiError> {
+        if req == ControllerRequest::ReadIndex {
+            // A read: neither serialized with the writes nor behind a barrier.
+            return self.read_index().await;
+        }
         let _serial = self.serial.lock().await;
         if self.raft.leader_term().is_none() {
             return Err(ApiError::NotLeader { leader: self.leader() });

@@ -307,6 +307,11 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
                 reply: ControllerReply::Ok,
             })
         }
+        // Served before deciding (`Controller::execute`), without a
+        // barrier; decided here only after one, when the image is current.
+        ControllerRequest::ReadIndex => {
+            Ok(Decision::Answer(ControllerReply::ReadIndex { offset: image.applied_offset }))
+        }
         ControllerRequest::AllocateProducerId => {
             let producer_id = image.next_producer_id;
             Ok(Decision::Commit {

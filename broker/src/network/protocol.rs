@@ -43,8 +43,13 @@ pub const MAJOR: u32 = 1;
 /// `controller_voters_changed` (refused while a 1.5 broker answers, as
 /// above) and `batch` (written one command per entry instead while one
 /// does). A 1.6 broker that finds a 1.5 controller sends its requests
-/// one partition at a time.
-pub const MINOR: u32 = 6;
+/// one partition at a time. 1.7 added the controller request `read_index`
+/// (answered `read_index`): a broker confirms that its metadata image is
+/// current before it says a topic does not exist or deletes a replica. A
+/// 1.6 controller answers it as a request that does not decode, and the
+/// asking broker answers `UNAVAILABLE` (retriable) instead of
+/// `UNKNOWN_TOPIC_ID` until the controller is upgraded.
+pub const MINOR: u32 = 7;
 /// The gRPC metadata key carrying the sender's version, `MAJOR.MINOR`.
 pub const HEADER: &str = "ferrolog-peer-protocol";
 /// A version to announce instead of this build's, set by

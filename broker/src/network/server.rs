@@ -20,12 +20,6 @@ use ferrolog_proto::raft::{
 use futures::StreamExt;
 use std::sync::{Arc, OnceLock};
 
-/// Whether this process has accepted an AppendEntries of the metadata group
-/// from its leader. Until then the leader and commit index its replica
-/// knows were restored from disk and may be stale, so its image may lack
-/// topics created meanwhile (see `crate::grpc::service`).
-pub static METADATA_LEADER_HEARD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 /// This process's boot id (see `PingResponse.boot_id`): random, non-zero,
 /// fixed until the process exits.
 static BOOT_ID: std::sync::LazyLock<u64> = std::sync::LazyLock::new(crate::identity::random_id);
@@ -114,9 +108,6 @@ impl RaftPeerServer {
                     !matches!(a.response.result, Some(pb::append_entries_response::Result::HigherVote(_)));
                 if current && let Some(p) = &h.partition {
                     p.note_leader_contact();
-                }
-                if group == crate::metadata::METADATA_GROUP && a.success {
-                    METADATA_LEADER_HEARD.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
                 a.response
             }
