@@ -247,8 +247,8 @@ impl Reconciler {
     }
 
     /// One pass; returns how many replicas it stopped, and whether it
-    /// compared the hosted replicas with the image (asked by `compare`, and
-    /// the image was usable).
+    /// compared the hosted replicas with the image (asked by `compare`, the
+    /// image was usable, and no deletion waits for a confirmed image).
     async fn reconcile(&self, image: &MetadataImage, compare: bool) -> (usize, bool) {
         let failed = self.stop_failed_groups().await;
         self.release_recovered();
@@ -277,7 +277,8 @@ impl Reconciler {
         let hosted = self.groups.partitions();
         let orphans = self.orphan_dirs(image, &wanted);
         let doomed = hosted.iter().any(|p| placed_here(p) != Some(p.node_id));
-        let fresh = (doomed || !orphans.is_empty()) && self.confirmed_current(image).await;
+        let deleting = doomed || !orphans.is_empty();
+        let fresh = deleting && self.confirmed_current(image).await;
         for p in hosted {
             match placed_here(&p) {
                 Some(node) if node == p.node_id => {}
@@ -395,7 +396,10 @@ impl Reconciler {
             }
         }
         self.groups.set_replicas_open();
-        (failed + removed + reassigned, true)
+        // A deletion left for want of a confirmed image is tried again on
+        // the next pass, image change or not: not compared.
+        let settled = fresh || !deleting;
+        (failed + removed + reassigned, settled)
     }
 
     /// Stops every hosted partition whose Raft group has stopped on an

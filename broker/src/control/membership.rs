@@ -250,6 +250,15 @@ async fn reconcile(
         // Never a group without voters; the metadata must be wrong.
         anyhow::bail!("the metadata wants no voter in group {group}: left as it is");
     }
+    let in_order = |nodes: &BTreeSet<NodeId>| -> Vec<(NodeId, BrokerId)> {
+        let mut out: Vec<(NodeId, BrokerId)> =
+            nodes.iter().filter_map(|n| broker_of(image, group, p, *n).map(|b| (*n, b))).collect();
+        if let Some(p) = p {
+            let wanted = p.wanted_replicas();
+            out.sort_by_key(|(n, _)| wanted.iter().position(|r| r.node == *n).unwrap_or(usize::MAX));
+        }
+        out
+    };
     // `voters` merges both halves of a joint configuration: equal to
     // `wanted` is done only once the configuration is a single one (a
     // leader that took over mid-change finishes it below).
@@ -267,6 +276,21 @@ async fn reconcile(
             return Ok(false);
         }
         let epoch = p.and_then(|p| p.reassignment.as_ref().map(|r| r.epoch));
+        if epoch.is_some() && !wanted.contains(&h.node_id) {
+            // A leader the change removed (every replica moved) hands over
+            // before the move is reported done, so that once it is, the
+            // partition is led by one of its new replicas (as Kafka's
+            // controller elects one from the target before completing);
+            // the new leader reports it.
+            if !env.hand_over.groups.draining() {
+                let outcome = env
+                    .hand_over
+                    .hand_over(group, &in_order(&wanted), None, std::time::Instant::now() + HAND_OVER_WITHIN)
+                    .await;
+                tracing::info!(group, ?outcome, "removed leader hands over before the move is reported done");
+            }
+            return Ok(false);
+        }
         if let Some(epoch) = epoch {
             let voters: Vec<NodeId> = voters.into_iter().collect();
             tracing::info!(
@@ -319,15 +343,6 @@ async fn reconcile(
     if !ready {
         return Ok(false);
     }
-    let in_order = |nodes: &BTreeSet<NodeId>| -> Vec<(NodeId, BrokerId)> {
-        let mut out: Vec<(NodeId, BrokerId)> =
-            nodes.iter().filter_map(|n| broker_of(image, group, p, *n).map(|b| (*n, b))).collect();
-        if let Some(p) = p {
-            let wanted = p.wanted_replicas();
-            out.sort_by_key(|(n, _)| wanted.iter().position(|r| r.node == *n).unwrap_or(usize::MAX));
-        }
-        out
-    };
     // A leader the change drops hands over first to a voter that stays, so
     // that the change is made by a leader of the new configuration (Raft
     // thesis §4.2.2 lets a leader outside it finish the change and step
