@@ -25,11 +25,21 @@ pub const PEER_PORT: u16 = 9093;
 /// are left out.
 const DEFAULT_BROKER_LOG: &str = "info,openraft=warn,openraft::core::heartbeat=error";
 
-/// One broker slot.
+/// One broker slot: a machine (address, namespace, data directory) that
+/// runs one broker process at a time.
 #[derive(Debug)]
 pub struct Broker {
-    /// Broker id, from 1.
+    /// Slot number, from 1: the founding broker's id, and how faults,
+    /// logs and dumps name the slot.
     pub id: u32,
+    /// The broker id the slot runs now: its slot number until it is
+    /// decommissioned and re-added empty, when the controller assigns a
+    /// new one ([`Cluster::rejoin_empty`]).
+    pub broker_id: u32,
+    /// Being decommissioned: membership operations leave it alone.
+    pub retiring: bool,
+    /// Started with `--join` (re-added) rather than `--initial-cluster`.
+    joined: bool,
     /// Its address.
     pub ip: IpAddr,
     /// Its network namespace, if any.
@@ -104,6 +114,9 @@ impl Cluster {
                 let id = i as u32 + 1;
                 Broker {
                     id,
+                    broker_id: id,
+                    retiring: false,
+                    joined: false,
                     ip: site.ip,
                     ns: site.ns.clone(),
                     peer_routes: site.peer_routes.clone(),
@@ -119,9 +132,44 @@ impl Cluster {
         Ok(Cluster { brokers, binary: binary.to_owned(), initial_cluster, config })
     }
 
-    /// Broker ids.
+    /// Slot numbers (the founding broker ids).
     pub fn ids(&self) -> Vec<u32> {
         self.brokers.iter().map(|b| b.id).collect()
+    }
+
+    /// The broker ids the slots run now, leaving out slots being
+    /// decommissioned: what membership operations may target.
+    pub fn broker_ids(&self) -> Vec<u32> {
+        self.brokers.iter().filter(|b| !b.retiring).map(|b| b.broker_id).collect()
+    }
+
+    /// Marks slot `id` as being decommissioned (or no longer).
+    pub fn set_retiring(&mut self, id: u32, retiring: bool) {
+        self.slot(id).retiring = retiring;
+    }
+
+    /// Records the broker id slot `id` runs now.
+    pub fn set_broker_id(&mut self, id: u32, broker_id: u32) {
+        self.slot(id).broker_id = broker_id;
+    }
+
+    /// Replaces slot `id`'s broker by a new, empty one: SIGKILLs it,
+    /// deletes its data directory and starts it again with `--join`
+    /// (no `--node-id`: the controller assigns the id). Only for a broker
+    /// that was decommissioned (it holds no replica).
+    ///
+    /// # Errors
+    /// The data directory cannot be deleted, or the broker cannot be spawned.
+    pub fn rejoin_empty(&mut self, id: u32) -> anyhow::Result<()> {
+        self.resume(id);
+        self.kill(id);
+        let b = self.slot(id);
+        if b.data_dir.exists() {
+            std::fs::remove_dir_all(&b.data_dir)
+                .with_context(|| format!("deleting {}", b.data_dir.display()))?;
+        }
+        b.joined = true;
+        self.spawn(id)
     }
 
     /// Comma-separated client addresses.
@@ -140,6 +188,8 @@ impl Cluster {
     pub fn spawn(&mut self, id: u32) -> anyhow::Result<()> {
         let (binary, initial, config) =
             (self.binary.clone(), self.initial_cluster.clone(), self.config.clone());
+        let others: Vec<String> =
+            self.brokers.iter().filter(|b| b.id != id).map(|b| b.peer_addr().to_string()).collect();
         let b = self.slot(id);
         if b.child.is_some() {
             return Ok(());
@@ -157,16 +207,18 @@ impl Cluster {
         };
         cmd.arg("--config")
             .arg(&config)
-            .arg("--node-id")
-            .arg(id.to_string())
             .arg("--client-addr")
             .arg(b.client_addr().to_string())
             .arg("--peer-addr")
             .arg(b.peer_addr().to_string())
             .arg("--data-dir")
-            .arg(&b.data_dir)
-            .arg("--initial-cluster")
-            .arg(&initial);
+            .arg(&b.data_dir);
+        if b.joined {
+            // Its data directory keeps the id the controller gave it.
+            cmd.arg("--join").arg(others.join(","));
+        } else {
+            cmd.arg("--node-id").arg(id.to_string()).arg("--initial-cluster").arg(&initial);
+        }
         if let Some(routes) = &b.peer_routes {
             cmd.arg("--peer-routes").arg(routes);
         }

@@ -24,6 +24,7 @@
 //!   where namespaces cannot be made.
 //! - [`cluster`]: the broker processes.
 //! - [`nemesis`]: the fault schedule.
+//! - [`rejoin`]: the `membership` fault's decommission and re-add of a broker.
 //! - [`run`]: the phases of one run and its output directory.
 //! - [`plot`]: latency and throughput over time with faults shaded.
 
@@ -35,5 +36,6 @@ pub mod net;
 pub mod network;
 pub mod plot;
 pub mod proxy;
+pub mod rejoin;
 pub mod run;
 pub mod workload;

@@ -17,10 +17,13 @@
 //!   too), cancel a partition's move, hand a partition's leadership to a
 //!   random replica, or change the controller quorum (remove a random
 //!   voter while more than 3 vote, else add a broker that does not vote;
-//!   KIP-853). Nothing is undone at the end of the period: moves and
-//!   quorum changes run on through later faults (a refused request, e.g. a
-//!   partition already moving or a quorum change without a live majority,
-//!   is recorded in the fault's detail).
+//!   KIP-853); or, when the cluster has a broker to spare, decommission a
+//!   random broker and add its machine back empty under a new id
+//!   ([`crate::rejoin`], one at a time, in the background). Nothing is
+//!   undone at the end of the period: moves and quorum changes run on
+//!   through later faults (a refused request, e.g. a partition already
+//!   moving or a quorum change without a live majority, is recorded in the
+//!   fault's detail).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -189,7 +192,18 @@ pub struct Targets {
     pub net: Arc<Mutex<Network>>,
     /// For the `membership` fault: the workload's topic and an admin client.
     pub ops: Option<Ops>,
+    /// The decommission and re-add under way, if any: when it began (s
+    /// into the run) and its task, which returns what happened.
+    pub rejoin: Arc<Mutex<Option<Rejoining>>>,
 }
+
+/// A decommission and re-add under way: when it began (s into the run)
+/// and its task, which returns what happened.
+pub type Rejoining = (f64, tokio::task::JoinHandle<String>);
+
+/// Chance that a `membership` fault decommissions and re-adds a broker,
+/// when none is under way and a broker can be spared.
+const REJOIN_CHANCE: f64 = 0.35;
 
 /// What the `membership` fault works on.
 #[derive(Clone)]
@@ -285,12 +299,22 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Targets {
-    async fn start(&self, fault: Fault, rng: &mut StdRng) -> anyhow::Result<(String, Active)> {
+    async fn start(
+        &self,
+        fault: Fault,
+        rng: &mut StdRng,
+        now_s: f64,
+        stop: &watch::Receiver<bool>,
+    ) -> anyhow::Result<(String, Active)> {
         let ids = lock(&self.cluster).ids();
         match fault {
             Fault::Membership => {
                 let Some(ops) = &self.ops else { bail!("the membership fault needs the workload's topic") };
-                Ok((ops.act(&ids, rng).await, Active::Nothing))
+                if let Some(started) = self.start_rejoin(ops, rng, now_s, stop) {
+                    return Ok((started, Active::Nothing));
+                }
+                let brokers = lock(&self.cluster).broker_ids();
+                Ok((ops.act(&brokers, rng).await, Active::Nothing))
             }
             Fault::Kill => {
                 let t = targets(&ids, rng);
@@ -321,6 +345,54 @@ impl Targets {
                 Ok((format!("netem {done}"), Active::Netem))
             }
         }
+    }
+
+    /// Starts a decommission and re-add ([`crate::rejoin`]) by chance,
+    /// if none is under way and the others can hold every replica; returns
+    /// the fault's detail then.
+    fn start_rejoin(
+        &self,
+        ops: &Ops,
+        rng: &mut StdRng,
+        now_s: f64,
+        stop: &watch::Receiver<bool>,
+    ) -> Option<String> {
+        let mut rejoin = lock(&self.rejoin);
+        if rejoin.is_some() || !rng.gen_bool(REJOIN_CHANCE) {
+            return None;
+        }
+        let slots = lock(&self.cluster).ids();
+        if slots.len() <= ops.replication_factor as usize {
+            return None;
+        }
+        let slot = slots[rng.gen_range(0..slots.len())];
+        let old = lock(&self.cluster).brokers[(slot - 1) as usize].broker_id;
+        let task = tokio::spawn(crate::rejoin::decommission_and_rejoin(
+            self.cluster.clone(),
+            ops.clone(),
+            slot,
+            old,
+            StdRng::seed_from_u64(rng.r#gen()),
+            stop.clone(),
+        ));
+        *rejoin = Some((now_s, task));
+        Some(format!("decommission broker {old} (slot {slot}) and re-add the slot empty: started"))
+    }
+
+    /// The decommission and re-add's outcome as a fault event, once it
+    /// has finished (or, with `wait`, once it finishes: it stops soon
+    /// after the run does).
+    async fn rejoin_done(&self, wait: bool, now_s: impl Fn() -> f64) -> Option<FaultEvent> {
+        let (start_s, task) = {
+            let mut rejoin = lock(&self.rejoin);
+            if !wait && !rejoin.as_ref().is_some_and(|(_, task)| task.is_finished()) {
+                return None;
+            }
+            rejoin.take()?
+        };
+        let detail = task.await.unwrap_or_else(|e| format!("decommission and re-add task failed: {e}"));
+        tracing::info!("nemesis: {detail}");
+        Some(FaultEvent { fault: Fault::Membership, detail, start_s, end_s: now_s() })
     }
 
     fn end(&self, active: Active) -> anyhow::Result<()> {
@@ -389,7 +461,7 @@ pub async fn run(
         }
         let fault = faults[rng.gen_range(0..faults.len())];
         let start_s = now_s(&rec);
-        let (detail, active) = targets.start(fault, &mut rng).await?;
+        let (detail, active) = targets.start(fault, &mut rng, start_s, &stop).await?;
         tracing::info!("nemesis: {detail}");
         let hold = interval.mul_f64(rng.gen_range(0.5..1.5));
         let stopped = tokio::select! {
@@ -398,10 +470,12 @@ pub async fn run(
         };
         targets.end(active)?;
         events.push(FaultEvent { fault, detail, start_s, end_s: now_s(&rec) });
+        events.extend(targets.rejoin_done(false, || now_s(&rec)).await);
         if stopped {
             break;
         }
     }
+    events.extend(targets.rejoin_done(true, || now_s(&rec)).await);
     Ok(events)
 }
 

@@ -124,8 +124,12 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
     for id in cluster.ids() {
         cluster.spawn(id)?;
     }
-    let mut targets =
-        Targets { cluster: Arc::new(Mutex::new(cluster)), net: Arc::new(Mutex::new(net)), ops: None };
+    let mut targets = Targets {
+        cluster: Arc::new(Mutex::new(cluster)),
+        net: Arc::new(Mutex::new(net)),
+        ops: None,
+        rejoin: Arc::default(),
+    };
     let bootstrap = lock(&targets.cluster).bootstrap();
     cluster::wait_ready(&bootstrap, opts.nodes as usize, Duration::from_secs(60))
         .await
