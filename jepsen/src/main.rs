@@ -58,7 +58,7 @@ struct TestArgs {
     /// Seconds of the fault phase.
     #[arg(long, default_value_t = 60)]
     time_limit: u64,
-    /// Faults: kill, pause, partition, netem, mixed, none (comma-separated).
+    /// Faults: kill, pause, partition, netem, membership, mixed, none (comma-separated).
     #[arg(long, default_value = "kill,partition")]
     faults: String,
     /// Mean seconds of each quiet and each fault period.
