@@ -467,10 +467,16 @@ impl Reconciler {
 
     /// Whether `image` holds every metadata change the controller had
     /// committed when asked now ([`Controller::current_image`], ReadIndex):
-    /// what it does not place here is really gone.
+    /// what it does not place here is really gone. Also when `image` shows
+    /// this broker decommissioned: it is never placed on again, so nothing
+    /// it holds is wanted (and once out of the metadata group its image
+    /// may never reach the controller's offset).
     async fn confirmed_current(&self, image: &MetadataImage) -> bool {
+        if image.brokers.get(&self.broker).is_some_and(|b| b.decommissioned) {
+            return true;
+        }
         match self.controller.current_image().await {
-            Ok(current) => current.applied_offset <= image.applied_offset,
+            Ok(confirmed) => confirmed.covers(image),
             Err(e) => {
                 crate::logging::every(
                     "reconcile.confirm",

@@ -115,7 +115,7 @@ impl ClientService {
             return found;
         }
         match self.controller.current_image().await {
-            Ok(image) => self.partition_in(&image, topic, partition, topic_id),
+            Ok(confirmed) => self.partition_in(&confirmed.image, topic, partition, topic_id),
             Err(e) => Err(ApiError::Unavailable(format!("this broker's metadata may be behind: {e}"))),
         }
     }
@@ -162,12 +162,14 @@ impl ClientService {
     /// The partition's leader: as the local replica knows it, or, for a
     /// partition not hosted here, the replica's broker whose last ping
     /// listed the group among those it leads. 0 when unknown.
-    fn leader_of(&self, topic: &str, partition: u32, a: &PartitionAssignment) -> BrokerId {
+    fn leader_of(&self, a: &PartitionAssignment) -> BrokerId {
         // A replica that knows its leader says so; one that does not (just
         // restarted, its idle leader has not sent a heartbeat yet), and a
         // broker without a replica, name the replica's broker that says in
-        // its pings that it leads.
-        if let Some(b) = self.groups.partition(topic, partition).and_then(|p| p.leader_broker()) {
+        // its pings that it leads. Looked up by group (this incarnation's
+        // replica, no key to build: a Metadata answer does this for every
+        // partition).
+        if let Some(b) = self.groups.partition_of(a.group).and_then(|p| p.leader_broker()) {
             return b;
         }
         a.replicas
@@ -392,7 +394,7 @@ impl Ferrolog for ClientService {
                 .map(|(i, a)| PartitionInfo {
                     partition: i as u32,
                     group_id: a.group,
-                    leader: self.leader_of(name, i as u32, a),
+                    leader: self.leader_of(a),
                     replicas: a.replicas.iter().map(|r| r.broker).collect(),
                     adding_replicas: a.adding(),
                     removing_replicas: a.removing(),

@@ -29,6 +29,29 @@ const APPLY_WAIT: Duration = Duration::from_secs(10);
 /// Longest [`Controller::current_image`] waits for the controller's
 /// ReadIndex, and then for this broker's image to fold up to it.
 const CONFIRM_WAIT: Duration = Duration::from_secs(2);
+/// Least time between the starts of two ReadIndex rounds one broker asks.
+const READ_INDEX_GAP: Duration = Duration::from_millis(50);
+/// The peer protocol minor version that brought [`ControllerRequest::ReadIndex`].
+pub const READ_INDEX_MINOR: u32 = 7;
+
+/// An image confirmed current ([`Controller::current_image`]).
+#[derive(Debug, Clone)]
+pub struct Confirmed {
+    /// The metadata log offset the controller had committed and applied
+    /// when asked: every change before it is in `image`.
+    pub offset: u64,
+    /// This broker's image once it had folded at least that far (it may
+    /// have folded more since).
+    pub image: Arc<MetadataImage>,
+}
+
+impl Confirmed {
+    /// Whether `image` holds every change the controller had committed
+    /// when asked: an older image than the confirmed one may still do.
+    pub fn covers(&self, image: &MetadataImage) -> bool {
+        image.applied_offset >= self.offset
+    }
+}
 /// Bytes read from the metadata log per step.
 const READ_BYTES: usize = 1 << 20;
 /// Most commands in one metadata log entry (`MetadataCommand::Batch`);
@@ -148,17 +171,39 @@ impl Controller {
     /// the failure) of one asked after it began, so a burst of requests for
     /// an unknown topic costs the controller one round, not one each.
     ///
+    /// A controller older than peer protocol 1.7 does not know the
+    /// request: while the controller's broker answers pings as one, the
+    /// local view ([`Controller::image_caught_up`]) stands in, as before 1.7.
+    ///
     /// # Errors
     /// [`ApiError::Unavailable`] when no controller is known or answers
-    /// within [`CONFIRM_WAIT`] (a controller older than peer protocol 1.7
-    /// does not know the request), or the image does not catch up in time.
-    pub async fn current_image(&self) -> Result<Arc<MetadataImage>, ApiError> {
+    /// within [`CONFIRM_WAIT`], or the image does not catch up in time.
+    pub async fn current_image(&self) -> Result<Confirmed, ApiError> {
+        if let Some(leader) = self.leader()
+            && leader != self.me
+            && self.liveness.older_than(READ_INDEX_MINOR).iter().any(|(b, _)| *b == leader)
+        {
+            // A controller older than 1.7 does not know ReadIndex: the
+            // local view, as before 1.7, until it is upgraded.
+            let image = self.image();
+            return if self.image_caught_up() {
+                Ok(Confirmed { offset: image.applied_offset, image })
+            } else {
+                Err(ApiError::Unavailable("this broker's metadata is catching up".into()))
+            };
+        }
         let began = std::time::Instant::now();
         let offset = {
             let mut last = self.confirmed.lock().await;
             match &*last {
                 Some((asked, answer)) if *asked >= began => answer.clone(),
-                _ => {
+                previous => {
+                    // Back to back at most every READ_INDEX_GAP: a client
+                    // hammering an unknown topic costs the controller a
+                    // bounded rate of heartbeat rounds.
+                    if let Some((asked, _)) = previous {
+                        tokio::time::sleep_until((*asked + READ_INDEX_GAP).into()).await;
+                    }
                     let asked = std::time::Instant::now();
                     let answer = match tokio::time::timeout(
                         CONFIRM_WAIT,
@@ -184,7 +229,7 @@ impl Controller {
         }?;
         let mut rx = self.image.clone();
         match tokio::time::timeout(CONFIRM_WAIT, rx.wait_for(|i| i.applied_offset >= offset)).await {
-            Ok(Ok(image)) => Ok(image.clone()),
+            Ok(Ok(image)) => Ok(Confirmed { offset, image: image.clone() }),
             _ => Err(ApiError::Unavailable(format!(
                 "this broker's metadata is catching up: not at offset {offset} within {CONFIRM_WAIT:?}"
             ))),
@@ -193,9 +238,10 @@ impl Controller {
 
     /// Answers [`ControllerRequest::ReadIndex`] as the controller: confirms
     /// its leadership with a quorum (no entry is written) and returns the
-    /// offset its applied log then reaches.
+    /// offset its applied log then reaches. Given less time than the asking
+    /// broker waits, so that its own reason (no quorum) reaches the asker.
     async fn read_index(&self) -> Result<ControllerReply, ApiError> {
-        self.raft.read_index(CONFIRM_WAIT).await.map_err(write_error)?;
+        self.raft.read_index(CONFIRM_WAIT / 2).await.map_err(write_error)?;
         // Everything up to the read index is applied: the high watermark covers it.
         Ok(ControllerReply::ReadIndex { offset: self.replica.high_watermark() })
     }
