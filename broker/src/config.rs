@@ -55,6 +55,13 @@ pub struct BrokerConfig {
     pub balance: BalanceConfig,
     /// Partition reassignment.
     pub reassignment: ReassignmentConfig,
+    /// Defaults for topic configuration keys, by Kafka's topic-level names
+    /// (`"retention.ms" = "604800000"`; the broker-level `log.*` settings of
+    /// Kafka): what a topic without its own override gets on this broker.
+    /// `segment.bytes`, `segment.ms` and `max.message.bytes` come from
+    /// `storage` and `limits` instead. Keep them the same on every broker.
+    /// Checked like a topic's overrides (`crate::metadata::topic_config`).
+    pub topic_defaults: BTreeMap<String, String>,
 }
 
 /// Partition reassignment (`crate::control::membership`).
@@ -205,6 +212,7 @@ impl Default for BrokerConfig {
             shutdown: ShutdownConfig::default(),
             balance: BalanceConfig::default(),
             reassignment: ReassignmentConfig::default(),
+            topic_defaults: BTreeMap::new(),
         }
     }
 }
@@ -231,12 +239,27 @@ impl BrokerConfig {
         toml::to_string(self).map_err(|e| ConfigError(e.to_string()))
     }
 
+    /// This broker's defaults for topic configuration keys.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming a bad key or value of `topic_defaults`.
+    pub fn topic_defaults(&self) -> Result<crate::metadata::topic_config::TopicDefaults, ConfigError> {
+        crate::metadata::topic_config::TopicDefaults::from_broker(
+            &self.topic_defaults,
+            self.storage.segment_bytes,
+            self.storage.segment_ms,
+            self.limits.max_batch_bytes,
+        )
+        .map_err(ConfigError)
+    }
+
     /// Checks that the configuration can work.
     ///
     /// # Errors
     /// [`ConfigError`] naming the first bad field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError(m));
+        self.topic_defaults()?;
         if u64::from(self.node_id) >= crate::metadata::image::FIRST_NODE_ID {
             return bad(format!(
                 "node_id is {}: broker ids are below {} (the Raft node ids above are handed out by the controller)",
@@ -405,10 +428,22 @@ mod tests {
     }
 
     #[test]
+    fn topic_defaults_are_checked_with_the_key_named() {
+        let text = include_str!("../../deploy/broker.toml").replace(
+            "\"retention.bytes\" = \"-1\"",
+            "\"retention.bytes\" = \"-1\"\n\"retention.hours\" = \"5\"",
+        );
+        let c = BrokerConfig::from_toml(&text).expect("parses");
+        let e = c.validate().unwrap_err();
+        assert!(e.0.contains("retention.hours"), "{e}");
+    }
+
+    #[test]
     fn round_trips_through_toml() {
         let c = BrokerConfig {
             initial_cluster: parse_initial_cluster("1=127.0.0.1:9501, 2=127.0.0.1:9502").expect("parse"),
             peer_routes: parse_peer_routes("127.0.0.1:9502=127.0.0.1:19502").expect("parse"),
+            topic_defaults: BTreeMap::from([("retention.ms".into(), "3600000".into())]),
             ..BrokerConfig::default()
         };
         let back = BrokerConfig::from_toml(&c.to_toml().expect("render")).expect("parse");

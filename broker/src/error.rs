@@ -99,6 +99,10 @@ pub enum ApiError {
     /// `INVALID_REPLICA_ASSIGNMENT`): empty, a broker twice, an unknown broker.
     #[error("invalid replica assignment: {0}")]
     InvalidReplicaAssignment(String),
+    /// A topic configuration key Ferrolog does not know, or a value the key
+    /// does not take (Kafka's `INVALID_CONFIG`); the message names the key.
+    #[error("invalid config: {0}")]
+    InvalidConfig(String),
 }
 
 fn current_suffix(current: &Option<String>) -> String {

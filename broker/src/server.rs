@@ -427,6 +427,7 @@ impl Broker {
             failures,
             liveness: liveness.clone(),
             hand_over: hand_over.clone(),
+            topic_defaults: Arc::new(config.topic_defaults()?),
         };
         let router = tonic::transport::Server::builder().add_service(service.into_service());
         let (tx, server) = serve(router, client_listener, max_connections, "client");

@@ -36,7 +36,12 @@ async fn an_embedded_broker_serves_on_its_listeners_and_stops_on_its_signal() ->
 
     let mut api = FerrologClient::connect(format!("http://{client_addr}")).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let create = CreateTopicRequest { name: "embedded".into(), partitions: 1, replication_factor: 1 };
+    let create = CreateTopicRequest {
+        name: "embedded".into(),
+        partitions: 1,
+        replication_factor: 1,
+        ..Default::default()
+    };
     while api.create_topic(create.clone()).await?.into_inner().error.is_some() {
         assert!(tokio::time::Instant::now() < deadline, "the topic was never created");
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferrolog_proto::client as pb;
+/// A topic configuration entry and its source, as `Admin::describe_topic_config` returns them.
+pub use ferrolog_proto::client::{ConfigEntry, ConfigSource};
 
 use crate::error::{Error, ErrorCode, Op, Result, Retry};
 use crate::metadata::{BrokerMeta, ClusterMeta, MetadataCache, PartitionMeta, TopicMeta};
@@ -298,13 +300,34 @@ impl Admin {
         replication_factor: u32,
         on_retry: impl FnMut(&Error) + Send,
     ) -> Result<()> {
+        self.create_topic_with_config(name, partitions, replication_factor, &BTreeMap::new(), on_retry).await
+    }
+
+    /// As [`Admin::create_topic_reporting`], with configuration overrides
+    /// (Kafka's topic-level keys: `retention.ms`, `cleanup.policy`, ...).
+    ///
+    /// # Errors
+    /// As [`Admin::create_topic`]; `INVALID_CONFIG` (the message names the
+    /// key) as [`Error::Broker`].
+    pub async fn create_topic_with_config(
+        &self,
+        name: &str,
+        partitions: u32,
+        replication_factor: u32,
+        config: &BTreeMap<String, String>,
+        on_retry: impl FnMut(&Error) + Send,
+    ) -> Result<()> {
         let op = Op::new("create topic", name);
         let on_retry = std::sync::Mutex::new(on_retry);
         self.meta
             .retrying("create topic", self.timeout, || async {
                 let address = self.any_broker().await?;
-                let request =
-                    pb::CreateTopicRequest { name: name.to_owned(), partitions, replication_factor };
+                let request = pb::CreateTopicRequest {
+                    name: name.to_owned(),
+                    partitions,
+                    replication_factor,
+                    configs: config.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                };
                 let r = self
                     .meta
                     .call(&op, &address, 0, |mut c| async move { c.create_topic(request).await })
@@ -673,6 +696,74 @@ impl Admin {
                             Err(Error::UnknownTopic { topic: name.to_owned() })
                         }
                         other => other,
+                    }
+                }
+            })
+            .await
+    }
+
+    /// Sets and deletes configuration overrides of topic `name` (Kafka's
+    /// IncrementalAlterConfigs, KIP-339); answered once the controller has
+    /// committed the change. Setting a value a topic has already is a no-op.
+    ///
+    /// # Errors
+    /// `INVALID_CONFIG` (names the key), as [`Error::Broker`];
+    /// [`Error::UnknownTopic`]; [`Error::Deadline`].
+    pub async fn alter_topic_config(
+        &self,
+        name: &str,
+        set: &BTreeMap<String, String>,
+        delete: &[String],
+    ) -> Result<()> {
+        let op = Op::new("alter config of", name);
+        self.meta
+            .retrying("alter topic config", self.timeout, || {
+                let op = &op;
+                async move {
+                    let address = self.any_broker().await?;
+                    let request = pb::AlterTopicConfigRequest {
+                        topic: name.to_owned(),
+                        set: set.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                        delete: delete.to_vec(),
+                    };
+                    let r = self
+                        .meta
+                        .call(op, &address, 0, |mut c| async move { c.alter_topic_config(request).await })
+                        .await?;
+                    match Error::from_wire(op, r.error) {
+                        Err(e) if e.code() == Some(ErrorCode::UnknownTopic) => {
+                            Err(Error::UnknownTopic { topic: name.to_owned() })
+                        }
+                        other => other,
+                    }
+                }
+            })
+            .await
+    }
+
+    /// The effective configuration of topic `name` as the answering broker
+    /// has it: every key, its value and its source.
+    ///
+    /// # Errors
+    /// [`Error::UnknownTopic`]; [`Error::Deadline`].
+    pub async fn describe_topic_config(&self, name: &str) -> Result<Vec<ConfigEntry>> {
+        let op = Op::new("describe config of", name);
+        self.meta
+            .retrying("describe topic config", self.timeout, || {
+                let op = &op;
+                async move {
+                    let address = self.any_broker().await?;
+                    let request = pb::DescribeTopicConfigRequest { topic: name.to_owned() };
+                    let r = self
+                        .meta
+                        .call(op, &address, 0, |mut c| async move { c.describe_topic_config(request).await })
+                        .await?;
+                    match Error::from_wire(op, r.error) {
+                        Ok(()) => Ok(r.entries),
+                        Err(e) if e.code() == Some(ErrorCode::UnknownTopic) => {
+                            Err(Error::UnknownTopic { topic: name.to_owned() })
+                        }
+                        Err(e) => Err(e),
                     }
                 }
             })

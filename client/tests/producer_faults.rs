@@ -285,6 +285,20 @@ impl Ferrolog for FakeBroker {
         Err(Status::unimplemented("create partitions"))
     }
 
+    async fn alter_topic_config(
+        &self,
+        _: Request<pb::AlterTopicConfigRequest>,
+    ) -> Result<Response<pb::AdminResponse>, Status> {
+        Err(Status::unimplemented("alter topic config"))
+    }
+
+    async fn describe_topic_config(
+        &self,
+        _: Request<pb::DescribeTopicConfigRequest>,
+    ) -> Result<Response<pb::DescribeTopicConfigResponse>, Status> {
+        Err(Status::unimplemented("describe topic config"))
+    }
+
     async fn alter_partition_reassignments(
         &self,
         _: Request<pb::AlterPartitionReassignmentsRequest>,

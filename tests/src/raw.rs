@@ -47,7 +47,12 @@ pub async fn create_topic(c: &Cluster, name: &str, partitions: u32, rf: u32) -> 
         let via = running[turn % running.len()];
         let r = match connect(c.broker(via).client_addr).await {
             Ok(mut client) => client
-                .create_topic(CreateTopicRequest { name: name.into(), partitions, replication_factor: rf })
+                .create_topic(CreateTopicRequest {
+                    name: name.into(),
+                    partitions,
+                    replication_factor: rf,
+                    ..Default::default()
+                })
                 .await?
                 .into_inner(),
             Err(_) if Instant::now() < deadline => continue,

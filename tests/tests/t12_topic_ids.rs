@@ -325,6 +325,7 @@ async fn a_lagging_broker_never_calls_a_live_topic_gone() -> anyhow::Result<()> 
             name: "w".into(),
             partitions: 1,
             replication_factor: 3,
+            ..Default::default()
         })
         .await?
         .into_inner();

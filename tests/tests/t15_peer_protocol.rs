@@ -244,6 +244,7 @@ async fn a_broker_of_another_major_version_is_refused_and_the_rest_carry_on() ->
                 name: "wide".into(),
                 partitions: 1,
                 replication_factor: 3,
+                ..Default::default()
             })
             .await?
             .into_inner();

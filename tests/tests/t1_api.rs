@@ -92,18 +92,33 @@ async fn produce_fetch_and_bad_input() -> anyhow::Result<()> {
     // Bad topic names and duplicate creation.
     for bad in ["", "a b", "sl/ash", &"x".repeat(250)] {
         let r = admin
-            .create_topic(CreateTopicRequest { name: bad.into(), partitions: 1, replication_factor: 1 })
+            .create_topic(CreateTopicRequest {
+                name: bad.into(),
+                partitions: 1,
+                replication_factor: 1,
+                ..Default::default()
+            })
             .await?
             .into_inner();
         assert_eq!(code(&r.error), ErrorCode::InvalidRequest, "name {bad:?}: {:?}", r.error);
     }
     let r = admin
-        .create_topic(CreateTopicRequest { name: "events".into(), partitions: 1, replication_factor: 1 })
+        .create_topic(CreateTopicRequest {
+            name: "events".into(),
+            partitions: 1,
+            replication_factor: 1,
+            ..Default::default()
+        })
         .await?
         .into_inner();
     assert_eq!(code(&r.error), ErrorCode::TopicAlreadyExists);
     let r = admin
-        .create_topic(CreateTopicRequest { name: "wide".into(), partitions: 1, replication_factor: 4 })
+        .create_topic(CreateTopicRequest {
+            name: "wide".into(),
+            partitions: 1,
+            replication_factor: 4,
+            ..Default::default()
+        })
         .await?
         .into_inner();
     assert_eq!(code(&r.error), ErrorCode::InvalidReplicationFactor);

@@ -28,6 +28,7 @@ pub fn to_wire(e: &ApiError, image: &MetadataImage) -> Error {
         ApiError::NoReassignmentInProgress(_) => ErrorCode::NoReassignmentInProgress,
         ApiError::InvalidReplicaAssignment(_) => ErrorCode::InvalidReplicaAssignment,
         ApiError::InvalidPartitions(_) => ErrorCode::InvalidPartitions,
+        ApiError::InvalidConfig(_) => ErrorCode::InvalidConfig,
     };
     let mut wire = Error { code: code as i32, message: e.to_string(), ..Error::default() };
     match e {

@@ -8,12 +8,14 @@ use ferrolog_proto::TopicId;
 use ferrolog_proto::client::ferrolog_server::{Ferrolog, FerrologServer};
 use ferrolog_proto::client::{
     AddRaftVoterRequest, AdminResponse, AlterPartitionReassignmentsRequest,
-    AlterPartitionReassignmentsResponse, BrokerInfo, CreatePartitionsRequest, CreateTopicRequest,
-    DecommissionBrokerRequest, DeleteTopicRequest, Error, FetchRequest, FetchResponse, FollowerStatus,
-    InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse, MetadataRequest,
-    MetadataResponse, OffsetSpec, PartitionInfo, PartitionStatusRequest, PartitionStatusResponse,
-    ProduceRequest, ProduceResponse, ReassignmentResult, RecordBatch as WireBatch, RemoveRaftVoterRequest,
-    ReplicaState, SubscribeRequest, TopicInfo, TransferLeaderRequest, TransferLeaderResponse,
+    AlterPartitionReassignmentsResponse, AlterTopicConfigRequest, BrokerInfo, ConfigEntry,
+    ConfigSource as WireSource, CreatePartitionsRequest, CreateTopicRequest, DecommissionBrokerRequest,
+    DeleteTopicRequest, DescribeTopicConfigRequest, DescribeTopicConfigResponse, Error, FetchRequest,
+    FetchResponse, FollowerStatus, InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest,
+    ListOffsetsResponse, MetadataRequest, MetadataResponse, OffsetSpec, PartitionInfo,
+    PartitionStatusRequest, PartitionStatusResponse, ProduceRequest, ProduceResponse, ReassignmentResult,
+    RecordBatch as WireBatch, RemoveRaftVoterRequest, ReplicaState, SubscribeRequest, TopicInfo,
+    TransferLeaderRequest, TransferLeaderResponse,
 };
 use futures::Stream;
 use tonic::{Request, Response, Status};
@@ -28,6 +30,7 @@ use crate::groups::GroupRegistry;
 use crate::metadata::command::{ControllerReply, ControllerRequest, PartitionAssignment, PartitionMove};
 use crate::metadata::controller::{Controller, now_ms};
 use crate::metadata::image::MetadataImage;
+use crate::metadata::topic_config::{self, ConfigSource, TopicDefaults};
 use crate::partition::records::{self, BatchError, ProducerFields};
 use crate::partition::{FetchOutcome, Partition};
 use crate::partitions::Failures;
@@ -72,6 +75,8 @@ pub struct ClientService {
     pub liveness: Liveness,
     /// Leadership transfers.
     pub hand_over: handover::HandOver,
+    /// This broker's defaults for topic configuration keys.
+    pub topic_defaults: Arc<TopicDefaults>,
 }
 
 impl ClientService {
@@ -110,6 +115,16 @@ impl ClientService {
         partition: u32,
         topic_id: Option<TopicId>,
     ) -> Result<Arc<Partition>, ApiError> {
+        self.served(topic, partition, topic_id).await.map(|s| s.partition)
+    }
+
+    /// [`ClientService::partition`], with the topic's produce limit.
+    async fn served(
+        &self,
+        topic: &str,
+        partition: u32,
+        topic_id: Option<TopicId>,
+    ) -> Result<Served, ApiError> {
         let found = self.partition_in(&self.controller.image(), topic, partition, topic_id);
         if !matches!(found, Err(ApiError::UnknownTopic(_) | ApiError::UnknownTopicId { .. })) {
             return found;
@@ -128,7 +143,7 @@ impl ClientService {
         topic: &str,
         partition: u32,
         topic_id: Option<TopicId>,
-    ) -> Result<Arc<Partition>, ApiError> {
+    ) -> Result<Served, ApiError> {
         let Some(t) = image.topics.get(topic) else {
             return Err(match topic_id {
                 Some(id) => {
@@ -152,7 +167,13 @@ impl ClientService {
         if let Some(p) = self.groups.partition(topic, partition)
             && p.group == a.group
         {
-            return Ok(p);
+            // The topic's max.message.bytes, never above what this broker's
+            // transport and storage take.
+            let max_batch_bytes = topic_config::max_message_bytes(&t.config)
+                .map_or(self.limits.max_batch_bytes, |m| {
+                    usize::try_from(m).unwrap_or(usize::MAX).min(self.limits.max_batch_bytes)
+                });
+            return Ok(Served { partition: p, max_batch_bytes });
         }
         // Not hosted here (or not started yet): point at a replica.
         let other = a.replicas.iter().map(|r| r.broker).find(|b| *b != self.broker);
@@ -218,6 +239,15 @@ impl ClientService {
     }
 }
 
+/// A hosted replica found for a request ([`ClientService::served`]).
+struct Served {
+    /// The replica.
+    partition: Arc<Partition>,
+    /// Largest produce batch its topic takes here, bytes: the topic's
+    /// `max.message.bytes`, capped by the broker's `limits.max_batch_bytes`.
+    max_batch_bytes: usize,
+}
+
 type SubscribeStream = Pin<Box<dyn Stream<Item = Result<FetchResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -227,7 +257,8 @@ impl Ferrolog for ClientService {
         let span = tracing::debug_span!("produce", node = self.broker, partition = %format!("{}-{}", req.topic, req.partition));
         let result = async {
             let topic_id = TopicId::from_wire(&req.topic_id).map_err(ApiError::Invalid)?;
-            let partition = self.partition(&req.topic, req.partition, topic_id).await?;
+            let Served { partition, max_batch_bytes } =
+                self.served(&req.topic, req.partition, topic_id).await?;
             let epoch = i16::try_from(req.producer_epoch).map_err(|_| {
                 ApiError::Invalid(format!("producer epoch {} out of range", req.producer_epoch))
             })?;
@@ -240,8 +271,8 @@ impl Ferrolog for ClientService {
                 req.records,
                 producer,
                 now_ms(),
-                self.limits.max_record_bytes,
-                self.limits.max_batch_bytes,
+                self.limits.max_record_bytes.min(max_batch_bytes),
+                max_batch_bytes,
             )
             .map_err(|e| match e {
                 BatchError::TooLarge(m) => ApiError::RecordTooLarge(m),
@@ -449,8 +480,67 @@ impl Ferrolog for ClientService {
             name: r.name,
             partitions: r.partitions,
             replication_factor: r.replication_factor,
+            config: r.configs.into_iter().collect(),
         };
         self.admin_response(req).await
+    }
+
+    async fn alter_topic_config(
+        &self,
+        request: Request<AlterTopicConfigRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
+        let r = request.into_inner();
+        let req = ControllerRequest::AlterTopicConfig {
+            name: r.topic,
+            set: r.set.into_iter().collect(),
+            delete: r.delete,
+        };
+        self.admin_response(req).await
+    }
+
+    async fn describe_topic_config(
+        &self,
+        request: Request<DescribeTopicConfigRequest>,
+    ) -> Result<Response<DescribeTopicConfigResponse>, Status> {
+        let topic = request.into_inner().topic;
+        // From an image confirmed current with the controller, so that a
+        // describe after an alter shows it whichever broker answers; when
+        // the controller cannot be reached, from this broker's own image,
+        // which then does not say that a topic does not exist.
+        let result = match self.controller.current_image().await {
+            Ok(confirmed) => confirmed
+                .image
+                .topics
+                .get(&topic)
+                .map(|t| t.config.clone())
+                .ok_or(ApiError::UnknownTopic(topic)),
+            Err(e) => {
+                self.controller.image().topics.get(&topic).map(|t| t.config.clone()).ok_or_else(|| {
+                    ApiError::Unavailable(format!("this broker's metadata may be behind: {e}"))
+                })
+            }
+        };
+        Ok(Response::new(match result {
+            Ok(overrides) => DescribeTopicConfigResponse {
+                error: None,
+                entries: self
+                    .topic_defaults
+                    .effective(&overrides)
+                    .into_iter()
+                    .map(|e| ConfigEntry {
+                        name: e.name.to_owned(),
+                        doc: topic_config::spec(e.name).map(|s| s.doc.to_owned()).unwrap_or_default(),
+                        value: e.value,
+                        source: match e.source {
+                            ConfigSource::Topic => WireSource::Topic,
+                            ConfigSource::Broker => WireSource::Broker,
+                            ConfigSource::Default => WireSource::Default,
+                        } as i32,
+                    })
+                    .collect(),
+            },
+            Err(e) => DescribeTopicConfigResponse { error: self.wire(&e), entries: Vec::new() },
+        }))
     }
 
     async fn decommission_broker(

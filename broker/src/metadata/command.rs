@@ -1,6 +1,8 @@
 //! The commands of the metadata log, and the requests brokers forward to
 //! the controller.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::config::BrokerId;
@@ -133,6 +135,29 @@ pub enum MetadataCommand {
         replication_factor: u32,
         /// Placement of each partition.
         partitions: Vec<PartitionAssignment>,
+        /// Configuration overrides in stored form
+        /// (`super::topic_config`); absent when none (and in commands
+        /// written before peer protocol 1.8).
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        config: BTreeMap<String, String>,
+    },
+    /// A topic's configuration overrides changed (Kafka's
+    /// IncrementalAlterConfigs, KIP-339): `set` adds or replaces, `delete`
+    /// drops. Applied only to the topic of that name whose id is
+    /// `topic_id`, so it never reaches a topic deleted and re-created
+    /// meanwhile.
+    TopicConfigAltered {
+        /// Topic name.
+        name: String,
+        /// The topic's id (KIP-516) when the change was decided.
+        #[serde(with = "topic_id_text::required")]
+        topic_id: TopicId,
+        /// Keys set, in stored form.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        set: BTreeMap<String, String>,
+        /// Keys deleted (back to the broker default).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        delete: Vec<String>,
     },
     /// A topic was deleted; its partitions' data is removed from every broker.
     TopicDeleted {
@@ -256,6 +281,21 @@ pub enum ControllerRequest {
         partitions: u32,
         /// Replicas per partition.
         replication_factor: u32,
+        /// Configuration overrides (`super::topic_config` keys), as given.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        config: BTreeMap<String, String>,
+    },
+    /// Change a topic's configuration overrides (Kafka's
+    /// IncrementalAlterConfigs, KIP-339). Answered `Ok`.
+    AlterTopicConfig {
+        /// Topic name.
+        name: String,
+        /// Keys to set (add or replace), as given.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        set: BTreeMap<String, String>,
+        /// Keys to delete (back to the broker default).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        delete: Vec<String>,
     },
     /// Delete a topic.
     DeleteTopic {
@@ -410,6 +450,22 @@ pub enum ControllerReply {
     },
 }
 
+impl ControllerRequest {
+    /// The minor peer protocol version a controller needs to serve this
+    /// request as asked; 0 for requests every version serves. A controller
+    /// of 1.7 or older would drop a new topic's configuration (an unknown
+    /// field) or not decode `alter_topic_config`.
+    pub fn controller_minor(&self) -> u32 {
+        match self {
+            ControllerRequest::CreateTopic { config, .. } if !config.is_empty() => {
+                super::decide::TOPIC_CONFIG_MINOR
+            }
+            ControllerRequest::AlterTopicConfig { .. } => super::decide::TOPIC_CONFIG_MINOR,
+            _ => 0,
+        }
+    }
+}
+
 /// Serde for an optional [`TopicId`] as its UUID text (`"6f1c...-..."`),
 /// readable in logs and `dump-log` output.
 mod topic_id_text {
@@ -427,6 +483,20 @@ mod topic_id_text {
         match Option::<String>::deserialize(d)? {
             Some(text) => text.parse().map(Some).map_err(serde::de::Error::custom),
             None => Ok(None),
+        }
+    }
+
+    /// The same for a [`TopicId`] that is always there.
+    pub(super) mod required {
+        use ferrolog_proto::TopicId;
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub(in super::super) fn serialize<S: Serializer>(id: &TopicId, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_str(&id.to_string())
+        }
+
+        pub(in super::super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TopicId, D::Error> {
+            String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
         }
     }
 }
@@ -457,8 +527,26 @@ mod tests {
                     name: "orders".into(),
                     partitions: 3,
                     replication_factor: 3,
+                    config: BTreeMap::new(),
                 },
                 r#"{"type":"create_topic","name":"orders","partitions":3,"replication_factor":3}"#,
+            ),
+            (
+                ControllerRequest::CreateTopic {
+                    name: "orders".into(),
+                    partitions: 3,
+                    replication_factor: 3,
+                    config: BTreeMap::from([("retention.ms".into(), "60000".into())]),
+                },
+                r#"{"type":"create_topic","name":"orders","partitions":3,"replication_factor":3,"config":{"retention.ms":"60000"}}"#,
+            ),
+            (
+                ControllerRequest::AlterTopicConfig {
+                    name: "orders".into(),
+                    set: BTreeMap::from([("cleanup.policy".into(), "compact".into())]),
+                    delete: vec!["retention.ms".into()],
+                },
+                r#"{"type":"alter_topic_config","name":"orders","set":{"cleanup.policy":"compact"},"delete":["retention.ms"]}"#,
             ),
             (
                 ControllerRequest::DeleteTopic { name: "orders".into() },

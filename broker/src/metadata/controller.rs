@@ -294,6 +294,17 @@ impl Controller {
         if self.raft.leader_term().is_some() {
             return self.execute(req).await;
         }
+        let need = req.controller_minor();
+        if need > 0
+            && let Some(leader) = self.leader()
+            && let Some((_, minor)) = self.liveness.older_than(need).into_iter().find(|(b, _)| *b == leader)
+        {
+            // It would not decode the request, or would drop what is new in it.
+            return Err(ApiError::Unavailable(format!(
+                "the controller (broker {leader}) speaks peer protocol 1.{minor}; this request needs 1.{need} \
+                 (finish the upgrade first)"
+            )));
+        }
         let (id, recorded) = self
             .raft
             .leader_address()

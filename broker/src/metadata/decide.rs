@@ -15,6 +15,7 @@ use super::command::{
 use super::controller::validate_topic_name;
 use super::image::MetadataImage;
 use super::placement;
+use super::topic_config;
 use crate::config::{BrokerId, Limits};
 use crate::error::ApiError;
 use ferrolog_raft_store::types::NodeId;
@@ -51,6 +52,9 @@ pub const REASSIGNMENT_MINOR: u32 = 5;
 /// The minor peer protocol version that `ControllerVotersChanged` needs on
 /// every broker.
 pub const CONTROLLER_VOTERS_MINOR: u32 = 6;
+/// The minor peer protocol version that topic configuration
+/// (`TopicCreated::config`, `TopicConfigAltered`) needs on every broker.
+pub const TOPIC_CONFIG_MINOR: u32 = 8;
 
 /// What to do about a request.
 #[derive(Clone, Debug, PartialEq)]
@@ -150,8 +154,12 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
         }
         ControllerRequest::AddControllerVoter { id } => change_controller_voters(f, image, id, true),
         ControllerRequest::RemoveControllerVoter { id } => change_controller_voters(f, image, id, false),
-        ControllerRequest::CreateTopic { name, partitions, replication_factor } => {
+        ControllerRequest::CreateTopic { name, partitions, replication_factor, config } => {
             validate_topic_name(&name)?;
+            let config = topic_config::check_overrides(&config).map_err(ApiError::InvalidConfig)?;
+            if !config.is_empty() {
+                old_peers(f, TOPIC_CONFIG_MINOR)?;
+            }
             if partitions == 0 || partitions > f.limits.max_partitions_per_topic {
                 return Err(ApiError::Invalid(format!(
                     "partitions must be 1..={}, got {partitions}",
@@ -169,8 +177,31 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
                 topic_id: Some(f.new_topic_id),
                 replication_factor,
                 partitions: assignments,
+                config,
             };
             Ok(Decision::CreateTopic { command, name })
+        }
+        ControllerRequest::AlterTopicConfig { name, set, delete } => {
+            let Some(t) = image.topics.get(&name) else {
+                return Err(ApiError::UnknownTopic(name));
+            };
+            let next = topic_config::altered(&t.config, &set, &delete).map_err(ApiError::InvalidConfig)?;
+            if next == t.config {
+                return Ok(Decision::Answer(ControllerReply::Ok));
+            }
+            old_peers(f, TOPIC_CONFIG_MINOR)?;
+            let set =
+                next.iter().filter(|(k, v)| t.config.get(*k) != Some(v)).map(|(k, v)| (k.clone(), v.clone()));
+            let delete = t.config.keys().filter(|k| !next.contains_key(*k)).cloned().collect();
+            Ok(Decision::Commit {
+                command: MetadataCommand::TopicConfigAltered {
+                    name,
+                    topic_id: t.topic_id,
+                    set: set.collect(),
+                    delete,
+                },
+                reply: ControllerReply::Ok,
+            })
         }
         ControllerRequest::DeleteTopic { name } => {
             if !image.topics.contains_key(&name) {
@@ -695,7 +726,12 @@ mod tests {
     }
 
     fn create(name: &str, partitions: u32, rf: u32) -> ControllerRequest {
-        ControllerRequest::CreateTopic { name: name.into(), partitions, replication_factor: rf }
+        ControllerRequest::CreateTopic {
+            name: name.into(),
+            partitions,
+            replication_factor: rf,
+            config: std::collections::BTreeMap::new(),
+        }
     }
 
     /// Decides and applies what it commits, as the controller would.
@@ -709,6 +745,85 @@ mod tests {
             Decision::Answer(_) => {}
         }
         Ok(d)
+    }
+
+    fn map(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn topic_config_is_checked_stored_and_altered_by_difference() {
+        let limits = Limits::default();
+        let f = facts(&limits, &[1, 2, 3], &[1, 2, 3]);
+        let mut image = image_with(&[(1, 1), (2, 2), (3, 3)]);
+        let with = |config| ControllerRequest::CreateTopic {
+            name: "t".into(),
+            partitions: 1,
+            replication_factor: 3,
+            config,
+        };
+        // Refused with the key named; nothing is committed.
+        let e = decide(&image, with(map(&[("retention.hours", "1")])), &f).unwrap_err();
+        assert!(matches!(&e, ApiError::InvalidConfig(m) if m.contains("retention.hours")), "{e:?}");
+        let e = decide(&image, with(map(&[("retention.ms", "-5")])), &f).unwrap_err();
+        assert!(matches!(&e, ApiError::InvalidConfig(m) if m.contains("retention.ms")), "{e:?}");
+        // Stored in stored form.
+        run(&mut image, with(map(&[("retention.ms", " 60000"), ("cleanup.policy", "delete,compact")])), &f)
+            .unwrap();
+        assert_eq!(
+            image.topics["t"].config,
+            map(&[("retention.ms", "60000"), ("cleanup.policy", "compact,delete")])
+        );
+        let alter = |set: &[(&str, &str)], delete: &[&str]| ControllerRequest::AlterTopicConfig {
+            name: "t".into(),
+            set: map(set),
+            delete: delete.iter().map(|k| (*k).to_owned()).collect(),
+        };
+        // The command carries only what changes, and the topic's id.
+        let d = run(
+            &mut image,
+            alter(&[("retention.ms", "60000"), ("retention.bytes", "1024")], &["cleanup.policy"]),
+            &f,
+        )
+        .unwrap();
+        let Decision::Commit {
+            command: MetadataCommand::TopicConfigAltered { set, delete, topic_id, .. },
+            ..
+        } = d
+        else {
+            panic!("not committed: {d:?}");
+        };
+        assert_eq!(
+            (set, delete, topic_id),
+            (map(&[("retention.bytes", "1024")]), vec!["cleanup.policy".to_owned()], ID)
+        );
+        assert_eq!(image.topics["t"].config, map(&[("retention.ms", "60000"), ("retention.bytes", "1024")]));
+        // Asking for what is there already commits nothing.
+        assert_eq!(
+            decide(&image, alter(&[("retention.bytes", "1024")], &[]), &f).unwrap(),
+            Decision::Answer(ControllerReply::Ok)
+        );
+        let e = decide(&image, alter(&[("segment.bytes", "12")], &[]), &f).unwrap_err();
+        assert!(matches!(&e, ApiError::InvalidConfig(m) if m.contains("segment.bytes")), "{e:?}");
+        let unknown = ControllerRequest::AlterTopicConfig {
+            name: "u".into(),
+            set: map(&[("retention.ms", "1")]),
+            delete: vec![],
+        };
+        assert!(matches!(decide(&image, unknown, &f), Err(ApiError::UnknownTopic(_))));
+        // Refused while a broker that could not fold it answers.
+        let old = Facts { older_peers: vec![(2, 7)], ..f.clone() };
+        assert!(matches!(
+            decide(&image, alter(&[("retention.ms", "5")], &[]), &old),
+            Err(ApiError::Unavailable(_))
+        ));
+        let plain = ControllerRequest::CreateTopic {
+            name: "p".into(),
+            partitions: 1,
+            replication_factor: 3,
+            config: map(&[]),
+        };
+        assert!(decide(&image, plain, &old).is_ok(), "a topic without config is created as before");
     }
 
     #[test]

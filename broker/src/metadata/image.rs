@@ -40,6 +40,10 @@ pub struct TopicEntry {
     pub partitions: Vec<PartitionAssignment>,
     /// Metadata log offset of the command that created it.
     pub created_at_offset: u64,
+    /// Configuration overrides in stored form
+    /// ([`super::topic_config`]); keys not here take the broker default.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub config: BTreeMap<String, String>,
 }
 
 /// The cluster metadata as of `applied_offset`.
@@ -178,7 +182,7 @@ impl MetadataImage {
                     }
                 }
             }
-            MetadataCommand::TopicCreated { name, topic_id, replication_factor, partitions } => {
+            MetadataCommand::TopicCreated { name, topic_id, replication_factor, partitions, config } => {
                 let ids_fresh = partitions.iter().all(|p| {
                     p.group >= self.next_group_id && p.replicas.iter().all(|r| r.node >= self.next_node_id)
                 });
@@ -198,8 +202,19 @@ impl MetadataImage {
                             replication_factor: *replication_factor,
                             partitions: partitions.clone(),
                             created_at_offset: offset,
+                            config: config.clone(),
                         },
                     );
+                }
+            }
+            MetadataCommand::TopicConfigAltered { name, topic_id, set, delete } => {
+                if let Some(t) = self.topics.get_mut(name)
+                    && t.topic_id == *topic_id
+                {
+                    for k in delete {
+                        t.config.remove(k);
+                    }
+                    t.config.extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
                 }
             }
             MetadataCommand::TopicDeleted { name } => {
@@ -496,6 +511,7 @@ mod tests {
                 initial: vec![node],
                 reassignment: None,
             }],
+            config: BTreeMap::new(),
         }
     }
 
@@ -611,12 +627,13 @@ mod tests {
 
     fn with_id(command: MetadataCommand, id: u128) -> MetadataCommand {
         match command {
-            MetadataCommand::TopicCreated { name, replication_factor, partitions, .. } => {
+            MetadataCommand::TopicCreated { name, replication_factor, partitions, config, .. } => {
                 MetadataCommand::TopicCreated {
                     name,
                     topic_id: Some(TopicId(id)),
                     replication_factor,
                     partitions,
+                    config,
                 }
             }
             other => other,
@@ -650,6 +667,44 @@ mod tests {
         let m = replay(&log);
         assert_eq!(m.topics["t"].topic_id, b, "the re-created topic has the new id");
         assert_eq!(replay(&log), m, "a restart (replay) gives the same ids");
+    }
+
+    #[test]
+    fn topic_config_is_created_altered_and_never_reaches_a_re_created_topic() {
+        let a = TopicId::v4_from_random(7 << 90);
+        let b = TopicId::v4_from_random(9 << 90);
+        let mut created = with_id(topic("t", 1, 1000), a.0);
+        if let MetadataCommand::TopicCreated { config, .. } = &mut created {
+            config.insert("retention.ms".into(), "60000".into());
+            config.insert("cleanup.policy".into(), "delete".into());
+        }
+        let alter = |id: TopicId| MetadataCommand::TopicConfigAltered {
+            name: "t".into(),
+            topic_id: id,
+            set: BTreeMap::from([("retention.bytes".into(), "4096".into())]),
+            delete: vec!["retention.ms".into()],
+        };
+        // The command's JSON is part of the metadata log's format.
+        assert_eq!(
+            serde_json::to_string(&alter(a)).unwrap(),
+            format!(
+                r#"{{"type":"topic_config_altered","name":"t","topic_id":"{a}","set":{{"retention.bytes":"4096"}},"delete":["retention.ms"]}}"#
+            )
+        );
+        let m = replay(&[created.clone(), alter(a)]);
+        let want = BTreeMap::from([
+            ("cleanup.policy".to_owned(), "delete".to_owned()),
+            ("retention.bytes".to_owned(), "4096".to_owned()),
+        ]);
+        assert_eq!(m.topics["t"].config, want);
+        // An alter decided for the topic's earlier incarnation changes nothing.
+        let m = replay(&[
+            created,
+            MetadataCommand::TopicDeleted { name: "t".into() },
+            with_id(topic("t", 2, 1001), b.0),
+            alter(a),
+        ]);
+        assert!(m.topics["t"].config.is_empty(), "{:?}", m.topics["t"].config);
     }
 
     #[test]

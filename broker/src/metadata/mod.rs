@@ -18,6 +18,7 @@ pub mod controller;
 pub mod decide;
 pub mod image;
 pub mod placement;
+pub mod topic_config;
 
 /// Group id of the metadata (controller) Raft group. Partition groups get
 /// ids from 1 up, never reused.

@@ -46,10 +46,16 @@ pub const MAJOR: u32 = 1;
 /// one partition at a time. 1.7 added the controller request `read_index`
 /// (answered `read_index`): a broker confirms that its metadata image is
 /// current before it says a topic does not exist or deletes a replica. A
-/// 1.6 controller answers it as a request that does not decode, and the
-/// asking broker answers `UNAVAILABLE` (retriable) instead of
-/// `UNKNOWN_TOPIC_ID` until the controller is upgraded.
-pub const MINOR: u32 = 7;
+/// 1.6 controller would not decode it: while the controller's broker
+/// answers pings as 1.6, the asking broker judges from its own caught-up
+/// image, as before 1.7. 1.8 added topic
+/// configuration: `create_topic.config`, the request `alter_topic_config`,
+/// and in the metadata log `topic_created.config` and
+/// `topic_config_altered`. The controller refuses them while a live broker
+/// answers as 1.7 or older (its image would lack the configuration, or stop
+/// at the command), and a 1.8 broker does not forward them to an older
+/// controller.
+pub const MINOR: u32 = 8;
 /// The gRPC metadata key carrying the sender's version, `MAJOR.MINOR`.
 pub const HEADER: &str = "ferrolog-peer-protocol";
 /// A version to announce instead of this build's, set by

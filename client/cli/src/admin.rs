@@ -1,5 +1,6 @@
 //! `ferrolog topic ...`, `ferrolog partition ...` and `ferrolog cluster status`.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -32,24 +33,40 @@ pub enum TopicCommand {
         /// partition to have a leader.
         #[arg(long, default_value_t = 30, value_name = "SECONDS")]
         timeout: u64,
+        /// A configuration override, Kafka's topic-level key and value
+        /// (`--config retention.ms=3600000`); repeat for more. Every other
+        /// key takes the broker default (`ferrolog topic describe` lists them).
+        #[arg(long = "config", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+        config: Vec<(String, String)>,
     },
     /// List topics.
     List,
-    /// Show a topic's partitions with their leader and replicas.
+    /// Show a topic's partitions with their leader and replicas, and its
+    /// configuration: every key's value and where it comes from (topic,
+    /// broker config, built-in default).
     Describe {
         /// Topic name.
         name: String,
     },
-    /// Add partitions to a topic (Kafka's CreatePartitions). A record's key
-    /// picks its partition by hash modulo the partition count, so records
-    /// with a key may go to another partition from then on: per-key order
-    /// holds only from the change on.
+    /// Change a topic: its configuration overrides (Kafka's
+    /// IncrementalAlterConfigs), and/or its partition count (Kafka's
+    /// CreatePartitions). A record's key picks its partition by hash modulo
+    /// the partition count, so records with a key may go to another
+    /// partition after more are added: per-key order holds only from the
+    /// change on.
+    #[command(arg_required_else_help = true)]
     Alter {
         /// Topic name.
         name: String,
         /// The new partition count (more than the topic has).
         #[arg(long)]
-        partitions: u32,
+        partitions: Option<u32>,
+        /// Set a configuration key (`--config retention.ms=3600000`); repeat for more.
+        #[arg(long = "config", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+        config: Vec<(String, String)>,
+        /// Drop a configuration override: the key takes the broker default again.
+        #[arg(long = "delete-config", value_name = "KEY")]
+        delete_config: Vec<String>,
     },
     /// Delete a topic and its data.
     Delete {
@@ -151,7 +168,8 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 pub async fn topic(bootstrap: &str, command: TopicCommand) -> anyhow::Result<()> {
     let admin = Admin::new(crate::connect(bootstrap)?).with_timeout(ADMIN_TIMEOUT);
     match command {
-        TopicCommand::Create { name, partitions, replication_factor, timeout } => {
+        TopicCommand::Create { name, partitions, replication_factor, timeout, config } => {
+            let config: BTreeMap<String, String> = config.into_iter().collect();
             let timeout = Duration::from_secs(timeout);
             let mut last_reason = String::new();
             let report = |e: &ferrolog_client::Error| {
@@ -165,7 +183,7 @@ pub async fn topic(bootstrap: &str, command: TopicCommand) -> anyhow::Result<()>
             let created = admin
                 .clone()
                 .with_timeout(timeout)
-                .create_topic_reporting(&name, partitions, replication_factor, report)
+                .create_topic_with_config(&name, partitions, replication_factor, &config, report)
                 .await;
             match created {
                 Err(e) if e.code() == Some(ErrorCode::TopicAlreadyExists) => {
@@ -226,19 +244,46 @@ pub async fn topic(bootstrap: &str, command: TopicCommand) -> anyhow::Result<()>
                 })
                 .collect();
             print!("{}", table::render(&["PARTITION", "LEADER", "REPLICAS", "RAFT GROUP"], &rows));
-        }
-        TopicCommand::Alter { name, partitions } => {
-            admin
-                .create_partitions(&name, partitions)
+            let entries = admin
+                .describe_topic_config(&name)
                 .await
-                .with_context(|| format!("adding partitions to {name:?}"))?;
-            admin.wait_for_leaders(&name, Duration::from_secs(30)).await.with_context(|| {
-                format!("topic {name:?} now has {partitions} partitions, but not every one has a leader yet")
-            })?;
-            println!("topic {name} now has {partitions} partitions");
-            println!(
-                "note: records with a key may map to another partition from now on (key hash modulo {partitions})"
-            );
+                .with_context(|| format!("describing the configuration of {name:?}"))?;
+            let rows: Vec<Vec<String>> = entries
+                .iter()
+                .map(|e| vec![e.name.clone(), e.value.clone(), source_name(e.source).to_owned()])
+                .collect();
+            println!();
+            print!("{}", table::render(&["CONFIG", "VALUE", "SOURCE"], &rows));
+        }
+        TopicCommand::Alter { name, partitions, config, delete_config } => {
+            if !config.is_empty() || !delete_config.is_empty() {
+                let set: BTreeMap<String, String> = config.into_iter().collect();
+                admin
+                    .alter_topic_config(&name, &set, &delete_config)
+                    .await
+                    .with_context(|| format!("altering the configuration of {name:?}"))?;
+                for (k, v) in &set {
+                    println!("topic {name}: {k}={v}");
+                }
+                for k in &delete_config {
+                    println!("topic {name}: {k} back to the broker default");
+                }
+            }
+            if let Some(partitions) = partitions {
+                admin
+                    .create_partitions(&name, partitions)
+                    .await
+                    .with_context(|| format!("adding partitions to {name:?}"))?;
+                admin.wait_for_leaders(&name, Duration::from_secs(30)).await.with_context(|| {
+                    format!(
+                        "topic {name:?} now has {partitions} partitions, but not every one has a leader yet"
+                    )
+                })?;
+                println!("topic {name} now has {partitions} partitions");
+                println!(
+                    "note: records with a key may map to another partition from now on (key hash modulo {partitions})"
+                );
+            }
         }
         TopicCommand::Delete { name } => {
             admin.delete_topic(&name).await.with_context(|| format!("deleting topic {name:?}"))?;
@@ -246,6 +291,25 @@ pub async fn topic(bootstrap: &str, command: TopicCommand) -> anyhow::Result<()>
         }
     }
     Ok(())
+}
+
+/// `KEY=VALUE` of `--config`.
+fn parse_key_value(arg: &str) -> Result<(String, String), String> {
+    match arg.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
+        _ => Err(format!("{arg:?} is not KEY=VALUE")),
+    }
+}
+
+/// How `topic describe` names a config source (Kafka's names).
+fn source_name(source: i32) -> &'static str {
+    use ferrolog_client::admin::ConfigSource;
+    match ConfigSource::try_from(source) {
+        Ok(ConfigSource::Topic) => "topic",
+        Ok(ConfigSource::Broker) => "broker config",
+        Ok(ConfigSource::Default) => "default",
+        _ => "unknown",
+    }
 }
 
 /// Runs a broker command.

@@ -665,7 +665,8 @@ fn topic_alter_adds_partitions_that_take_writes() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let out = c.ok(&["topic", "describe", "grow"], None);
-        let rows: Vec<&str> = out.lines().skip(2).filter(|l| !l.trim().is_empty()).collect();
+        // The partition table: the rows before the blank line that opens the config table.
+        let rows: Vec<&str> = out.lines().skip(2).take_while(|l| !l.trim().is_empty()).collect();
         if out.contains("6 partitions") && rows.len() == 6 && rows.iter().all(|r| !r.contains("none")) {
             break;
         }
@@ -687,6 +688,100 @@ fn topic_alter_adds_partitions_that_take_writes() {
         total += n;
     }
     assert_eq!(total, 200);
+}
+
+/// `topic describe`'s config rows: key → (value, source).
+fn config_rows(c: &Brokers, topic: &str) -> std::collections::BTreeMap<String, (String, String)> {
+    let out = c.ok(&["topic", "describe", topic], None);
+    let table = out.split("\nCONFIG").nth(1).unwrap_or_else(|| panic!("no config table:\n{out}"));
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some(((*f.first()?).to_owned(), ((*f.get(1)?).to_owned(), f[2..].join(" "))))
+        })
+        .collect()
+}
+
+#[test]
+fn topic_config_is_set_described_altered_and_enforced() {
+    let c = Brokers::start();
+    // Unknown keys and bad values are refused with the key named, and
+    // nothing is created.
+    let err = c.fails(&["topic", "create", "bad", "--config", "retention.hours=5"], None);
+    assert!(err.contains("INVALID_CONFIG") && err.contains("retention.hours"), "{err}");
+    let err = c.fails(&["topic", "create", "bad", "--config", "retention.ms=soon"], None);
+    assert!(err.contains("INVALID_CONFIG") && err.contains("retention.ms"), "{err}");
+    let err = c.fails(&["topic", "create", "bad", "--config", "retention.ms"], None);
+    assert!(err.contains("KEY=VALUE"), "{err}");
+    assert!(!c.ok(&["topic", "list"], None).contains("bad"), "a refused topic was created");
+
+    c.ok(
+        &[
+            "topic",
+            "create",
+            "cfg",
+            "--partitions",
+            "1",
+            "--config",
+            "retention.ms=3600000",
+            "--config",
+            "max.message.bytes=1000",
+            "--config",
+            "cleanup.policy=delete, compact",
+        ],
+        None,
+    );
+    let rows = config_rows(&c, "cfg");
+    assert_eq!(rows.len(), 11, "every key is listed: {rows:?}");
+    assert_eq!(rows["retention.ms"], ("3600000".into(), "topic".into()));
+    assert_eq!(rows["max.message.bytes"], ("1000".into(), "topic".into()));
+    assert_eq!(rows["cleanup.policy"], ("compact,delete".into(), "topic".into()));
+    assert_eq!(rows["retention.bytes"], ("-1".into(), "default".into()));
+    assert_eq!(rows["segment.bytes"], ("1073741824".into(), "default".into()));
+
+    // max.message.bytes is enforced on produce.
+    let big = "x".repeat(2000);
+    let err = c.fails(&["produce", "cfg"], Some(&format!("{big}\n")));
+    assert!(err.contains("RECORD_TOO_LARGE") || err.contains("too large"), "{err}");
+    c.ok(&["produce", "cfg"], Some(&format!("{}\n", "s".repeat(500))));
+
+    // Alter: set, delete back to the default, and refuse a bad value.
+    let out = c.ok(
+        &["topic", "alter", "cfg", "--config", "max.message.bytes=4000", "--delete-config", "retention.ms"],
+        None,
+    );
+    assert!(
+        out.contains("max.message.bytes=4000") && out.contains("retention.ms back to the broker default"),
+        "{out}"
+    );
+    let err = c.fails(&["topic", "alter", "cfg", "--config", "segment.bytes=12"], None);
+    assert!(err.contains("INVALID_CONFIG") && err.contains("segment.bytes"), "{err}");
+    let err = c.fails(&["topic", "alter", "nope", "--config", "retention.ms=1"], None);
+    assert!(err.contains("nope"), "{err}");
+    let rows = config_rows(&c, "cfg");
+    assert_eq!(rows["max.message.bytes"], ("4000".into(), "topic".into()));
+    assert_eq!(rows["retention.ms"], ("604800000".into(), "default".into()));
+    assert_eq!(rows["cleanup.policy"], ("compact,delete".into(), "topic".into()), "kept through the alter");
+
+    // Every broker answers with the altered configuration (it is in the
+    // metadata log; describe reads an image confirmed with the controller).
+    for addr in c.bootstrap.split(',') {
+        let out =
+            Command::new(BIN).args(["--bootstrap", addr, "topic", "describe", "cfg"]).output().expect("run");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.lines().any(|l| l.split_whitespace().eq(["max.message.bytes", "4000", "topic"])),
+            "{addr}:\n{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // The larger limit lets the record in now.
+    c.ok(&["produce", "cfg"], Some(&format!("{big}\n")));
+    let got = values(&c, "cfg");
+    assert_eq!(got.iter().map(String::len).collect::<Vec<_>>(), vec![500, 2000]);
 }
 
 /// A `broker list` row: (id, state, quorum, replicas, preferred leaders).
