@@ -18,6 +18,7 @@ use crate::groups::{GroupRegistry, HostedGroup};
 use crate::metadata::command::PartitionAssignment;
 use crate::metadata::controller::Controller;
 use crate::metadata::image::MetadataImage;
+use crate::metadata::topic_config;
 use crate::network::PeerAddresses;
 use crate::partition::Partition;
 
@@ -149,6 +150,10 @@ pub struct Reconciler {
     pub incarnation: u64,
     /// Tells whether the metadata image has caught up.
     pub controller: Controller,
+    /// The segment roll limits (bytes, ms) last set on each hosted group,
+    /// so that a pass touches a replica only when its topic's
+    /// `segment.bytes` / `segment.ms` changed.
+    pub roll_limits: Arc<Mutex<HashMap<u64, (u64, u64)>>>,
 }
 
 /// The replica's storage inside its partition directory (beside `staging`).
@@ -318,11 +323,12 @@ impl Reconciler {
         let mut to_start = Vec::new();
         for (group, (topic, partition, assignment)) in &wanted {
             if self.groups.contains(*group) {
-                if let Some(p) = self.groups.partition(topic, *partition)
-                    && p.set_replicas(assignment.replicas.clone())
-                {
-                    // Who leads and who can follow is judged by the replica list.
-                    self.groups.stir([p.group]);
+                if let Some(p) = self.groups.partition(topic, *partition) {
+                    if p.set_replicas(assignment.replicas.clone()) {
+                        // Who leads and who can follow is judged by the replica list.
+                        self.groups.stir([p.group]);
+                    }
+                    self.apply_roll_limits(image, &p);
                 }
                 continue;
             }
@@ -400,6 +406,31 @@ impl Reconciler {
         // the next pass, image change or not: not compared.
         let settled = fresh || !deleting;
         (failed + removed + reassigned, settled)
+    }
+
+    /// The segment roll limits of `topic`'s replicas on this broker (bytes, ms).
+    fn roll_limits_of(&self, image: &MetadataImage, topic: &str) -> (u64, u64) {
+        let (bytes, ms) = (self.storage.segment_bytes, self.storage.segment_ms);
+        image.topics.get(topic).map_or((bytes, ms), |t| topic_config::roll_limits(&t.config, bytes, ms))
+    }
+
+    /// Sets `p`'s segment roll limits when its topic's differ from those
+    /// last set (a `topic alter` of `segment.bytes` or `segment.ms`).
+    fn apply_roll_limits(&self, image: &MetadataImage, p: &Partition) {
+        let want = self.roll_limits_of(image, &p.topic);
+        let mut set = self.roll_limits.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if set.get(&p.group) == Some(&want) {
+            return;
+        }
+        match p.replica.set_roll_limits(want.0, want.1) {
+            Ok(()) => {
+                tracing::info!(topic = %p.topic, partition = p.partition, segment_bytes = want.0, segment_ms = want.1, "segment roll limits set");
+                set.insert(p.group, want);
+            }
+            Err(e) => {
+                tracing::warn!(topic = %p.topic, partition = p.partition, "cannot set segment roll limits: {e}")
+            }
+        }
     }
 
     /// Stops every hosted partition whose Raft group has stopped on an
@@ -513,7 +544,11 @@ impl Reconciler {
         // Opening reads, verifies and creates files: off the async threads.
         // If this start is dropped meanwhile (the broker stops), the opened
         // replica is closed cleanly there, not left marked as after a crash.
-        let (storage, flusher, staging) = (self.storage.clone(), self.flusher.clone(), staging_dir.clone());
+        let mut storage = self.storage.clone();
+        let roll = self.roll_limits_of(image, topic);
+        (storage.segment_bytes, storage.segment_ms) = roll;
+        self.roll_limits.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(a.group, roll);
+        let (flusher, staging) = (self.flusher.clone(), staging_dir.clone());
         let meta_db = self.meta_db.clone();
         let (opened_tx, opened) = tokio::sync::oneshot::channel::<anyhow::Result<Replica>>();
         let span = tracing::Span::current();
@@ -621,6 +656,7 @@ impl Reconciler {
     }
 
     async fn stop(&self, group: u64) {
+        self.roll_limits.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&group);
         if let Some(p) = self.groups.remove(group).and_then(|h| h.partition) {
             match p.raft.shutdown().await {
                 // Nothing writes the log any more: record that it stopped

@@ -326,6 +326,7 @@ impl Broker {
             failures: failures.clone(),
             incarnation: identity.incarnation,
             controller: controller.clone(),
+            roll_limits: Arc::default(),
         };
         tasks.push(spawn_task("reconciler", me, &stopping, reconciler.clone().run(image_rx.clone())));
         let ping_every = Duration::from_millis(config.raft.heartbeat_interval_ms);

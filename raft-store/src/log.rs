@@ -910,6 +910,25 @@ impl PartitionLog {
     pub fn segment_count(&self) -> usize {
         self.segments.len()
     }
+
+    /// When the active segment rolls: at `segment_bytes` bytes or
+    /// `segment_ms` ms of age (a topic's `segment.bytes` / `segment.ms`),
+    /// from the next append on. Segments already sealed stay as they are.
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] for values the store refuses (below 4 KiB,
+    /// or 0 ms); nothing changes then.
+    pub fn set_roll_limits(&mut self, segment_bytes: u64, segment_ms: u64) -> Result<()> {
+        let next = StoreConfig { segment_bytes, segment_ms, ..self.config.clone() };
+        next.validate().map_err(|e| StoreError::Invalid(e.to_string()))?;
+        self.config = next;
+        Ok(())
+    }
+
+    /// The active segment's roll limits: (`segment_bytes`, `segment_ms`).
+    pub fn roll_limits(&self) -> (u64, u64) {
+        (self.config.segment_bytes, self.config.segment_ms)
+    }
 }
 
 /// Removes tail segments torn while being created (no whole header, so no

@@ -520,6 +520,20 @@ impl Replica {
         self.log().recovering().map(str::to_owned)
     }
 
+    /// Sets when the active segment rolls (see
+    /// [`PartitionLog::set_roll_limits`]).
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] for values the store refuses.
+    pub fn set_roll_limits(&self, segment_bytes: u64, segment_ms: u64) -> Result<()> {
+        self.log().set_roll_limits(segment_bytes, segment_ms)
+    }
+
+    /// The active segment's roll limits: (`segment_bytes`, `segment_ms`).
+    pub fn roll_limits(&self) -> (u64, u64) {
+        self.log().roll_limits()
+    }
+
     /// How many replicas open in this process are recovering (see
     /// [`Replica::recovering`]): zero lets a caller skip looking at each.
     pub fn recovering_count() -> usize {

@@ -311,6 +311,13 @@ pub fn max_message_bytes(overrides: &BTreeMap<String, String>) -> Option<u64> {
     overrides.get("max.message.bytes").and_then(|v| v.parse().ok())
 }
 
+/// When a topic's replicas roll their active segment: its `segment.bytes`
+/// and `segment.ms` overrides, else the broker's `storage` values (bytes, ms).
+pub fn roll_limits(overrides: &BTreeMap<String, String>, broker_bytes: u64, broker_ms: u64) -> (u64, u64) {
+    let get = |k: &str, default: u64| overrides.get(k).and_then(|v| v.parse().ok()).unwrap_or(default);
+    (get("segment.bytes", broker_bytes), get("segment.ms", broker_ms))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -418,6 +425,13 @@ mod tests {
         assert!(e.contains("topic_defaults") && e.contains("retention.ms"), "{e}");
         let e = TopicDefaults::from_broker(&map(&[("segment.bytes", "8192")]), 1 << 30, 1, 1).unwrap_err();
         assert!(e.contains("storage"), "{e}");
+    }
+
+    #[test]
+    fn roll_limits_take_the_topic_override_else_the_broker_value() {
+        assert_eq!(roll_limits(&BTreeMap::new(), 1 << 30, 7), (1 << 30, 7));
+        assert_eq!(roll_limits(&map(&[("segment.bytes", "8192")]), 1 << 30, 7), (8192, 7));
+        assert_eq!(roll_limits(&map(&[("segment.ms", "60000")]), 1 << 30, 7), (1 << 30, 60_000));
     }
 
     #[test]

@@ -784,6 +784,89 @@ fn topic_config_is_set_described_altered_and_enforced() {
     assert_eq!(got.iter().map(String::len).collect::<Vec<_>>(), vec![500, 2000]);
 }
 
+/// Segment files of `topic`'s partition 0 on each broker, by broker.
+fn segment_counts(c: &Brokers, topic: &str) -> Vec<usize> {
+    (1..=3)
+        .map(|b| {
+            let root = c.dir.path().join(format!("broker-{b}")).join("partitions");
+            let dir = std::fs::read_dir(&root)
+                .expect("partitions dir")
+                .filter_map(Result::ok)
+                .find(|e| e.file_name().to_string_lossy().starts_with(&format!("{topic}-0.g")))
+                .unwrap_or_else(|| panic!("no replica of {topic}-0 on broker {b}"))
+                .path();
+            std::fs::read_dir(dir.join("replica").join("log"))
+                .expect("log dir")
+                .filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".seg"))
+                .count()
+        })
+        .collect()
+}
+
+/// Waits until every replica of `topic`'s partition 0 has every entry
+/// (`partition describe` shows lag 0 for all three).
+fn wait_caught_up(c: &Brokers, topic: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = c.ok(&["partition", "describe", topic, "0"], None);
+        let lags: Vec<String> = out
+            .lines()
+            .skip_while(|l| !l.starts_with("BROKER"))
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().nth(2).map(str::to_owned))
+            .collect();
+        if lags.len() == 3 && lags.iter().all(|l| l == "0") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{topic}-0 replicas never caught up:\n{out}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn topic_segment_bytes_rolls_every_replica_and_an_alter_changes_it() {
+    let c = Brokers::start();
+    c.ok(&["topic", "create", "seg", "--partitions", "1", "--config", "segment.bytes=4096"], None);
+    // Each produce is one batch of about 20 KB: one Raft entry, over the
+    // 4 KiB limit, so the active segment rolls before the next. A segment
+    // rolls before an append, so a follower that receives several entries
+    // in one append keeps them in one segment: each is let reach every
+    // replica before the next.
+    let big: String = (0..100).map(|i| format!("{i:03}-{}\n", "v".repeat(200))).collect();
+    let mut produced = 0;
+    for _ in 0..6 {
+        c.ok(&["produce", "seg"], Some(&big));
+        produced += 100;
+        wait_caught_up(&c, "seg");
+    }
+    let mut last = segment_counts(&c, "seg");
+    assert!(last.iter().all(|n| *n >= 6), "segment.bytes=4096 did not roll every replica: {last:?}");
+
+    // Back to the broker default (1 GiB): once their brokers applied the
+    // alter, no replica rolls any more. Rounds of about 2 KB: three in a
+    // row without a new segment anywhere (6 KB) would have rolled each
+    // replica at 4 KiB.
+    c.ok(&["topic", "alter", "seg", "--delete-config", "segment.bytes"], None);
+    let small: String = (0..10).map(|i| format!("{i:03}-{}\n", "w".repeat(200))).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut quiet_rounds = 0;
+    while quiet_rounds < 3 {
+        c.ok(&["produce", "seg"], Some(&small));
+        produced += 10;
+        wait_caught_up(&c, "seg");
+        let now = segment_counts(&c, "seg");
+        quiet_rounds = if now == last { quiet_rounds + 1 } else { 0 };
+        assert!(
+            Instant::now() < deadline,
+            "replicas still roll at 4 KiB after the alter (segments per replica: {now:?})"
+        );
+        last = now;
+    }
+    let read = json_lines(&c.ok(&["consume", "seg", "-p", "0", "--output", "json"], None)).len();
+    assert_eq!(read, produced, "every record reads back across the segments");
+}
+
 /// A `broker list` row: (id, state, quorum, replicas, preferred leaders).
 type BrokerRow = (u32, String, String, usize, usize);
 
