@@ -173,7 +173,9 @@ impl ClientService {
                 .map_or(self.limits.max_batch_bytes, |m| {
                     usize::try_from(m).unwrap_or(usize::MAX).min(self.limits.max_batch_bytes)
                 });
-            return Ok(Served { partition: p, max_batch_bytes });
+            let log_append_time =
+                self.topic_defaults.value(&t.config, "message.timestamp.type") == "LogAppendTime";
+            return Ok(Served { partition: p, max_batch_bytes, log_append_time });
         }
         // Not hosted here (or not started yet): point at a replica.
         let other = a.replicas.iter().map(|r| r.broker).find(|b| *b != self.broker);
@@ -246,6 +248,9 @@ struct Served {
     /// Largest produce batch its topic takes here, bytes: the topic's
     /// `max.message.bytes`, capped by the broker's `limits.max_batch_bytes`.
     max_batch_bytes: usize,
+    /// The topic's `message.timestamp.type` is `LogAppendTime`: records are
+    /// stamped with the leader's clock when appended, whatever the producer set.
+    log_append_time: bool,
 }
 
 type SubscribeStream = Pin<Box<dyn Stream<Item = Result<FetchResponse, Status>> + Send>>;
@@ -257,8 +262,15 @@ impl Ferrolog for ClientService {
         let span = tracing::debug_span!("produce", node = self.broker, partition = %format!("{}-{}", req.topic, req.partition));
         let result = async {
             let topic_id = TopicId::from_wire(&req.topic_id).map_err(ApiError::Invalid)?;
-            let Served { partition, max_batch_bytes } =
+            let Served { partition, max_batch_bytes, log_append_time } =
                 self.served(&req.topic, req.partition, topic_id).await?;
+            let mut rows = req.records;
+            if log_append_time {
+                // Unset: build_batch stamps them with now (Kafka's LogAppendTime).
+                for r in &mut rows {
+                    r.timestamp_ms = 0;
+                }
+            }
             let epoch = i16::try_from(req.producer_epoch).map_err(|_| {
                 ApiError::Invalid(format!("producer epoch {} out of range", req.producer_epoch))
             })?;
@@ -268,7 +280,7 @@ impl Ferrolog for ClientService {
                 base_sequence: req.base_sequence,
             };
             let batch = records::build_batch(
-                req.records,
+                rows,
                 producer,
                 now_ms(),
                 self.limits.max_record_bytes.min(max_batch_bytes),

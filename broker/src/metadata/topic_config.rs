@@ -289,6 +289,18 @@ impl TopicDefaults {
         Ok(Self { set })
     }
 
+    /// The effective value of `key` for a topic whose overrides are
+    /// `overrides`: the override, else this broker's default, else the
+    /// built-in one ("" for a key Ferrolog does not know).
+    pub fn value<'a>(&'a self, overrides: &'a BTreeMap<String, String>, key: &str) -> &'a str {
+        overrides
+            .get(key)
+            .or_else(|| self.set.get(key))
+            .map(String::as_str)
+            .or_else(|| spec(key).map(|s| s.default))
+            .unwrap_or("")
+    }
+
     /// Every key's effective value for a topic whose overrides are
     /// `overrides`, in [`KEYS`] order.
     pub fn effective(&self, overrides: &BTreeMap<String, String>) -> Vec<ConfigEntry> {
@@ -417,6 +429,10 @@ mod tests {
             ("1073741824", ConfigSource::Default)
         );
         assert_eq!(get("retention.bytes").source, ConfigSource::Default);
+        assert_eq!(defaults.value(&topic, "cleanup.policy"), "compact");
+        assert_eq!(defaults.value(&topic, "retention.ms"), "3600000");
+        assert_eq!(defaults.value(&topic, "message.timestamp.type"), "CreateTime");
+        assert_eq!(defaults.value(&topic, "no.such.key"), "");
     }
 
     #[test]

@@ -704,6 +704,23 @@ fn config_rows(c: &Brokers, topic: &str) -> std::collections::BTreeMap<String, (
         .collect()
 }
 
+/// Asserts that every broker describes `topic` with `key` = `value` set on
+/// the topic. A describe reads an image confirmed current with the
+/// controller, so once each broker answered, each one's image holds the
+/// value (a barrier before testing what the value does).
+fn config_on_every_broker(c: &Brokers, topic: &str, key: &str, value: &str) {
+    for addr in c.bootstrap.split(',') {
+        let out =
+            Command::new(BIN).args(["--bootstrap", addr, "topic", "describe", topic]).output().expect("run");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.lines().any(|l| l.split_whitespace().eq([key, value, "topic"])),
+            "{addr}:\n{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn topic_config_is_set_described_altered_and_enforced() {
     let c = Brokers::start();
@@ -767,21 +784,36 @@ fn topic_config_is_set_described_altered_and_enforced() {
 
     // Every broker answers with the altered configuration (it is in the
     // metadata log; describe reads an image confirmed with the controller).
-    for addr in c.bootstrap.split(',') {
-        let out =
-            Command::new(BIN).args(["--bootstrap", addr, "topic", "describe", "cfg"]).output().expect("run");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            text.lines().any(|l| l.split_whitespace().eq(["max.message.bytes", "4000", "topic"])),
-            "{addr}:\n{text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    config_on_every_broker(&c, "cfg", "max.message.bytes", "4000");
 
     // The larger limit lets the record in now.
     c.ok(&["produce", "cfg"], Some(&format!("{big}\n")));
     let got = values(&c, "cfg");
     assert_eq!(got.iter().map(String::len).collect::<Vec<_>>(), vec![500, 2000]);
+
+    // message.timestamp.type: the producer's 2013 timestamps are kept with
+    // CreateTime, replaced by the leader's clock with LogAppendTime.
+    let csv = write(c.dir.path(), "stamped.csv", "id,ts\na,2013-01-01T10:00:00Z\n");
+    let csv = csv.to_str().expect("utf-8 path");
+    let produce = ["produce", "stamped", "--file", csv, "--timestamp-field", "ts"];
+    c.ok(&["topic", "create", "stamped", "--partitions", "1"], None);
+    c.ok(&produce, None);
+    c.ok(&["topic", "alter", "stamped", "--config", "message.timestamp.type=LogAppendTime"], None);
+    config_on_every_broker(&c, "stamped", "message.timestamp.type", "LogAppendTime");
+    let before =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis();
+    c.ok(&produce, None);
+    let stamps: Vec<i64> = json_lines(&c.ok(&["consume", "stamped", "--output", "json"], None))
+        .iter()
+        .map(|r| r["timestamp"].as_i64().expect("timestamp"))
+        .collect();
+    assert_eq!(stamps.len(), 2, "{stamps:?}");
+    assert_eq!(stamps[0], 1_357_034_400_000, "CreateTime keeps the producer's timestamp");
+    // The leader's clock at append, give or take clock steps on this machine.
+    assert!(
+        i128::from(stamps[1]) >= before as i128 - 5_000,
+        "LogAppendTime: {stamps:?}, produced after {before}"
+    );
 }
 
 /// Segment files of `topic`'s partition 0 on each broker, by broker.
