@@ -55,6 +55,8 @@ pub struct BrokerConfig {
     pub balance: BalanceConfig,
     /// Partition reassignment.
     pub reassignment: ReassignmentConfig,
+    /// Retention checks.
+    pub retention: RetentionConfig,
     /// Defaults for topic configuration keys, by Kafka's topic-level names
     /// (`"retention.ms" = "604800000"`; the broker-level `log.*` settings of
     /// Kafka): what a topic without its own override gets on this broker.
@@ -62,6 +64,22 @@ pub struct BrokerConfig {
     /// `storage` and `limits` instead. Keep them the same on every broker.
     /// Checked like a topic's overrides (`crate::metadata::topic_config`).
     pub topic_defaults: BTreeMap<String, String>,
+}
+
+/// Retention (`crate::control::retention`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// How often partition leaders check their topics' `retention.ms` and
+    /// `retention.bytes`, ms (Kafka's `log.retention.check.interval.ms`,
+    /// 300,000).
+    pub check_interval_ms: u64,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self { check_interval_ms: 300_000 }
+    }
 }
 
 /// Partition reassignment (`crate::control::membership`).
@@ -212,6 +230,7 @@ impl Default for BrokerConfig {
             shutdown: ShutdownConfig::default(),
             balance: BalanceConfig::default(),
             reassignment: ReassignmentConfig::default(),
+            retention: RetentionConfig::default(),
             topic_defaults: BTreeMap::new(),
         }
     }
@@ -260,6 +279,9 @@ impl BrokerConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError(m));
         self.topic_defaults()?;
+        if self.retention.check_interval_ms == 0 {
+            return bad("retention.check_interval_ms must be ≥ 1".into());
+        }
         if u64::from(self.node_id) >= crate::metadata::image::FIRST_NODE_ID {
             return bad(format!(
                 "node_id is {}: broker ids are below {} (the Raft node ids above are handed out by the controller)",

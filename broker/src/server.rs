@@ -366,6 +366,19 @@ impl Broker {
             liveness.clone(),
             Duration::from_millis(config.raft.election_timeout_max_ms),
         );
+        let topic_defaults = Arc::new(config.topic_defaults()?);
+        tasks.push(spawn_task(
+            "retention",
+            me,
+            &stopping,
+            crate::control::retention::run(
+                reconciler.groups.clone(),
+                image_rx.clone(),
+                topic_defaults.clone(),
+                liveness.clone(),
+                Duration::from_millis(config.retention.check_interval_ms),
+            ),
+        ));
         tasks.push(spawn_task(
             "balance",
             me,
@@ -428,7 +441,7 @@ impl Broker {
             failures,
             liveness: liveness.clone(),
             hand_over: hand_over.clone(),
-            topic_defaults: Arc::new(config.topic_defaults()?),
+            topic_defaults: topic_defaults.clone(),
         };
         let router = tonic::transport::Server::builder().add_service(service.into_service());
         let (tx, server) = serve(router, client_listener, max_connections, "client");

@@ -10,6 +10,26 @@ use serde::{Deserialize, Serialize};
 /// `NO_PRODUCER_ID`, KIP-98).
 pub const NO_PRODUCER_ID: i64 = -1;
 
+/// `producer_id` of a control batch ([`RecordBatch::control`]): written by a
+/// partition's leader, never by a producer (the broker refuses producer ids
+/// below [`NO_PRODUCER_ID`]).
+pub const CONTROL_PRODUCER_ID: i64 = -2;
+
+/// A decision a partition's leader replicates through the partition's own
+/// Raft log, so that every replica carries it out at the same log position.
+/// Stored as a control frame that holds no record and occupies no offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Control {
+    /// Retention: the log start offset becomes this offset (never lower
+    /// than it was); records below it are no longer served, and segments
+    /// wholly below it are deleted once Raft no longer needs their entries
+    /// (Kafka's log start offset, KIP-107).
+    LogStart(u64),
+}
+
+/// Payload tag of [`Control::LogStart`].
+const CONTROL_LOG_START: u8 = 1;
+
 /// A batch of records as a producer sent it, carried whole as one Raft entry.
 ///
 /// The store does not look inside `records`: it is the broker's encoding of
@@ -38,6 +58,61 @@ pub struct RecordBatch {
     pub base_sequence: i32,
     /// The encoded records, opaque to the store.
     pub records: Bytes,
+}
+
+impl RecordBatch {
+    /// The control batch that carries `control` (no records, no offsets).
+    pub fn control_batch(control: Control) -> Self {
+        let mut payload = Vec::with_capacity(9);
+        match control {
+            Control::LogStart(offset) => {
+                payload.push(CONTROL_LOG_START);
+                payload.extend_from_slice(&offset.to_le_bytes());
+            }
+        }
+        RecordBatch {
+            record_count: 0,
+            producer_id: CONTROL_PRODUCER_ID,
+            records: Bytes::from(payload),
+            ..RecordBatch::default()
+        }
+    }
+
+    /// The control batch a control frame's payload holds (not checked).
+    pub(crate) fn control_frame(payload: Bytes) -> Self {
+        RecordBatch {
+            record_count: 0,
+            producer_id: CONTROL_PRODUCER_ID,
+            records: payload,
+            ..RecordBatch::default()
+        }
+    }
+
+    /// Whether this is a control batch (see [`RecordBatch::control`]).
+    pub fn is_control(&self) -> bool {
+        self.producer_id == CONTROL_PRODUCER_ID && self.record_count == 0
+    }
+
+    /// The decision a control batch carries; `None` for a record batch.
+    ///
+    /// # Errors
+    /// A message for a control batch whose payload is not one this version
+    /// knows (a newer leader's decision, or damage).
+    pub fn control(&self) -> Result<Option<Control>, String> {
+        if !self.is_control() {
+            return Ok(None);
+        }
+        match self.records.as_ref() {
+            [CONTROL_LOG_START, rest @ ..] if rest.len() == 8 => {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(rest);
+                Ok(Some(Control::LogStart(u64::from_le_bytes(b))))
+            }
+            other => {
+                Err(format!("unknown control payload of {} bytes (tag {:?})", other.len(), other.first()))
+            }
+        }
+    }
 }
 
 impl fmt::Display for RecordBatch {

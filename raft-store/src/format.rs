@@ -51,6 +51,10 @@ pub enum FrameKind {
     /// A membership change; occupies no offset. The payload is the
     /// protobuf `ferrolog.raft.v1.Membership` ([`crate::wire`]).
     Membership = 4,
+    /// A leader's control decision ([`crate::batch::Control`]); occupies
+    /// no offset. The payload is the control's encoding (a tag byte, then
+    /// its fields little-endian). Peer protocol 1.9 and later.
+    Control = 5,
 }
 
 impl FrameKind {
@@ -61,6 +65,7 @@ impl FrameKind {
             2 => Some(Self::Records),
             3 => Some(Self::MembershipJson),
             4 => Some(Self::Membership),
+            5 => Some(Self::Control),
             _ => None,
         }
     }
@@ -199,6 +204,11 @@ pub fn encode_entry(entry: &Entry, base_offset: u64, out: &mut Vec<u8>) -> Resul
     out.resize(start + FRAME_HEADER_BYTES, 0);
     let (kind, batch) = match &entry.payload {
         EntryPayload::Blank => (FrameKind::Blank, None),
+        EntryPayload::Normal(b) if b.is_control() => {
+            b.control().map_err(|e| invalid("control", e))?;
+            out.extend_from_slice(&b.records);
+            (FrameKind::Control, None)
+        }
         EntryPayload::Normal(b) => (FrameKind::Records, Some(b)),
         EntryPayload::Membership(m) => {
             prost::Message::encode(&crate::wire::membership_to_wire(m), out)
@@ -226,7 +236,10 @@ pub fn encode_entry(entry: &Entry, base_offset: u64, out: &mut Vec<u8>) -> Resul
         record_count: batch.map_or(0, |b| b.record_count),
         first_timestamp_ms: batch.map_or(0, |b| b.first_timestamp_ms),
         max_timestamp_ms: batch.map_or(0, |b| b.max_timestamp_ms),
-        producer_id: batch.map_or(-1, |b| b.producer_id),
+        producer_id: match (kind, batch) {
+            (FrameKind::Control, _) => crate::batch::CONTROL_PRODUCER_ID,
+            (_, b) => b.map_or(-1, |b| b.producer_id),
+        },
         producer_epoch: batch.map_or(0, |b| b.producer_epoch),
         base_sequence: batch.map_or(0, |b| b.base_sequence),
     };
@@ -321,6 +334,11 @@ pub fn decode_entry(header: &FrameHeader, frame: &Bytes) -> Result<Entry, Decode
             base_sequence: header.base_sequence,
             records: payload,
         }),
+        FrameKind::Control => {
+            let b = RecordBatch::control_frame(payload);
+            b.control().map_err(|e| invalid("control", e))?;
+            EntryPayload::Normal(b)
+        }
         FrameKind::MembershipJson => {
             let m: Membership =
                 serde_json::from_slice(&payload).map_err(|e| invalid("membership", e.to_string()))?;

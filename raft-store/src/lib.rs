@@ -50,11 +50,11 @@ pub mod tail_cache;
 pub mod types;
 pub mod wire;
 
-pub use batch::{AppendResult, NO_PRODUCER_ID, RecordBatch};
+pub use batch::{AppendResult, CONTROL_PRODUCER_ID, Control, NO_PRODUCER_ID, RecordBatch};
 pub use config::{FlushPolicy, StoreConfig};
 pub use error::StoreError;
 pub use flusher::Flusher;
-pub use log::{Damage, PartitionLog, ReadPlan, StoredBatch};
+pub use log::{Damage, PartitionLog, ReadPlan, SegmentSummary, StoredBatch};
 pub use log_store::LogStore;
 pub use producer::{ProducerStates, SequenceCheck};
 pub use replica::{FOUNDING_TERM, Founding, Replica};

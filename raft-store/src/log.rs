@@ -93,6 +93,21 @@ impl ReadPlan {
     }
 }
 
+/// One segment as retention sees it ([`PartitionLog::segment_summaries`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentSummary {
+    /// Offset of its first record.
+    pub base_offset: u64,
+    /// Offset after its last record.
+    pub next_offset: u64,
+    /// File size, bytes.
+    pub size_bytes: u64,
+    /// Largest record timestamp in it, ms (i64::MIN if none).
+    pub max_timestamp_ms: i64,
+    /// When the file was last written, ms since the Unix epoch.
+    pub modified_ms: i64,
+}
+
 /// The durable log of one partition replica.
 #[derive(Debug)]
 pub struct PartitionLog {
@@ -104,6 +119,9 @@ pub struct PartitionLog {
     flusher: Flusher,
     cache: TailCache,
     purged: Option<LogId>,
+    /// The log start offset retention set (0 until it does); see
+    /// [`PartitionLog::advance_log_start`].
+    log_start: u64,
     committed: Option<LogId>,
     vote: Option<Vote>,
     last_interval_flush: Instant,
@@ -203,6 +221,7 @@ impl PartitionLog {
             config,
             segments,
             purged: meta.get(meta::KEY_PURGED)?,
+            log_start: meta.get(meta::KEY_LOG_START)?.unwrap_or(0),
             committed: meta.get(meta::KEY_COMMITTED)?,
             vote: meta.get(meta::KEY_VOTE)?,
             meta,
@@ -374,9 +393,98 @@ impl PartitionLog {
         self.segments.last().map_or(0, Segment::next_offset)
     }
 
-    /// Log start offset: the first offset still stored for consumers.
+    /// Log start offset: the first offset served to consumers. The larger
+    /// of where the first segment begins and where retention set it
+    /// ([`PartitionLog::advance_log_start`]); never past the log end.
     pub fn log_start_offset(&self) -> u64 {
-        self.segments.first().map_or(0, Segment::base_offset)
+        self.segments.first().map_or(0, Segment::base_offset).max(self.log_start).min(self.log_end_offset())
+    }
+
+    /// Retention: moves the log start offset up to `offset` (never down),
+    /// persists it, and deletes the segments it retired (see
+    /// [`PartitionLog::delete_retired_segments`]). Offsets do not shift:
+    /// later records keep theirs. Returns whether it moved.
+    ///
+    /// # Errors
+    /// [`StoreError::Meta`] if it cannot be saved; [`StoreError::Io`].
+    pub fn advance_log_start(&mut self, offset: u64) -> Result<bool> {
+        if offset <= self.log_start {
+            return Ok(false);
+        }
+        self.log_start = offset;
+        // Durable: a stopped replica's files (dump-log) and every replica
+        // after a crash say the same log start.
+        self.meta.put(meta::KEY_LOG_START, Some(&offset), Sync::Durable)?;
+        self.delete_retired_segments()?;
+        Ok(true)
+    }
+
+    /// Deletes, oldest first, the segments that hold only records below the
+    /// log start offset and only entries Raft has purged (a follower that
+    /// needs them gets a snapshot instead), never the active one; the
+    /// directory is fsynced after. Returns how many. A crash part way
+    /// leaves a shorter chain that still reaches the purge pointer.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    pub fn delete_retired_segments(&mut self) -> Result<usize> {
+        let Some(purged) = self.purged else { return Ok(0) };
+        let retired = |s: &Segment| s.next_offset() <= self.log_start && s.next_index() <= purged.index + 1;
+        let count =
+            self.segments[..self.segments.len().saturating_sub(1)].iter().take_while(|s| retired(s)).count();
+        if count == 0 {
+            return Ok(0);
+        }
+        // The purge pointer is saved lazily; before entries go from disk it
+        // must be durable, or a crash would reopen a log whose first segment
+        // starts after the purge pointer it finds (entries missing).
+        self.meta.put(meta::KEY_PURGED, Some(&purged), Sync::Durable)?;
+        let mut n = 0;
+        while n < count {
+            self.segments.remove(0).delete()?;
+            n += 1;
+        }
+        if n > 0 {
+            fsutil::sync_dir(&self.dir)?;
+            tracing::debug!(dir = %self.dir.display(), deleted = n, log_start = self.log_start, "retention deleted segments");
+        }
+        Ok(n)
+    }
+
+    /// Offset after the first segment's last record.
+    pub fn first_segment_end_offset(&self) -> u64 {
+        self.segments.first().map_or(0, Segment::next_offset)
+    }
+
+    /// Raft index after the first segment's last entry.
+    pub fn first_segment_next_index(&self) -> u64 {
+        self.segments.first().map_or(0, Segment::next_index)
+    }
+
+    /// Every segment as retention sees it, oldest first; the last is the
+    /// active one.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] if a segment file's modification time cannot be read.
+    pub fn segment_summaries(&self) -> Result<Vec<SegmentSummary>> {
+        self.segments
+            .iter()
+            .map(|s| {
+                let modified = fs::metadata(s.path())
+                    .and_then(|m| m.modified())
+                    .map_err(|e| StoreError::io("stat", s.path(), e))?;
+                let modified_ms = modified
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+                Ok(SegmentSummary {
+                    base_offset: s.base_offset(),
+                    next_offset: s.next_offset(),
+                    size_bytes: s.size_bytes(),
+                    max_timestamp_ms: s.max_timestamp_ms(),
+                    modified_ms,
+                })
+            })
+            .collect()
     }
 
     /// Log id of the last stored entry, ignoring the purge pointer.
@@ -591,6 +699,7 @@ impl PartitionLog {
         self.purged = Some(upto);
         self.meta.put(meta::KEY_PURGED, Some(&upto), Sync::Lazy)?;
         self.cache.purge_to(upto.index);
+        self.delete_retired_segments()?;
         Ok(())
     }
 
@@ -684,7 +793,11 @@ impl PartitionLog {
     pub(crate) fn snapshot_sources(&self, upto: u64) -> Result<Vec<(PathBuf, Option<u64>)>> {
         let mut out = Vec::new();
         for (i, seg) in self.segments.iter().enumerate() {
-            if seg.base_index() > upto || seg.is_empty() {
+            // A segment retention retired is left out: the snapshot holds
+            // only what is served (and does not keep retired files alive
+            // through its hard links).
+            let retired = seg.next_offset() <= self.log_start && i + 1 < self.segments.len();
+            if seg.base_index() > upto || seg.is_empty() || retired {
                 continue;
             }
             let is_active = i + 1 == self.segments.len();

@@ -34,6 +34,9 @@ pub const KEY_PURGED: &str = "purged";
 /// Key of `(index, offset)` where the log begins when no segment file
 /// exists, written durably before the log is replaced.
 pub const KEY_EMPTY_START: &str = "empty_start";
+/// Key of the log start offset set by retention (absent: 0; see
+/// [`crate::PartitionLog::advance_log_start`]).
+pub const KEY_LOG_START: &str = "log_start";
 /// Key of the current snapshot's metadata.
 pub const KEY_SNAPSHOT: &str = "snapshot";
 /// Key of the reason this replica may have lost acknowledged entries and

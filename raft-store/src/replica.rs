@@ -520,6 +520,26 @@ impl Replica {
         self.log().recovering().map(str::to_owned)
     }
 
+    /// Every segment as retention sees it (see
+    /// [`PartitionLog::segment_summaries`]).
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    pub fn segment_summaries(&self) -> Result<Vec<crate::SegmentSummary>> {
+        self.log().segment_summaries()
+    }
+
+    /// Whether the oldest segment is wholly below the log start offset but
+    /// still on disk because Raft has not purged its entries, and a
+    /// snapshot now would let Raft purge them: Raft keeps the newest
+    /// `kept_entries` entries after a snapshot, and the segment's are older.
+    pub fn holds_purgeable_retired_segment(&self, kept_entries: u64) -> bool {
+        let log = self.log();
+        log.segment_count() > 1
+            && log.first_segment_end_offset() <= log.log_start_offset()
+            && log.first_segment_next_index().saturating_add(kept_entries) <= log.next_index()
+    }
+
     /// Sets when the active segment rolls (see
     /// [`PartitionLog::set_roll_limits`]).
     ///

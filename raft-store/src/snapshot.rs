@@ -59,6 +59,10 @@ pub struct SnapshotManifest {
     /// Idempotent producer state at `meta.last_log_id` (KIP-98).
     #[serde(default)]
     pub producers: ProducerStates,
+    /// The log start offset retention had set (0 in manifests written
+    /// before retention): the installing replica serves nothing below it.
+    #[serde(default)]
+    pub log_start_offset: u64,
 }
 
 impl SnapshotFiles {
@@ -129,6 +133,7 @@ pub fn build(
         segments,
         compaction: None,
         producers,
+        log_start_offset: log.log_start_offset(),
     };
     let bytes = serde_json::to_vec_pretty(&manifest).map_err(|e| StoreError::Invalid(e.to_string()))?;
     fsutil::write_durable(&building.join(MANIFEST_FILE), &bytes)?;
@@ -286,8 +291,10 @@ mod tests {
             segments: vec!["00000000000000000000.seg".into()],
             compaction: None,
             producers: ProducerStates::default(),
+            log_start_offset: 17,
         };
         let text = serde_json::to_value(&manifest).unwrap();
+        assert_eq!(text["log_start_offset"], 17);
         assert_eq!(text["version"], 2);
         assert_eq!(
             text["meta"],

@@ -11,7 +11,7 @@ use futures::{Stream, TryStreamExt};
 use openraft::OptionalSend;
 use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
 
-use crate::batch::AppendResult;
+use crate::batch::{AppendResult, Control};
 use crate::replica::Replica;
 use crate::snapshot::{self, SnapshotFiles};
 use crate::types::{EntryPayload, LogId, SnapshotMeta, StoredMembership, TypeConfig};
@@ -60,6 +60,7 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
         Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
     {
         while let Some((entry, responder)) = entries.try_next().await? {
+            let mut log_start = None;
             let result = {
                 let mut a = self.replica.applied();
                 // Raft applies committed entries in log order, each once
@@ -79,6 +80,20 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
                 }
                 let base_offset = a.next_offset;
                 let record_count = match &entry.payload {
+                    EntryPayload::Normal(b) if b.is_control() => {
+                        // The same decision at the same log position on every replica.
+                        match b.control().map_err(|e| {
+                            io::Error::other(format!("entry {}: undecodable control: {e}", entry.log_id))
+                        })? {
+                            Some(Control::LogStart(offset)) => {
+                                // Never past what is applied: the leader chose it from its own
+                                // committed segments, before this entry.
+                                log_start = Some(offset.min(a.next_offset));
+                            }
+                            None => {}
+                        }
+                        0
+                    }
                     EntryPayload::Normal(b) => {
                         let result = AppendResult { base_offset, record_count: b.record_count };
                         if !a.producers.record(b, result) {
@@ -96,6 +111,10 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
                 a.last_applied = Some(entry.log_id);
                 AppendResult { base_offset, record_count }
             };
+            if let Some(offset) = log_start {
+                // Taken after the applied state's lock, never under it.
+                self.replica.log().advance_log_start(offset)?;
+            }
             self.replica.publish_high_watermark(result.base_offset + u64::from(result.record_count));
             if let Some(r) = responder {
                 r.send(result);
@@ -130,6 +149,8 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
                 let files = self.replica.snapshot_files(&record);
                 log.replace_segments(&files.segment_paths()?, (last.index + 1, next_offset))?;
             }
+            // Retention as of the snapshot: nothing below it is served here either.
+            log.advance_log_start(manifest.log_start_offset.min(next_offset))?;
         }
         {
             let mut a = self.replica.applied();

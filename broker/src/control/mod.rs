@@ -22,6 +22,8 @@
 //!   replica on it is restarted.
 //! - [`memory`]: memory of stopped replicas is given back to the system.
 //! - [`files`]: the open-file limit, raised at start and watched.
+//! - [`retention`]: partition leaders move the log start offset by
+//!   `retention.ms` / `retention.bytes` through Raft; old segments go.
 
 pub mod balance;
 pub mod checkquorum;
@@ -33,4 +35,5 @@ pub mod membership;
 pub mod memory;
 pub mod quiesce;
 pub mod recovery;
+pub mod retention;
 pub mod writable;

@@ -54,8 +54,11 @@ pub const MAJOR: u32 = 1;
 /// `topic_config_altered`. The controller refuses them while a live broker
 /// answers as 1.7 or older (its image would lack the configuration, or stop
 /// at the command), and a 1.8 broker does not forward them to an older
-/// controller.
-pub const MINOR: u32 = 8;
+/// controller. 1.9 added control entries in partition logs (frame kind 5,
+/// `ferrolog_raft_store::Control`: retention's log start offset); a 1.8
+/// follower cannot decode one, so leaders write none while a live broker
+/// answers as 1.8 or older.
+pub const MINOR: u32 = 9;
 /// The gRPC metadata key carrying the sender's version, `MAJOR.MINOR`.
 pub const HEADER: &str = "ferrolog-peer-protocol";
 /// A version to announce instead of this build's, set by

@@ -52,6 +52,24 @@ pub struct ConsumeArgs {
     /// offset is never carried into the new topic.
     #[arg(long, value_enum, default_value_t = OnRecreated::Fail)]
     on_topic_recreated: OnRecreated,
+    /// When the position is outside the partition's records, as after
+    /// retention deleted the records before it (Kafka's
+    /// `auto.offset.reset`): `none` stops with an error naming the log start
+    /// and end (exit status 1); `earliest` warns on stderr and reads on
+    /// from the log start; `latest` warns and reads on from the end.
+    #[arg(long, value_enum, default_value_t = OffsetReset::None)]
+    offset_reset: OffsetReset,
+}
+
+/// `--offset-reset` (Kafka's `auto.offset.reset`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OffsetReset {
+    /// Stop with an error.
+    None,
+    /// Read on from the log start offset.
+    Earliest,
+    /// Read on from the log end offset.
+    Latest,
 }
 
 /// `--on-topic-recreated`.
@@ -151,9 +169,40 @@ pub async fn run(bootstrap: &str, args: ConsumeArgs) -> anyhow::Result<()> {
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     while printed < max && !done(&consumer, &ends) {
-        let records = tokio::select! {
-            r = consumer.poll(Duration::from_millis(500)) => r.with_context(|| format!("reading {}", args.topic))?,
+        let polled = tokio::select! {
+            r = consumer.poll(Duration::from_millis(500)) => r,
             _ = &mut ctrl_c => break,
+        };
+        let records = match polled {
+            Err(ferrolog_client::Error::OffsetOutOfRange {
+                topic,
+                partition,
+                offset,
+                log_start_offset,
+                log_end_offset,
+            }) if args.offset_reset != OffsetReset::None => {
+                let to = if args.offset_reset == OffsetReset::Earliest {
+                    log_start_offset
+                } else {
+                    log_end_offset
+                };
+                eprintln!(
+                    "warning: {topic}/{partition}: offset {offset} is outside the records held                      ({log_start_offset} up to {log_end_offset}; retention deletes the oldest);                      reading on from {to} (--offset-reset {})",
+                    if args.offset_reset == OffsetReset::Earliest { "earliest" } else { "latest" }
+                );
+                consumer.seek(&topic, partition, Seek::Offset(to));
+                continue;
+            }
+            Err(e @ ferrolog_client::Error::OffsetOutOfRange { .. }) => {
+                return Err(anyhow::Error::new(e)).with_context(|| {
+                    format!(
+                        "reading {} (retention may have deleted the records there: --from earliest, or \
+                         --offset-reset earliest to read on from the log start)",
+                        args.topic
+                    )
+                });
+            }
+            r => r.with_context(|| format!("reading {}", args.topic))?,
         };
         for restart in consumer.take_restarts() {
             eprintln!(

@@ -35,6 +35,11 @@ impl Drop for Brokers {
 
 impl Brokers {
     fn start() -> Brokers {
+        Self::start_with_config(None)
+    }
+
+    /// As [`Brokers::start`], every broker reading `config` (TOML) first.
+    fn start_with_config(config: Option<&str>) -> Brokers {
         let mut dir = tempfile::tempdir().expect("temp dir");
         // FERROLOG_KEEP_DATA=1 keeps the data directories and logs.
         if std::env::var_os("FERROLOG_KEEP_DATA").is_some() {
@@ -44,17 +49,23 @@ impl Brokers {
         let (ip, ports) = common::private_addrs(6);
         let (client, peer) = ports.split_at(3);
         let initial = (0..3).map(|i| format!("{}={ip}:{}", i + 1, peer[i])).collect::<Vec<_>>().join(",");
+        let config_file = config.map(|text| write(dir.path(), "broker.toml", text));
         let mut children = Vec::new();
         for i in 0..3 {
             let log = std::fs::File::create(dir.path().join(format!("broker-{}.log", i + 1))).expect("log");
-            let child = Command::new(BIN)
+            let mut command = Command::new(BIN);
+            if let Some(f) = &config_file {
+                command.env("FERROLOG_CONFIG", f);
+            } else {
+                command.env_remove("FERROLOG_CONFIG");
+            }
+            let child = command
                 .args(["broker", "run", "--node-id", &(i + 1).to_string()])
                 .args(["--client-addr", &format!("{ip}:{}", client[i])])
                 .args(["--peer-addr", &format!("{ip}:{}", peer[i])])
                 .arg("--data-dir")
                 .arg(dir.path().join(format!("broker-{}", i + 1)))
                 .args(["--initial-cluster", &initial])
-                .env_remove("FERROLOG_CONFIG")
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().expect("log"))
                 .stderr(log)
@@ -814,6 +825,68 @@ fn topic_config_is_set_described_altered_and_enforced() {
         i128::from(stamps[1]) >= before as i128 - 5_000,
         "LogAppendTime: {stamps:?}, produced after {before}"
     );
+}
+
+#[test]
+fn retention_moves_the_log_start_and_consume_says_what_it_does() {
+    let c = Brokers::start_with_config(Some("[retention]\ncheck_interval_ms = 200\n"));
+    c.ok(
+        &[
+            "topic",
+            "create",
+            "ret",
+            "--partitions",
+            "1",
+            "--config",
+            "segment.bytes=4096",
+            "--config",
+            "retention.bytes=8192",
+        ],
+        None,
+    );
+    // 20 batches of about 5 KB, each over segment.bytes: one segment each.
+    for round in 0..20 {
+        let rows: String = (0..50).map(|i| format!("{:04}-{}\n", round * 50 + i, "r".repeat(90))).collect();
+        c.ok(&["produce", "ret"], Some(&rows));
+    }
+    // Reading from offset 0 fails once retention moved the log start, and says how to go on.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let err = loop {
+        let out = c.run(&["consume", "ret", "-p", "0", "--from", "0", "--max-records", "1"], None);
+        if !out.status.success() {
+            break String::from_utf8_lossy(&out.stderr).into_owned();
+        }
+        assert!(Instant::now() < deadline, "the log start never moved from 0");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(err.contains("out of range") && err.contains("--offset-reset earliest"), "{err}");
+
+    // --offset-reset earliest warns and reads on from the log start, where
+    // --from earliest starts too; offsets are those the records were written at.
+    let out = c.run(
+        &["consume", "ret", "-p", "0", "--from", "0", "--offset-reset", "earliest", "--output", "json"],
+        None,
+    );
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("reading on from") && stderr.contains("--offset-reset earliest"), "{stderr}");
+    let reset = json_lines(&stdout);
+    let start = reset.first().and_then(|r| r["offset"].as_u64()).expect("records after the log start");
+    assert!(start > 0 && reset.len() as u64 == 1000 - start, "from {start}: {} records", reset.len());
+    for r in &reset {
+        let o = r["offset"].as_u64().expect("offset");
+        assert!(r["value"].as_str().expect("value").starts_with(&format!("{o:04}-")), "{r}");
+    }
+    let earliest =
+        json_lines(&c.ok(&["consume", "ret", "-p", "0", "--from", "earliest", "--output", "json"], None));
+    assert!(
+        earliest.first().and_then(|r| r["offset"].as_u64()).is_some_and(|o| o >= start),
+        "{:?}",
+        earliest.first()
+    );
+    // --offset-reset latest skips to the end: nothing left to read without --follow.
+    let out = c.run(&["consume", "ret", "-p", "0", "--from", "0", "--offset-reset", "latest"], None);
+    assert!(out.status.success() && out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// Segment files of `topic`'s partition 0 on each broker, by broker.

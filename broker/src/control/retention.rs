@@ -1,0 +1,243 @@
+//! Retention (Kafka's `cleanup.policy=delete` with `retention.ms` and
+//! `retention.bytes`): every `retention.check_interval_ms`, the leader of
+//! each partition whose topic deletes decides a new log start offset on a
+//! segment boundary of its own log and replicates the decision through the
+//! partition's Raft log as a control entry ([`Control::LogStart`]). Every
+//! replica applies it at the same log position, so all serve from the same
+//! offset; offsets never shift.
+//!
+//! A segment wholly below the log start is deleted once Raft no longer
+//! needs its entries (they are purged after a snapshot; a follower that
+//! needs them gets the snapshot, which holds only retained segments). So
+//! after an advance each replica builds a snapshot, and Raft purges all but
+//! the newest `ferrolog_replica::settings::LOG_KEPT_AFTER_SNAPSHOT` entries: that
+//! many entries can stay on disk beyond the retention limits.
+//!
+//! ```text
+//!  leader, each check: segments ─decide─> new log start ─propose─> Raft commit
+//!  every replica: apply control entry ─> log start (persisted) ─> snapshot ─> Raft purge ─> segments deleted
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrolog_raft_store::{Control, RecordBatch, SegmentSummary};
+use tokio::sync::watch;
+
+use crate::control::liveness::Liveness;
+use crate::groups::GroupRegistry;
+use crate::metadata::image::MetadataImage;
+use crate::metadata::topic_config::TopicDefaults;
+use crate::partition::Partition;
+
+/// The minor peer protocol version every broker needs before a leader
+/// writes control entries (a 1.8 follower does not decode the frame).
+pub const CONTROL_ENTRIES_MINOR: u32 = 9;
+
+/// A topic's retention limits, from its effective configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// `retention.ms`: ms a segment is kept after its newest record; -1: no limit.
+    pub retention_ms: i64,
+    /// `retention.bytes`: bytes a partition keeps; -1: no limit.
+    pub retention_bytes: i64,
+}
+
+impl Limits {
+    /// The limits of a topic with `overrides` on a broker with `defaults`;
+    /// `None` when its `cleanup.policy` does not delete or neither limit is set.
+    pub fn of(
+        defaults: &TopicDefaults,
+        overrides: &std::collections::BTreeMap<String, String>,
+    ) -> Option<Self> {
+        if !defaults.value(overrides, "cleanup.policy").split(',').any(|p| p == "delete") {
+            return None;
+        }
+        let get = |k: &str| defaults.value(overrides, k).parse::<i64>().unwrap_or(-1);
+        let limits = Limits { retention_ms: get("retention.ms"), retention_bytes: get("retention.bytes") };
+        (limits.retention_ms >= 0 || limits.retention_bytes >= 0).then_some(limits)
+    }
+}
+
+/// The log start offset retention moves a partition to, if it moves:
+/// the end of the last of the oldest sealed segments that are all over a
+/// limit (never the active segment, the last of `segments`). By time, a
+/// segment is over when its newest record is older than `retention_ms`;
+/// its newest record's time is its largest timestamp, but never later than
+/// the file's last write, so a future-dated timestamp cannot keep a segment
+/// forever. By size, the oldest segments go while the partition stays at or
+/// above `retention_bytes` without them (Kafka's rule). Independent of
+/// timestamps.
+pub fn new_log_start(segments: &[SegmentSummary], now_ms: i64, limits: Limits, current: u64) -> Option<u64> {
+    let sealed = &segments[..segments.len().saturating_sub(1)];
+    let mut cut = 0;
+    if limits.retention_ms >= 0 {
+        cut = sealed
+            .iter()
+            .take_while(|s| {
+                now_ms.saturating_sub(s.max_timestamp_ms.min(s.modified_ms)) > limits.retention_ms
+            })
+            .count();
+    }
+    if limits.retention_bytes >= 0 {
+        let total: u64 = segments.iter().map(|s| s.size_bytes).sum();
+        let mut excess = i128::from(total) - i128::from(limits.retention_bytes);
+        let mut by_size = 0;
+        for s in sealed {
+            if excess - i128::from(s.size_bytes) < 0 {
+                break;
+            }
+            excess -= i128::from(s.size_bytes);
+            by_size += 1;
+        }
+        cut = cut.max(by_size);
+    }
+    let start = sealed.get(cut.checked_sub(1)?)?.next_offset;
+    (start > current).then_some(start)
+}
+
+/// Runs retention on this broker every `interval` until the task is
+/// dropped: decides for the partitions it leads (while every live broker
+/// speaks [`CONTROL_ENTRIES_MINOR`] or later), and on every hosted replica
+/// that still holds retired segments starts a snapshot so Raft can purge
+/// their entries.
+pub async fn run(
+    groups: GroupRegistry,
+    image: watch::Receiver<Arc<MetadataImage>>,
+    defaults: Arc<TopicDefaults>,
+    liveness: Liveness,
+    interval: Duration,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let img = image.borrow().clone();
+        let old = liveness.older_than(CONTROL_ENTRIES_MINOR);
+        for p in groups.partitions() {
+            if old.is_empty() && p.raft.is_leader() {
+                decide(&p, &img, &defaults).await;
+            }
+            let replica = p.replica.clone();
+            let retired = tokio::task::spawn_blocking(move || {
+                replica.holds_purgeable_retired_segment(ferrolog_replica::settings::LOG_KEPT_AFTER_SNAPSHOT)
+            })
+            .await;
+            if retired.unwrap_or(false)
+                && let Err(e) = p.raft.build_snapshot().await
+            {
+                tracing::debug!(topic = %p.topic, partition = p.partition, "retention snapshot: {e}");
+            }
+        }
+    }
+}
+
+/// One partition's decision, proposed if it moves the log start.
+async fn decide(p: &Partition, image: &MetadataImage, defaults: &TopicDefaults) {
+    let Some(limits) = image.topics.get(&p.topic).and_then(|t| Limits::of(defaults, &t.config)) else {
+        return;
+    };
+    let replica = p.replica.clone();
+    let summaries = match tokio::task::spawn_blocking(move || {
+        replica.segment_summaries().map(|s| (s, replica.log_start_offset()))
+    })
+    .await
+    {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::warn!(topic = %p.topic, partition = p.partition, "retention: cannot list segments: {e}");
+            return;
+        }
+        Err(_) => return,
+    };
+    let (segments, current) = summaries;
+    let Some(start) = new_log_start(&segments, crate::metadata::controller::now_ms(), limits, current) else {
+        return;
+    };
+    match p.raft.write(RecordBatch::control_batch(Control::LogStart(start))).await {
+        Ok(_) => {
+            tracing::info!(topic = %p.topic, partition = p.partition, from = current, to = start, "retention moved the log start offset")
+        }
+        Err(e) => tracing::debug!(topic = %p.topic, partition = p.partition, "retention: not proposed: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_000_000;
+
+    /// Segments of `sizes` bytes, 10 offsets each, newest record at `stamps`.
+    fn segs(sizes: &[u64], stamps: &[i64]) -> Vec<SegmentSummary> {
+        sizes
+            .iter()
+            .zip(stamps)
+            .enumerate()
+            .map(|(i, (size, ts))| SegmentSummary {
+                base_offset: i as u64 * 10,
+                next_offset: i as u64 * 10 + 10,
+                size_bytes: *size,
+                max_timestamp_ms: *ts,
+                modified_ms: NOW - 1,
+            })
+            .collect()
+    }
+
+    fn limits(retention_ms: i64, retention_bytes: i64) -> Limits {
+        Limits { retention_ms, retention_bytes }
+    }
+
+    #[test]
+    fn by_size_the_oldest_go_while_the_rest_stays_at_or_above_the_limit() {
+        let s = segs(&[100, 100, 100, 100], &[NOW; 4]);
+        assert_eq!(new_log_start(&s, NOW, limits(-1, 250), 0), Some(10), "400 - 100 ≥ 250, 300 - 100 < 250");
+        assert_eq!(new_log_start(&s, NOW, limits(-1, 200), 0), Some(20));
+        assert_eq!(new_log_start(&s, NOW, limits(-1, 0), 0), Some(30), "never the active segment");
+        assert_eq!(new_log_start(&s, NOW, limits(-1, 400), 0), None);
+        assert_eq!(new_log_start(&s, NOW, limits(-1, 200), 20), None, "already there");
+    }
+
+    #[test]
+    fn by_time_the_oldest_go_while_their_newest_record_is_too_old() {
+        let s = segs(&[1, 1, 1, 1], &[NOW - 500, NOW - 400, NOW - 50, NOW - 600]);
+        assert_eq!(new_log_start(&s, NOW, limits(100, -1), 0), Some(20), "stops at the first young segment");
+        assert_eq!(new_log_start(&s, NOW, limits(1000, -1), 0), None);
+        // The active segment is old too, but stays.
+        let all_old = segs(&[1, 1], &[NOW - 500, NOW - 500]);
+        assert_eq!(new_log_start(&all_old, NOW, limits(100, -1), 0), Some(10));
+    }
+
+    #[test]
+    fn a_future_timestamp_does_not_keep_a_segment_past_its_last_write() {
+        let mut s = segs(&[1, 1, 1], &[i64::MAX, NOW - 500, NOW]);
+        s[0].modified_ms = NOW - 500;
+        assert_eq!(new_log_start(&s, NOW, limits(100, -1), 0), Some(20));
+    }
+
+    #[test]
+    fn time_and_size_together_take_the_further() {
+        let s = segs(&[100, 100, 100, 100], &[NOW - 500, NOW, NOW, NOW]);
+        assert_eq!(new_log_start(&s, NOW, limits(100, 150), 0), Some(20));
+        assert_eq!(new_log_start(&s, NOW, limits(100, -1), 0), Some(10));
+        assert_eq!(new_log_start(&[], NOW, limits(0, 0), 0), None, "an empty list is no log");
+    }
+
+    #[test]
+    fn only_deleting_topics_with_a_limit_have_one() {
+        let d = TopicDefaults::default();
+        let m = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        assert_eq!(Limits::of(&d, &m(&[])), Some(limits(604_800_000, -1)), "Kafka's default: 7 days");
+        assert_eq!(Limits::of(&d, &m(&[("retention.ms", "-1")])), None);
+        assert_eq!(Limits::of(&d, &m(&[("cleanup.policy", "compact")])), None);
+        assert_eq!(
+            Limits::of(&d, &m(&[("cleanup.policy", "compact,delete"), ("retention.bytes", "5")])),
+            Some(limits(604_800_000, 5))
+        );
+    }
+}

@@ -1,0 +1,234 @@
+//! Retention by size on a 3-replica topic (issue 12): while records are
+//! produced, the leader moves the log start offset through Raft; every
+//! replica then serves from the same offset, holds the same records at the
+//! same offsets (read from the stopped brokers with `dump-log`), and keeps
+//! far less on disk than was written. A read below the log start is
+//! refused `OFFSET_OUT_OF_RANGE` with the log start, and `ListOffsets`
+//! earliest follows it.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ferrolog_proto::client::{
+    CreateTopicRequest, ErrorCode, FetchRequest, ListOffsetsRequest, OffsetSpec, ProduceRequest,
+};
+use ferrolog_tests::raw::{code, leader, produce, record, values};
+use ferrolog_tests::{Cluster, connect};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
+/// Retention checked every 300 ms (Kafka's default is 5 minutes).
+const CONFIG: &str = "[storage]\nindex_interval_bytes = 256\n[retention]\ncheck_interval_ms = 300\n";
+const RECORDS: usize = 4000;
+const RETENTION_BYTES: u64 = 32 << 10;
+/// Raft keeps this many entries after a snapshot
+/// (`ferrolog_replica::settings::LOG_KEPT_AFTER_SNAPSHOT`): their segments
+/// stay on disk beyond the retention limit.
+const KEPT_ENTRIES: u64 = 1000;
+/// More than one entry here takes on disk: an 80-byte frame header and one
+/// record of about 80 bytes.
+const ENTRY_BYTES_MAX: u64 = 200;
+
+fn value(i: usize) -> String {
+    format!("v-{i:05}-{}", "x".repeat(60))
+}
+
+/// Bytes of segment files of broker `id`'s replica of `t`-0.
+fn segment_bytes(c: &Cluster, id: u32) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for e in fs::read_dir(c.data_dir(id).join("partitions"))? {
+        let log = e?.path().join("replica").join("log");
+        if log.is_dir() {
+            for f in fs::read_dir(&log)? {
+                let f = f?;
+                if f.path().extension().is_some_and(|x| x == "seg") {
+                    total += f.metadata()?.len();
+                }
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// `(offset, value)` of every record broker `id` holds for `t`-0, from its
+/// stopped data directory.
+fn dumped(id: u32, dir: &Path) -> anyhow::Result<Vec<(u64, String)>> {
+    let out = std::process::Command::new(BIN).arg("dump-log").arg("--data-dir").arg(dir).output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "dump-log of broker {id}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut records = Vec::new();
+    for line in String::from_utf8(out.stdout)?.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        if v["topic"] == "t" {
+            let offset = v["offset"].as_u64().ok_or_else(|| anyhow::anyhow!("no offset: {line}"))?;
+            records.push((offset, v["value"].as_str().unwrap_or_default().to_owned()));
+        }
+    }
+    Ok(records)
+}
+
+async fn earliest(c: &Cluster, id: u32) -> anyhow::Result<u64> {
+    let r = connect(c.broker(id).client_addr)
+        .await?
+        .list_offsets(ListOffsetsRequest {
+            topic: "t".into(),
+            partition: 0,
+            spec: OffsetSpec::Earliest as i32,
+            ..ListOffsetsRequest::default()
+        })
+        .await?
+        .into_inner();
+    anyhow::ensure!(r.error.is_none(), "list offsets: {:?}", r.error);
+    Ok(r.offset)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retention_by_size_moves_every_replica_to_the_same_log_start() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("broker.toml");
+    fs::write(&config, CONFIG)?;
+    let mut c =
+        Cluster::start("retention", BIN, 3, &[("FERROLOG_CONFIG", &config.to_string_lossy())]).await?;
+    let configs: BTreeMap<String, String> = [
+        ("segment.bytes".to_owned(), "4096".to_owned()),
+        ("retention.bytes".to_owned(), RETENTION_BYTES.to_string()),
+    ]
+    .into();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = connect(c.broker(1).client_addr)
+            .await?
+            .create_topic(CreateTopicRequest {
+                name: "t".into(),
+                partitions: 1,
+                replication_factor: 3,
+                configs: configs.clone().into_iter().collect(),
+            })
+            .await?
+            .into_inner();
+        match code(&r.error) {
+            ErrorCode::None => break,
+            ErrorCode::Unavailable if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            _ => anyhow::bail!("create topic: {:?}", r.error),
+        }
+    }
+
+    // One record per request: one Raft entry each, many 4 KiB segments.
+    let mut written = 0u64;
+    let mut at = leader(&c, "t", 0, Duration::from_secs(30)).await?;
+    let mut client = connect(c.broker(at).client_addr).await?;
+    for i in 0..RECORDS {
+        let req = ProduceRequest {
+            topic: "t".into(),
+            partition: 0,
+            records: vec![record("k", &value(i))],
+            producer_id: -1,
+            ..ProduceRequest::default()
+        };
+        let r = client.produce(req.clone()).await?.into_inner();
+        let offset = if r.error.is_none() {
+            r.base_offset
+        } else {
+            let (r, id) = produce(&c, req, Duration::from_secs(30)).await?;
+            at = id;
+            client = connect(c.broker(at).client_addr).await?;
+            r.base_offset
+        };
+        assert_eq!(offset, i as u64, "a fresh topic with one producer: offset = sequence");
+        written += value(i).len() as u64;
+    }
+
+    // The log start moves, and old segments leave every replica's disk.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let start = loop {
+        let start = earliest(&c, at).await.unwrap_or(0);
+        let sizes: Vec<u64> = (1..=3).map(|id| segment_bytes(&c, id)).collect::<anyhow::Result<_>>()?;
+        // Retention's limit, the entries Raft keeps, and the active
+        // segment and the one being cut: well below the whole log (about
+        // 640 KB).
+        let bound = RETENTION_BYTES + KEPT_ENTRIES * ENTRY_BYTES_MAX + 2 * 4096;
+        if start > 0 && sizes.iter().all(|s| *s <= bound) {
+            eprintln!(
+                "log start {start}; segment bytes per replica {sizes:?} (bound {bound}); record bytes written {written}"
+            );
+            break start;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "retention did not advance: log start {start}, segment bytes {sizes:?} of {written} written\n{}",
+            c.logs_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(start < RECORDS as u64, "the log start passed the end");
+
+    // A read below the log start is refused with the log start; one at it is served.
+    let mut client = connect(c.broker(at).client_addr).await?;
+    let below = client
+        .fetch(FetchRequest { topic: "t".into(), partition: 0, offset: 0, ..FetchRequest::default() })
+        .await?
+        .into_inner();
+    assert_eq!(code(&below.error), ErrorCode::OffsetOutOfRange, "{:?}", below.error);
+    let e = below.error.expect("an error");
+    assert!(e.log_start_offset >= start, "{e:?}");
+    let first = client
+        .fetch(FetchRequest {
+            topic: "t".into(),
+            partition: 0,
+            offset: e.log_start_offset,
+            max_bytes: 1,
+            ..FetchRequest::default()
+        })
+        .await?
+        .into_inner();
+    assert!(first.error.is_none(), "{:?}", first.error);
+    let got = values(&first)?;
+    assert!(
+        got.contains(&value(e.log_start_offset as usize)),
+        "the record at the log start keeps its offset"
+    );
+
+    // Stopped, every replica holds the same records at the same offsets,
+    // from the same log start on, each at the offset it was written at.
+    for id in 1..=3 {
+        c.kill(id);
+    }
+    let dumps: Vec<Vec<(u64, String)>> =
+        (1..=3).map(|id| dumped(id, c.data_dir(id))).collect::<anyhow::Result<_>>()?;
+    for (i, d) in dumps.iter().enumerate() {
+        let first = d.first().map(|(o, _)| *o);
+        assert!(first.is_some_and(|o| o >= start && o > 0), "broker {}: dump begins at {first:?}", i + 1);
+        assert_eq!(d.last().map(|(o, _)| *o), Some(RECORDS as u64 - 1), "broker {}", i + 1);
+        assert!(d.iter().all(|(o, v)| *v == value(*o as usize)), "broker {}: a record moved", i + 1);
+    }
+    assert_eq!(dumps[0], dumps[1], "brokers 1 and 2 differ");
+    assert_eq!(dumps[0], dumps[2], "brokers 1 and 3 differ");
+    eprintln!("every replica serves offsets {}..{}", dumps[0][0].0, RECORDS);
+
+    // After a restart the log start holds, and earliest follows it.
+    for id in 1..=3 {
+        c.spawn(id)?;
+    }
+    c.wait_ready(3, Duration::from_secs(60)).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        // Whichever broker leads once an election settled.
+        let id = leader(&c, "t", 0, Duration::from_secs(30)).await?;
+        match earliest(&c, id).await {
+            Ok(o) => break o,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("earliest from broker {id}: {e:#}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    assert_eq!(after, dumps[0][0].0, "ListOffsets earliest is the log start every replica kept");
+    Ok(())
+}
