@@ -790,13 +790,13 @@ impl PartitionLog {
     /// snapshot: `(path, whole)` where `whole` means every entry of the
     /// file is ≤ `upto` and the file is sealed (safe to hard-link); else the
     /// byte length of the prefix to copy is returned.
-    pub(crate) fn snapshot_sources(&self, upto: u64) -> Result<Vec<(PathBuf, Option<u64>)>> {
+    pub(crate) fn snapshot_sources(&self, upto: u64, log_start: u64) -> Result<Vec<(PathBuf, Option<u64>)>> {
         let mut out = Vec::new();
         for (i, seg) in self.segments.iter().enumerate() {
             // A segment retention retired is left out: the snapshot holds
             // only what is served (and does not keep retired files alive
             // through its hard links).
-            let retired = seg.next_offset() <= self.log_start && i + 1 < self.segments.len();
+            let retired = seg.next_offset() <= log_start && i + 1 < self.segments.len();
             if seg.base_index() > upto || seg.is_empty() || retired {
                 continue;
             }
@@ -889,6 +889,25 @@ impl PartitionLog {
         up_to_offset: u64,
         mut record_timestamps: impl FnMut(Bytes) -> std::result::Result<Vec<i64>, E>,
     ) -> Result<Option<(u64, i64)>> {
+        let start = self.log_start_offset();
+        let found = self.offset_for_timestamp_on_disk(timestamp_ms, up_to_offset, &mut record_timestamps)?;
+        match found {
+            // In a segment retention retired but Raft still keeps: the
+            // answer is among the records served, from the log start on.
+            Some((offset, _)) if offset < start => {
+                self.scan_for_timestamp(start, timestamp_ms, up_to_offset, &mut record_timestamps)
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// [`PartitionLog::offset_for_timestamp`] over every segment on disk.
+    fn offset_for_timestamp_on_disk<E: std::fmt::Display>(
+        &self,
+        timestamp_ms: i64,
+        up_to_offset: u64,
+        record_timestamps: &mut impl FnMut(Bytes) -> std::result::Result<Vec<i64>, E>,
+    ) -> Result<Option<(u64, i64)>> {
         for seg in self.segments.iter().filter(|s| s.max_timestamp_ms() >= timestamp_ms) {
             let pos = seg.position_of_timestamp(timestamp_ms)?;
             let Some((h, frame)) = seg.read_frames(pos, 1, true, |_| true)?.0.into_iter().next() else {
@@ -921,6 +940,45 @@ impl PartitionLog {
                     h.base_offset, h.max_timestamp_ms
                 ))),
             };
+        }
+        Ok(None)
+    }
+
+    /// The first record at or after `from` (in offset order, below
+    /// `up_to_offset`) whose timestamp is ≥ `timestamp_ms`, found by
+    /// reading batches in turn: for a lookup whose indexed answer lies
+    /// below the log start.
+    fn scan_for_timestamp<E: std::fmt::Display>(
+        &self,
+        from: u64,
+        timestamp_ms: i64,
+        up_to_offset: u64,
+        record_timestamps: &mut impl FnMut(Bytes) -> std::result::Result<Vec<i64>, E>,
+    ) -> Result<Option<(u64, i64)>> {
+        let mut at = from;
+        while at < up_to_offset.min(self.log_end_offset()) {
+            let batches = self.read(at, 1 << 20, up_to_offset)?;
+            let Some(last) = batches.last() else { return Ok(None) };
+            at = last.header.next_offset();
+            for b in &batches {
+                let h = &b.header;
+                if h.max_timestamp_ms < timestamp_ms {
+                    continue;
+                }
+                let stamps = record_timestamps(b.records()).map_err(|e| {
+                    StoreError::Invalid(format!(
+                        "the records of the batch at offset {} do not decode: {e}",
+                        h.base_offset
+                    ))
+                })?;
+                let hit = stamps
+                    .iter()
+                    .enumerate()
+                    .find(|(i, t)| **t >= timestamp_ms && h.base_offset + *i as u64 >= from);
+                if let Some((i, t)) = hit {
+                    return Ok(Some((h.base_offset + i as u64, *t)));
+                }
+            }
         }
         Ok(None)
     }

@@ -109,6 +109,7 @@ pub fn build(
     meta: SnapshotMeta,
     next_offset: u64,
     producers: ProducerStates,
+    log_start_offset: u64,
 ) -> Result<SnapshotFiles> {
     let upto = meta.last_log_id.map(|l| l.index);
     let name = format!("{:020}-{}", upto.unwrap_or(0), unique_suffix());
@@ -116,7 +117,7 @@ pub fn build(
     fs::create_dir_all(&building).map_err(|e| StoreError::io("create directory", &building, e))?;
     let mut segments = Vec::new();
     if let Some(upto) = upto {
-        for (src, prefix) in log.snapshot_sources(upto)? {
+        for (src, prefix) in log.snapshot_sources(upto, log_start_offset)? {
             let file_name = src.file_name().map(|n| n.to_owned()).unwrap_or_default();
             let dst = building.join(&file_name);
             match prefix {
@@ -133,7 +134,7 @@ pub fn build(
         segments,
         compaction: None,
         producers,
-        log_start_offset: log.log_start_offset(),
+        log_start_offset,
     };
     let bytes = serde_json::to_vec_pretty(&manifest).map_err(|e| StoreError::Invalid(e.to_string()))?;
     fsutil::write_durable(&building.join(MANIFEST_FILE), &bytes)?;

@@ -31,14 +31,25 @@ impl RaftSnapshotBuilder<TypeConfig> for PartitionStateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         // Builds and installs run in different openraft tasks; one at a time.
         let _serial = self.replica.snapshot_lock();
-        let (meta, next_offset, producers) = {
+        // The log start as of the applied index the snapshot is of: apply
+        // moves it under the applied state's lock, so it is read under it
+        // (the files are then copied without that lock).
+        let (meta, next_offset, producers, log_start) = {
             let a = self.replica.applied();
             let meta = SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() };
-            (meta, a.next_offset, a.producers.clone())
+            let log_start = self.replica.log().log_start_offset();
+            (meta, a.next_offset, a.producers.clone(), log_start)
         };
         let files = {
             let log = self.replica.log();
-            snapshot::build(&log, self.replica.snapshot_root(), meta.clone(), next_offset, producers)?
+            snapshot::build(
+                &log,
+                self.replica.snapshot_root(),
+                meta.clone(),
+                next_offset,
+                producers,
+                log_start,
+            )?
         };
         let current = self.replica.set_current_snapshot(&files, meta.clone(), next_offset)?;
         tracing::info!(dir = %self.replica.snapshot_root().display(), last = ?meta.last_log_id, "built snapshot");
@@ -60,7 +71,6 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
         Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
     {
         while let Some((entry, responder)) = entries.try_next().await? {
-            let mut log_start = None;
             let result = {
                 let mut a = self.replica.applied();
                 // Raft applies committed entries in log order, each once
@@ -85,10 +95,16 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
                         match b.control().map_err(|e| {
                             io::Error::other(format!("entry {}: undecodable control: {e}", entry.log_id))
                         })? {
+                            // Never past what is applied before it (the leader decides from
+                            // committed records): a value beyond is ignored, the same way
+                            // on every replica. Moved under the applied state's lock, so a
+                            // snapshot of this applied index always holds the new log start.
+                            Some(Control::LogStart(offset)) if offset <= a.next_offset => {
+                                self.replica.log().advance_log_start(offset)?;
+                            }
                             Some(Control::LogStart(offset)) => {
-                                // Never past what is applied: the leader chose it from its own
-                                // committed segments, before this entry.
-                                log_start = Some(offset.min(a.next_offset));
+                                tracing::warn!(log_id = %entry.log_id, offset, next_offset = a.next_offset,
+                                    "ignored a log start offset past the applied records");
                             }
                             None => {}
                         }
@@ -111,10 +127,6 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
                 a.last_applied = Some(entry.log_id);
                 AppendResult { base_offset, record_count }
             };
-            if let Some(offset) = log_start {
-                // Taken after the applied state's lock, never under it.
-                self.replica.log().advance_log_start(offset)?;
-            }
             self.replica.publish_high_watermark(result.base_offset + u64::from(result.record_count));
             if let Some(r) = responder {
                 r.send(result);
@@ -141,6 +153,9 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
         }
         if let Some(last) = meta.last_log_id {
             let mut log = self.replica.log();
+            // Retention as of the snapshot, saved before the log is replaced:
+            // a crash part way leaves it set (nothing below it is served here).
+            log.advance_log_start(manifest.log_start_offset.min(next_offset))?;
             let local = log.entries(last.index, last.index + 1)?;
             // Raft Log Matching (§5.3): a local entry equal to the snapshot's
             // last one means the prefixes are equal and the log stays.
@@ -149,8 +164,6 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
                 let files = self.replica.snapshot_files(&record);
                 log.replace_segments(&files.segment_paths()?, (last.index + 1, next_offset))?;
             }
-            // Retention as of the snapshot: nothing below it is served here either.
-            log.advance_log_start(manifest.log_start_offset.min(next_offset))?;
         }
         {
             let mut a = self.replica.applied();

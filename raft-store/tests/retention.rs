@@ -5,8 +5,11 @@
 
 use bytes::Bytes;
 use ferrolog_raft_store::format::{self, FrameKind};
-use ferrolog_raft_store::types::{Entry, EntryPayload, log_id};
-use ferrolog_raft_store::{Control, Flusher, PartitionLog, RecordBatch, StoreConfig, StoreError};
+use ferrolog_raft_store::snapshot;
+use ferrolog_raft_store::types::{Entry, EntryPayload, SnapshotMeta, StoredMembership, log_id};
+use ferrolog_raft_store::{
+    Control, Flusher, PartitionLog, ProducerStates, RecordBatch, StoreConfig, StoreError,
+};
 
 fn tiny() -> StoreConfig {
     StoreConfig { segment_bytes: 4096, index_interval_bytes: 200, ..StoreConfig::default() }
@@ -80,6 +83,23 @@ fn the_log_start_bounds_reads_and_segments_go_only_once_raft_purged_them() {
         "{:?}",
         first[0].header
     );
+
+    // A lookup by time answers among the records served: every record is
+    // stamped 1 here, so the first one at or after the log start.
+    let stamps = |b: Bytes| Ok::<_, String>(vec![1i64; b.len() / 100]);
+    assert_eq!(log.offset_for_timestamp(1, u64::MAX, stamps).expect("lookup"), Some((start, 1)));
+
+    // A snapshot holds the log start and leaves out the retired segments.
+    let root = dir.path().join("snapshots");
+    std::fs::create_dir_all(&root).expect("snapshot root");
+    let meta =
+        SnapshotMeta { last_log_id: Some(log_id(1, 1, 59)), last_membership: StoredMembership::default() };
+    let files = snapshot::build(&log, &root, meta, 600, ProducerStates::default(), log.log_start_offset())
+        .expect("build a snapshot");
+    let manifest = files.manifest().expect("manifest");
+    assert_eq!(manifest.log_start_offset, start);
+    let retired = summaries.iter().filter(|s| s.next_offset <= start).count();
+    assert_eq!(manifest.segments.len(), segments - retired, "{:?}", manifest.segments);
 
     // Raft purges entries 0..=19 (offsets below 200):
     // only segments wholly below both the log start and the purge go.

@@ -229,6 +229,12 @@ async fn retention_by_size_moves_every_replica_to_the_same_log_start() -> anyhow
             Err(e) => return Err(e),
         }
     };
-    assert_eq!(after, dumps[0][0].0, "ListOffsets earliest is the log start every replica kept");
+    // Retention goes on after the restart (a new leader has its own segment
+    // boundaries, so it may move the log start further), never back.
+    assert!(
+        after >= dumps[0][0].0 && after < RECORDS as u64,
+        "ListOffsets earliest {after}: the replicas kept {}",
+        dumps[0][0].0
+    );
     Ok(())
 }

@@ -108,7 +108,9 @@ pub async fn run(
     liveness: Liveness,
     interval: Duration,
 ) {
-    let mut tick = tokio::time::interval(interval);
+    // The first check one interval after start (Kafka waits
+    // `log.initial.task.delay.ms`): a broker that just started has other work.
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
@@ -137,6 +139,9 @@ async fn decide(p: &Partition, image: &MetadataImage, defaults: &TopicDefaults) 
     let Some(limits) = image.topics.get(&p.topic).and_then(|t| Limits::of(defaults, &t.config)) else {
         return;
     };
+    if p.lost_quorum() {
+        return;
+    }
     let replica = p.replica.clone();
     let summaries = match tokio::task::spawn_blocking(move || {
         replica.segment_summaries().map(|s| (s, replica.log_start_offset()))
@@ -154,13 +159,30 @@ async fn decide(p: &Partition, image: &MetadataImage, defaults: &TopicDefaults) 
     let Some(start) = new_log_start(&segments, crate::metadata::controller::now_ms(), limits, current) else {
         return;
     };
-    match p.raft.write(RecordBatch::control_batch(Control::LogStart(start))).await {
-        Ok(_) => {
+    // Sealed segments may hold entries not committed yet: only committed
+    // records are retired (a replica ignores a log start past what it applied).
+    if start > p.replica.high_watermark() {
+        return;
+    }
+    // A quiet group's followers learn the commit from the ticking leader.
+    p.set_ticking(true);
+    let write = p.raft.write(RecordBatch::control_batch(Control::LogStart(start)));
+    match tokio::time::timeout(WRITE_WAIT, write).await {
+        Ok(Ok(_)) => {
             tracing::info!(topic = %p.topic, partition = p.partition, from = current, to = start, "retention moved the log start offset")
         }
-        Err(e) => tracing::debug!(topic = %p.topic, partition = p.partition, "retention: not proposed: {e}"),
+        Ok(Err(e)) => {
+            tracing::debug!(topic = %p.topic, partition = p.partition, "retention: not proposed: {e}")
+        }
+        Err(_) => {
+            tracing::debug!(topic = %p.topic, partition = p.partition, "retention: not committed within {WRITE_WAIT:?}; the next check decides again")
+        }
     }
 }
+
+/// How long one partition's decision may wait to commit, so that a leader
+/// cut off from its followers does not hold up the others' retention.
+const WRITE_WAIT: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {

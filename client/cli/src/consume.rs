@@ -187,7 +187,9 @@ pub async fn run(bootstrap: &str, args: ConsumeArgs) -> anyhow::Result<()> {
                     log_end_offset
                 };
                 eprintln!(
-                    "warning: {topic}/{partition}: offset {offset} is outside the records held                      ({log_start_offset} up to {log_end_offset}; retention deletes the oldest);                      reading on from {to} (--offset-reset {})",
+                    "warning: {topic}/{partition}: offset {offset} is outside the records held \
+                     ({log_start_offset} up to {log_end_offset}; retention deletes the oldest); \
+                     reading on from {to} (--offset-reset {})",
                     if args.offset_reset == OffsetReset::Earliest { "earliest" } else { "latest" }
                 );
                 consumer.seek(&topic, partition, Seek::Offset(to));
