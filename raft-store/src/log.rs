@@ -451,14 +451,12 @@ impl PartitionLog {
         Ok(n)
     }
 
-    /// Offset after the first segment's last record.
-    pub fn first_segment_end_offset(&self) -> u64 {
-        self.segments.first().map_or(0, Segment::next_offset)
-    }
-
-    /// Raft index after the first segment's last entry.
-    pub fn first_segment_next_index(&self) -> u64 {
-        self.segments.first().map_or(0, Segment::next_index)
+    /// The Raft index of the last entry of the segments wholly below the
+    /// log start offset (never the active one); `None` if there are none.
+    pub fn retired_through_index(&self) -> Option<u64> {
+        let sealed = &self.segments[..self.segments.len().saturating_sub(1)];
+        let retired = sealed.iter().take_while(|s| s.next_offset() <= self.log_start).last()?;
+        retired.next_index().checked_sub(1)
     }
 
     /// Every segment as retention sees it, oldest first; the last is the

@@ -529,15 +529,12 @@ impl Replica {
         self.log().segment_summaries()
     }
 
-    /// Whether the oldest segment is wholly below the log start offset but
-    /// still on disk because Raft has not purged its entries, and a
-    /// snapshot now would let Raft purge them: Raft keeps the newest
-    /// `kept_entries` entries after a snapshot, and the segment's are older.
-    pub fn holds_purgeable_retired_segment(&self, kept_entries: u64) -> bool {
-        let log = self.log();
-        log.segment_count() > 1
-            && log.first_segment_end_offset() <= log.log_start_offset()
-            && log.first_segment_next_index().saturating_add(kept_entries) <= log.next_index()
+    /// The Raft index of the last entry of the segments retention retired
+    /// (wholly below the log start offset, never the active one) that are
+    /// still on disk; `None` if there are none. Raft purging through it
+    /// deletes them (see [`PartitionLog::delete_retired_segments`]).
+    pub fn retired_through_index(&self) -> Option<u64> {
+        self.log().retired_through_index()
     }
 
     /// Sets when the active segment rolls (see

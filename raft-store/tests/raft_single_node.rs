@@ -6,9 +6,10 @@
 //! can run after a purge that went past what the core believes is applied,
 //! and the core panics for good. Purging past applied entries only happens
 //! when few entries are kept after a snapshot, so Ferrolog keeps openraft's
-//! default margin (`max_in_snapshot_log_to_keep` = 1000) and never calls
-//! `purge_log` by hand: for a log a purge only moves a pointer (segment files
-//! stay until retention deletes them), so the margin costs no disk. This test
+//! default margin (`max_in_snapshot_log_to_keep` = 1000) and calls
+//! `purge_log` by hand only through entries already applied (retention):
+//! for a log a purge only moves a pointer (segment files stay until
+//! retention deletes them), so the margin costs no disk. This test
 //! runs that configuration under load, with snapshots every 64 entries and
 //! extra snapshot triggers.
 

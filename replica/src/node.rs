@@ -499,8 +499,9 @@ impl RaftNode {
     }
 
     /// Purges the log up to and including `index`, which a snapshot must
-    /// cover; see [`State::purged`]. (Under load the settings' own policy
-    /// is safer: openraft issue #2116.)
+    /// cover; see [`State::purged`]. Only through entries Raft has
+    /// applied ([`State::last_applied`]): openraft issue #2116's race needs
+    /// a purge past applied entries.
     ///
     /// # Errors
     /// [`NodeError::Stopped`].

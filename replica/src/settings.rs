@@ -5,7 +5,8 @@ use std::time::Duration;
 
 /// Raft entries kept after a snapshot, so a briefly lagging follower
 /// catches up from the log instead of a snapshot (and a workaround for
-/// openraft issue #2116: no manual purges under load).
+/// openraft issue #2116: no purge past what Raft has applied; retention's
+/// purges, `broker::control::retention`, stop at applied entries).
 pub const LOG_KEPT_AFTER_SNAPSHOT: u64 = 1000;
 
 /// How long a leader waits for a follower to install a snapshot, ms.

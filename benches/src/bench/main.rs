@@ -14,7 +14,9 @@
 //!   leader gets SIGKILL or SIGTERM;
 //! - `reassign`: moving a filled partition to a new broker (4 brokers):
 //!   its duration and MB/s, and another partition's produce latency
-//!   before and during it.
+//!   before and during it;
+//! - `retention`: disk use and throughput of a topic with `retention.bytes`
+//!   beside one without, under pipelined produce.
 //!
 //! Every figure printed is measured in that run; nothing is extrapolated.
 
@@ -26,6 +28,7 @@ mod idle;
 mod load;
 mod reassign;
 mod restart;
+mod retention;
 
 use clap::{Parser, Subcommand};
 
@@ -59,6 +62,8 @@ enum Cmd {
     Failover(failover::FailoverArgs),
     /// Move a filled partition to a new broker under load (4 brokers).
     Reassign(reassign::ReassignArgs),
+    /// Disk use and throughput of a topic with retention.bytes under load.
+    Retention(retention::RetentionArgs),
 }
 
 #[tokio::main]
@@ -78,5 +83,6 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Contention(a) => contention::run(a).await,
         Cmd::Failover(a) => failover::run(a).await,
         Cmd::Reassign(a) => reassign::run(a).await,
+        Cmd::Retention(a) => retention::run(a).await,
     }
 }

@@ -7,15 +7,16 @@
 //! offset; offsets never shift.
 //!
 //! A segment wholly below the log start is deleted once Raft no longer
-//! needs its entries (they are purged after a snapshot; a follower that
-//! needs them gets the snapshot, which holds only retained segments). So
-//! after an advance each replica builds a snapshot, and Raft purges all but
-//! the newest `ferrolog_replica::settings::LOG_KEPT_AFTER_SNAPSHOT` entries: that
-//! many entries can stay on disk beyond the retention limits.
+//! needs its entries (a follower that needs them gets a snapshot, which
+//! holds only retained segments). So at each check every replica that
+//! holds retired segments builds a snapshot, and at the next one purges
+//! Raft's log through them, which deletes them: disk use lags the limits by
+//! about one check interval of writes.
 //!
 //! ```text
 //!  leader, each check: segments ─decide─> new log start ─propose─> Raft commit
-//!  every replica: apply control entry ─> log start (persisted) ─> snapshot ─> Raft purge ─> segments deleted
+//!  every replica: apply control entry ─> log start (persisted)
+//!  every replica, each check: retired segments? ─> snapshot, then Raft purge through them ─> deleted
 //! ```
 
 use std::sync::Arc;
@@ -120,17 +121,40 @@ pub async fn run(
             if old.is_empty() && p.raft.is_leader() {
                 decide(&p, &img, &defaults).await;
             }
-            let replica = p.replica.clone();
-            let retired = tokio::task::spawn_blocking(move || {
-                replica.holds_purgeable_retired_segment(ferrolog_replica::settings::LOG_KEPT_AFTER_SNAPSHOT)
-            })
-            .await;
-            if retired.unwrap_or(false)
-                && let Err(e) = p.raft.build_snapshot().await
-            {
-                tracing::debug!(topic = %p.topic, partition = p.partition, "retention snapshot: {e}");
-            }
+            purge_retired(&p).await;
         }
+    }
+}
+
+/// Lets Raft purge the entries of segments retention retired, so they are
+/// deleted: once a snapshot covers them and they are applied (Raft never
+/// purges past what it has applied: openraft issue #2116's race needs a
+/// purge past applied entries), purges through them; and starts a new
+/// snapshot. The leader's Raft holds a purge back while it still sends
+/// those entries to a follower. Each snapshot copies the active segment up
+/// to its last entry (sealed segments are hard-linked): one copy per check
+/// while retention deletes.
+async fn purge_retired(p: &Partition) {
+    let replica = p.replica.clone();
+    let Ok(Some(upto)) = tokio::task::spawn_blocking(move || replica.retired_through_index()).await else {
+        return;
+    };
+    let (snapshot, applied, purged) = p.raft.state(|s| {
+        (s.snapshot().map(|l| l.index), s.last_applied().map(|l| l.index), s.purged().map(|l| l.index))
+    });
+    if purged >= Some(upto) {
+        return;
+    }
+    if snapshot >= Some(upto)
+        && applied >= Some(upto)
+        && let Err(e) = p.raft.purge_log(upto).await
+    {
+        tracing::debug!(topic = %p.topic, partition = p.partition, "retention purge: {e}");
+    }
+    // A new snapshot covers what to purge next time, and lets go of the
+    // files the previous one hard-linked that retention has retired since.
+    if let Err(e) = p.raft.build_snapshot().await {
+        tracing::debug!(topic = %p.topic, partition = p.partition, "retention snapshot: {e}");
     }
 }
 

@@ -1,0 +1,151 @@
+//! Retention under a steady produce load (issue 12): two topics of one
+//! partition (replication factor 3) on the same cluster, `kept` without
+//! retention and `retained` with `retention.bytes` (`--retention-mib`) and
+//! `segment.bytes` (`--segment-mib`); pipelined 1 KiB records go to each
+//! for `--seconds`, one after the other. While `retained` takes writes,
+//! the disk its replica uses on each broker (segment files and snapshot
+//! files, each file once however many hard links it has) is sampled every
+//! 100 ms. Prints the throughput of both runs, how many times the limit was
+//! written, and the largest disk use seen beside the limit + 2 segments.
+
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use clap::Args;
+use ferrolog_client::{Admin, ClientConfig, MetadataCache};
+use ferrolog_tests::Cluster;
+
+use crate::cluster;
+use crate::load::{self, ProduceArgs};
+
+/// Flags of `retention`.
+#[derive(Args, Debug, Clone)]
+pub struct RetentionArgs {
+    /// Seconds of produce to each topic.
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// `retention.bytes` of `retained`, MiB.
+    #[arg(long, default_value_t = 64)]
+    retention_mib: u64,
+    /// `segment.bytes` of both topics, MiB.
+    #[arg(long, default_value_t = 8)]
+    segment_mib: u64,
+    /// The brokers' `retention.check_interval_ms`.
+    #[arg(long, default_value_t = 1000)]
+    check_interval_ms: u64,
+}
+
+/// Bytes of the files under `dir` (recursively), each inode once.
+fn disk_bytes(dir: &Path, seen: &mut HashSet<(u64, u64)>) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let mut total = 0;
+    for e in entries.flatten() {
+        let Ok(m) = e.metadata() else { continue };
+        if m.is_dir() {
+            total += disk_bytes(&e.path(), seen);
+        } else if seen.insert((m.dev(), m.ino())) {
+            total += m.len();
+        }
+    }
+    total
+}
+
+/// Disk bytes of `topic`'s replica on broker `id`.
+fn replica_bytes(c: &Cluster, id: u32, topic: &str) -> u64 {
+    let mut seen = HashSet::new();
+    c.replica_dirs(id, &format!("{topic}-0."))
+        .iter()
+        .map(|d| disk_bytes(&c.data_dir(id).join("partitions").join(d), &mut seen))
+        .sum()
+}
+
+/// `retention`.
+///
+/// # Errors
+/// Cluster start-up, or a refused write.
+pub async fn run(a: RetentionArgs) -> anyhow::Result<()> {
+    let config = format!("[retention]\ncheck_interval_ms = {}\n", a.check_interval_ms);
+    let (c, _config) = cluster::start_configured("bench-retention", 3, &config).await?;
+    let c = Arc::new(c);
+    let meta = MetadataCache::new(ClientConfig::from_list(&c.bootstrap()))?;
+    let admin = Admin::new(meta.clone()).with_timeout(Duration::from_secs(60));
+    let (retention, segment) = (a.retention_mib << 20, a.segment_mib << 20);
+    for (topic, retention_bytes) in [("kept", -1i64), ("retained", retention as i64)] {
+        let config = [
+            ("segment.bytes".to_owned(), segment.to_string()),
+            ("retention.bytes".to_owned(), retention_bytes.to_string()),
+            ("retention.ms".to_owned(), "-1".to_owned()),
+        ]
+        .into();
+        admin.create_topic_with_config(topic, 1, 3, &config, |_| {}).await?;
+        admin.wait_for_leaders(topic, Duration::from_secs(60)).await?;
+    }
+
+    let kept = load::produce(&meta, "kept", &ProduceArgs::pipelined(1024, a.seconds, 1)).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (c, stop) = (c.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut max = [0u64; 3];
+            while !stop.load(Ordering::Relaxed) {
+                for (i, m) in max.iter_mut().enumerate() {
+                    let c = c.clone();
+                    let bytes =
+                        tokio::task::spawn_blocking(move || replica_bytes(&c, i as u32 + 1, "retained"))
+                            .await
+                            .unwrap_or(0);
+                    *m = (*m).max(bytes);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            max
+        })
+    };
+    let retained = load::produce(&meta, "retained", &ProduceArgs::pipelined(1024, a.seconds, 1)).await?;
+    // Five more checks after the last write.
+    tokio::time::sleep(Duration::from_millis(5 * a.check_interval_ms + 500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let max = sampler.await?;
+    let end: Vec<u64> = (1..=3).map(|id| replica_bytes(&c, id, "retained")).collect();
+    let start =
+        admin.describe_partition("retained", 0).await?.status.map(|s| s.log_start_offset).unwrap_or(0);
+
+    let mb_s = |r: &load::ProduceResult| r.records as f64 * 1024.0 / r.seconds / 1e6;
+    let written = retained.records * 1024;
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!(
+        "retention.bytes {} MiB, segment.bytes {} MiB, check every {} ms",
+        a.retention_mib, a.segment_mib, a.check_interval_ms
+    );
+    println!("| topic | MB/s | written | largest replica on disk (brokers 1, 2, 3) | at the end |");
+    println!("|---|---|---|---|---|");
+    println!(
+        "| kept (no retention) | {:.1} | {:.0} MiB | {:.0} MiB | |",
+        mb_s(&kept),
+        mib(kept.records * 1024),
+        mib(replica_bytes(&c, 1, "kept"))
+    );
+    println!(
+        "| retained | {:.1} | {:.0} MiB ({:.1}× the limit) | {:.0}, {:.0}, {:.0} MiB | {:.0}, {:.0}, {:.0} MiB |",
+        mb_s(&retained),
+        mib(written),
+        written as f64 / retention as f64,
+        mib(max[0]),
+        mib(max[1]),
+        mib(max[2]),
+        mib(end[0]),
+        mib(end[1]),
+        mib(end[2]),
+    );
+    println!(
+        "limit + 2 segments: {:.0} MiB; log start offset at the end {start} of {} records; throughput with retention {:.0}% of without",
+        mib(retention + 2 * segment),
+        retained.records,
+        100.0 * mb_s(&retained) / mb_s(&kept)
+    );
+    Ok(())
+}
