@@ -537,6 +537,16 @@ impl Replica {
         self.log().retired_through_index()
     }
 
+    /// Whether the current snapshot holds a log start below this
+    /// replica's: it may hard-link segment files retention has retired
+    /// since, which a new snapshot lets go. False without a snapshot, or
+    /// when its manifest cannot be read.
+    pub fn snapshot_behind_log_start(&self) -> bool {
+        let Some(record) = self.applied().snapshot.clone() else { return false };
+        let start = self.log().log_start_offset();
+        self.snapshot_files(&record).manifest().is_ok_and(|m| m.log_start_offset < start)
+    }
+
     /// Sets when the active segment rolls (see
     /// [`PartitionLog::set_roll_limits`]).
     ///

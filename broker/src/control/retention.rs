@@ -8,15 +8,16 @@
 //!
 //! A segment wholly below the log start is deleted once Raft no longer
 //! needs its entries (a follower that needs them gets a snapshot, which
-//! holds only retained segments). So at each check every replica that
-//! holds retired segments builds a snapshot, and at the next one purges
-//! Raft's log through them, which deletes them: disk use lags the limits by
-//! about one check interval of writes.
+//! holds only retained segments). So at a check a replica that holds
+//! retired segments builds a snapshot, at the next one purges Raft's log
+//! through them (which deletes them), and at the one after lets go of what
+//! the old snapshot linked: disk use lags the limits by a few check
+//! intervals of writes.
 //!
 //! ```text
 //!  leader, each check: segments ─decide─> new log start ─propose─> Raft commit
 //!  every replica: apply control entry ─> log start (persisted)
-//!  every replica, each check: retired segments? ─> snapshot, then Raft purge through them ─> deleted
+//!  every replica, each check: retired segments? ─> snapshot | Raft purge through them ─> deleted
 //! ```
 
 use std::sync::Arc;
@@ -126,35 +127,63 @@ pub async fn run(
     }
 }
 
+/// A follower silent this long does not hold a leader's retention purge back.
+const SILENT_FOLLOWER: Duration = Duration::from_secs(10);
+
 /// Lets Raft purge the entries of segments retention retired, so they are
-/// deleted: once a snapshot covers them and they are applied (Raft never
-/// purges past what it has applied: openraft issue #2116's race needs a
-/// purge past applied entries), purges through them; and starts a new
-/// snapshot. The leader's Raft holds a purge back while it still sends
-/// those entries to a follower. Each snapshot copies the active segment up
-/// to its last entry (sealed segments are hard-linked): one copy per check
-/// while retention deletes.
+/// deleted, then snapshots to let go of what the last snapshot linked:
+///
+/// - Retired segments whose entries a snapshot covers and Raft has applied:
+///   purge through them (never past applied entries: openraft issue #2116's
+///   race needs a purge past what the core applied). A leader purges only
+///   once every follower that answers has matched them: openraft holds a
+///   purge back while it sends those entries, and a purge of its own
+///   policy (after any snapshot) would then go below the pending one, which
+///   its debug assertions refuse. So no snapshot is started in that check.
+/// - Retired segments not covered yet: a snapshot (it leaves them out).
+/// - None left, but the current snapshot is older than the log start: a
+///   snapshot, so retired files it hard-linked are let go.
+///
+/// Each snapshot copies the active segment up to its last entry (sealed
+/// segments are hard-linked).
 async fn purge_retired(p: &Partition) {
     let replica = p.replica.clone();
-    let Ok(Some(upto)) = tokio::task::spawn_blocking(move || replica.retired_through_index()).await else {
+    let Ok((retired, stale_snapshot)) = tokio::task::spawn_blocking(move || {
+        let retired = replica.retired_through_index();
+        let stale = retired.is_none() && replica.snapshot_behind_log_start();
+        (retired, stale)
+    })
+    .await
+    else {
         return;
     };
-    let (snapshot, applied, purged) = p.raft.state(|s| {
-        (s.snapshot().map(|l| l.index), s.last_applied().map(|l| l.index), s.purged().map(|l| l.index))
-    });
-    if purged >= Some(upto) {
-        return;
-    }
-    if snapshot >= Some(upto)
-        && applied >= Some(upto)
-        && let Err(e) = p.raft.purge_log(upto).await
-    {
-        tracing::debug!(topic = %p.topic, partition = p.partition, "retention purge: {e}");
-    }
-    // A new snapshot covers what to purge next time, and lets go of the
-    // files the previous one hard-linked that retention has retired since.
-    if let Err(e) = p.raft.build_snapshot().await {
-        tracing::debug!(topic = %p.topic, partition = p.partition, "retention snapshot: {e}");
+    let result = match retired {
+        None if stale_snapshot => p.raft.build_snapshot().await,
+        None => return,
+        Some(upto) => {
+            let (covered, followers_ok) = p.raft.state(|s| {
+                let covered = s.snapshot().is_some_and(|l| l.index >= upto)
+                    && s.last_applied().is_some_and(|l| l.index >= upto)
+                    && s.purged().is_none_or(|l| l.index < upto);
+                let silent: std::collections::BTreeMap<_, _> =
+                    s.acknowledged_ago().map(|a| a.collect()).unwrap_or_default();
+                let followers_ok = s.matched().is_none_or(|mut m| {
+                    m.all(|(node, pos)| {
+                        pos.is_some_and(|l| l.index >= upto)
+                            || silent.get(&node).is_none_or(|ago| ago.is_none_or(|d| d >= SILENT_FOLLOWER))
+                    })
+                });
+                (covered, followers_ok)
+            });
+            match (covered, followers_ok) {
+                (true, true) => p.raft.purge_log(upto).await,
+                (true, false) => return,
+                (false, _) => p.raft.build_snapshot().await,
+            }
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(topic = %p.topic, partition = p.partition, "retention purge or snapshot: {e}");
     }
 }
 
