@@ -9,7 +9,8 @@
 //! default margin (`max_in_snapshot_log_to_keep` = 1000) and calls
 //! `purge_log` by hand only through entries already applied (retention):
 //! for a log a purge only moves a pointer (segment files stay until
-//! retention deletes them), so the margin costs no disk. This test
+//! retention deletes them), so the margin costs no disk. This test (which
+//! purges only by that policy)
 //! runs that configuration under load, with snapshots every 64 entries and
 //! extra snapshot triggers.
 
