@@ -429,6 +429,11 @@ impl PartitionLog {
     /// [`StoreError::Io`].
     pub fn delete_retired_segments(&mut self) -> Result<usize> {
         let Some(purged) = self.purged else { return Ok(0) };
+        if self.log_start == 0 {
+            // Retention never ran: nothing is retired (not even a first
+            // segment that holds only configuration entries).
+            return Ok(0);
+        }
         let retired = |s: &Segment| s.next_offset() <= self.log_start && s.next_index() <= purged.index + 1;
         let count =
             self.segments[..self.segments.len().saturating_sub(1)].iter().take_while(|s| retired(s)).count();
@@ -454,6 +459,9 @@ impl PartitionLog {
     /// The Raft index of the last entry of the segments wholly below the
     /// log start offset (never the active one); `None` if there are none.
     pub fn retired_through_index(&self) -> Option<u64> {
+        if self.log_start == 0 {
+            return None;
+        }
         let sealed = &self.segments[..self.segments.len().saturating_sub(1)];
         let retired = sealed.iter().take_while(|s| s.next_offset() <= self.log_start).last()?;
         retired.next_index().checked_sub(1)
@@ -794,7 +802,7 @@ impl PartitionLog {
             // A segment retention retired is left out: the snapshot holds
             // only what is served (and does not keep retired files alive
             // through its hard links).
-            let retired = seg.next_offset() <= log_start && i + 1 < self.segments.len();
+            let retired = log_start > 0 && seg.next_offset() <= log_start && i + 1 < self.segments.len();
             if seg.base_index() > upto || seg.is_empty() || retired {
                 continue;
             }
