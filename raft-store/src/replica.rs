@@ -542,8 +542,12 @@ impl Replica {
     /// since, which a new snapshot lets go. False without a snapshot, or
     /// when its manifest cannot be read.
     pub fn snapshot_behind_log_start(&self) -> bool {
-        let Some(record) = self.applied().snapshot.clone() else { return false };
         let start = self.log().log_start_offset();
+        if start == 0 {
+            // Retention never ran here: no manifest to read.
+            return false;
+        }
+        let Some(record) = self.applied().snapshot.clone() else { return false };
         self.snapshot_files(&record).manifest().is_ok_and(|m| m.log_start_offset < start)
     }
 

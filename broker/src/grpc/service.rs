@@ -173,8 +173,7 @@ impl ClientService {
                 .map_or(self.limits.max_batch_bytes, |m| {
                     usize::try_from(m).unwrap_or(usize::MAX).min(self.limits.max_batch_bytes)
                 });
-            let log_append_time =
-                self.topic_defaults.value(&t.config, "message.timestamp.type") == "LogAppendTime";
+            let log_append_time = self.topic_defaults.log_append_time(&t.config);
             return Ok(Served { partition: p, max_batch_bytes, log_append_time });
         }
         // Not hosted here (or not started yet): point at a replica.

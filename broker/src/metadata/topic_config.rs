@@ -301,6 +301,14 @@ impl TopicDefaults {
             .unwrap_or("")
     }
 
+    /// Whether a topic with `overrides` stamps records at append
+    /// (`message.timestamp.type` = `LogAppendTime`; the built-in default is
+    /// `CreateTime`). Two map lookups: this is asked on every produce.
+    pub fn log_append_time(&self, overrides: &BTreeMap<String, String>) -> bool {
+        const KEY: &str = "message.timestamp.type";
+        overrides.get(KEY).or_else(|| self.set.get(KEY)).is_some_and(|v| v == "LogAppendTime")
+    }
+
     /// Every key's effective value for a topic whose overrides are
     /// `overrides`, in [`KEYS`] order.
     pub fn effective(&self, overrides: &BTreeMap<String, String>) -> Vec<ConfigEntry> {
@@ -433,6 +441,13 @@ mod tests {
         assert_eq!(defaults.value(&topic, "retention.ms"), "3600000");
         assert_eq!(defaults.value(&topic, "message.timestamp.type"), "CreateTime");
         assert_eq!(defaults.value(&topic, "no.such.key"), "");
+        assert!(!defaults.log_append_time(&topic));
+        assert!(defaults.log_append_time(&map(&[("message.timestamp.type", "LogAppendTime")])));
+        let stamping =
+            TopicDefaults::from_broker(&map(&[("message.timestamp.type", "LogAppendTime")]), 1 << 30, 1, 1)
+                .unwrap();
+        assert!(stamping.log_append_time(&topic));
+        assert!(!stamping.log_append_time(&map(&[("message.timestamp.type", "CreateTime")])));
     }
 
     #[test]
