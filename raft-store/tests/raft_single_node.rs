@@ -95,7 +95,7 @@ async fn start(dir: &std::path::Path, flusher: &Flusher) -> (PartitionRaft, Repl
     let replica = loop {
         match Replica::open(dir, store_config(), flusher.clone()) {
             Ok(r) => break r,
-            Err(e) if tries < 100 && e.to_string().contains("already open") => {
+            Err(e) if tries < 100 && e.to_string().contains("is open already") => {
                 tries += 1;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
