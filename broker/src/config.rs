@@ -57,6 +57,8 @@ pub struct BrokerConfig {
     pub reassignment: ReassignmentConfig,
     /// Retention checks.
     pub retention: RetentionConfig,
+    /// Log compaction.
+    pub compaction: CompactionConfig,
     /// Defaults for topic configuration keys, by Kafka's topic-level names
     /// (`"retention.ms" = "604800000"`; the broker-level `log.*` settings of
     /// Kafka): what a topic without its own override gets on this broker.
@@ -79,6 +81,25 @@ pub struct RetentionConfig {
 impl Default for RetentionConfig {
     fn default() -> Self {
         Self { check_interval_ms: 300_000 }
+    }
+}
+
+/// Log compaction (`crate::control::compaction`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CompactionConfig {
+    /// How often partition leaders check their compacted topics and every
+    /// replica compacts to its target, ms (Kafka's `log.cleaner.backoff.ms`,
+    /// 15,000).
+    pub check_interval_ms: u64,
+    /// Bytes per second one compaction pass reads at most; 0: no limit
+    /// (Kafka's `log.cleaner.io.max.bytes.per.second`, unlimited by default).
+    pub io_max_bytes_per_second: u64,
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        Self { check_interval_ms: 15_000, io_max_bytes_per_second: 0 }
     }
 }
 
@@ -231,6 +252,7 @@ impl Default for BrokerConfig {
             balance: BalanceConfig::default(),
             reassignment: ReassignmentConfig::default(),
             retention: RetentionConfig::default(),
+            compaction: CompactionConfig::default(),
             topic_defaults: BTreeMap::new(),
         }
     }
@@ -281,6 +303,9 @@ impl BrokerConfig {
         self.topic_defaults()?;
         if self.retention.check_interval_ms == 0 {
             return bad("retention.check_interval_ms must be ≥ 1".into());
+        }
+        if self.compaction.check_interval_ms == 0 {
+            return bad("compaction.check_interval_ms must be ≥ 1".into());
         }
         if u64::from(self.node_id) >= crate::metadata::image::FIRST_NODE_ID {
             return bad(format!(

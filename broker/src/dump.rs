@@ -111,7 +111,8 @@ pub fn dump_replica(
             let recs = records::decode(&b.records())
                 .with_context(|| format!("{}: batch at offset {}", log_dir.display(), h.base_offset))?;
             for (i, rec) in recs.iter().enumerate() {
-                let o = h.base_offset + i as u64;
+                // Compacted batches: each record carries its offset delta.
+                let o = h.base_offset + u64::from(rec.offset_delta.unwrap_or(i as u32));
                 if o < offset {
                     continue;
                 }
@@ -128,7 +129,11 @@ pub fn dump_replica(
                 if let Some(k) = &rec.key {
                     text_or_hex("key", k, &mut line);
                 }
-                text_or_hex("value", &rec.value, &mut line);
+                if rec.null_value {
+                    line.insert("value".into(), serde_json::Value::Null);
+                } else {
+                    text_or_hex("value", &rec.value, &mut line);
+                }
                 serde_json::to_writer(&mut *out, &line)?;
                 out.write_all(b"\n")?;
                 n += 1;

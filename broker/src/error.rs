@@ -103,6 +103,10 @@ pub enum ApiError {
     /// does not take (Kafka's `INVALID_CONFIG`); the message names the key.
     #[error("invalid config: {0}")]
     InvalidConfig(String),
+    /// A produced record its topic does not take (Kafka's `INVALID_RECORD`):
+    /// a record without a key in a compacted topic. The batch is refused whole.
+    #[error("invalid record: {0}")]
+    InvalidRecord(String),
 }
 
 fn current_suffix(current: &Option<String>) -> String {

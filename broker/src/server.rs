@@ -380,6 +380,19 @@ impl Broker {
             ),
         ));
         tasks.push(spawn_task(
+            "compaction",
+            me,
+            &stopping,
+            crate::control::compaction::run(
+                reconciler.groups.clone(),
+                image_rx.clone(),
+                topic_defaults.clone(),
+                liveness.clone(),
+                Duration::from_millis(config.compaction.check_interval_ms),
+                config.compaction.io_max_bytes_per_second,
+            ),
+        ));
+        tasks.push(spawn_task(
             "balance",
             me,
             &stopping,

@@ -622,14 +622,17 @@ pub(crate) fn decode_batches(
                 b.base_offset
             ))
         })?;
-        if set.records.len() != b.record_count as usize {
-            return Err(Error::Protocol(format!(
-                "{topic}/{partition}: batch at offset {} says {} records but holds {}",
+        // A compacted batch holds fewer records than the offsets it spans,
+        // each with its offset delta; else record i is at delta i.
+        let deltas = record_deltas(&set.records, b.record_count).ok_or_else(|| {
+            Error::Protocol(format!(
+                "{topic}/{partition}: batch at offset {} spans {} offsets but holds {} records with \
+                 offset deltas out of order or out of range",
                 b.base_offset,
                 b.record_count,
                 set.records.len()
-            )));
-        }
+            ))
+        })?;
         let Some(batch_end) = b.base_offset.checked_add(u64::from(b.record_count)) else {
             return Err(Error::Protocol(format!(
                 "{topic}/{partition}: batch at offset {} overflows the offset space",
@@ -642,8 +645,16 @@ pub(crate) fn decode_batches(
                 b.base_offset
             )));
         }
-        let first_wanted = next.saturating_sub(b.base_offset) as usize;
+        let first_wanted_delta = next.saturating_sub(b.base_offset);
+        let first_wanted = deltas.partition_point(|d| u64::from(*d) < first_wanted_delta);
+        if batch_end <= next {
+            continue;
+        }
+        // Records compaction removed leave offsets no record holds: the
+        // position moves past the whole batch.
+        let end_of_batch = batch_end;
         if first_wanted >= set.records.len() {
+            next = end_of_batch;
             continue;
         }
         // The first batch with records to return: a timestamp seek starts at
@@ -654,14 +665,40 @@ pub(crate) fn decode_batches(
         {
             skip += j;
         }
-        for (i, r) in set.records.into_iter().enumerate().skip(skip) {
+        for (r, d) in set.records.into_iter().zip(deltas).skip(skip) {
             // Below batch_end, which did not overflow.
-            let o = b.base_offset + i as u64;
+            let o = b.base_offset + u64::from(d);
             records.push(ConsumerRecord::from_wire(topic, partition, o, r));
-            next = o + 1;
         }
+        next = end_of_batch;
     }
     Ok((records, next))
+}
+
+/// Each record's offset delta in its batch: its own (compacted batches)
+/// or its position; `None` if they are not strictly increasing below
+/// `record_count`, only some records carry one, or a batch without them
+/// holds other than `record_count` records.
+fn record_deltas(records: &[pb::Record], record_count: u32) -> Option<Vec<u32>> {
+    let explicit = records.first().is_some_and(|r| r.offset_delta.is_some());
+    // Without deltas a batch holds a record at every offset it spans (or
+    // none: compaction removed them all).
+    if !explicit && !records.is_empty() && records.len() != record_count as usize {
+        return None;
+    }
+    let mut out = Vec::with_capacity(records.len());
+    for (i, r) in records.iter().enumerate() {
+        let d = match (explicit, r.offset_delta) {
+            (true, Some(d)) => d,
+            (false, None) => u32::try_from(i).ok()?,
+            _ => return None,
+        };
+        if d >= record_count || out.last().is_some_and(|p| d <= *p) {
+            return None;
+        }
+        out.push(d);
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -740,6 +777,42 @@ mod tests {
         assert!(matches!(decode_batches("t", 0, 0, backwards, None), Err(Error::Protocol(_))));
     }
 
+    /// A batch compaction thinned: `base`, spanning `count` offsets,
+    /// holding values at the given deltas.
+    fn thinned(base: u64, count: u32, kept: &[(u32, &str)]) -> pb::RecordBatch {
+        let set = pb::RecordSet {
+            records: kept
+                .iter()
+                .map(|(d, v)| pb::Record {
+                    value: v.as_bytes().to_vec().into(),
+                    offset_delta: Some(*d),
+                    ..Default::default()
+                })
+                .collect(),
+        };
+        pb::RecordBatch { base_offset: base, record_count: count, records: set.encode_to_vec().into() }
+    }
+
+    #[test]
+    fn compacted_batches_keep_their_offsets_and_move_the_position_past_their_gaps() {
+        let batches = vec![thinned(10, 5, &[(1, "b"), (3, "d")]), thinned(15, 3, &[]), batch(18, &["s"])];
+        let (records, next) = decode_batches("t", 0, 10, batches.clone(), None).expect("decode");
+        let got: Vec<_> = records.iter().map(|r| (r.offset, r.value.clone())).collect();
+        assert_eq!(got, vec![(11, "b".into()), (13, "d".into()), (18, "s".into())]);
+        assert_eq!(next, 19);
+        // From inside a gap: the next kept record.
+        let (records, _) = decode_batches("t", 0, 12, batches, None).expect("decode");
+        assert_eq!(records.first().map(|r| r.offset), Some(13));
+        // A batch of only removed records still moves the position on.
+        let (records, next) = decode_batches("t", 0, 15, vec![thinned(15, 3, &[])], None).expect("decode");
+        assert!(records.is_empty());
+        assert_eq!(next, 18);
+        // Deltas out of order or past the batch are refused.
+        for bad in [thinned(0, 2, &[(1, "a"), (0, "b")]), thinned(0, 2, &[(2, "a")])] {
+            assert!(matches!(decode_batches("t", 0, 0, vec![bad], None), Err(Error::Protocol(_))));
+        }
+    }
+
     #[tokio::test]
     async fn seek_positions_and_drops_buffered_records() {
         let meta = MetadataCache::new(crate::metadata::ClientConfig::from_list("127.0.0.1:1")).expect("meta");
@@ -752,6 +825,7 @@ mod tests {
             offset: 9,
             key: None,
             value: "v".into(),
+            null_value: false,
             timestamp_ms: 0,
             headers: vec![],
         });

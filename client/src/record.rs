@@ -19,6 +19,9 @@ pub struct Record {
     pub key: Option<Bytes>,
     /// The payload.
     pub value: Bytes,
+    /// The value is null, not empty (`value` must then be empty): Kafka's
+    /// tombstone, which deletes the key from a compacted topic.
+    pub null_value: bool,
     /// Headers, in order.
     pub headers: Vec<Header>,
     /// Milliseconds since the Unix epoch; 0 lets the broker stamp its own time.
@@ -31,6 +34,12 @@ impl Record {
     /// A record with a value only.
     pub fn new(value: impl Into<Bytes>) -> Self {
         Record { value: value.into(), ..Default::default() }
+    }
+
+    /// A tombstone: `key` with a null value, which deletes the key from a
+    /// compacted topic once compaction runs (Kafka's `cleanup.policy=compact`).
+    pub fn tombstone(key: impl Into<Bytes>) -> Self {
+        Record { key: Some(key.into()), null_value: true, ..Default::default() }
     }
 
     /// Sets the key.
@@ -76,6 +85,8 @@ impl Record {
             value: self.value,
             headers: self.headers.into_iter().map(|h| pb::Header { key: h.key, value: h.value }).collect(),
             timestamp_ms: self.timestamp_ms,
+            offset_delta: None,
+            null_value: self.null_value,
         }
     }
 }
@@ -100,8 +111,10 @@ pub struct ConsumerRecord {
     pub offset: u64,
     /// Key, `None` when the record has none.
     pub key: Option<Bytes>,
-    /// Payload.
+    /// Payload (empty when `null_value`).
     pub value: Bytes,
+    /// The value is null (a tombstone), not empty.
+    pub null_value: bool,
     /// Milliseconds since the Unix epoch (the producer's, or the broker's
     /// when the producer sent 0).
     pub timestamp_ms: i64,
@@ -117,6 +130,7 @@ impl ConsumerRecord {
             offset,
             key: r.key,
             value: r.value,
+            null_value: r.null_value,
             timestamp_ms: r.timestamp_ms,
             headers: r.headers.into_iter().map(|h| Header { key: h.key, value: h.value }).collect(),
         }

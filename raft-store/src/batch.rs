@@ -25,10 +25,17 @@ pub enum Control {
     /// wholly below it are deleted once Raft no longer needs their entries
     /// (Kafka's log start offset, KIP-107).
     LogStart(u64),
+    /// Compaction (Kafka's `cleanup.policy=compact`): every replica compacts
+    /// the records below the target's `through` offset to the latest record
+    /// of each key, by the same rule, so all derive the same log (see
+    /// [`crate::compaction`]). Targets only move up.
+    Compact(crate::compaction::CompactionTarget),
 }
 
 /// Payload tag of [`Control::LogStart`].
 const CONTROL_LOG_START: u8 = 1;
+/// Payload tag of [`Control::Compact`].
+const CONTROL_COMPACT: u8 = 2;
 
 /// A batch of records as a producer sent it, carried whole as one Raft entry.
 ///
@@ -69,6 +76,11 @@ impl RecordBatch {
                 payload.push(CONTROL_LOG_START);
                 payload.extend_from_slice(&offset.to_le_bytes());
             }
+            Control::Compact(t) => {
+                payload.push(CONTROL_COMPACT);
+                payload.extend_from_slice(&t.through.to_le_bytes());
+                payload.extend_from_slice(&t.tombstones_below.to_le_bytes());
+            }
         }
         RecordBatch {
             record_count: 0,
@@ -107,6 +119,13 @@ impl RecordBatch {
                 let mut b = [0u8; 8];
                 b.copy_from_slice(rest);
                 Ok(Some(Control::LogStart(u64::from_le_bytes(b))))
+            }
+            [CONTROL_COMPACT, rest @ ..] if rest.len() == 16 => {
+                let (a, b) = rest.split_at(8);
+                let through = u64::from_le_bytes(a.try_into().map_err(|_| "compact: through")?);
+                let tombstones_below =
+                    u64::from_le_bytes(b.try_into().map_err(|_| "compact: tombstones_below")?);
+                Ok(Some(Control::Compact(crate::compaction::CompactionTarget { through, tombstones_below })))
             }
             other => {
                 Err(format!("unknown control payload of {} bytes (tag {:?})", other.len(), other.first()))

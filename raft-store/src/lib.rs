@@ -26,12 +26,14 @@
 //! - [`tail_cache`]: bounded cache of the newest entries.
 //! - [`producer`]: idempotent producer state (KIP-98), derived by apply.
 //! - [`snapshot`]: snapshots that carry the retained segment files.
+//! - [`compaction`]: deterministic key-based compaction of sealed segments.
 //! - [`log_store`], [`state_machine`]: the openraft trait implementations.
 //! - [`replica`]: opens a replica and hands out both halves.
 //! - [`wire`]: the peer protocol's messages to and from the Raft library's types.
 //! - [`types`], [`batch`], [`config`], [`error`]: shared vocabulary.
 
 pub mod batch;
+pub mod compaction;
 pub mod config;
 pub mod error;
 pub mod flusher;
@@ -51,6 +53,7 @@ pub mod types;
 pub mod wire;
 
 pub use batch::{AppendResult, CONTROL_PRODUCER_ID, Control, NO_PRODUCER_ID, RecordBatch};
+pub use compaction::{CompactionStats, CompactionTarget, KeyedRecord, RecordCodec};
 pub use config::{FlushPolicy, StoreConfig};
 pub use error::StoreError;
 pub use flusher::Flusher;

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::compaction::CompactionTarget;
 use crate::config::{FlushPolicy, StoreConfig};
 use crate::error::{Result, StoreError};
 use crate::flusher::{FlushCallback, Flusher};
@@ -133,6 +134,24 @@ pub struct PartitionLog {
     recovering: Option<String>,
     /// See [`PartitionLog::damage`].
     damage: Vec<Damage>,
+    /// See [`PartitionLog::compaction_target`].
+    compaction: CompactionTarget,
+    /// The target a compaction pass last finished (in memory: after a
+    /// restart one pass runs again, finding nothing to remove).
+    compacted_to: Option<CompactionTarget>,
+}
+
+/// A sealed segment a compaction pass may rewrite
+/// ([`PartitionLog::compaction_candidates`]).
+#[derive(Debug)]
+pub struct CompactionCandidate {
+    pub(crate) path: PathBuf,
+    pub(crate) reader: SegmentReader,
+    pub(crate) header: format::SegmentHeader,
+    pub(crate) size_bytes: u64,
+    pub(crate) modified: Option<std::time::SystemTime>,
+    pub(crate) index_interval_bytes: u64,
+    file: Arc<fs::File>,
 }
 
 impl PartitionLog {
@@ -211,6 +230,7 @@ impl PartitionLog {
         let (segments, damage) = open_segments(dir, &bases, &config, rescan)?;
         let recovering = meta.get(meta::KEY_RECOVERING)?;
         let clean_stop = meta.get::<bool>(meta::KEY_CLEAN_STOP)?.unwrap_or(false);
+        let compaction: CompactionTarget = meta.get(meta::KEY_COMPACTION)?.unwrap_or_default();
         if clean_stop {
             // From here on a crash is unclean again.
             meta.put::<bool>(meta::KEY_CLEAN_STOP, None, Sync::Durable)?;
@@ -231,6 +251,8 @@ impl PartitionLog {
             encode_buf: Vec::new(),
             recovering,
             damage,
+            compaction,
+            compacted_to: None,
         };
         log.check_reaches_purge_pointer()?;
         if log.segments.is_empty() {
@@ -454,6 +476,137 @@ impl PartitionLog {
             tracing::debug!(dir = %self.dir.display(), deleted = n, log_start = self.log_start, "retention deleted segments");
         }
         Ok(n)
+    }
+
+    /// The compaction target this replica has applied (see
+    /// [`crate::compaction`]); zero until a leader decides one.
+    pub fn compaction_target(&self) -> CompactionTarget {
+        self.compaction
+    }
+
+    /// Moves the compaction target up to `target` (each field only up),
+    /// persists it, and rolls the active segment if it holds records below
+    /// the target, so that every replica's records below it are in sealed
+    /// segments (only those are compacted). Returns whether it moved.
+    ///
+    /// # Errors
+    /// [`StoreError::Meta`] if it cannot be saved; [`StoreError::Io`].
+    pub fn set_compaction_target(&mut self, target: CompactionTarget) -> Result<bool> {
+        let new = self.compaction.max(target);
+        if new == self.compaction {
+            return Ok(false);
+        }
+        self.meta.put(meta::KEY_COMPACTION, Some(&new), Sync::Durable)?;
+        self.compaction = new;
+        self.roll_below_compaction_target()?;
+        Ok(true)
+    }
+
+    /// Rolls the active segment if it holds records below the compaction
+    /// target (see [`PartitionLog::set_compaction_target`]).
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    pub(crate) fn roll_below_compaction_target(&mut self) -> Result<()> {
+        let through = self.compaction.through;
+        let interval = self.config.index_interval_bytes;
+        let active = self.active()?;
+        if !active.is_empty() && active.base_offset() < through {
+            let (base_index, base_offset) = (active.next_index(), active.next_offset());
+            active.seal()?;
+            self.segments.push(Segment::create(&self.dir, base_index, base_offset, interval)?);
+        }
+        Ok(())
+    }
+
+    /// The target the last compaction pass finished, if one did since open.
+    pub fn compacted_to(&self) -> Option<CompactionTarget> {
+        self.compacted_to
+    }
+
+    /// Records that a pass finished `target`.
+    pub(crate) fn set_compacted_to(&mut self, target: CompactionTarget) {
+        self.compacted_to = Some(target);
+    }
+
+    /// The sealed segments holding records in `log start..through` whose
+    /// every entry is committed (committed entries never change, so the
+    /// copy a pass writes stays right), oldest first; and whether they hold
+    /// every record of that range (none in the active segment or in a
+    /// segment not wholly committed yet).
+    pub(crate) fn compaction_candidates(&self, through: u64) -> (Vec<CompactionCandidate>, bool) {
+        let committed = self.committed.map_or(0, |c| c.index + 1);
+        let start = self.log_start_offset();
+        let mut out = Vec::new();
+        let mut complete = true;
+        let last = self.segments.len().saturating_sub(1);
+        for (i, seg) in self.segments.iter().enumerate() {
+            if seg.base_offset() >= through || seg.next_offset() <= start || seg.is_empty() {
+                continue;
+            }
+            if i == last || !seg.is_sealed() || seg.next_index() > committed {
+                complete = false;
+                continue;
+            }
+            out.push(CompactionCandidate {
+                path: seg.path().to_owned(),
+                reader: seg.reader(),
+                header: format::SegmentHeader {
+                    base_index: seg.base_index(),
+                    base_offset: seg.base_offset(),
+                },
+                size_bytes: seg.size_bytes(),
+                modified: fs::metadata(seg.path()).and_then(|m| m.modified()).ok(),
+                index_interval_bytes: self.config.index_interval_bytes,
+                file: seg.file().clone(),
+            });
+        }
+        (out, complete)
+    }
+
+    /// Puts the compacted copy `tmp` (opened as `segment`) in place of the
+    /// candidate it was made from, if that segment is still in the log
+    /// unchanged (same file, same size, sealed); else removes `tmp`.
+    /// Returns whether it swapped. The old index file goes first, so a
+    /// crash at any point leaves either file, which `open` indexes again.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    pub(crate) fn swap_compacted(
+        &mut self,
+        c: &CompactionCandidate,
+        tmp: &Path,
+        mut segment: Segment,
+    ) -> Result<bool> {
+        let last = self.segments.len().saturating_sub(1);
+        let at = self.segments.iter().position(|s| s.base_index() == c.header.base_index);
+        let same = at.filter(|&i| {
+            let s = &self.segments[i];
+            i < last && s.is_sealed() && Arc::ptr_eq(s.file(), &c.file) && s.size_bytes() == c.size_bytes
+        });
+        let Some(i) = same else {
+            fsutil::remove_if_exists(tmp)?;
+            return Ok(false);
+        };
+        let old = &self.segments[i];
+        if segment.next_index() != old.next_index() || segment.next_offset() != old.next_offset() {
+            fsutil::remove_if_exists(tmp)?;
+            return Err(StoreError::Invalid(format!(
+                "compacted copy of {} ends at index {} offset {}, the original at {} {}",
+                c.path.display(),
+                segment.next_index(),
+                segment.next_offset(),
+                old.next_index(),
+                old.next_offset()
+            )));
+        }
+        fsutil::remove_if_exists(&c.path.with_extension("idx"))?;
+        fs::rename(tmp, &c.path).map_err(|e| StoreError::io("rename", &c.path, e))?;
+        fsutil::sync_dir(&self.dir)?;
+        segment.moved_to(c.path.clone());
+        segment.seal()?;
+        self.segments[i] = segment;
+        Ok(true)
     }
 
     /// The Raft index of the last entry of the segments wholly below the
@@ -876,13 +1029,15 @@ impl PartitionLog {
     /// stored.
     ///
     /// The store does not know how records are encoded: `record_timestamps`
-    /// decodes a batch's records (the frame payload) into their timestamps
-    /// in offset order. Only one batch is decoded: the first whose largest
+    /// decodes a batch's records (the frame payload) into their offset
+    /// deltas and timestamps in offset order (a compacted batch holds fewer
+    /// records than offsets). Only one batch is decoded: the first whose largest
     /// timestamp is ≥ the target, found through the segments' largest
     /// timestamps and the sparse index's "largest timestamp before this row"
     /// (a running maximum, so the binary search is on a monotone quantity
     /// whatever order the timestamps come in). No earlier batch holds a
-    /// record that late, and this one holds at least one.
+    /// record that late, and this one holds at least one, unless compaction
+    /// removed it: then later batches are read in turn.
     ///
     /// # Errors
     /// [`StoreError::Corruption`] for a frame that does not verify, for
@@ -893,7 +1048,7 @@ impl PartitionLog {
         &self,
         timestamp_ms: i64,
         up_to_offset: u64,
-        mut record_timestamps: impl FnMut(Bytes) -> std::result::Result<Vec<i64>, E>,
+        mut record_timestamps: impl FnMut(Bytes) -> std::result::Result<Vec<(u32, i64)>, E>,
     ) -> Result<Option<(u64, i64)>> {
         let start = self.log_start_offset();
         let found = self.offset_for_timestamp_on_disk(timestamp_ms, up_to_offset, &mut record_timestamps)?;
@@ -912,7 +1067,7 @@ impl PartitionLog {
         &self,
         timestamp_ms: i64,
         up_to_offset: u64,
-        record_timestamps: &mut impl FnMut(Bytes) -> std::result::Result<Vec<i64>, E>,
+        record_timestamps: &mut impl FnMut(Bytes) -> std::result::Result<Vec<(u32, i64)>, E>,
     ) -> Result<Option<(u64, i64)>> {
         for seg in self.segments.iter().filter(|s| s.max_timestamp_ms() >= timestamp_ms) {
             let pos = seg.position_of_timestamp(timestamp_ms)?;
@@ -931,16 +1086,22 @@ impl PartitionLog {
             let stamps = record_timestamps(frame.slice(format::FRAME_HEADER_BYTES..)).map_err(|e| {
                 bad(format!("the records of the batch at offset {} do not decode: {e}", h.base_offset))
             })?;
-            if stamps.len() != h.record_count as usize {
+            if stamps.len() > h.record_count as usize || stamps.iter().any(|(d, _)| *d >= h.record_count) {
                 return Err(bad(format!(
-                    "the batch at offset {} says {} records but holds {}",
+                    "the batch at offset {} says it spans {} offsets but holds {} records (deltas up to {:?})",
                     h.base_offset,
                     h.record_count,
-                    stamps.len()
+                    stamps.len(),
+                    stamps.iter().map(|(d, _)| *d).max()
                 )));
             }
-            return match stamps.iter().position(|t| *t >= timestamp_ms) {
-                Some(i) => Ok(Some((h.base_offset + i as u64, stamps[i]))),
+            return match stamps.iter().find(|(_, t)| *t >= timestamp_ms) {
+                Some((d, t)) => Ok(Some((h.base_offset + u64::from(*d), *t))),
+                // Compaction removed the late record(s): the header keeps
+                // the batch's original largest timestamp. Read on.
+                None if stamps.len() < h.record_count as usize => {
+                    self.scan_for_timestamp(h.next_offset(), timestamp_ms, up_to_offset, record_timestamps)
+                }
                 None => Err(bad(format!(
                     "the batch at offset {} says its largest timestamp is {} but no record is at or after {timestamp_ms}",
                     h.base_offset, h.max_timestamp_ms
@@ -959,7 +1120,7 @@ impl PartitionLog {
         from: u64,
         timestamp_ms: i64,
         up_to_offset: u64,
-        record_timestamps: &mut impl FnMut(Bytes) -> std::result::Result<Vec<i64>, E>,
+        record_timestamps: &mut impl FnMut(Bytes) -> std::result::Result<Vec<(u32, i64)>, E>,
     ) -> Result<Option<(u64, i64)>> {
         let mut at = from;
         while at < up_to_offset.min(self.log_end_offset()) {
@@ -977,12 +1138,10 @@ impl PartitionLog {
                         h.base_offset
                     ))
                 })?;
-                let hit = stamps
-                    .iter()
-                    .enumerate()
-                    .find(|(i, t)| **t >= timestamp_ms && h.base_offset + *i as u64 >= from);
-                if let Some((i, t)) = hit {
-                    return Ok(Some((h.base_offset + i as u64, *t)));
+                let hit =
+                    stamps.iter().find(|(d, t)| *t >= timestamp_ms && h.base_offset + u64::from(*d) >= from);
+                if let Some((d, t)) = hit {
+                    return Ok(Some((h.base_offset + u64::from(*d), *t)));
                 }
             }
         }

@@ -37,6 +37,9 @@ pub const KEY_EMPTY_START: &str = "empty_start";
 /// Key of the log start offset set by retention (absent: 0; see
 /// [`crate::PartitionLog::advance_log_start`]).
 pub const KEY_LOG_START: &str = "log_start";
+/// Key of the compaction target the replica applied (absent: none; see
+/// [`crate::PartitionLog::set_compaction_target`]).
+pub const KEY_COMPACTION: &str = "compaction";
 /// Key of the current snapshot's metadata.
 pub const KEY_SNAPSHOT: &str = "snapshot";
 /// Key of the reason this replica may have lost acknowledged entries and

@@ -48,6 +48,8 @@ pub(crate) struct Inner {
     pub snapshot_root: PathBuf,
     /// Serializes snapshot builds and installs.
     pub snapshot_lock: Mutex<()>,
+    /// Held by a compaction pass: one at a time per replica.
+    pub compacting: Mutex<()>,
     /// Mirrors [`PartitionLog::recovering`] for lock-free checks (votes).
     pub recovering: std::sync::atomic::AtomicBool,
     /// Index of the last log entry when the replica was opened.
@@ -250,6 +252,7 @@ impl Replica {
                 high_watermark,
                 snapshot_root,
                 snapshot_lock: Mutex::new(()),
+                compacting: Mutex::new(()),
                 recovering,
                 opened_last_index,
             }),
@@ -493,7 +496,7 @@ impl Replica {
     pub fn offset_for_timestamp<E: std::fmt::Display>(
         &self,
         timestamp_ms: i64,
-        record_timestamps: impl FnMut(bytes::Bytes) -> std::result::Result<Vec<i64>, E>,
+        record_timestamps: impl FnMut(bytes::Bytes) -> std::result::Result<Vec<(u32, i64)>, E>,
     ) -> Result<Option<(u64, i64)>> {
         let hw = self.high_watermark();
         self.log().offset_for_timestamp(timestamp_ms, hw, record_timestamps)
@@ -549,6 +552,20 @@ impl Replica {
         }
         let Some(record) = self.applied().snapshot.clone() else { return false };
         self.snapshot_files(&record).manifest().is_ok_and(|m| m.log_start_offset < start)
+    }
+
+    /// The compaction target this replica applied (see
+    /// [`PartitionLog::compaction_target`]).
+    pub fn compaction_target(&self) -> crate::compaction::CompactionTarget {
+        self.log().compaction_target()
+    }
+
+    /// Whether a compaction pass has work: a target it has not finished
+    /// since the replica opened.
+    pub fn compaction_pending(&self) -> bool {
+        let log = self.log();
+        let t = log.compaction_target();
+        t.through > 0 && log.compacted_to() != Some(t)
     }
 
     /// Sets when the active segment rolls (see

@@ -531,6 +531,12 @@ impl Segment {
         Ok(())
     }
 
+    /// Records that the file was renamed to `path` (a compacted copy put in
+    /// place of the original; see [`crate::compaction`]).
+    pub(crate) fn moved_to(&mut self, path: PathBuf) {
+        self.path = path;
+    }
+
     /// Deletes the segment's files.
     ///
     /// # Errors

@@ -63,6 +63,10 @@ pub struct SnapshotManifest {
     /// before retention): the installing replica serves nothing below it.
     #[serde(default)]
     pub log_start_offset: u64,
+    /// The compaction target applied at `meta.last_log_id` (absent before
+    /// compaction): the installing replica compacts its copy to it.
+    #[serde(default)]
+    pub compaction_target: Option<crate::compaction::CompactionTarget>,
 }
 
 impl SnapshotFiles {
@@ -110,6 +114,7 @@ pub fn build(
     next_offset: u64,
     producers: ProducerStates,
     log_start_offset: u64,
+    compaction_target: crate::compaction::CompactionTarget,
 ) -> Result<SnapshotFiles> {
     let upto = meta.last_log_id.map(|l| l.index);
     let name = format!("{:020}-{}", upto.unwrap_or(0), unique_suffix());
@@ -135,6 +140,7 @@ pub fn build(
         compaction: None,
         producers,
         log_start_offset,
+        compaction_target: (compaction_target.through > 0).then_some(compaction_target),
     };
     let bytes = serde_json::to_vec_pretty(&manifest).map_err(|e| StoreError::Invalid(e.to_string()))?;
     fsutil::write_durable(&building.join(MANIFEST_FILE), &bytes)?;
@@ -293,6 +299,7 @@ mod tests {
             compaction: None,
             producers: ProducerStates::default(),
             log_start_offset: 17,
+            compaction_target: None,
         };
         let text = serde_json::to_value(&manifest).unwrap();
         assert_eq!(text["log_start_offset"], 17);

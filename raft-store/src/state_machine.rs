@@ -34,11 +34,11 @@ impl RaftSnapshotBuilder<TypeConfig> for PartitionStateMachine {
         // The log start as of the applied index the snapshot is of: apply
         // moves it under the applied state's lock, so it is read under it
         // (the files are then copied without that lock).
-        let (meta, next_offset, producers, log_start) = {
+        let (meta, next_offset, producers, log_start, compaction) = {
             let a = self.replica.applied();
             let meta = SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() };
-            let log_start = self.replica.log().log_start_offset();
-            (meta, a.next_offset, a.producers.clone(), log_start)
+            let log = self.replica.log();
+            (meta, a.next_offset, a.producers.clone(), log.log_start_offset(), log.compaction_target())
         };
         let files = {
             let log = self.replica.log();
@@ -49,6 +49,7 @@ impl RaftSnapshotBuilder<TypeConfig> for PartitionStateMachine {
                 next_offset,
                 producers,
                 log_start,
+                compaction,
             )?
         };
         let current = self.replica.set_current_snapshot(&files, meta.clone(), next_offset)?;
@@ -106,6 +107,17 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
                                 tracing::warn!(log_id = %entry.log_id, offset, next_offset = a.next_offset,
                                     "ignored a log start offset past the applied records");
                             }
+                            // Likewise: a target within the applied records, under the
+                            // applied state's lock (a snapshot carries it).
+                            Some(Control::Compact(t))
+                                if t.through <= a.next_offset && t.tombstones_below <= t.through =>
+                            {
+                                self.replica.log().set_compaction_target(t)?;
+                            }
+                            Some(Control::Compact(t)) => {
+                                tracing::warn!(log_id = %entry.log_id, ?t, next_offset = a.next_offset,
+                                    "ignored a compaction target past the applied records");
+                            }
                             None => {}
                         }
                         0
@@ -156,6 +168,11 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
             // Retention as of the snapshot, saved before the log is replaced:
             // a crash part way leaves it set (nothing below it is served here).
             log.advance_log_start(manifest.log_start_offset.min(next_offset))?;
+            // And compaction's: the segments may be less compacted than the
+            // target says; this replica finishes the work by the same rule.
+            if let Some(t) = manifest.compaction_target.filter(|t| t.through <= next_offset) {
+                log.set_compaction_target(t)?;
+            }
             let local = log.entries(last.index, last.index + 1)?;
             // Raft Log Matching (§5.3): a local entry equal to the snapshot's
             // last one means the prefixes are equal and the log stays.
@@ -163,6 +180,7 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
             if local.first().map(|e| e.log_id) != Some(last) {
                 let files = self.replica.snapshot_files(&record);
                 log.replace_segments(&files.segment_paths()?, (last.index + 1, next_offset))?;
+                log.roll_below_compaction_target()?;
             }
         }
         {

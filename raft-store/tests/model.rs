@@ -70,10 +70,14 @@ fn make_entry(index: u64, m: &M) -> Entry {
 }
 
 /// Decodes [`make_entry`]'s records into their timestamps.
-fn record_stamps(records: Bytes) -> Result<Vec<i64>, String> {
+fn record_stamps(records: Bytes) -> Result<Vec<(u32, i64)>, String> {
     let n = u32::from_le_bytes(records.get(..4).ok_or("short")?.try_into().map_err(|_| "short")?) as usize;
     let body = records.get(4..4 + 8 * n).ok_or("short")?;
-    Ok(body.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
+    Ok(body
+        .chunks_exact(8)
+        .enumerate()
+        .map(|(d, c)| (d as u32, i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))))
+        .collect())
 }
 
 fn config() -> StoreConfig {

@@ -222,7 +222,7 @@ fn offset_and_timestamp_lookups_land_on_the_right_batch() {
         // stamp them all with the batch's max; tests/timestamps.rs covers
         // record granularity.)
         let ts = 1_000 + i as i64 * 10 + 5;
-        let all_at_max = |r: bytes::Bytes| -> Result<Vec<i64>, String> {
+        let all_at_max = |r: bytes::Bytes| -> Result<Vec<(u32, i64)>, String> {
             let text = String::from_utf8_lossy(&r[..r.len().min(20)]).into_owned();
             let i: u64 = text
                 .trim_start_matches("entry-")
@@ -231,13 +231,13 @@ fn offset_and_timestamp_lookups_land_on_the_right_batch() {
                 .unwrap_or("")
                 .parse()
                 .map_err(|_| text)?;
-            Ok(vec![1_000 + i as i64 * 10 + 5; common::record_count(i) as usize])
+            Ok((0..common::record_count(i)).map(|d| (d, 1_000 + i as i64 * 10 + 5)).collect())
         };
         let want = Some((common::base_offset(i), ts));
         assert_eq!(log.offset_for_timestamp(ts, u64::MAX, all_at_max).expect("ts"), want);
         assert_eq!(log.offset_for_timestamp(ts - 9, u64::MAX, all_at_max).expect("ts"), want);
     }
-    let never = |_| -> Result<Vec<i64>, String> { unreachable!("no batch is that late") };
+    let never = |_| -> Result<Vec<(u32, i64)>, String> { unreachable!("no batch is that late") };
     assert_eq!(log.offset_for_timestamp(1_000_000, u64::MAX, never).expect("ts"), None);
 }
 

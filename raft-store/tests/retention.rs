@@ -86,7 +86,8 @@ fn the_log_start_bounds_reads_and_segments_go_only_once_raft_purged_them() {
 
     // A lookup by time answers among the records served: every record is
     // stamped 1 here, so the first one at or after the log start.
-    let stamps = |b: Bytes| Ok::<_, String>(vec![1i64; b.len() / 100]);
+    let stamps =
+        |b: Bytes| Ok::<_, String>((0..(b.len() / 100) as u32).map(|d| (d, 1i64)).collect::<Vec<_>>());
     assert_eq!(log.offset_for_timestamp(1, u64::MAX, stamps).expect("lookup"), Some((start, 1)));
 
     // A snapshot holds the log start and leaves out the retired segments.
@@ -94,8 +95,16 @@ fn the_log_start_bounds_reads_and_segments_go_only_once_raft_purged_them() {
     std::fs::create_dir_all(&root).expect("snapshot root");
     let meta =
         SnapshotMeta { last_log_id: Some(log_id(1, 1, 59)), last_membership: StoredMembership::default() };
-    let files = snapshot::build(&log, &root, meta, 600, ProducerStates::default(), log.log_start_offset())
-        .expect("build a snapshot");
+    let files = snapshot::build(
+        &log,
+        &root,
+        meta,
+        600,
+        ProducerStates::default(),
+        log.log_start_offset(),
+        Default::default(),
+    )
+    .expect("build a snapshot");
     let manifest = files.manifest().expect("manifest");
     assert_eq!(manifest.log_start_offset, start);
     let retired = summaries.iter().filter(|s| s.next_offset <= start).count();

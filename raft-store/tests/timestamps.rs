@@ -41,11 +41,15 @@ fn batch(index: u64, stamps: &[i64]) -> Entry {
 }
 
 /// The test encoding's decoder: one little-endian i64 per record.
-fn stamps_of(records: Bytes) -> Result<Vec<i64>, String> {
+fn stamps_of(records: Bytes) -> Result<Vec<(u32, i64)>, String> {
     if !records.len().is_multiple_of(8) {
         return Err(format!("{} bytes is not a whole number of records", records.len()));
     }
-    Ok(records.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
+    Ok(records
+        .chunks_exact(8)
+        .enumerate()
+        .map(|(d, c)| (d as u32, i64::from_le_bytes(c.try_into().expect("8 bytes"))))
+        .collect())
 }
 
 fn lookup(log: &PartitionLog, ts: i64, up_to: u64) -> Option<(u64, i64)> {
@@ -183,7 +187,7 @@ fn a_batch_whose_records_contradict_its_header_is_reported_not_answered() {
     assert!(matches!(err, StoreError::Corruption { .. }), "{err}");
     // Records the decoder cannot read are reported too, never guessed at.
     let err = log
-        .offset_for_timestamp(1500, u64::MAX, |_| Err::<Vec<i64>, _>("not records"))
+        .offset_for_timestamp(1500, u64::MAX, |_| Err::<Vec<(u32, i64)>, _>("not records"))
         .expect_err("undecodable batch");
     assert!(matches!(err, StoreError::Corruption { .. }) && err.to_string().contains("not records"), "{err}");
 }

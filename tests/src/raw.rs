@@ -20,6 +20,7 @@ pub fn record(k: &str, v: &str) -> Record {
         value: v.as_bytes().to_vec().into(),
         headers: vec![],
         timestamp_ms: 0,
+        ..Record::default()
     }
 }
 

@@ -18,6 +18,7 @@ fn rec(v: &str) -> Record {
         value: v.as_bytes().to_vec().into(),
         headers: vec![],
         timestamp_ms: 0,
+        ..Record::default()
     }
 }
 

@@ -24,6 +24,7 @@ fn raw_record(key: Option<usize>, value: usize) -> Record {
         value: Bytes::from(vec![b'v'; value]),
         headers: vec![],
         timestamp_ms: 0,
+        ..Record::default()
     }
 }
 

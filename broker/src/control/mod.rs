@@ -24,9 +24,12 @@
 //! - [`files`]: the open-file limit, raised at start and watched.
 //! - [`retention`]: partition leaders move the log start offset by
 //!   `retention.ms` / `retention.bytes` through Raft; old segments go.
+//! - [`compaction`]: partition leaders decide a compaction target through
+//!   Raft; every replica compacts its sealed segments to it.
 
 pub mod balance;
 pub mod checkquorum;
+pub mod compaction;
 pub mod dormant;
 pub mod files;
 pub mod handover;

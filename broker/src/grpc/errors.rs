@@ -29,6 +29,7 @@ pub fn to_wire(e: &ApiError, image: &MetadataImage) -> Error {
         ApiError::InvalidReplicaAssignment(_) => ErrorCode::InvalidReplicaAssignment,
         ApiError::InvalidPartitions(_) => ErrorCode::InvalidPartitions,
         ApiError::InvalidConfig(_) => ErrorCode::InvalidConfig,
+        ApiError::InvalidRecord(_) => ErrorCode::InvalidRecord,
     };
     let mut wire = Error { code: code as i32, message: e.to_string(), ..Error::default() };
     match e {

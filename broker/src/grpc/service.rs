@@ -174,7 +174,8 @@ impl ClientService {
                     usize::try_from(m).unwrap_or(usize::MAX).min(self.limits.max_batch_bytes)
                 });
             let log_append_time = self.topic_defaults.log_append_time(&t.config);
-            return Ok(Served { partition: p, max_batch_bytes, log_append_time });
+            let compacted = self.topic_defaults.compacts(&t.config);
+            return Ok(Served { partition: p, max_batch_bytes, log_append_time, compacted });
         }
         // Not hosted here (or not started yet): point at a replica.
         let other = a.replicas.iter().map(|r| r.broker).find(|b| *b != self.broker);
@@ -250,6 +251,8 @@ struct Served {
     /// The topic's `message.timestamp.type` is `LogAppendTime`: records are
     /// stamped with the leader's clock when appended, whatever the producer set.
     log_append_time: bool,
+    /// The topic's `cleanup.policy` compacts: every record needs a key.
+    compacted: bool,
 }
 
 type SubscribeStream = Pin<Box<dyn Stream<Item = Result<FetchResponse, Status>> + Send>>;
@@ -261,9 +264,17 @@ impl Ferrolog for ClientService {
         let span = tracing::debug_span!("produce", node = self.broker, partition = %format!("{}-{}", req.topic, req.partition));
         let result = async {
             let topic_id = TopicId::from_wire(&req.topic_id).map_err(ApiError::Invalid)?;
-            let Served { partition, max_batch_bytes, log_append_time } =
+            let Served { partition, max_batch_bytes, log_append_time, compacted } =
                 self.served(&req.topic, req.partition, topic_id).await?;
             let mut rows = req.records;
+            if compacted && let Some(i) = rows.iter().position(|r| r.key.is_none()) {
+                // Kafka refuses these too: compaction keeps a record per key.
+                return Err(ApiError::InvalidRecord(format!(
+                    "record {i} has no key, and topic {:?} is compacted (cleanup.policy=compact): every \
+                     record needs a key (an empty key is a key)",
+                    req.topic
+                )));
+            }
             if log_append_time {
                 // Unset: build_batch stamps them with now (Kafka's LogAppendTime).
                 for r in &mut rows {

@@ -458,7 +458,7 @@ impl Controller {
         let value = serde_json::to_vec(&command).map_err(|e| ApiError::Invalid(e.to_string()))?;
         let now = now_ms();
         let set = RecordSet {
-            records: vec![Record { key: None, value: value.into(), headers: vec![], timestamp_ms: now }],
+            records: vec![Record { value: value.into(), timestamp_ms: now, ..Record::default() }],
         };
         let batch = RecordBatch {
             record_count: 1,
@@ -632,6 +632,7 @@ mod tests {
                 value: Bytes::copy_from_slice(value),
                 headers: vec![],
                 timestamp_ms: 1,
+                ..Record::default()
             }],
         };
         let batch = RecordBatch {

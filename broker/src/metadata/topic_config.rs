@@ -309,6 +309,13 @@ impl TopicDefaults {
         overrides.get(KEY).or_else(|| self.set.get(KEY)).is_some_and(|v| v == "LogAppendTime")
     }
 
+    /// Whether a topic with `overrides` is compacted (its `cleanup.policy`
+    /// holds `compact`). Two map lookups: this is asked on every produce.
+    pub fn compacts(&self, overrides: &BTreeMap<String, String>) -> bool {
+        const KEY: &str = "cleanup.policy";
+        overrides.get(KEY).or_else(|| self.set.get(KEY)).is_some_and(|v| v.split(',').any(|p| p == "compact"))
+    }
+
     /// Every key's effective value for a topic whose overrides are
     /// `overrides`, in [`KEYS`] order.
     pub fn effective(&self, overrides: &BTreeMap<String, String>) -> Vec<ConfigEntry> {

@@ -7,7 +7,7 @@
 
 use bytes::Bytes;
 use ferrolog_proto::client::{Record, RecordSet};
-use ferrolog_raft_store::{NO_PRODUCER_ID, RecordBatch};
+use ferrolog_raft_store::{KeyedRecord, NO_PRODUCER_ID, RecordBatch, RecordCodec};
 use prost::Message;
 
 /// Why a batch was refused.
@@ -87,6 +87,17 @@ pub fn build_batch(
     }
     let mut total = 0usize;
     for (i, r) in records.iter_mut().enumerate() {
+        if r.offset_delta.is_some() {
+            return Err(BatchError::Invalid(format!(
+                "record {i} carries an offset delta; only the broker sets it (in compacted batches)"
+            )));
+        }
+        if r.null_value && !r.value.is_empty() {
+            return Err(BatchError::Invalid(format!(
+                "record {i} says its value is null but carries {} value bytes",
+                r.value.len()
+            )));
+        }
         let size = record_size_bytes(r);
         if size > max_record_bytes {
             return Err(BatchError::TooLarge(too_large_record(i, size, max_record_bytes)));
@@ -145,15 +156,64 @@ pub fn decode(records: &[u8]) -> Result<Vec<Record>, prost::DecodeError> {
     Ok(RecordSet::decode(records)?.records)
 }
 
-/// The timestamps of a stored batch's records, ms since the Unix epoch, in
-/// offset order: what the store needs to answer ListOffsets by timestamp at
-/// record granularity (KIP-79). Keys and values are sliced from `records`,
-/// not copied.
+/// Each record's offset delta in its batch: the one it carries (a batch
+/// compaction thinned), else its position.
+fn delta(r: &Record, position: usize) -> u32 {
+    r.offset_delta.unwrap_or(u32::try_from(position).unwrap_or(u32::MAX))
+}
+
+/// The offset deltas and timestamps (ms since the Unix epoch) of a stored
+/// batch's records, in offset order: what the store needs to answer
+/// ListOffsets by timestamp at record granularity (KIP-79). Keys and values
+/// are sliced from `records`, not copied.
 ///
 /// # Errors
 /// As [`decode`].
-pub fn timestamps(records: Bytes) -> Result<Vec<i64>, prost::DecodeError> {
-    Ok(RecordSet::decode(records)?.records.iter().map(|r| r.timestamp_ms).collect())
+pub fn timestamps(records: Bytes) -> Result<Vec<(u32, i64)>, prost::DecodeError> {
+    Ok(RecordSet::decode(records)?
+        .records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (delta(r, i), r.timestamp_ms))
+        .collect())
+}
+
+/// The broker's record encoding as compaction sees it
+/// ([`ferrolog_raft_store::compaction`]): keys, tombstones (null values)
+/// and offset deltas of a stored batch, and the batch re-encoded with some
+/// records left out, each survivor carrying its offset delta.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Codec;
+
+impl RecordCodec for Codec {
+    fn keyed(&self, records: &Bytes) -> Result<Vec<KeyedRecord>, String> {
+        let set = RecordSet::decode(records.clone()).map_err(|e| e.to_string())?;
+        Ok(set
+            .records
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| KeyedRecord { offset_delta: delta(&r, i), key: r.key, tombstone: r.null_value })
+            .collect())
+    }
+
+    fn retain(&self, records: &Bytes, keep: &[bool]) -> Result<Bytes, String> {
+        let set = RecordSet::decode(records.clone()).map_err(|e| e.to_string())?;
+        if set.records.len() != keep.len() {
+            return Err(format!("{} records, {} keep flags", set.records.len(), keep.len()));
+        }
+        let records = set
+            .records
+            .into_iter()
+            .enumerate()
+            .zip(keep)
+            .filter(|(_, k)| **k)
+            .map(|((i, mut r), _)| {
+                r.offset_delta = Some(delta(&r, i));
+                r
+            })
+            .collect();
+        Ok(Bytes::from(RecordSet { records }.encode_to_vec()))
+    }
 }
 
 #[cfg(test)]
@@ -166,13 +226,14 @@ mod tests {
             value: value.as_bytes().to_vec().into(),
             headers: vec![],
             timestamp_ms: ts,
+            ..Record::default()
         }
     }
 
     const NONE: ProducerFields = ProducerFields { producer_id: -1, producer_epoch: 0, base_sequence: 0 };
 
     fn bare(value_len: usize) -> Record {
-        Record { key: None, value: vec![b'v'; value_len].into(), headers: vec![], timestamp_ms: 0 }
+        Record { value: vec![b'v'; value_len].into(), ..Record::default() }
     }
 
     fn too_large(r: Result<RecordBatch, BatchError>) -> String {
@@ -244,7 +305,49 @@ mod tests {
     fn timestamps_come_back_in_offset_order() {
         let records = vec![rec("a", 1000), rec("b", 5000), rec("c", 0), rec("d", 3000)];
         let b = build_batch(records, NONE, 2000, 100, 1000).expect("ok");
-        assert_eq!(timestamps(b.records).expect("decode"), vec![1000, 5000, 2000, 3000]);
+        assert_eq!(timestamps(b.records).expect("decode"), vec![(0, 1000), (1, 5000), (2, 2000), (3, 3000)]);
         assert!(timestamps(Bytes::from_static(&[0xff, 0xff, 0xff])).is_err());
+    }
+
+    #[test]
+    fn the_codec_keeps_offset_deltas_and_tells_null_from_empty() {
+        let tomb = Record { key: Some(Bytes::from_static(b"k")), null_value: true, ..Record::default() };
+        let empty = Record { key: Some(Bytes::new()), ..Record::default() };
+        let records = vec![rec("a", 1), tomb, empty, rec("d", 4)];
+        let b = build_batch(records, NONE, 2000, 100, 1000).expect("ok");
+        let keyed = Codec.keyed(&b.records).expect("keyed");
+        let flags: Vec<_> = keyed.iter().map(|r| (r.offset_delta, r.key.clone(), r.tombstone)).collect();
+        assert_eq!(
+            flags,
+            vec![
+                (0, Some(Bytes::from_static(b"k")), false),
+                (1, Some(Bytes::from_static(b"k")), true),
+                (2, Some(Bytes::new()), false),
+                (3, Some(Bytes::from_static(b"k")), false),
+            ],
+            "an empty value is no tombstone, an empty key is a key"
+        );
+        let thinned = Codec.retain(&b.records, &[false, true, false, true]).expect("retain");
+        let again = Codec.keyed(&thinned).expect("keyed");
+        assert_eq!(again.iter().map(|r| r.offset_delta).collect::<Vec<_>>(), vec![1, 3]);
+        assert!(again[0].tombstone);
+        // Thinning twice keeps the original deltas.
+        let twice = Codec.retain(&thinned, &[false, true]).expect("retain");
+        assert_eq!(timestamps(twice).expect("decode"), vec![(3, 4)]);
+        assert!(Codec.retain(&b.records, &[true]).is_err(), "one flag per record");
+    }
+
+    #[test]
+    fn producers_cannot_send_offset_deltas_or_null_values_with_bytes() {
+        let mut r = rec("a", 1);
+        r.offset_delta = Some(0);
+        assert!(
+            matches!(build_batch(vec![r], NONE, 0, 10, 100), Err(BatchError::Invalid(m)) if m.contains("offset delta"))
+        );
+        let mut r = rec("a", 1);
+        r.null_value = true;
+        assert!(
+            matches!(build_batch(vec![r], NONE, 0, 10, 100), Err(BatchError::Invalid(m)) if m.contains("null"))
+        );
     }
 }

@@ -32,14 +32,14 @@ struct RecordJson<'a> {
 }
 
 /// A record as one line of JSON: `partition`, `offset`, `key` (null when
-/// absent), `value`, `timestamp` (ms since the epoch) and `headers` (a list
+/// absent), `value` (null for a tombstone), `timestamp` (ms since the epoch) and `headers` (a list
 /// of `{"key", "value"}` in order, so repeated names survive).
 pub fn record_json(r: &ConsumerRecord) -> String {
     let line = RecordJson {
         partition: r.partition,
         offset: r.offset,
         key: r.key.as_ref().map_or(Value::Null, |k| bytes_json(k)),
-        value: bytes_json(&r.value),
+        value: if r.null_value { Value::Null } else { bytes_json(&r.value) },
         timestamp: r.timestamp_ms,
         headers: r.headers.iter().map(|h| HeaderJson { key: &h.key, value: bytes_json(&h.value) }).collect(),
     };
@@ -61,6 +61,7 @@ mod tests {
             offset: 41,
             key: Some(Bytes::from_static(b"\xff\x00")),
             value: Bytes::from_static(b"{\"a\":1}"),
+            null_value: false,
             timestamp_ms: 1_357_034_400_000,
             headers: vec![Header { key: "h".into(), value: Bytes::from_static(b"v") }],
         };
@@ -70,5 +71,9 @@ mod tests {
         );
         let no_key = ConsumerRecord { key: None, headers: vec![], ..r };
         assert!(record_json(&no_key).contains(r#""key":null"#));
+        let tombstone = ConsumerRecord { value: Bytes::new(), null_value: true, ..no_key.clone() };
+        assert!(record_json(&tombstone).contains(r#""value":null"#));
+        let empty = ConsumerRecord { value: Bytes::new(), ..no_key };
+        assert!(record_json(&empty).contains(r#""value":"""#), "empty is not null");
     }
 }

@@ -1,0 +1,331 @@
+//! Log compaction (Kafka's `cleanup.policy=compact`): every
+//! `compaction.check_interval_ms`, the leader of each partition whose topic
+//! compacts decides a [`CompactionTarget`] from its own segments and
+//! replicates it through the partition's Raft log as a control entry
+//! ([`Control::Compact`]); then every replica, leader and followers alike,
+//! compacts its own sealed segments to the target by one deterministic
+//! rule (`ferrolog_raft_store::compaction`), one partition at a time
+//! (Kafka's one cleaner thread), throttled to
+//! `compaction.io_max_bytes_per_second`.
+//!
+//! ```text
+//!  leader, each check: segments ─decide─> target {through, tombstones_below} ─propose─> Raft commit
+//!  every replica: apply control entry ─> target (persisted; the active segment rolls if below it)
+//!  every replica, each check: target not reached? ─> key map ─> rewrite sealed segments ─> snapshot
+//! ```
+//!
+//! The leader's decision, by Kafka's settings and their meaning:
+//! - `through` is the end of the oldest sealed segments, all committed,
+//!   whose last append is at least `min.compaction.lag.ms` old (append time,
+//!   the segment file's last write: a record stays uncompacted at least that
+//!   long after it was written, whatever timestamp its producer gave it);
+//! - it moves when the bytes not compacted yet (from the last target's
+//!   `through`) are at least `min.cleanable.dirty.ratio` of the compactable
+//!   bytes, or when a segment not compacted yet holds a record older than
+//!   `max.compaction.lag.ms`;
+//! - `tombstones_below` is the end of the oldest sealed segments below
+//!   `through` last appended to at least `delete.retention.ms` ago: a
+//!   tombstone is removed only after every consumer had that long to read
+//!   it (Kafka keeps it that long after the cleaner first reaches it; this
+//!   counts from its append, which is never later).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferrolog_raft_store::{CompactionTarget, Control, RecordBatch, SegmentSummary};
+use tokio::sync::watch;
+
+use crate::control::liveness::Liveness;
+use crate::groups::GroupRegistry;
+use crate::metadata::image::MetadataImage;
+use crate::metadata::topic_config::TopicDefaults;
+use crate::partition::Partition;
+use crate::partition::records::Codec;
+
+/// The minor peer protocol version every broker needs before a leader
+/// writes compaction targets (a 1.9 follower does not decode them).
+pub const COMPACTION_MINOR: u32 = 10;
+
+/// A compacted topic's settings, from its effective configuration.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Policy {
+    /// `min.compaction.lag.ms`.
+    pub min_lag_ms: i64,
+    /// `max.compaction.lag.ms`.
+    pub max_lag_ms: i64,
+    /// `delete.retention.ms`.
+    pub delete_retention_ms: i64,
+    /// `min.cleanable.dirty.ratio`, 0 to 1.
+    pub min_dirty_ratio: f64,
+}
+
+impl Policy {
+    /// The policy of a topic with `overrides` on a broker with `defaults`;
+    /// `None` when its `cleanup.policy` does not compact.
+    pub fn of(
+        defaults: &TopicDefaults,
+        overrides: &std::collections::BTreeMap<String, String>,
+    ) -> Option<Self> {
+        if !defaults.compacts(overrides) {
+            return None;
+        }
+        let int = |k: &str, fallback: i64| defaults.value(overrides, k).parse::<i64>().unwrap_or(fallback);
+        Some(Policy {
+            min_lag_ms: int("min.compaction.lag.ms", 0),
+            max_lag_ms: int("max.compaction.lag.ms", i64::MAX),
+            delete_retention_ms: int("delete.retention.ms", 86_400_000),
+            min_dirty_ratio: defaults.value(overrides, "min.cleanable.dirty.ratio").parse().unwrap_or(0.5),
+        })
+    }
+}
+
+/// The target a leader moves its partition to, if it moves (see the module
+/// documentation): from its `segments` (oldest first, the last one active),
+/// the time `now_ms`, its `high_watermark` and its `current` target.
+pub fn new_target(
+    segments: &[SegmentSummary],
+    now_ms: i64,
+    policy: Policy,
+    current: CompactionTarget,
+    high_watermark: u64,
+) -> Option<CompactionTarget> {
+    let sealed = &segments[..segments.len().saturating_sub(1)];
+    let age = |s: &SegmentSummary| now_ms.saturating_sub(s.modified_ms);
+    let cleanable: Vec<&SegmentSummary> = sealed
+        .iter()
+        .take_while(|s| s.next_offset <= high_watermark && age(s) >= policy.min_lag_ms)
+        .collect();
+    let through = cleanable.last().map_or(0, |s| s.next_offset);
+    let mut target = current;
+    if through > current.through {
+        let total: u64 = cleanable.iter().map(|s| s.size_bytes).sum();
+        let dirty: Vec<&&SegmentSummary> =
+            cleanable.iter().filter(|s| s.next_offset > current.through).collect();
+        let dirty_bytes: u64 = dirty.iter().map(|s| s.size_bytes).sum();
+        let ratio = if total == 0 { 0.0 } else { dirty_bytes as f64 / total as f64 };
+        let overdue = dirty
+            .iter()
+            .any(|s| now_ms.saturating_sub(s.max_timestamp_ms.min(s.modified_ms)) >= policy.max_lag_ms);
+        if ratio >= policy.min_dirty_ratio || overdue {
+            target.through = through;
+        }
+    }
+    let tombstones_below = sealed
+        .iter()
+        .take_while(|s| s.next_offset <= target.through && age(s) >= policy.delete_retention_ms)
+        .last()
+        .map_or(0, |s| s.next_offset);
+    target.tombstones_below = target.tombstones_below.max(tombstones_below);
+    (target != current).then_some(target)
+}
+
+/// Bytes per second a throttle lets a compaction pass read (0: no limit),
+/// Kafka's `log.cleaner.io.max.bytes.per.second`.
+struct Throttle {
+    rate: u64,
+    started: Instant,
+    bytes: u64,
+}
+
+impl Throttle {
+    fn new(rate: u64) -> Self {
+        Throttle { rate, started: Instant::now(), bytes: 0 }
+    }
+
+    /// Counts `bytes` read and sleeps (this is a blocking thread) until the
+    /// pass is back within its rate.
+    fn read(&mut self, bytes: u64) {
+        if self.rate == 0 {
+            return;
+        }
+        self.bytes += bytes;
+        let due = Duration::from_secs_f64(self.bytes as f64 / self.rate as f64);
+        if let Some(wait) = due.checked_sub(self.started.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+}
+
+/// Runs compaction on this broker every `interval` until the task is
+/// dropped: decides for the compacted partitions it leads (while every live
+/// broker speaks [`COMPACTION_MINOR`] or later), then compacts each hosted
+/// replica whose target it has not reached.
+pub async fn run(
+    groups: GroupRegistry,
+    image: watch::Receiver<Arc<MetadataImage>>,
+    defaults: Arc<TopicDefaults>,
+    liveness: Liveness,
+    interval: Duration,
+    io_max_bytes_per_second: u64,
+) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let img = image.borrow().clone();
+        let old = liveness.older_than(COMPACTION_MINOR);
+        for p in groups.partitions() {
+            let policy = img.topics.get(&p.topic).and_then(|t| Policy::of(&defaults, &t.config));
+            if let Some(policy) = policy
+                && old.is_empty()
+                && p.raft.is_leader()
+            {
+                decide(&p, policy).await;
+            }
+            compact(&p, io_max_bytes_per_second).await;
+        }
+    }
+}
+
+/// One partition's decision, proposed if it moves the target.
+async fn decide(p: &Partition, policy: Policy) {
+    if p.lost_quorum() {
+        return;
+    }
+    let replica = p.replica.clone();
+    let listed = tokio::task::spawn_blocking(move || {
+        replica.segment_summaries().map(|s| (s, replica.compaction_target(), replica.high_watermark()))
+    })
+    .await;
+    let (segments, current, hw) = match listed {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::warn!(topic = %p.topic, partition = p.partition, "compaction: cannot list segments: {e}");
+            return;
+        }
+        Err(_) => return,
+    };
+    let now = crate::metadata::controller::now_ms();
+    let Some(target) = new_target(&segments, now, policy, current, hw) else { return };
+    p.set_ticking(true);
+    let write = p.raft.write(RecordBatch::control_batch(Control::Compact(target)));
+    match tokio::time::timeout(WRITE_WAIT, write).await {
+        Ok(Ok(_)) => {
+            tracing::info!(topic = %p.topic, partition = p.partition, through = target.through,
+                tombstones_below = target.tombstones_below, "compaction target moved")
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(topic = %p.topic, partition = p.partition, "compaction: not proposed: {e}")
+        }
+        Err(_) => {
+            tracing::debug!(topic = %p.topic, partition = p.partition, "compaction: not committed within {WRITE_WAIT:?}; the next check decides again")
+        }
+    }
+}
+
+/// How long one partition's decision may wait to commit.
+const WRITE_WAIT: Duration = Duration::from_secs(5);
+
+/// Compacts one replica to its target if it has not reached it; after a
+/// pass that rewrote segments, starts a snapshot so the files the last one
+/// hard-linked (the uncompacted originals) are let go.
+async fn compact(p: &Partition, rate: u64) {
+    if !p.replica.compaction_pending() {
+        return;
+    }
+    let replica = p.replica.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let mut throttle = Throttle::new(rate);
+        replica.compact(&Codec, &mut |bytes| throttle.read(bytes))
+    })
+    .await;
+    match result {
+        Ok(Ok(Some(s))) => {
+            tracing::info!(topic = %p.topic, partition = p.partition, through = s.target.through,
+                tombstones_below = s.target.tombstones_below, keys = s.keys, read_bytes = s.bytes_read,
+                segments = s.segments_rewritten, bytes_before = s.bytes_before, bytes_after = s.bytes_after,
+                records_removed = s.records_removed, "compacted");
+            if s.segments_rewritten > 0
+                && let Err(e) = p.raft.build_snapshot().await
+            {
+                tracing::debug!(topic = %p.topic, partition = p.partition, "compaction: snapshot: {e}");
+            }
+        }
+        Ok(Ok(None)) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(topic = %p.topic, partition = p.partition, "compaction failed; retried at the next check: {e}")
+        }
+        Err(e) => tracing::warn!(topic = %p.topic, partition = p.partition, "compaction task: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 10_000_000;
+
+    /// Segments of 100 bytes, 10 offsets each, last written `ages` ms ago.
+    fn segs(ages: &[i64]) -> Vec<SegmentSummary> {
+        ages.iter()
+            .enumerate()
+            .map(|(i, age)| SegmentSummary {
+                base_offset: i as u64 * 10,
+                next_offset: i as u64 * 10 + 10,
+                size_bytes: 100,
+                max_timestamp_ms: NOW - age,
+                modified_ms: NOW - age,
+            })
+            .collect()
+    }
+
+    fn policy(min_lag_ms: i64, delete_retention_ms: i64, ratio: f64) -> Policy {
+        Policy { min_lag_ms, max_lag_ms: i64::MAX, delete_retention_ms, min_dirty_ratio: ratio }
+    }
+
+    fn t(through: u64, tombstones_below: u64) -> CompactionTarget {
+        CompactionTarget { through, tombstones_below }
+    }
+
+    #[test]
+    fn the_target_covers_sealed_committed_segments_past_the_lag() {
+        let s = segs(&[500, 400, 300, 10]);
+        let none = CompactionTarget::default();
+        assert_eq!(
+            new_target(&s, NOW, policy(0, i64::MAX, 0.5), none, 40),
+            Some(t(30, 0)),
+            "never the active segment"
+        );
+        assert_eq!(new_target(&s, NOW, policy(350, i64::MAX, 0.5), none, 40), Some(t(20, 0)), "the lag");
+        assert_eq!(new_target(&s, NOW, policy(0, i64::MAX, 0.5), none, 25), Some(t(20, 0)), "committed only");
+        assert_eq!(new_target(&s, NOW, policy(1000, i64::MAX, 0.5), none, 40), None);
+    }
+
+    #[test]
+    fn the_dirty_ratio_or_the_max_lag_moves_it() {
+        let s = segs(&[500, 400, 300, 200, 10]);
+        // 30 of 40 compacted: 1 dirty segment of 4 is 0.25.
+        assert_eq!(new_target(&s, NOW, policy(0, i64::MAX, 0.5), t(30, 0), 50), None);
+        assert_eq!(new_target(&s, NOW, policy(0, i64::MAX, 0.25), t(30, 0), 50), Some(t(40, 0)));
+        let overdue = Policy { max_lag_ms: 150, ..policy(0, i64::MAX, 0.9) };
+        assert_eq!(new_target(&s, NOW, overdue, t(30, 0), 50), Some(t(40, 0)));
+    }
+
+    #[test]
+    fn tombstones_go_only_below_the_target_and_after_delete_retention() {
+        let s = segs(&[500, 400, 300, 200, 10]);
+        assert_eq!(new_target(&s, NOW, policy(0, 350, 0.5), t(0, 0), 50), Some(t(40, 20)));
+        assert_eq!(new_target(&s, NOW, policy(0, 350, 0.5), t(40, 20), 50), None, "nothing new");
+        assert_eq!(
+            new_target(&s, NOW, policy(0, 0, 0.99), t(40, 20), 50),
+            Some(t(40, 40)),
+            "never past through"
+        );
+        assert_eq!(new_target(&s, NOW, policy(0, 0, 0.99), t(40, 30), 50), Some(t(40, 40)));
+        assert_eq!(new_target(&[], NOW, policy(0, 0, 0.0), t(0, 0), 0), None, "an empty list is no log");
+    }
+
+    #[test]
+    fn only_compacted_topics_have_a_policy() {
+        let d = TopicDefaults::default();
+        let m = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        assert_eq!(Policy::of(&d, &m(&[])), None);
+        let p = Policy::of(&d, &m(&[("cleanup.policy", "compact,delete"), ("delete.retention.ms", "5")]));
+        assert_eq!(p, Some(Policy { delete_retention_ms: 5, ..policy(0, 5, 0.5) }));
+    }
+}
