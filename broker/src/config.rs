@@ -59,6 +59,8 @@ pub struct BrokerConfig {
     pub retention: RetentionConfig,
     /// Log compaction.
     pub compaction: CompactionConfig,
+    /// Idempotent producer state.
+    pub producers: ProducersConfig,
     /// Defaults for topic configuration keys, by Kafka's topic-level names
     /// (`"retention.ms" = "604800000"`; the broker-level `log.*` settings of
     /// Kafka): what a topic without its own override gets on this broker.
@@ -100,6 +102,24 @@ pub struct CompactionConfig {
 impl Default for CompactionConfig {
     fn default() -> Self {
         Self { check_interval_ms: 15_000, io_max_bytes_per_second: 0 }
+    }
+}
+
+/// Idempotent producer state (`crate::control::producer_expiry`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProducersConfig {
+    /// ms without a write after which a producer id's state is dropped from
+    /// every replica (Kafka's `producer.id.expiration.ms`, 86,400,000: 1 day).
+    pub id_expiration_ms: u64,
+    /// How often partition leaders look for idle producer ids, ms (Kafka's
+    /// `producer.id.expiration.check.interval.ms`, 600,000).
+    pub id_expiration_check_interval_ms: u64,
+}
+
+impl Default for ProducersConfig {
+    fn default() -> Self {
+        Self { id_expiration_ms: 86_400_000, id_expiration_check_interval_ms: 600_000 }
     }
 }
 
@@ -253,6 +273,7 @@ impl Default for BrokerConfig {
             reassignment: ReassignmentConfig::default(),
             retention: RetentionConfig::default(),
             compaction: CompactionConfig::default(),
+            producers: ProducersConfig::default(),
             topic_defaults: BTreeMap::new(),
         }
     }
@@ -306,6 +327,12 @@ impl BrokerConfig {
         }
         if self.compaction.check_interval_ms == 0 {
             return bad("compaction.check_interval_ms must be ≥ 1".into());
+        }
+        if self.producers.id_expiration_check_interval_ms == 0 {
+            return bad("producers.id_expiration_check_interval_ms must be ≥ 1".into());
+        }
+        if self.producers.id_expiration_ms == 0 || i64::try_from(self.producers.id_expiration_ms).is_err() {
+            return bad("producers.id_expiration_ms must be between 1 and 2^63 - 1".into());
         }
         if u64::from(self.node_id) >= crate::metadata::image::FIRST_NODE_ID {
             return bad(format!(

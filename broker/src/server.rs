@@ -393,6 +393,17 @@ impl Broker {
             ),
         ));
         tasks.push(spawn_task(
+            "producer-expiry",
+            me,
+            &stopping,
+            crate::control::producer_expiry::run(
+                reconciler.groups.clone(),
+                liveness.clone(),
+                Duration::from_millis(config.producers.id_expiration_check_interval_ms),
+                i64::try_from(config.producers.id_expiration_ms).unwrap_or(i64::MAX),
+            ),
+        ));
+        tasks.push(spawn_task(
             "balance",
             me,
             &stopping,

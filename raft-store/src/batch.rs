@@ -30,12 +30,24 @@ pub enum Control {
     /// of each key, by the same rule, so all derive the same log (see
     /// [`crate::compaction`]). Targets only move up.
     Compact(crate::compaction::CompactionTarget),
+    /// Idempotent producer state expiry (Kafka's `producer.id.expiration.ms`):
+    /// every replica drops the producer ids that last wrote `expiration_ms`
+    /// or more before `now_ms` (the leader's clock when it decided; see
+    /// [`crate::ProducerStates::expire`]).
+    ExpireProducers {
+        /// The leader's time of the decision, ms since the Unix epoch.
+        now_ms: i64,
+        /// `producer.id.expiration.ms`.
+        expiration_ms: i64,
+    },
 }
 
 /// Payload tag of [`Control::LogStart`].
 const CONTROL_LOG_START: u8 = 1;
 /// Payload tag of [`Control::Compact`].
 const CONTROL_COMPACT: u8 = 2;
+/// Payload tag of [`Control::ExpireProducers`].
+const CONTROL_EXPIRE_PRODUCERS: u8 = 3;
 
 /// A batch of records as a producer sent it, carried whole as one Raft entry.
 ///
@@ -70,7 +82,7 @@ pub struct RecordBatch {
 impl RecordBatch {
     /// The control batch that carries `control` (no records, no offsets).
     pub fn control_batch(control: Control) -> Self {
-        let mut payload = Vec::with_capacity(9);
+        let mut payload = Vec::with_capacity(17);
         match control {
             Control::LogStart(offset) => {
                 payload.push(CONTROL_LOG_START);
@@ -80,6 +92,11 @@ impl RecordBatch {
                 payload.push(CONTROL_COMPACT);
                 payload.extend_from_slice(&t.through.to_le_bytes());
                 payload.extend_from_slice(&t.tombstones_below.to_le_bytes());
+            }
+            Control::ExpireProducers { now_ms, expiration_ms } => {
+                payload.push(CONTROL_EXPIRE_PRODUCERS);
+                payload.extend_from_slice(&now_ms.to_le_bytes());
+                payload.extend_from_slice(&expiration_ms.to_le_bytes());
             }
         }
         RecordBatch {
@@ -126,6 +143,12 @@ impl RecordBatch {
                 let tombstones_below =
                     u64::from_le_bytes(b.try_into().map_err(|_| "compact: tombstones_below")?);
                 Ok(Some(Control::Compact(crate::compaction::CompactionTarget { through, tombstones_below })))
+            }
+            [CONTROL_EXPIRE_PRODUCERS, rest @ ..] if rest.len() == 16 => {
+                let (a, b) = rest.split_at(8);
+                let now_ms = i64::from_le_bytes(a.try_into().map_err(|_| "expire: now")?);
+                let expiration_ms = i64::from_le_bytes(b.try_into().map_err(|_| "expire: expiration")?);
+                Ok(Some(Control::ExpireProducers { now_ms, expiration_ms }))
             }
             other => {
                 Err(format!("unknown control payload of {} bytes (tag {:?})", other.len(), other.first()))

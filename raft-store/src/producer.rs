@@ -39,6 +39,13 @@ pub struct ProducerEntry {
     pub epoch: i16,
     /// The most recent batches, oldest first, at most [`BATCHES_RETAINED`].
     pub batches: VecDeque<BatchSequence>,
+    /// When the producer last wrote, ms since the Unix epoch: its last
+    /// batch's largest timestamp, never earlier than the time of the last
+    /// expiry decision applied before it (so a producer's slow clock cannot
+    /// age it). 0 in state written before expiry existed: unknown, and
+    /// counted from the next expiry decision.
+    #[serde(default)]
+    pub last_timestamp_ms: i64,
 }
 
 /// The verdict on a batch about to be appended.
@@ -64,6 +71,10 @@ pub enum SequenceCheck {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProducerStates {
     producers: BTreeMap<i64, ProducerEntry>,
+    /// The time of the last expiry decision applied, ms since the Unix
+    /// epoch (the leader's clock when it decided; 0: none yet).
+    #[serde(default)]
+    clock_ms: i64,
 }
 
 /// The sequence number after `last` (sequence numbers wrap to 0 after
@@ -144,11 +155,13 @@ impl ProducerStates {
         if batch.producer_id == NO_PRODUCER_ID || verdict != SequenceCheck::Append {
             return batch.producer_id == NO_PRODUCER_ID;
         }
+        let clock_ms = self.clock_ms;
         let entry = self.producers.entry(batch.producer_id).or_default();
         if batch.producer_epoch != entry.epoch {
             entry.epoch = batch.producer_epoch;
             entry.batches.clear();
         }
+        entry.last_timestamp_ms = entry.last_timestamp_ms.max(batch.max_timestamp_ms).max(clock_ms);
         entry.batches.push_back(BatchSequence {
             first_sequence: batch.base_sequence,
             last_sequence: last_sequence(batch.base_sequence, batch.record_count),
@@ -159,6 +172,40 @@ impl ProducerStates {
             entry.batches.pop_front();
         }
         true
+    }
+
+    /// Producer ids that would expire at `now_ms` after `expiration_ms`
+    /// without writes (Kafka's `producer.id.expiration.ms`).
+    pub fn idle(&self, now_ms: i64, expiration_ms: i64) -> usize {
+        self.producers
+            .values()
+            .filter(|e| {
+                e.last_timestamp_ms != 0 && e.last_timestamp_ms.saturating_add(expiration_ms) <= now_ms
+            })
+            .count()
+    }
+
+    /// Applies an expiry decision ([`crate::Control::ExpireProducers`]):
+    /// drops every producer id whose last write is `expiration_ms` or more
+    /// before `now_ms`; one of unknown age (state from before expiry
+    /// existed) starts its count at `now_ms`. Returns how many went. A pure
+    /// function of the state and the decision, so every replica drops the
+    /// same ones.
+    pub fn expire(&mut self, now_ms: i64, expiration_ms: i64) -> usize {
+        self.clock_ms = self.clock_ms.max(now_ms);
+        let before = self.producers.len();
+        self.producers.retain(|_, e| {
+            if e.last_timestamp_ms == 0 {
+                e.last_timestamp_ms = now_ms;
+            }
+            e.last_timestamp_ms.saturating_add(expiration_ms) > now_ms
+        });
+        before - self.producers.len()
+    }
+
+    /// Whether `producer_id` is tracked.
+    pub fn contains(&self, producer_id: i64) -> bool {
+        self.producers.contains_key(&producer_id)
     }
 
     /// Number of producer ids tracked.
@@ -204,6 +251,37 @@ mod tests {
         assert_eq!(s.check(7, 0, 2, 1), SequenceCheck::Fenced { current: 1 });
         assert_eq!(s.expected_sequence(7, 1), Some(1));
         assert_eq!(s.check(NO_PRODUCER_ID, 0, 99, 1), SequenceCheck::Append);
+    }
+
+    #[test]
+    fn idle_producers_expire_and_active_ones_stay() {
+        let mut s = ProducerStates::default();
+        let at = |pid: i64, seq: i32, ts: i64| RecordBatch { max_timestamp_ms: ts, ..batch(pid, 0, seq, 1) };
+        assert!(s.record(&at(1, 0, 1_000), res(0, 1)));
+        assert!(s.record(&at(2, 0, 1_000), res(1, 1)));
+        assert!(s.record(&at(2, 1, 5_000), res(2, 1)));
+        assert_eq!(s.idle(5_999, 5_000), 0);
+        assert_eq!(s.idle(6_000, 5_000), 1);
+        assert_eq!(s.expire(6_000, 5_000), 1);
+        assert!(!s.contains(1) && s.contains(2));
+        assert_eq!(
+            s.check(2, 0, 1, 1),
+            SequenceCheck::Duplicate(res(2, 1)),
+            "the active one still deduplicates"
+        );
+        assert_eq!(
+            s.check(1, 0, 1, 1),
+            SequenceCheck::OutOfOrder { expected: 0 },
+            "the idle one is forgotten"
+        );
+        // A producer whose clock is slow is aged from the last decision, not its timestamps.
+        assert!(s.record(&at(3, 0, 10), res(3, 1)));
+        assert_eq!(s.expire(6_001, 5_000), 0, "3 counts from 6,000");
+        // State from before expiry: counted from the first decision.
+        let mut old = s.clone();
+        old.producers.values_mut().for_each(|e| e.last_timestamp_ms = 0);
+        assert_eq!(old.expire(100_000, 5_000), 0);
+        assert_eq!(old.expire(105_000, 5_000), 2);
     }
 
     #[test]

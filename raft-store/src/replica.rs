@@ -516,6 +516,12 @@ impl Replica {
         self.applied().producers.check(producer_id, epoch, first_sequence, record_count)
     }
 
+    /// Producer ids of the applied state that would expire at `now_ms`
+    /// after `expiration_ms` without writes (see [`ProducerStates::idle`]).
+    pub fn idle_producers(&self, now_ms: i64, expiration_ms: i64) -> usize {
+        self.applied().producers.idle(now_ms, expiration_ms)
+    }
+
     /// Why this replica may have lost entries it had acknowledged, if it
     /// may have (see [`PartitionLog::recovering`]): until a leader has
     /// brought it back it must neither vote nor campaign.

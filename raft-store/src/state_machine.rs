@@ -118,6 +118,10 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
                                 tracing::warn!(log_id = %entry.log_id, ?t, next_offset = a.next_offset,
                                     "ignored a compaction target past the applied records");
                             }
+                            Some(Control::ExpireProducers { now_ms, expiration_ms }) => {
+                                let gone = a.producers.expire(now_ms, expiration_ms);
+                                tracing::debug!(log_id = %entry.log_id, gone, "expired idle producer ids");
+                            }
                             None => {}
                         }
                         0

@@ -26,6 +26,8 @@
 //!   `retention.ms` / `retention.bytes` through Raft; old segments go.
 //! - [`compaction`]: partition leaders decide a compaction target through
 //!   Raft; every replica compacts its sealed segments to it.
+//! - [`producer_expiry`]: partition leaders expire idle producer ids through
+//!   Raft (`producer.id.expiration.ms`).
 
 pub mod balance;
 pub mod checkquorum;
@@ -36,6 +38,7 @@ pub mod handover;
 pub mod liveness;
 pub mod membership;
 pub mod memory;
+pub mod producer_expiry;
 pub mod quiesce;
 pub mod recovery;
 pub mod retention;

@@ -57,10 +57,10 @@ pub const MAJOR: u32 = 1;
 /// controller. 1.9 added control entries in partition logs (frame kind 5,
 /// `ferrolog_raft_store::Control`: retention's log start offset); a 1.8
 /// follower cannot decode one, so leaders write none while a live broker
-/// answers as 1.8 or older. 1.10 added the control entry `Control::Compact`
-/// (a compaction target) and, in the client protocol, records' `offset_delta`
-/// and `null_value`; leaders write no compaction target while a live broker
-/// answers as 1.9 or older.
+/// answers as 1.8 or older. 1.10 added the control entries `Control::Compact`
+/// (a compaction target) and `Control::ExpireProducers` and, in the client
+/// protocol, records' `offset_delta` and `null_value`; leaders write neither
+/// control entry while a live broker answers as 1.9 or older.
 pub const MINOR: u32 = 10;
 /// The gRPC metadata key carrying the sender's version, `MAJOR.MINOR`.
 pub const HEADER: &str = "ferrolog-peer-protocol";
