@@ -52,6 +52,9 @@ pub struct Options {
     pub key_field: Option<String>,
     /// CSV field holding the record timestamp.
     pub timestamp_field: Option<String>,
+    /// Line mode: each line is `key SEPARATOR value`, cut at the first
+    /// separator (Kafka's console producer `parse.key` / `key.separator`).
+    pub key_separator: Option<String>,
 }
 
 impl Options {
@@ -201,11 +204,21 @@ fn read_records<R: BufRead>(
     options: &Options,
     emit: impl FnMut(Item) -> bool,
 ) -> anyhow::Result<()> {
-    if csv { read_csv(reader, options, emit) } else { read_lines(reader, emit) }
+    if csv {
+        read_csv(reader, options, emit)
+    } else {
+        read_lines(reader, options.key_separator.as_deref(), emit)
+    }
 }
 
-/// Line mode: each line, without its terminator, is a record value.
-fn read_lines<R: BufRead>(mut reader: R, mut emit: impl FnMut(Item) -> bool) -> anyhow::Result<()> {
+/// Line mode: each line, without its terminator, is a record value; with
+/// a key separator, the line up to its first separator is the key and the
+/// rest the value (a line without one is bad input).
+fn read_lines<R: BufRead>(
+    mut reader: R,
+    key_separator: Option<&str>,
+    mut emit: impl FnMut(Item) -> bool,
+) -> anyhow::Result<()> {
     let mut line = 0u64;
     let mut buf = Vec::new();
     loop {
@@ -214,8 +227,23 @@ fn read_lines<R: BufRead>(mut reader: R, mut emit: impl FnMut(Item) -> bool) -> 
             return Ok(());
         }
         line += 1;
-        let value = line_value(&buf);
-        if !emit(Item::Record { line, key: None, value: Bytes::copy_from_slice(value), timestamp_ms: 0 }) {
+        let text = line_value(&buf);
+        let item = match key_separator.map(str::as_bytes) {
+            None => Item::Record { line, key: None, value: Bytes::copy_from_slice(text), timestamp_ms: 0 },
+            Some(sep) => match text.windows(sep.len()).position(|w| w == sep) {
+                Some(at) => Item::Record {
+                    line,
+                    key: Some(Bytes::copy_from_slice(&text[..at])),
+                    value: Bytes::copy_from_slice(&text[at + sep.len()..]),
+                    timestamp_ms: 0,
+                },
+                None => Item::Bad {
+                    line,
+                    message: format!("no key separator {:?} in the line", String::from_utf8_lossy(sep)),
+                },
+            },
+        };
+        if !emit(item) {
             return Ok(());
         }
     }
@@ -560,6 +588,22 @@ mod tests {
     }
 
     #[test]
+    fn a_key_separator_cuts_each_line_at_its_first_one() {
+        let options = Options { key_separator: Some("::".into()), ..Options::default() };
+        let items = read("a::1\n::empty key\nb::\nc::x::y\nnone\n", false, &options).expect("read");
+        assert_eq!(
+            items,
+            vec![
+                record(1, Some("a"), "1", 0),
+                record(2, Some(""), "empty key", 0),
+                record(3, Some("b"), "", 0),
+                record(4, Some("c"), "x::y", 0),
+                Item::Bad { line: 5, message: "no key separator \"::\" in the line".into() },
+            ]
+        );
+    }
+
+    #[test]
     fn line_endings_are_newline_or_crlf_and_nothing_else() {
         let items = read("a\r\r\nb\rc\n\r\n\nlast\r", false, &Options::default()).expect("read");
         assert_eq!(
@@ -643,6 +687,7 @@ mod tests {
             csv: true,
             key_field: Some("tailnum".into()),
             timestamp_field: Some("time_hour".into()),
+            key_separator: None,
         };
         let text = "\u{feff}year,tailnum,time_hour\n\
                     2013,N14228,2013-01-01T10:00:00Z\n\

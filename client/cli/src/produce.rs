@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use bytes::Bytes;
 use clap::Args;
 use ferrolog_client::{Delivery, Producer, ProducerConfig, Record};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -59,6 +60,16 @@ pub struct ProduceArgs {
     /// do not make the command fail.
     #[arg(long)]
     skip_bad_input: bool,
+    /// Line mode: each line is `KEY<SEPARATOR>VALUE`, cut at the first
+    /// separator (Kafka's console producer `parse.key=true` with
+    /// `key.separator`); a line without it is bad input.
+    #[arg(long, value_name = "SEPARATOR", conflicts_with_all = ["csv", "key_field", "timestamp_field"])]
+    key_separator: Option<String>,
+    /// A value equal to this text is sent as a null value: a tombstone,
+    /// which deletes its key from a compacted topic (Kafka's console
+    /// producer `null.marker`). An empty value is never null.
+    #[arg(long, value_name = "TEXT")]
+    null_marker: Option<String>,
 }
 
 /// Counts shared by the send loop, the collector and the progress bar.
@@ -131,7 +142,9 @@ pub async fn run(bootstrap: &str, args: ProduceArgs) -> anyhow::Result<()> {
         csv: args.csv,
         key_field: args.key_field.clone(),
         timestamp_field: args.timestamp_field.clone(),
+        key_separator: args.key_separator.clone(),
     };
+    let null_marker = args.null_marker.clone().map(Bytes::from);
     let progress = Arc::new(Progress::default());
     let (items_tx, mut items) = tokio::sync::mpsc::channel(4096);
     let reader = input::spawn_reader(source, options, items_tx, progress.clone())
@@ -149,8 +162,10 @@ pub async fn run(bootstrap: &str, args: ProduceArgs) -> anyhow::Result<()> {
             Item::Record { line, key, value, timestamp_ms } => {
                 let size = (value.len() + key.as_ref().map_or(0, |k| k.len())) as u64;
                 producer.ready().await;
-                let delivery =
-                    producer.send(&args.topic, Record { key, value, timestamp_ms, ..Record::default() });
+                let null_value = null_marker.as_ref().is_some_and(|m| *m == value);
+                let value = if null_value { Bytes::new() } else { value };
+                let record = Record { key, value, null_value, timestamp_ms, ..Record::default() };
+                let delivery = producer.send(&args.topic, record);
                 counts.sent.fetch_add(1, Ordering::Relaxed);
                 if deliveries_tx.send((line, size, delivery)).await.is_err() {
                     break;

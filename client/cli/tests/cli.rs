@@ -1251,3 +1251,85 @@ fn founders_are_replaced_one_by_one_without_losing_the_controller_quorum() {
     assert_eq!(all_values(&c, "probe", 1), acked, "probe records lost or duplicated");
     println!("founders 1-3 replaced by joined brokers 4-6; {attempts} producer ids and appends, none failed");
 }
+
+/// `(offset, key, value)` of every record of `topic`-0 from earliest; a
+/// null value (tombstone) is `None`.
+fn compacted_view(c: &Brokers, topic: &str) -> Vec<(u64, String, Option<String>)> {
+    json_lines(&c.ok(&["consume", topic, "-p", "0", "--from", "earliest", "--output", "json"], None))
+        .iter()
+        .map(|r| {
+            let offset = r["offset"].as_u64().expect("offset");
+            let key = r["key"].as_str().expect("a key").to_owned();
+            (offset, key, r["value"].as_str().map(str::to_owned))
+        })
+        .collect()
+}
+
+#[test]
+fn compaction_edge_logs_empty_values_and_keys_tombstones_and_an_empty_topic() {
+    let c = Brokers::start_with_config(Some("[compaction]\ncheck_interval_ms = 200\n"));
+    // segment.ms = 1: every produce below is one batch in a segment of its
+    // own (the active segment rolls at the next append), so all but the
+    // last are compactable at once.
+    let compacted = [
+        "--config",
+        "cleanup.policy=compact",
+        "--config",
+        "segment.ms=1",
+        "--config",
+        "delete.retention.ms=0",
+    ];
+    for topic in ["edge", "tombs", "empty"] {
+        let mut args = vec!["topic", "create", topic, "--partitions", "1"];
+        args.extend(compacted);
+        c.ok(&args, None);
+    }
+    let send = |topic: &str, line: &str| {
+        c.ok(
+            &["produce", topic, "--key-separator", "::", "--null-marker", "NULL"],
+            Some(&format!("{line}\n")),
+        )
+    };
+    // A keyless record is refused with the reason, naming the topic's policy.
+    let out = c.run(&["produce", "edge"], Some("no key\n"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("INVALID_RECORD") && stderr.contains("no key"),
+        "{stderr}"
+    );
+
+    for line in ["a::1", "b::", "::k-empty", "e::", "a::2", "b::NULL", "last::NULL"] {
+        send("edge", line);
+    }
+    for line in ["x::NULL", "y::NULL", "x::NULL", "z::NULL"] {
+        send("tombs", line);
+    }
+    let s = |v: &str| Some(v.to_owned());
+    let want_edge = vec![
+        (2, String::new(), s("k-empty")),
+        (3, "e".into(), s("")),
+        (4, "a".into(), s("2")),
+        (6, "last".into(), None),
+    ];
+    let want_tombs = vec![(3, "z".to_owned(), None)];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (edge, tombs) = (compacted_view(&c, "edge"), compacted_view(&c, "tombs"));
+        if edge == want_edge && tombs == want_tombs {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not compacted as expected:\nedge {edge:?}\nwant {want_edge:?}\ntombs {tombs:?}\nwant {want_tombs:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The empty topic: nothing to read, no error, and it takes records after compaction checks.
+    assert!(compacted_view(&c, "empty").is_empty());
+    send("empty", "k::v");
+    assert_eq!(compacted_view(&c, "empty"), vec![(0, "k".to_owned(), s("v"))]);
+    // Reading from inside a gap starts at the next record kept.
+    let from_gap =
+        json_lines(&c.ok(&["consume", "edge", "-p", "0", "--from", "5", "--output", "json"], None));
+    assert_eq!(from_gap.iter().map(|r| r["offset"].as_u64().expect("offset")).collect::<Vec<_>>(), vec![6]);
+}
