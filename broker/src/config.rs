@@ -97,11 +97,15 @@ pub struct CompactionConfig {
     /// Bytes per second one compaction pass reads at most; 0: no limit
     /// (Kafka's `log.cleaner.io.max.bytes.per.second`, unlimited by default).
     pub io_max_bytes_per_second: u64,
+    /// Bytes the key map of one compaction pass holds at most (each key's
+    /// bytes plus 64); more distinct keys are compacted in chunks (Kafka's
+    /// `log.cleaner.dedupe.buffer.size`, 128 MiB).
+    pub dedupe_buffer_bytes: u64,
 }
 
 impl Default for CompactionConfig {
     fn default() -> Self {
-        Self { check_interval_ms: 15_000, io_max_bytes_per_second: 0 }
+        Self { check_interval_ms: 15_000, io_max_bytes_per_second: 0, dedupe_buffer_bytes: 128 << 20 }
     }
 }
 
@@ -327,6 +331,9 @@ impl BrokerConfig {
         }
         if self.compaction.check_interval_ms == 0 {
             return bad("compaction.check_interval_ms must be ≥ 1".into());
+        }
+        if self.compaction.dedupe_buffer_bytes < 1 << 20 {
+            return bad("compaction.dedupe_buffer_bytes must be ≥ 1 MiB".into());
         }
         if self.producers.id_expiration_check_interval_ms == 0 {
             return bad("producers.id_expiration_check_interval_ms must be ≥ 1".into());

@@ -110,9 +110,10 @@ pub fn dump_replica(
             let h = &b.header;
             let recs = records::decode(&b.records())
                 .with_context(|| format!("{}: batch at offset {}", log_dir.display(), h.base_offset))?;
-            for (i, rec) in recs.iter().enumerate() {
-                // Compacted batches: each record carries its offset delta.
-                let o = h.base_offset + u64::from(rec.offset_delta.unwrap_or(i as u32));
+            let deltas = records::offset_deltas(&recs);
+            for (rec, delta) in recs.iter().zip(deltas) {
+                // Compacted batches: records after removed ones carry their delta.
+                let o = h.base_offset + u64::from(delta);
                 if o < offset {
                     continue;
                 }

@@ -390,6 +390,7 @@ impl Broker {
                 liveness.clone(),
                 Duration::from_millis(config.compaction.check_interval_ms),
                 config.compaction.io_max_bytes_per_second,
+                usize::try_from(config.compaction.dedupe_buffer_bytes).unwrap_or(usize::MAX),
             ),
         ));
         tasks.push(spawn_task(

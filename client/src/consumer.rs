@@ -675,28 +675,20 @@ pub(crate) fn decode_batches(
     Ok((records, next))
 }
 
-/// Each record's offset delta in its batch: its own (compacted batches)
-/// or its position; `None` if they are not strictly increasing below
-/// `record_count`, only some records carry one, or a batch without them
-/// holds other than `record_count` records.
+/// Each record's offset delta in its batch: the one it carries (after
+/// records compaction removed), else one past the previous record's (the
+/// first: 0); `None` if they are not strictly increasing below
+/// `record_count`.
 fn record_deltas(records: &[pb::Record], record_count: u32) -> Option<Vec<u32>> {
-    let explicit = records.first().is_some_and(|r| r.offset_delta.is_some());
-    // Without deltas a batch holds a record at every offset it spans (or
-    // none: compaction removed them all).
-    if !explicit && !records.is_empty() && records.len() != record_count as usize {
-        return None;
-    }
-    let mut out = Vec::with_capacity(records.len());
-    for (i, r) in records.iter().enumerate() {
-        let d = match (explicit, r.offset_delta) {
-            (true, Some(d)) => d,
-            (false, None) => u32::try_from(i).ok()?,
-            _ => return None,
-        };
+    let mut out: Vec<u32> = Vec::with_capacity(records.len());
+    let mut next = 0u32;
+    for r in records {
+        let d = r.offset_delta.unwrap_or(next);
         if d >= record_count || out.last().is_some_and(|p| d <= *p) {
             return None;
         }
         out.push(d);
+        next = d + 1;
     }
     Some(out)
 }
@@ -765,9 +757,9 @@ mod tests {
 
     #[test]
     fn rejects_malformed_batches() {
-        let mut wrong_count = batch(0, &["a"]);
-        wrong_count.record_count = 2;
-        assert!(matches!(decode_batches("t", 0, 0, vec![wrong_count], None), Err(Error::Protocol(_))));
+        let mut too_many = batch(0, &["a", "b", "c"]);
+        too_many.record_count = 2;
+        assert!(matches!(decode_batches("t", 0, 0, vec![too_many], None), Err(Error::Protocol(_))));
         let garbage =
             pb::RecordBatch { base_offset: 0, record_count: 1, records: vec![0xff, 0xff, 0xff].into() };
         let at_the_end = batch(u64::MAX, &["a"]);
@@ -807,6 +799,15 @@ mod tests {
         let (records, next) = decode_batches("t", 0, 15, vec![thinned(15, 3, &[])], None).expect("decode");
         assert!(records.is_empty());
         assert_eq!(next, 18);
+        // A record without a delta follows the one before it.
+        let mut mixed = thinned(20, 6, &[(0, "a"), (3, "d"), (4, "e")]);
+        let mut set = pb::RecordSet::decode(mixed.records.clone()).expect("decode");
+        set.records[0].offset_delta = None;
+        set.records[2].offset_delta = None;
+        mixed.records = set.encode_to_vec().into();
+        let (records, next) = decode_batches("t", 0, 20, vec![mixed], None).expect("decode");
+        assert_eq!(records.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![20, 23, 24]);
+        assert_eq!(next, 26);
         // Deltas out of order or past the batch are refused.
         for bad in [thinned(0, 2, &[(1, "a"), (0, "b")]), thinned(0, 2, &[(2, "a")])] {
             assert!(matches!(decode_batches("t", 0, 0, vec![bad], None), Err(Error::Protocol(_))));

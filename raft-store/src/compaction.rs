@@ -112,12 +112,23 @@ pub struct CompactionStats {
     pub bytes_after: u64,
     /// Records removed.
     pub records_removed: u64,
-    /// Distinct keys below the target.
+    /// Distinct keys in the largest key map (of all keys below the target
+    /// when the pass ran in one chunk).
     pub keys: usize,
+    /// Chunks the range was compacted in (the key map's limit).
+    pub chunks: usize,
+    /// Whether the pass finished the target (else the next pass goes on:
+    /// records below it were in a segment not wholly committed, or a
+    /// segment changed under the pass).
+    pub complete: bool,
 }
 
 /// Bytes a key-map pass reads per lock-free read.
 const READ_CHUNK_BYTES: usize = 4 << 20;
+
+/// Bytes a key map entry is counted for beside its key's own: the copy's
+/// header, the offset and the table's slot.
+const MAP_ENTRY_OVERHEAD_BYTES: usize = 64;
 
 impl Replica {
     /// Compacts this replica's sealed segments to its compaction target
@@ -133,7 +144,9 @@ impl Replica {
     /// pass of this replica is running).
     ///
     /// `throttle` is called with the bytes read after each read, and may
-    /// sleep (Kafka's `log.cleaner.io.max.bytes.per.second`).
+    /// sleep (Kafka's `log.cleaner.io.max.bytes.per.second`). The key map
+    /// holds at most about `map_bytes_max` bytes (Kafka's
+    /// `log.cleaner.dedupe.buffer.size`); more keys are compacted in chunks.
     ///
     /// # Errors
     /// [`StoreError::Corruption`] for a frame that does not verify or
@@ -142,60 +155,86 @@ impl Replica {
     pub fn compact(
         &self,
         codec: &dyn RecordCodec,
+        map_bytes_max: usize,
         throttle: &mut dyn FnMut(u64),
     ) -> Result<Option<CompactionStats>> {
         // One pass at a time (they would write the same temporary files).
         let Ok(_pass) = self.inner.compacting.try_lock() else { return Ok(None) };
-        let (target, start) = {
-            let log = self.log();
+        let (target, start, generation) = {
+            let mut log = self.log();
             let target = log.compaction_target();
             if target.through == 0 || log.compacted_to() == Some(target) {
                 return Ok(None);
             }
-            (target, log.log_start_offset())
+            // Records below the target may sit in the active segment again
+            // (a truncation reopened a sealed one; a crash before the roll).
+            log.roll_below_compaction_target()?;
+            (target, log.log_start_offset(), log.generation())
         };
         let mut stats = CompactionStats { target, ..CompactionStats::default() };
-        let Some(latest) = self.key_map(codec, start, target.through, &mut stats, throttle)? else {
-            return Ok(None);
-        };
-        stats.keys = latest.len();
-        // `complete`: every record below the target is in a sealed, wholly
-        // committed segment listed here (else a later pass finishes).
-        let (candidates, complete) = self.log().compaction_candidates(target.through);
-        let mut all_done = complete;
-        for c in candidates {
-            match rewrite(&c, codec, &latest, target, start, &mut stats, throttle)? {
-                Rewrite::Unchanged => {}
-                Rewrite::Written { tmp, segment, before, after } => {
-                    if self.log().swap_compacted(&c, &tmp, *segment)? {
-                        stats.segments_rewritten += 1;
-                        stats.bytes_before += before;
-                        stats.bytes_after += after;
-                    } else {
-                        all_done = false;
+        let mut all_done = true;
+        // The key map holds at most `map_bytes_max`: when the keys below the
+        // target do not fit, the range is compacted in chunks, each up to
+        // where its map ends, oldest first (Kafka's cleaner does the same).
+        // After chunk `[from, end)`, records below `end` are those the rule
+        // keeps for a target at `end`; a record below `from` whose key is
+        // not in the next chunk's map is already its key's latest, so the
+        // last chunk leaves what the rule keeps for the whole target.
+        let mut from = start;
+        while from < target.through {
+            let Some((latest, end)) =
+                self.key_map(codec, from, target.through, map_bytes_max, &mut stats, throttle)?
+            else {
+                return Ok(None);
+            };
+            stats.keys = stats.keys.max(latest.len());
+            stats.chunks += 1;
+            let chunk = CompactionTarget { through: end, tombstones_below: target.tombstones_below.min(end) };
+            // `complete`: every record below the chunk's end is in a
+            // sealed, wholly committed segment listed here (else a later
+            // pass finishes).
+            let (candidates, complete) = self.log().compaction_candidates(end);
+            all_done &= complete;
+            for c in candidates {
+                match rewrite(&c, codec, &latest, chunk, start, &mut stats, throttle)? {
+                    Rewrite::Unchanged => {}
+                    Rewrite::Written { tmp, segment, before, after } => {
+                        if self.log().swap_compacted(&c, &tmp, *segment)? {
+                            stats.segments_rewritten += 1;
+                            stats.bytes_before += before;
+                            stats.bytes_after += after;
+                        } else {
+                            all_done = false;
+                        }
                     }
                 }
             }
+            from = end;
         }
         let mut log = self.log();
-        if all_done && log.compaction_target() == target {
+        if all_done && log.compaction_target() == target && log.generation() == generation {
             log.set_compacted_to(target);
+            stats.complete = true;
         }
         Ok(Some(stats))
     }
 
-    /// Each key's latest offset in `from..through`, read from committed
-    /// batches without holding the log's lock; `None` when the log start
-    /// moved past `from` meanwhile (the next pass starts from it).
+    /// Each key's latest offset in `from..end`, read from committed batches
+    /// without holding the log's lock, with `end`: `through`, or the end of
+    /// the batch after which the map outgrew `map_bytes_max` (at least one
+    /// batch is mapped). `None` when the log start moved past `from`
+    /// meanwhile (the next pass starts from it).
     fn key_map(
         &self,
         codec: &dyn RecordCodec,
         from: u64,
         through: u64,
+        map_bytes_max: usize,
         stats: &mut CompactionStats,
         throttle: &mut dyn FnMut(u64),
-    ) -> Result<Option<HashMap<Bytes, u64>>> {
+    ) -> Result<Option<(HashMap<Bytes, u64>, u64)>> {
         let mut latest: HashMap<Bytes, u64> = HashMap::new();
+        let mut map_bytes = 0usize;
         let mut at = from;
         while at < through {
             let batches = match self.read(at, READ_CHUNK_BYTES) {
@@ -220,8 +259,15 @@ impl Replica {
                     }
                     if let Some(k) = r.key {
                         // A copy: a slice would keep the whole batch alive.
-                        latest.insert(Bytes::copy_from_slice(&k), offset);
+                        if latest.insert(Bytes::copy_from_slice(&k), offset).is_none() {
+                            map_bytes += k.len() + MAP_ENTRY_OVERHEAD_BYTES;
+                        }
                     }
+                }
+                let end = b.header.next_offset();
+                if map_bytes >= map_bytes_max && end < through && end > from {
+                    throttle(read);
+                    return Ok(Some((latest, end)));
                 }
             }
             throttle(read);
@@ -230,7 +276,7 @@ impl Replica {
             }
             at = next;
         }
-        Ok(Some(latest))
+        Ok(Some((latest, through)))
     }
 }
 
@@ -301,7 +347,9 @@ fn rewrite(
                     if o >= target.through || o < start {
                         return true;
                     }
-                    latest.get(k) == Some(&o) && !(r.tombstone && o < target.tombstones_below)
+                    // A key missing from the map was not written in the
+                    // chunk: the record is its key's latest before it.
+                    latest.get(k).is_none_or(|l| *l == o) && !(r.tombstone && o < target.tombstones_below)
                 })
                 .collect();
             let gone = keep.iter().filter(|k| !**k).count() as u64;
@@ -309,9 +357,9 @@ fn rewrite(
                 out.extend_from_slice(&b.frame);
                 continue;
             }
+            let payload = codec.retain(&b.records(), &keep).map_err(|e| corrupt_records(&b, &e))?;
             changed = true;
             removed += gone;
-            let payload = codec.retain(&b.records(), &keep).map_err(|e| corrupt_records(&b, &e))?;
             let mut entry = format::decode_entry(&h, &b.frame).map_err(|source| StoreError::Corruption {
                 path: c.path.clone(),
                 position: pos - h.frame_bytes as u64,

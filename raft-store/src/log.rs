@@ -137,8 +137,13 @@ pub struct PartitionLog {
     /// See [`PartitionLog::compaction_target`].
     compaction: CompactionTarget,
     /// The target a compaction pass last finished (in memory: after a
-    /// restart one pass runs again, finding nothing to remove).
+    /// restart one pass runs again, finding nothing to remove). Cleared
+    /// whenever segments are replaced or cut.
     compacted_to: Option<CompactionTarget>,
+    /// Counts replacements and cuts of the segment list (not appends, rolls
+    /// or retention's deletions): a compaction pass that saw it change
+    /// does not count as finished.
+    generation: u64,
 }
 
 /// A sealed segment a compaction pass may rewrite
@@ -253,6 +258,7 @@ impl PartitionLog {
             damage,
             compaction,
             compacted_to: None,
+            generation: 0,
         };
         log.check_reaches_purge_pointer()?;
         if log.segments.is_empty() {
@@ -517,6 +523,19 @@ impl PartitionLog {
             self.segments.push(Segment::create(&self.dir, base_index, base_offset, interval)?);
         }
         Ok(())
+    }
+
+    /// Notes a replacement or cut of the segment list: what a compaction
+    /// pass finished may be gone.
+    fn segments_changed(&mut self) {
+        self.generation += 1;
+        self.compacted_to = None;
+    }
+
+    /// See the `generation` field: changes whenever segments are replaced
+    /// or cut.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The target the last compaction pass finished, if one did since open.
@@ -801,6 +820,7 @@ impl PartitionLog {
         if keep_to >= self.next_index() {
             return Ok(());
         }
+        self.segments_changed();
         if let Some(c) = self.committed.filter(|c| c.index >= keep_to) {
             return Err(StoreError::Invalid(format!("truncate to {keep_to} would remove committed {c}")));
         }
@@ -869,6 +889,7 @@ impl PartitionLog {
     /// shorter but valid chain), then the new one is created; a crash with
     /// no segment left is resumed by `open`'s `empty_start`.
     pub(crate) fn restart_at(&mut self, base_index: u64, base_offset: u64) -> Result<()> {
+        self.segments_changed();
         self.meta.put(meta::KEY_EMPTY_START, Some(&(base_index, base_offset)), Sync::Durable)?;
         self.remove_all_segments()?;
         let new = Segment::create(&self.dir, base_index, base_offset, self.config.index_interval_bytes)?;
@@ -887,6 +908,7 @@ impl PartitionLog {
     /// Replaces all segments with the verified segment files in `from`
     /// (moved in by hard link), which must continue each other.
     pub(crate) fn replace_segments(&mut self, files: &[PathBuf], expect_next: (u64, u64)) -> Result<()> {
+        self.segments_changed();
         let result = self.import_segments(files, expect_next);
         if self.segments.is_empty() {
             // Keep the invariant (never without an active segment) even when
@@ -1138,6 +1160,14 @@ impl PartitionLog {
                         h.base_offset
                     ))
                 })?;
+                if stamps.iter().any(|(d, _)| *d >= h.record_count) {
+                    return Err(StoreError::Invalid(format!(
+                        "the batch at offset {} spans {} offsets but holds a record at delta {:?}",
+                        h.base_offset,
+                        h.record_count,
+                        stamps.iter().map(|(d, _)| *d).max()
+                    )));
+                }
                 let hit =
                     stamps.iter().find(|(d, t)| *t >= timestamp_ms && h.base_offset + u64::from(*d) >= from);
                 if let Some((d, t)) = hit {

@@ -20,7 +20,9 @@ use ferrolog_tests::{Cluster, connect};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
 /// Compaction checked every 300 ms (Kafka's cleaner backs off 15 s).
-const CONFIG: &str = "[storage]\nindex_interval_bytes = 1024\n[compaction]\ncheck_interval_ms = 300\n";
+/// Snapshots every 200 entries, so a replica rebuilt after 1,500 more
+/// entries gets one (Raft keeps 1,000 entries after a snapshot).
+const CONFIG: &str = "[storage]\nindex_interval_bytes = 1024\n[compaction]\ncheck_interval_ms = 300\n[raft]\nsnapshot_after_entries = 200\n";
 const KEYS: usize = 1000;
 const UPDATES: usize = 100_000;
 const PER_BATCH: usize = 1000;
@@ -94,39 +96,120 @@ impl Written {
     }
 }
 
-/// Stops every broker and reads each one's dump, until all three hold the
-/// same log and `done` accepts it (a replica compacts at its own checks:
-/// between tries the brokers run again). Returns that log.
+/// The value of ` name=` in a log line, as a number.
+fn field(line: &str, name: &str) -> Option<u64> {
+    let at = line.find(&format!(" {name}="))? + name.len() + 2;
+    line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// Lines of broker `id`'s log after its first `since` bytes.
+fn log_since(c: &Cluster, id: u32, since: u64) -> String {
+    let text = fs::read(&c.broker(id).log).unwrap_or_default();
+    String::from_utf8_lossy(text.get(since as usize..).unwrap_or_default()).into_owned()
+}
+
+/// Bytes of each broker's log so far.
+fn log_marks(c: &Cluster) -> Vec<u64> {
+    (1..=3).map(|id| fs::metadata(&c.broker(id).log).map_or(0, |m| m.len())).collect()
+}
+
+/// `(through, tombstones_below)` of a log line of topic `t`.
+fn target_of(line: &str) -> Option<(u64, u64)> {
+    if !line.contains("topic=t ") {
+        return None;
+    }
+    Some((field(line, "through")?, field(line, "tombstones_below")?))
+}
+
+/// Waits, with the brokers running, until every broker logged a finished
+/// compaction pass (after `marks`) to the latest target any leader decided,
+/// that target is `wanted`, and no new target came for two checks; then
+/// stops them all and reads each one's dump, which must be the same
+/// everywhere and pass `done`. Returns that log and the target.
 async fn converged(
     c: &mut Cluster,
     what: &str,
+    marks: &[u64],
+    wanted: impl Fn((u64, u64)) -> bool,
     done: impl Fn(&BTreeMap<u64, Dumped>) -> bool,
-) -> anyhow::Result<BTreeMap<u64, Dumped>> {
-    let deadline = Instant::now() + Duration::from_secs(180);
-    for attempt in 1u64.. {
-        tokio::time::sleep(Duration::from_secs(2 * attempt.min(5))).await;
-        for id in 1..=3 {
-            c.kill(id);
-        }
-        let dumps: Vec<BTreeMap<u64, Dumped>> =
-            (1..=3).map(|id| dumped(id, c.data_dir(id))).collect::<anyhow::Result<_>>()?;
-        let same = dumps.iter().all(|d| *d == dumps[0]);
-        let sizes: Vec<usize> = dumps.iter().map(BTreeMap::len).collect();
-        eprintln!("{what}, try {attempt}: records per replica {sizes:?}, same: {same}");
-        if same && done(&dumps[0]) {
-            return Ok(dumps.into_iter().next().unwrap_or_default());
+) -> anyhow::Result<(BTreeMap<u64, Dumped>, (u64, u64))> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut settled: Option<((u64, u64), Instant)> = None;
+    loop {
+        let decided = decided_target(c);
+        let finished: Vec<Option<(u64, u64)>> = (1..=3)
+            .map(|id| {
+                log_since(c, id, marks[id as usize - 1])
+                    .lines()
+                    .filter(|l| l.contains(" compacted ") && l.contains("complete=true"))
+                    .filter_map(target_of)
+                    .last()
+            })
+            .collect();
+        let all = decided.is_some_and(&wanted) && finished.iter().all(|f| *f == decided);
+        match (all, settled) {
+            (true, Some((t, since)))
+                if Some(t) == decided && since.elapsed() > Duration::from_millis(700) =>
+            {
+                break;
+            }
+            (true, Some((t, _))) if Some(t) == decided => {}
+            (true, _) => settled = decided.map(|t| (t, Instant::now())),
+            (false, _) => settled = None,
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "{what}: replicas hold {sizes:?} records, same: {same}\n{}",
-            c.logs_tail(40)
+            "{what}: latest target {decided:?}, last finished pass per broker {finished:?}\n{}",
+            c.logs_tail(30)
         );
-        for id in 1..=3 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for id in 1..=3 {
+        c.kill(id);
+    }
+    let dumps: Vec<BTreeMap<u64, Dumped>> =
+        (1..=3).map(|id| dumped(id, c.data_dir(id))).collect::<anyhow::Result<_>>()?;
+    let sizes: Vec<usize> = dumps.iter().map(BTreeMap::len).collect();
+    eprintln!("{what}: records per replica {sizes:?}");
+    for (i, d) in dumps.iter().enumerate().skip(1) {
+        if *d != dumps[0] {
+            let diff: Vec<_> = d.iter().filter(|(o, r)| dumps[0].get(o) != Some(r)).take(5).collect();
+            anyhow::bail!(
+                "{what}: broker {} holds another log than broker 1 ({sizes:?}); first differences {diff:?}",
+                i + 1
+            );
+        }
+    }
+    anyhow::ensure!(
+        done(&dumps[0]),
+        "{what}: the common log is not as expected ({} records)",
+        dumps[0].len()
+    );
+    let target = decided_target(c).unwrap_or_default();
+    Ok((dumps.into_iter().next().unwrap_or_default(), target))
+}
+
+/// The latest target any leader logged deciding for `t`.
+fn decided_target(c: &Cluster) -> Option<(u64, u64)> {
+    (1..=3)
+        .flat_map(|id| {
+            log_since(c, id, 0)
+                .lines()
+                .filter(|l| l.contains("compaction target moved"))
+                .filter_map(target_of)
+                .collect::<Vec<_>>()
+        })
+        .max()
+}
+
+/// Starts every broker again and waits until they answer.
+async fn restart_all(c: &mut Cluster) -> anyhow::Result<()> {
+    for id in 1..=3 {
+        if !c.is_running(id) {
             c.spawn(id)?;
         }
-        c.wait_ready(3, Duration::from_secs(60)).await?;
     }
-    unreachable!("the loop returns or fails")
+    c.wait_ready(3, Duration::from_secs(60)).await
 }
 
 /// Every record of `log` is the one written at its offset, and no key
@@ -213,7 +296,8 @@ async fn a_changelog_compacts_to_the_same_latest_values_on_every_replica() -> an
     // Compacted: each key's latest record at its offset, nothing older
     // (bar the filler in the active segment), tombstones still there.
     let live = KEYS + 2;
-    let log = converged(&mut c, "compaction", |log| log.len() <= live + 1).await?;
+    let marks = log_marks(&c);
+    let (log, first) = converged(&mut c, "compaction", &marks, |_| true, |log| log.len() <= live + 1).await?;
     check_against(&log, &w, 1)?;
     assert!(log.len() >= live, "{} records: a key's latest value went", log.len());
     for k in 0..KEYS {
@@ -225,10 +309,8 @@ async fn a_changelog_compacts_to_the_same_latest_values_on_every_replica() -> an
     assert_eq!(log.get(&w.latest[""]), Some(&(String::new(), Some(String::new()))), "empty key and value");
 
     // delete.retention.ms = 0: the tombstones go; nothing else does.
-    for id in 1..=3 {
-        c.spawn(id)?;
-    }
-    c.wait_ready(3, Duration::from_secs(60)).await?;
+    restart_all(&mut c).await?;
+    let marks = log_marks(&c);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let r = connect(c.broker(1).client_addr)
@@ -248,7 +330,14 @@ async fn a_changelog_compacts_to_the_same_latest_values_on_every_replica() -> an
             _ => anyhow::bail!("alter topic config: {:?}", r.error),
         }
     }
-    let log = converged(&mut c, "tombstone removal", |log| log.values().all(|r| r.1.is_some())).await?;
+    let (log, _) = converged(
+        &mut c,
+        "tombstone removal",
+        &marks,
+        |t| t.1 > first.1,
+        |log| log.values().all(|r| r.1.is_some()),
+    )
+    .await?;
     check_against(&log, &w, 1)?;
     let latest = log.iter().filter(|(o, r)| w.latest.get(&r.0) == Some(*o)).count();
     assert_eq!(latest, live - (DELETED - REWRITTEN), "every live key once, the deleted ones gone");
@@ -256,13 +345,32 @@ async fn a_changelog_compacts_to_the_same_latest_values_on_every_replica() -> an
         assert_eq!(log[&w.latest[&key(k)]].1.as_deref(), Some(format!("{}-again", key(k)).as_str()));
     }
 
-    // A broker wiped and rebuilt (a snapshot from the leader) ends with the same log.
-    c.wipe(3);
-    for id in 1..=3 {
+    // A broker wiped, while 1,500 more entries are written, is rebuilt from
+    // a snapshot (Raft purged what it would need) and ends with the same log.
+    for id in 1..=2 {
         c.spawn(id)?;
     }
-    c.wait_ready(3, Duration::from_secs(60)).await?;
-    let rebuilt = converged(&mut c, "rebuilt replica", |l| *l == log).await?;
-    assert_eq!(rebuilt.len(), log.len());
+    c.wait_ready(2, Duration::from_secs(60)).await?;
+    c.wipe(3);
+    let marks = log_marks(&c);
+    for i in 0..1500 {
+        let k = KEYS / 2 + i % 100;
+        w.send(&c, vec![(key(k), Some(format!("{}-late-{i}", key(k))))]).await?;
+    }
+    for n in 0..2 {
+        w.send(&c, vec![("filler".into(), Some(format!("{n}{}", "g".repeat(65 << 10))))]).await?;
+    }
+    restart_all(&mut c).await?;
+    let (rebuilt, _) = converged(&mut c, "rebuilt replica", &marks, |_| true, |_| true).await?;
+    check_against(&rebuilt, &w, 1)?;
+    for k in REWRITTEN..DELETED {
+        assert!(!rebuilt.values().any(|r| r.0 == key(k)), "deleted {} came back", key(k));
+    }
+    for k in (0..REWRITTEN).chain(DELETED..KEYS) {
+        let want = w.latest[&key(k)];
+        assert!(rebuilt.contains_key(&want), "{}'s latest record (offset {want}) went", key(k));
+    }
+    let installed = log_since(&c, 3, marks[2]).lines().filter(|l| l.contains("installed snapshot")).count();
+    assert!(installed > 0, "the wiped broker was not rebuilt from a snapshot");
     Ok(())
 }

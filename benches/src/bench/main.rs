@@ -16,12 +16,15 @@
 //!   its duration and MB/s, and another partition's produce latency
 //!   before and during it;
 //! - `retention`: disk use and throughput of a topic with `retention.bytes`
-//!   beside one without, under pipelined produce.
+//!   beside one without, under pipelined produce;
+//! - `compaction`: each replica's compaction pass (MB/s on one core) and
+//!   another topic's one-in-flight produce latency before and during it.
 //!
 //! Every figure printed is measured in that run; nothing is extrapolated.
 
 mod churn;
 mod cluster;
+mod compaction;
 mod contention;
 mod failover;
 mod idle;
@@ -64,6 +67,8 @@ enum Cmd {
     Reassign(reassign::ReassignArgs),
     /// Disk use and throughput of a topic with retention.bytes under load.
     Retention(retention::RetentionArgs),
+    /// Compaction passes and produce latency beside them.
+    Compaction(compaction::CompactionArgs),
 }
 
 #[tokio::main]
@@ -84,5 +89,6 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Failover(a) => failover::run(a).await,
         Cmd::Reassign(a) => reassign::run(a).await,
         Cmd::Retention(a) => retention::run(a).await,
+        Cmd::Compaction(a) => compaction::run(a).await,
     }
 }

@@ -23,11 +23,17 @@
 //!   `through`) are at least `min.cleanable.dirty.ratio` of the compactable
 //!   bytes, or when a segment not compacted yet holds a record older than
 //!   `max.compaction.lag.ms`;
-//! - `tombstones_below` is the end of the oldest sealed segments below
-//!   `through` last appended to at least `delete.retention.ms` ago: a
-//!   tombstone is removed only after every consumer had that long to read
-//!   it (Kafka keeps it that long after the cleaner first reaches it; this
-//!   counts from its append, which is never later).
+//! - `tombstones_below` is the largest earlier `through` that this broker
+//!   saw applied at least `delete.retention.ms` ago: a tombstone is removed
+//!   only once it was in the compacted range that long, so a consumer that
+//!   read the key's older value before compaction reached it has that long
+//!   to read the deletion (KIP-534). Each broker notes when it sees each
+//!   target applied, as leader or follower; a broker that restarted counts
+//!   from its restart (later, never earlier).
+//!
+//! `max.compaction.lag.ms` is judged by a segment's newest record, and the
+//! active segment is not rolled for it (Kafka rolls it): a record waits at
+//! most until its segment rolls (`segment.ms`, `segment.bytes`) plus the lag.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -81,13 +87,15 @@ impl Policy {
 
 /// The target a leader moves its partition to, if it moves (see the module
 /// documentation): from its `segments` (oldest first, the last one active),
-/// the time `now_ms`, its `high_watermark` and its `current` target.
+/// the time `now_ms`, its `high_watermark`, its `current` target and the
+/// targets' `through` offsets it saw applied, with when (ms).
 pub fn new_target(
     segments: &[SegmentSummary],
     now_ms: i64,
     policy: Policy,
     current: CompactionTarget,
     high_watermark: u64,
+    reached: &Reached,
 ) -> Option<CompactionTarget> {
     let sealed = &segments[..segments.len().saturating_sub(1)];
     let age = |s: &SegmentSummary| now_ms.saturating_sub(s.modified_ms);
@@ -103,20 +111,53 @@ pub fn new_target(
             cleanable.iter().filter(|s| s.next_offset > current.through).collect();
         let dirty_bytes: u64 = dirty.iter().map(|s| s.size_bytes).sum();
         let ratio = if total == 0 { 0.0 } else { dirty_bytes as f64 / total as f64 };
-        let overdue = dirty
-            .iter()
-            .any(|s| now_ms.saturating_sub(s.max_timestamp_ms.min(s.modified_ms)) >= policy.max_lag_ms);
+        let overdue = dirty.iter().any(|s| {
+            s.max_timestamp_ms != i64::MIN
+                && now_ms.saturating_sub(s.max_timestamp_ms.min(s.modified_ms)) >= policy.max_lag_ms
+        });
         if ratio >= policy.min_dirty_ratio || overdue {
             target.through = through;
         }
     }
-    let tombstones_below = sealed
-        .iter()
-        .take_while(|s| s.next_offset <= target.through && age(s) >= policy.delete_retention_ms)
-        .last()
-        .map_or(0, |s| s.next_offset);
+    let tombstones_below = reached.horizon(now_ms, policy.delete_retention_ms).min(target.through);
     target.tombstones_below = target.tombstones_below.max(tombstones_below);
     (target != current).then_some(target)
+}
+
+/// When this broker saw each compaction target's `through` applied on one
+/// replica: `(through, ms since the Unix epoch)`, oldest first. Kept short:
+/// a new entry only once the last is `delete.retention.ms / 32` old (a
+/// `through` noted later removes tombstones later, never earlier), and
+/// entries older than the newest one past `delete.retention.ms` dropped.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reached(Vec<(u64, i64)>);
+
+impl Reached {
+    /// Notes that `through` is applied at `now_ms`.
+    pub fn note(&mut self, through: u64, now_ms: i64, delete_retention_ms: i64) {
+        if self.0.last().is_some_and(|(t, _)| *t >= through) {
+            return;
+        }
+        let spacing = delete_retention_ms / 32;
+        if self.0.last().is_none_or(|(_, at)| now_ms.saturating_sub(*at) >= spacing) {
+            self.0.push((through, now_ms));
+        }
+        let past = self.0.iter().rposition(|(_, at)| at.saturating_add(delete_retention_ms) <= now_ms);
+        if let Some(i) = past {
+            self.0.drain(..i);
+        }
+    }
+
+    /// The largest `through` applied at least `delete_retention_ms` before
+    /// `now_ms` (0 if none).
+    pub fn horizon(&self, now_ms: i64, delete_retention_ms: i64) -> u64 {
+        self.0
+            .iter()
+            .filter(|(_, at)| at.saturating_add(delete_retention_ms) <= now_ms)
+            .map(|(t, _)| *t)
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 /// Bytes per second a throttle lets a compaction pass read (0: no limit),
@@ -157,28 +198,36 @@ pub async fn run(
     liveness: Liveness,
     interval: Duration,
     io_max_bytes_per_second: u64,
+    dedupe_buffer_bytes: usize,
 ) {
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reached: std::collections::HashMap<u64, Reached> = std::collections::HashMap::new();
     loop {
         tick.tick().await;
         let img = image.borrow().clone();
         let old = liveness.older_than(COMPACTION_MINOR);
-        for p in groups.partitions() {
+        let partitions = groups.partitions();
+        reached.retain(|group, _| partitions.iter().any(|p| p.group == *group));
+        for p in partitions {
             let policy = img.topics.get(&p.topic).and_then(|t| Policy::of(&defaults, &t.config));
-            if let Some(policy) = policy
-                && old.is_empty()
-                && p.raft.is_leader()
-            {
-                decide(&p, policy).await;
+            if let Some(policy) = policy {
+                let seen = reached.entry(p.group).or_default();
+                let through = p.replica.compaction_target().through;
+                if through > 0 {
+                    seen.note(through, crate::metadata::controller::now_ms(), policy.delete_retention_ms);
+                }
+                if old.is_empty() && p.raft.is_leader() {
+                    decide(&p, policy, seen).await;
+                }
             }
-            compact(&p, io_max_bytes_per_second).await;
+            compact(&p, io_max_bytes_per_second, dedupe_buffer_bytes).await;
         }
     }
 }
 
 /// One partition's decision, proposed if it moves the target.
-async fn decide(p: &Partition, policy: Policy) {
+async fn decide(p: &Partition, policy: Policy, reached: &Reached) {
     if p.lost_quorum() {
         return;
     }
@@ -196,7 +245,7 @@ async fn decide(p: &Partition, policy: Policy) {
         Err(_) => return,
     };
     let now = crate::metadata::controller::now_ms();
-    let Some(target) = new_target(&segments, now, policy, current, hw) else { return };
+    let Some(target) = new_target(&segments, now, policy, current, hw, reached) else { return };
     p.set_ticking(true);
     let write = p.raft.write(RecordBatch::control_batch(Control::Compact(target)));
     match tokio::time::timeout(WRITE_WAIT, write).await {
@@ -219,22 +268,24 @@ const WRITE_WAIT: Duration = Duration::from_secs(5);
 /// Compacts one replica to its target if it has not reached it; after a
 /// pass that rewrote segments, starts a snapshot so the files the last one
 /// hard-linked (the uncompacted originals) are let go.
-async fn compact(p: &Partition, rate: u64) {
+async fn compact(p: &Partition, rate: u64, map_bytes_max: usize) {
     if !p.replica.compaction_pending() {
         return;
     }
     let replica = p.replica.clone();
+    let started = Instant::now();
     let result = tokio::task::spawn_blocking(move || {
         let mut throttle = Throttle::new(rate);
-        replica.compact(&Codec, &mut |bytes| throttle.read(bytes))
+        replica.compact(&Codec, map_bytes_max, &mut |bytes| throttle.read(bytes))
     })
     .await;
+    let elapsed_ms = started.elapsed().as_millis() as u64;
     match result {
         Ok(Ok(Some(s))) => {
             tracing::info!(topic = %p.topic, partition = p.partition, through = s.target.through,
                 tombstones_below = s.target.tombstones_below, keys = s.keys, read_bytes = s.bytes_read,
                 segments = s.segments_rewritten, bytes_before = s.bytes_before, bytes_after = s.bytes_after,
-                records_removed = s.records_removed, "compacted");
+                records_removed = s.records_removed, chunks = s.chunks, complete = s.complete, elapsed_ms, "compacted");
             if s.segments_rewritten > 0
                 && let Err(e) = p.raft.build_snapshot().await
             {
@@ -273,6 +324,10 @@ mod tests {
         Policy { min_lag_ms, max_lag_ms: i64::MAX, delete_retention_ms, min_dirty_ratio: ratio }
     }
 
+    fn none_reached() -> Reached {
+        Reached::default()
+    }
+
     fn t(through: u64, tombstones_below: u64) -> CompactionTarget {
         CompactionTarget { through, tombstones_below }
     }
@@ -282,37 +337,76 @@ mod tests {
         let s = segs(&[500, 400, 300, 10]);
         let none = CompactionTarget::default();
         assert_eq!(
-            new_target(&s, NOW, policy(0, i64::MAX, 0.5), none, 40),
+            new_target(&s, NOW, policy(0, i64::MAX, 0.5), none, 40, &none_reached()),
             Some(t(30, 0)),
             "never the active segment"
         );
-        assert_eq!(new_target(&s, NOW, policy(350, i64::MAX, 0.5), none, 40), Some(t(20, 0)), "the lag");
-        assert_eq!(new_target(&s, NOW, policy(0, i64::MAX, 0.5), none, 25), Some(t(20, 0)), "committed only");
-        assert_eq!(new_target(&s, NOW, policy(1000, i64::MAX, 0.5), none, 40), None);
+        assert_eq!(
+            new_target(&s, NOW, policy(350, i64::MAX, 0.5), none, 40, &none_reached()),
+            Some(t(20, 0)),
+            "the lag"
+        );
+        assert_eq!(
+            new_target(&s, NOW, policy(0, i64::MAX, 0.5), none, 25, &none_reached()),
+            Some(t(20, 0)),
+            "committed only"
+        );
+        assert_eq!(new_target(&s, NOW, policy(1000, i64::MAX, 0.5), none, 40, &none_reached()), None);
     }
 
     #[test]
     fn the_dirty_ratio_or_the_max_lag_moves_it() {
         let s = segs(&[500, 400, 300, 200, 10]);
         // 30 of 40 compacted: 1 dirty segment of 4 is 0.25.
-        assert_eq!(new_target(&s, NOW, policy(0, i64::MAX, 0.5), t(30, 0), 50), None);
-        assert_eq!(new_target(&s, NOW, policy(0, i64::MAX, 0.25), t(30, 0), 50), Some(t(40, 0)));
+        assert_eq!(new_target(&s, NOW, policy(0, i64::MAX, 0.5), t(30, 0), 50, &none_reached()), None);
+        assert_eq!(
+            new_target(&s, NOW, policy(0, i64::MAX, 0.25), t(30, 0), 50, &none_reached()),
+            Some(t(40, 0))
+        );
         let overdue = Policy { max_lag_ms: 150, ..policy(0, i64::MAX, 0.9) };
-        assert_eq!(new_target(&s, NOW, overdue, t(30, 0), 50), Some(t(40, 0)));
+        assert_eq!(new_target(&s, NOW, overdue, t(30, 0), 50, &none_reached()), Some(t(40, 0)));
     }
 
     #[test]
-    fn tombstones_go_only_below_the_target_and_after_delete_retention() {
+    fn tombstones_go_below_throughs_reached_delete_retention_ago() {
         let s = segs(&[500, 400, 300, 200, 10]);
-        assert_eq!(new_target(&s, NOW, policy(0, 350, 0.5), t(0, 0), 50), Some(t(40, 20)));
-        assert_eq!(new_target(&s, NOW, policy(0, 350, 0.5), t(40, 20), 50), None, "nothing new");
+        let mut r = Reached::default();
+        r.note(20, NOW - 400, 350);
+        r.note(40, NOW - 100, 350);
+        // 20 was reached 400 ms ago (≥ 350): tombstones below it go; 40 only 100 ms ago.
+        assert_eq!(new_target(&s, NOW, policy(0, 350, 0.5), t(40, 0), 50, &r), Some(t(40, 20)));
+        assert_eq!(new_target(&s, NOW, policy(0, 350, 0.5), t(40, 20), 50, &r), None, "nothing new");
+        assert_eq!(new_target(&s, NOW, policy(0, 50, 0.99), t(40, 20), 50, &r), Some(t(40, 40)));
         assert_eq!(
-            new_target(&s, NOW, policy(0, 0, 0.99), t(40, 20), 50),
+            new_target(&s, NOW, policy(0, 0, 0.5), t(0, 0), 50, &r),
             Some(t(40, 40)),
             "never past through"
         );
-        assert_eq!(new_target(&s, NOW, policy(0, 0, 0.99), t(40, 30), 50), Some(t(40, 40)));
-        assert_eq!(new_target(&[], NOW, policy(0, 0, 0.0), t(0, 0), 0), None, "an empty list is no log");
+        assert_eq!(new_target(&[], NOW, policy(0, 0, 0.0), t(0, 0), 0, &r), None, "an empty list is no log");
+    }
+
+    #[test]
+    fn reached_keeps_few_entries_and_never_dates_a_through_earlier() {
+        let day = 86_400_000;
+        let mut r = Reached::default();
+        for i in 0..10_000 {
+            r.note(i + 1, i as i64 * 15_000, day);
+        }
+        assert!(r.0.len() <= 40, "{} entries", r.0.len());
+        let now = 10_000 * 15_000;
+        let h = r.horizon(now, day);
+        // Reached at i * 15 s: the through reached a day ago is (now - day) / 15 s + 1.
+        let exact = ((now - day) / 15_000 + 1) as u64;
+        assert!(h <= exact && h + (day / 32 / 15_000) as u64 + 1 >= exact, "horizon {h}, exact {exact}");
+        assert_eq!(Reached::default().horizon(now, 0), 0);
+    }
+
+    #[test]
+    fn an_empty_sealed_segment_is_never_overdue() {
+        let mut s = segs(&[500, 400, 10]);
+        s[1].max_timestamp_ms = i64::MIN;
+        let overdue = Policy { max_lag_ms: 1, ..policy(0, i64::MAX, 0.99) };
+        assert_eq!(new_target(&s, NOW, overdue, t(10, 0), 30, &none_reached()), None);
     }
 
     #[test]

@@ -156,10 +156,20 @@ pub fn decode(records: &[u8]) -> Result<Vec<Record>, prost::DecodeError> {
     Ok(RecordSet::decode(records)?.records)
 }
 
-/// Each record's offset delta in its batch: the one it carries (a batch
-/// compaction thinned), else its position.
-fn delta(r: &Record, position: usize) -> u32 {
-    r.offset_delta.unwrap_or(u32::try_from(position).unwrap_or(u32::MAX))
+/// Each record's offset delta in its batch, in order: the one it carries
+/// (after records compaction removed), else one past the previous record's
+/// (the first: 0). Saturates rather than wrapping on a malformed batch (the
+/// store checks deltas against the batch's offsets).
+pub fn offset_deltas(records: &[Record]) -> Vec<u32> {
+    let mut next = 0u32;
+    records
+        .iter()
+        .map(|r| {
+            let d = r.offset_delta.unwrap_or(next);
+            next = d.saturating_add(1);
+            d
+        })
+        .collect()
 }
 
 /// The offset deltas and timestamps (ms since the Unix epoch) of a stored
@@ -170,12 +180,8 @@ fn delta(r: &Record, position: usize) -> u32 {
 /// # Errors
 /// As [`decode`].
 pub fn timestamps(records: Bytes) -> Result<Vec<(u32, i64)>, prost::DecodeError> {
-    Ok(RecordSet::decode(records)?
-        .records
-        .iter()
-        .enumerate()
-        .map(|(i, r)| (delta(r, i), r.timestamp_ms))
-        .collect())
+    let set = RecordSet::decode(records)?;
+    Ok(offset_deltas(&set.records).into_iter().zip(set.records.iter().map(|r| r.timestamp_ms)).collect())
 }
 
 /// The broker's record encoding as compaction sees it
@@ -188,31 +194,35 @@ pub struct Codec;
 impl RecordCodec for Codec {
     fn keyed(&self, records: &Bytes) -> Result<Vec<KeyedRecord>, String> {
         let set = RecordSet::decode(records.clone()).map_err(|e| e.to_string())?;
+        let deltas = offset_deltas(&set.records);
         Ok(set
             .records
             .into_iter()
-            .enumerate()
-            .map(|(i, r)| KeyedRecord { offset_delta: delta(&r, i), key: r.key, tombstone: r.null_value })
+            .zip(deltas)
+            .map(|(r, offset_delta)| KeyedRecord { offset_delta, key: r.key, tombstone: r.null_value })
             .collect())
     }
 
+    /// Each survivor carries its delta only when it follows removed
+    /// records, so a thinned batch is never larger than the original (a
+    /// delta field is at most 6 bytes, a removed record at least 12).
     fn retain(&self, records: &Bytes, keep: &[bool]) -> Result<Bytes, String> {
         let set = RecordSet::decode(records.clone()).map_err(|e| e.to_string())?;
         if set.records.len() != keep.len() {
             return Err(format!("{} records, {} keep flags", set.records.len(), keep.len()));
         }
-        let records = set
-            .records
-            .into_iter()
-            .enumerate()
-            .zip(keep)
-            .filter(|(_, k)| **k)
-            .map(|((i, mut r), _)| {
-                r.offset_delta = Some(delta(&r, i));
-                r
-            })
-            .collect();
-        Ok(Bytes::from(RecordSet { records }.encode_to_vec()))
+        let deltas = offset_deltas(&set.records);
+        let mut next = 0u32;
+        let mut out = Vec::with_capacity(set.records.len());
+        for ((mut r, d), k) in set.records.into_iter().zip(deltas).zip(keep) {
+            if !*k {
+                continue;
+            }
+            r.offset_delta = (d != next).then_some(d);
+            next = d.saturating_add(1);
+            out.push(r);
+        }
+        Ok(Bytes::from(RecordSet { records: out }.encode_to_vec()))
     }
 }
 
@@ -335,6 +345,21 @@ mod tests {
         let twice = Codec.retain(&thinned, &[false, true]).expect("retain");
         assert_eq!(timestamps(twice).expect("decode"), vec![(3, 4)]);
         assert!(Codec.retain(&b.records, &[true]).is_err(), "one flag per record");
+        // Only a record after removed ones carries its delta: never larger than before.
+        let tail_gone = Codec.retain(&b.records, &[true, true, true, false]).expect("retain");
+        assert!(
+            RecordSet::decode(tail_gone.clone())
+                .expect("decode")
+                .records
+                .iter()
+                .all(|r| r.offset_delta.is_none())
+        );
+        let middle_gone = Codec.retain(&b.records, &[true, false, true, true]).expect("retain");
+        let set = RecordSet::decode(middle_gone.clone()).expect("decode");
+        let carried: Vec<_> = set.records.iter().map(|r| r.offset_delta).collect();
+        assert_eq!(carried, vec![None, Some(2), None]);
+        assert_eq!(offset_deltas(&set.records), vec![0, 2, 3]);
+        assert!(middle_gone.len() < b.records.len() && tail_gone.len() < b.records.len());
     }
 
     #[test]
