@@ -141,9 +141,9 @@ async fn converged(
             .map(|id| {
                 log_since(c, id, marks[id as usize - 1])
                     .lines()
+                    .rev()
                     .filter(|l| l.contains(" compacted ") && l.contains("complete=true"))
-                    .filter_map(target_of)
-                    .last()
+                    .find_map(target_of)
             })
             .collect();
         let all = decided.is_some_and(&wanted) && finished.iter().all(|f| *f == decided);
