@@ -338,8 +338,13 @@ impl BrokerConfig {
         if self.producers.id_expiration_check_interval_ms == 0 {
             return bad("producers.id_expiration_check_interval_ms must be ≥ 1".into());
         }
-        if self.producers.id_expiration_ms == 0 || i64::try_from(self.producers.id_expiration_ms).is_err() {
-            return bad("producers.id_expiration_ms must be between 1 and 2^63 - 1".into());
+        if self.producers.id_expiration_ms <= self.producers.id_expiration_check_interval_ms
+            || i64::try_from(self.producers.id_expiration_ms).is_err()
+        {
+            return bad(
+                "producers.id_expiration_ms must be above producers.id_expiration_check_interval_ms and below 2^63"
+                    .into(),
+            );
         }
         if u64::from(self.node_id) >= crate::metadata::image::FIRST_NODE_ID {
             return bad(format!(

@@ -159,7 +159,13 @@ impl Replica {
         throttle: &mut dyn FnMut(u64),
     ) -> Result<Option<CompactionStats>> {
         // One pass at a time (they would write the same temporary files).
-        let Ok(_pass) = self.inner.compacting.try_lock() else { return Ok(None) };
+        let _pass = match self.inner.compacting.try_lock() {
+            Ok(g) => g,
+            // A pass that panicked left nothing half done that a new pass
+            // does not redo (files are swapped whole).
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(None),
+        };
         let (target, start, generation) = {
             let mut log = self.log();
             let target = log.compaction_target();

@@ -146,13 +146,16 @@ impl ProducerStates {
         Some(e.batches.back().map_or(0, |b| next_sequence(b.last_sequence)))
     }
 
-    /// Records an applied batch. Batches of unknown producers, newer epochs
+    /// Records an applied batch. Batches of unknown producers (whatever
+    /// their sequence: a producer whose id expired while its batch was in
+    /// flight is known again from it, as Kafka's replicas do), newer epochs
     /// and next sequences are recorded; anything else (which the leader's
     /// check should have refused) is ignored and reported as `false`.
     pub fn record(&mut self, batch: &RecordBatch, result: AppendResult) -> bool {
         let verdict =
             self.check(batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.record_count);
-        if batch.producer_id == NO_PRODUCER_ID || verdict != SequenceCheck::Append {
+        let unknown = !self.producers.contains_key(&batch.producer_id);
+        if batch.producer_id == NO_PRODUCER_ID || (verdict != SequenceCheck::Append && !unknown) {
             return batch.producer_id == NO_PRODUCER_ID;
         }
         let clock_ms = self.clock_ms;
@@ -247,6 +250,8 @@ mod tests {
         assert_eq!(s.check(7, 0, 2, 1), SequenceCheck::Append);
         assert_eq!(s.check(7, 0, 3, 1), SequenceCheck::OutOfOrder { expected: 2 });
         assert!(!s.record(&batch(7, 0, 5, 1), res(12, 1)), "a gap is not recorded");
+        assert!(s.record(&batch(9, 0, 5, 1), res(12, 1)), "an unknown producer is known from any batch");
+        assert_eq!(s.check(9, 0, 6, 1), SequenceCheck::Append);
         assert!(s.record(&batch(7, 1, 0, 1), res(12, 1)), "a new epoch restarts at 0");
         assert_eq!(s.check(7, 0, 2, 1), SequenceCheck::Fenced { current: 1 });
         assert_eq!(s.expected_sequence(7, 1), Some(1));

@@ -516,6 +516,17 @@ impl Replica {
         self.applied().producers.check(producer_id, epoch, first_sequence, record_count)
     }
 
+    /// Producer ids the applied state tracks.
+    pub fn producer_count(&self) -> usize {
+        self.applied().producers.len()
+    }
+
+    /// The compaction target the last pass finished, if one did since the
+    /// replica opened (see [`PartitionLog::compacted_to`]).
+    pub fn compacted_to(&self) -> Option<crate::compaction::CompactionTarget> {
+        self.log().compacted_to()
+    }
+
     /// Producer ids of the applied state that would expire at `now_ms`
     /// after `expiration_ms` without writes (see [`ProducerStates::idle`]).
     pub fn idle_producers(&self, now_ms: i64, expiration_ms: i64) -> usize {

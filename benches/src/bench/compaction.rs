@@ -31,6 +31,9 @@ pub struct CompactionArgs {
     /// The brokers' `compaction.check_interval_ms`.
     #[arg(long, default_value_t = 1000)]
     check_interval_ms: u64,
+    /// The brokers' `compaction.io_max_bytes_per_second`, MiB/s (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    io_max_mib_per_second: u64,
 }
 
 /// One replica's compaction pass as its broker logged it.
@@ -75,7 +78,11 @@ fn passes(log: &std::path::Path, topic: &str) -> Vec<Pass> {
 /// Cluster start-up, a refused write, or replicas that do not compact
 /// within two minutes.
 pub async fn run(a: CompactionArgs) -> anyhow::Result<()> {
-    let config = format!("[compaction]\ncheck_interval_ms = {}\n", a.check_interval_ms);
+    let config = format!(
+        "[compaction]\ncheck_interval_ms = {}\nio_max_bytes_per_second = {}\n",
+        a.check_interval_ms,
+        a.io_max_mib_per_second << 20
+    );
     let (c, _config) = cluster::start_configured("bench-compaction", 3, &config).await?;
     let meta = MetadataCache::new(ClientConfig::from_list(&c.bootstrap()))?;
     let admin = Admin::new(meta.clone()).with_timeout(Duration::from_secs(60));
@@ -110,10 +117,11 @@ pub async fn run(a: CompactionArgs) -> anyhow::Result<()> {
 
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     println!(
-        "changelog: {} records of 1 KiB over 1,024 keys ({:.0} MiB of values), segment.bytes {} MiB",
+        "changelog: {} records of 1 KiB over 1,024 keys ({:.0} MiB of values), segment.bytes {} MiB, compaction reads limited to {} MiB/s (0: none)",
         filled.records,
         mib(filled.records * 1024),
-        a.segment_mib
+        a.segment_mib,
+        a.io_max_mib_per_second
     );
     println!(
         "| broker | read | pass | MB/s (one core) | segments rewritten | segment bytes before → after | keys |"

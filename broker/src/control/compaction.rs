@@ -23,8 +23,8 @@
 //!   `through`) are at least `min.cleanable.dirty.ratio` of the compactable
 //!   bytes, or when a segment not compacted yet holds a record older than
 //!   `max.compaction.lag.ms`;
-//! - `tombstones_below` is the largest earlier `through` that this broker
-//!   saw applied at least `delete.retention.ms` ago: a tombstone is removed
+//! - `tombstones_below` is the largest earlier `through` that this broker's
+//!   replica finished compacting to at least `delete.retention.ms` ago: a tombstone is removed
 //!   only once it was in the compacted range that long, so a consumer that
 //!   read the key's older value before compaction reached it has that long
 //!   to read the deletion (KIP-534). Each broker notes when it sees each
@@ -212,10 +212,14 @@ pub async fn run(
         for p in partitions {
             let policy = img.topics.get(&p.topic).and_then(|t| Policy::of(&defaults, &t.config));
             if let Some(policy) = policy {
+                // Noted once a pass finished it here: compaction reached it.
                 let seen = reached.entry(p.group).or_default();
-                let through = p.replica.compaction_target().through;
-                if through > 0 {
-                    seen.note(through, crate::metadata::controller::now_ms(), policy.delete_retention_ms);
+                if let Some(done) = p.replica.compacted_to() {
+                    seen.note(
+                        done.through,
+                        crate::metadata::controller::now_ms(),
+                        policy.delete_retention_ms,
+                    );
                 }
                 if old.is_empty() && p.raft.is_leader() {
                     decide(&p, policy, seen).await;

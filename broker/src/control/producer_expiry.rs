@@ -1,10 +1,13 @@
 //! Idempotent producer state expiry (Kafka's `producer.id.expiration.ms`,
 //! KIP-98; 1 day by default): every
 //! `producers.id_expiration_check_interval_ms`, the leader of each partition
-//! whose applied state holds a producer id idle that long replicates the
-//! decision through the partition's Raft log ([`Control::ExpireProducers`]),
-//! so every replica drops the same ids at the same log position and
-//! snapshots stop carrying them. A producer that sends again after its id
+//! whose applied state holds a producer id replicates its clock and the
+//! expiration through the partition's Raft log ([`Control::ExpireProducers`]),
+//! so every replica drops the same idle ids at the same log position and
+//! snapshots stop carrying them. The decision is written even when no id is
+//! idle: it is the clock a producer's last write is never dated before, so
+//! a producer whose timestamps are old (a backfill) is not taken for idle
+//! while it writes. A producer that sends again after its id
 //! expired is answered `OUT_OF_ORDER_SEQUENCE` (expected 0) unless its batch
 //! starts a sequence: Kafka's `UNKNOWN_PRODUCER_ID` case.
 
@@ -39,16 +42,17 @@ pub async fn run(groups: GroupRegistry, liveness: Liveness, interval: Duration, 
 /// Proposes an expiry for one partition if its applied state holds an idle id.
 async fn decide(p: &Partition, expiration_ms: i64) {
     let now_ms = crate::metadata::controller::now_ms();
-    let idle = p.replica.idle_producers(now_ms, expiration_ms);
-    if idle == 0 || p.lost_quorum() {
+    if p.replica.producer_count() == 0 || p.lost_quorum() {
         return;
     }
+    let idle = p.replica.idle_producers(now_ms, expiration_ms);
     p.set_ticking(true);
     let write = p.raft.write(RecordBatch::control_batch(Control::ExpireProducers { now_ms, expiration_ms }));
     match tokio::time::timeout(Duration::from_secs(5), write).await {
-        Ok(Ok(_)) => {
+        Ok(Ok(_)) if idle > 0 => {
             tracing::info!(topic = %p.topic, partition = p.partition, idle, expiration_ms, "expired idle producer ids")
         }
+        Ok(Ok(_)) => {}
         Ok(Err(e)) => {
             tracing::debug!(topic = %p.topic, partition = p.partition, "producer expiry: not proposed: {e}")
         }

@@ -53,7 +53,8 @@ pub struct Options {
     /// CSV field holding the record timestamp.
     pub timestamp_field: Option<String>,
     /// Line mode: each line is `key SEPARATOR value`, cut at the first
-    /// separator (Kafka's console producer `parse.key` / `key.separator`).
+    /// separator (Kafka's console producer `parse.key` / `key.separator`);
+    /// a `.csv` file is then read as lines too.
     pub key_separator: Option<String>,
 }
 
@@ -150,7 +151,8 @@ fn read_source(
                 let entry = archive
                     .by_index(index)
                     .with_context(|| format!("opening entry {index} of {}", path.display()))?;
-                let csv = options.forces_csv() || has_extension(entry.name(), "csv");
+                let csv = options.forces_csv()
+                    || (options.key_separator.is_none() && has_extension(entry.name(), "csv"));
                 progress.total_bytes.store(entry.size(), Ordering::Relaxed);
                 let reader = BufReader::with_capacity(
                     256 << 10,
@@ -158,7 +160,8 @@ fn read_source(
                 );
                 read_records(reader, csv, options, emit).with_context(|| format!("in {}", path.display()))
             } else {
-                let csv = options.forces_csv() || has_extension(&name, "csv");
+                let csv =
+                    options.forces_csv() || (options.key_separator.is_none() && has_extension(&name, "csv"));
                 if let Ok(m) = file.metadata() {
                     progress.total_bytes.store(m.len(), Ordering::Relaxed);
                 }

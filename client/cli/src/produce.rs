@@ -62,8 +62,10 @@ pub struct ProduceArgs {
     skip_bad_input: bool,
     /// Line mode: each line is `KEY<SEPARATOR>VALUE`, cut at the first
     /// separator (Kafka's console producer `parse.key=true` with
-    /// `key.separator`); a line without it is bad input.
-    #[arg(long, value_name = "SEPARATOR", conflicts_with_all = ["csv", "key_field", "timestamp_field"])]
+    /// `key.separator`); a line without it is bad input. Reads a `.csv` file
+    /// as lines too.
+    #[arg(long, value_name = "SEPARATOR", conflicts_with_all = ["csv", "key_field", "timestamp_field"],
+          value_parser = clap::builder::NonEmptyStringValueParser::new())]
     key_separator: Option<String>,
     /// A value equal to this text is sent as a null value: a tombstone,
     /// which deletes its key from a compacted topic (Kafka's console
