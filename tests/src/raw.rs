@@ -38,6 +38,21 @@ pub fn code(e: &Option<ferrolog_proto::client::Error>) -> ErrorCode {
 /// Transport errors, the error the controller answered, or a broker that
 /// does not learn of the topic within 30 s.
 pub async fn create_topic(c: &Cluster, name: &str, partitions: u32, rf: u32) -> anyhow::Result<()> {
+    create_topic_with_config(c, name, partitions, rf, &std::collections::BTreeMap::new()).await
+}
+
+/// As [`create_topic`], with topic configuration overrides (`retention.bytes`
+/// and the like, by Kafka's names).
+///
+/// # Errors
+/// As [`create_topic`].
+pub async fn create_topic_with_config(
+    c: &Cluster,
+    name: &str,
+    partitions: u32,
+    rf: u32,
+    configs: &std::collections::BTreeMap<String, String>,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut turn = 0usize;
     loop {
@@ -52,7 +67,7 @@ pub async fn create_topic(c: &Cluster, name: &str, partitions: u32, rf: u32) -> 
                     name: name.into(),
                     partitions,
                     replication_factor: rf,
-                    ..Default::default()
+                    configs: configs.clone().into_iter().collect(),
                 })
                 .await?
                 .into_inner(),

@@ -11,10 +11,8 @@ use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ferrolog_proto::client::{
-    CreateTopicRequest, ErrorCode, FetchRequest, ListOffsetsRequest, OffsetSpec, ProduceRequest,
-};
-use ferrolog_tests::raw::{code, leader, produce, record, values};
+use ferrolog_proto::client::{ErrorCode, FetchRequest, ListOffsetsRequest, OffsetSpec, ProduceRequest};
+use ferrolog_tests::raw::{code, create_topic_with_config, leader, produce, record, values};
 use ferrolog_tests::{Cluster, connect};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
@@ -93,26 +91,7 @@ async fn retention_by_size_moves_every_replica_to_the_same_log_start() -> anyhow
         ("retention.bytes".to_owned(), RETENTION_BYTES.to_string()),
     ]
     .into();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let r = connect(c.broker(1).client_addr)
-            .await?
-            .create_topic(CreateTopicRequest {
-                name: "t".into(),
-                partitions: 1,
-                replication_factor: 3,
-                configs: configs.clone().into_iter().collect(),
-            })
-            .await?
-            .into_inner();
-        match code(&r.error) {
-            ErrorCode::None => break,
-            ErrorCode::Unavailable if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(200)).await
-            }
-            _ => anyhow::bail!("create topic: {:?}", r.error),
-        }
-    }
+    create_topic_with_config(&c, "t", 1, 3, &configs).await?;
 
     // One record per request: one Raft entry each, many 4 KiB segments.
     let mut written = 0u64;

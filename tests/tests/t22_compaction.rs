@@ -12,10 +12,8 @@ use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ferrolog_proto::client::{
-    AlterTopicConfigRequest, CreateTopicRequest, ErrorCode, ProduceRequest, Record,
-};
-use ferrolog_tests::raw::{code, leader, produce, produce_once, record};
+use ferrolog_proto::client::{AlterTopicConfigRequest, ErrorCode, ProduceRequest, Record};
+use ferrolog_tests::raw::{code, create_topic_with_config, leader, produce, produce_once, record};
 use ferrolog_tests::{Cluster, connect};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
@@ -239,26 +237,7 @@ async fn a_changelog_compacts_to_the_same_latest_values_on_every_replica() -> an
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let r = connect(c.broker(1).client_addr)
-            .await?
-            .create_topic(CreateTopicRequest {
-                name: "t".into(),
-                partitions: 1,
-                replication_factor: 3,
-                configs: configs.clone().into_iter().collect(),
-            })
-            .await?
-            .into_inner();
-        match code(&r.error) {
-            ErrorCode::None => break,
-            ErrorCode::Unavailable if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(200)).await
-            }
-            _ => anyhow::bail!("create topic: {:?}", r.error),
-        }
-    }
+    create_topic_with_config(&c, "t", 1, 3, &configs).await?;
 
     // A compacted topic refuses a record without a key, and writes nothing of its batch.
     let keyless = vec![record("a", "1"), Record { value: b"no key".to_vec().into(), ..Record::default() }];
@@ -269,8 +248,18 @@ async fn a_changelog_compacts_to_the_same_latest_values_on_every_replica() -> an
         producer_id: -1,
         ..Default::default()
     };
-    let at = leader(&c, "t", 0, Duration::from_secs(30)).await?;
-    let r = produce_once(c.broker(at).client_addr, req).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let r = loop {
+        // The leader may move right after creation: ask again until one answers.
+        let at = leader(&c, "t", 0, Duration::from_secs(30)).await?;
+        let r = produce_once(c.broker(at).client_addr, req.clone()).await?;
+        match code(&r.error) {
+            ErrorCode::NotLeader | ErrorCode::Unavailable if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            _ => break r,
+        }
+    };
     assert_eq!(code(&r.error), ErrorCode::InvalidRecord, "{:?}", r.error);
     assert!(r.error.as_ref().is_some_and(|e| e.message.contains("record 1 has no key")), "{:?}", r.error);
 
