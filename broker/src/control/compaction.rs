@@ -38,7 +38,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferrolog_raft_store::{CompactionTarget, Control, RecordBatch, SegmentSummary};
+use ferrolog_raft_store::{CompactionTarget, Control, SegmentSummary};
 use tokio::sync::watch;
 
 use crate::control::liveness::Liveness;
@@ -250,24 +250,11 @@ async fn decide(p: &Partition, policy: Policy, reached: &Reached) {
     };
     let now = crate::metadata::controller::now_ms();
     let Some(target) = new_target(&segments, now, policy, current, hw, reached) else { return };
-    p.set_ticking(true);
-    let write = p.raft.write(RecordBatch::control_batch(Control::Compact(target)));
-    match tokio::time::timeout(WRITE_WAIT, write).await {
-        Ok(Ok(_)) => {
-            tracing::info!(topic = %p.topic, partition = p.partition, through = target.through,
-                tombstones_below = target.tombstones_below, "compaction target moved")
-        }
-        Ok(Err(e)) => {
-            tracing::debug!(topic = %p.topic, partition = p.partition, "compaction: not proposed: {e}")
-        }
-        Err(_) => {
-            tracing::debug!(topic = %p.topic, partition = p.partition, "compaction: not committed within {WRITE_WAIT:?}; the next check decides again")
-        }
+    if crate::control::propose_control(p, Control::Compact(target), "compaction").await {
+        tracing::info!(topic = %p.topic, partition = p.partition, through = target.through,
+            tombstones_below = target.tombstones_below, "compaction target moved");
     }
 }
-
-/// How long one partition's decision may wait to commit.
-const WRITE_WAIT: Duration = Duration::from_secs(5);
 
 /// Compacts one replica to its target if it has not reached it; after a
 /// pass that rewrote segments, starts a snapshot so the files the last one

@@ -43,3 +43,34 @@ pub mod quiesce;
 pub mod recovery;
 pub mod retention;
 pub mod writable;
+
+/// How long a leader's control decision may wait to commit, so that a
+/// leader cut off from its followers does not hold up its other partitions.
+const CONTROL_WRITE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Proposes `control` as a control entry of `p`'s Raft log (retention,
+/// compaction, producer expiry: a leader's decision every replica carries
+/// out at the same log position) and waits up to 5 s for it to commit.
+/// Returns whether it committed; a failure is logged at debug under
+/// `what`, and the caller's next check decides again.
+pub(crate) async fn propose_control(
+    p: &crate::partition::Partition,
+    control: ferrolog_raft_store::Control,
+    what: &str,
+) -> bool {
+    // A quiet group's followers learn the commit from the ticking leader.
+    p.set_ticking(true);
+    let write = p.raft.write(ferrolog_raft_store::RecordBatch::control_batch(control));
+    match tokio::time::timeout(CONTROL_WRITE_WAIT, write).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(e)) => {
+            tracing::debug!(topic = %p.topic, partition = p.partition, "{what}: not proposed: {e}");
+            false
+        }
+        Err(_) => {
+            tracing::debug!(topic = %p.topic, partition = p.partition,
+                "{what}: not committed within {CONTROL_WRITE_WAIT:?}; the next check decides again");
+            false
+        }
+    }
+}

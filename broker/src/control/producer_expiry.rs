@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use ferrolog_raft_store::{Control, RecordBatch};
+use ferrolog_raft_store::Control;
 
 use crate::control::compaction::COMPACTION_MINOR;
 use crate::control::liveness::Liveness;
@@ -46,18 +46,8 @@ async fn decide(p: &Partition, expiration_ms: i64) {
         return;
     }
     let idle = p.replica.idle_producers(now_ms, expiration_ms);
-    p.set_ticking(true);
-    let write = p.raft.write(RecordBatch::control_batch(Control::ExpireProducers { now_ms, expiration_ms }));
-    match tokio::time::timeout(Duration::from_secs(5), write).await {
-        Ok(Ok(_)) if idle > 0 => {
-            tracing::info!(topic = %p.topic, partition = p.partition, idle, expiration_ms, "expired idle producer ids")
-        }
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => {
-            tracing::debug!(topic = %p.topic, partition = p.partition, "producer expiry: not proposed: {e}")
-        }
-        Err(_) => {
-            tracing::debug!(topic = %p.topic, partition = p.partition, "producer expiry: not committed within 5 s")
-        }
+    let control = Control::ExpireProducers { now_ms, expiration_ms };
+    if crate::control::propose_control(p, control, "producer expiry").await && idle > 0 {
+        tracing::info!(topic = %p.topic, partition = p.partition, idle, expiration_ms, "expired idle producer ids");
     }
 }

@@ -23,7 +23,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrolog_raft_store::{Control, RecordBatch, SegmentSummary};
+use ferrolog_raft_store::{Control, SegmentSummary};
 use tokio::sync::watch;
 
 use crate::control::liveness::Liveness;
@@ -217,25 +217,10 @@ async fn decide(p: &Partition, image: &MetadataImage, defaults: &TopicDefaults) 
     if start > p.replica.high_watermark() {
         return;
     }
-    // A quiet group's followers learn the commit from the ticking leader.
-    p.set_ticking(true);
-    let write = p.raft.write(RecordBatch::control_batch(Control::LogStart(start)));
-    match tokio::time::timeout(WRITE_WAIT, write).await {
-        Ok(Ok(_)) => {
-            tracing::info!(topic = %p.topic, partition = p.partition, from = current, to = start, "retention moved the log start offset")
-        }
-        Ok(Err(e)) => {
-            tracing::debug!(topic = %p.topic, partition = p.partition, "retention: not proposed: {e}")
-        }
-        Err(_) => {
-            tracing::debug!(topic = %p.topic, partition = p.partition, "retention: not committed within {WRITE_WAIT:?}; the next check decides again")
-        }
+    if crate::control::propose_control(p, Control::LogStart(start), "retention").await {
+        tracing::info!(topic = %p.topic, partition = p.partition, from = current, to = start, "retention moved the log start offset");
     }
 }
-
-/// How long one partition's decision may wait to commit, so that a leader
-/// cut off from its followers does not hold up the others' retention.
-const WRITE_WAIT: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {
