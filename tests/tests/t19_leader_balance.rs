@@ -101,13 +101,25 @@ async fn leaderships_go_back_to_preferred_replicas() -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Broker 3's summary line of a check that moved something.
-    let moved_by_3: u64 = std::fs::read_to_string(&c.broker(3).log)?
-        .lines()
-        .filter(|l| l.contains("leaderships handed back to preferred replicas"))
-        .filter_map(|l| l.split(" moved=").nth(1)?.split(' ').next()?.parse::<u64>().ok())
-        .sum();
-    assert!(moved_by_3 > 0, "broker 3 never logged a preferred leader election that moved something");
+    // Broker 3's summary line of a check that moved something. The line
+    // follows the transfers, so it may land a moment after the leaders are
+    // back: read the log until it appears.
+    let log_deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let moved_by_3: u64 = std::fs::read_to_string(&c.broker(3).log)?
+            .lines()
+            .filter(|l| l.contains("leaderships handed back to preferred replicas"))
+            .filter_map(|l| l.split(" moved=").nth(1)?.split(' ').next()?.parse::<u64>().ok())
+            .sum();
+        if moved_by_3 > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < log_deadline,
+            "broker 3 never logged a preferred leader election that moved something"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     // Partition 0's writes, all there, in order. They are not idempotent:
     // one retried across a hand-over may be stored twice, next to itself.
     let l = leader(&c, "t", 0, Duration::from_secs(10)).await?;
