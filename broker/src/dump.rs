@@ -6,8 +6,10 @@
 //! Each line: `topic`, `partition`, `group`, `offset`, the Raft log id of
 //! its batch (`term`, `leader`, `index`), `committed` (below the replica's
 //! persisted commit point; the commit point is made durable lazily, so the
-//! last second of committed records may show `false` after a crash), `key`
-//! and `value` (UTF-8 when valid, else base-16 in `key_hex`/`value_hex`).
+//! last second of committed records may show `false` after a crash),
+//! `timestamp_ms`, `key` and `value` (UTF-8 when valid, else base-16 in
+//! `key_hex`/`value_hex`; a null value, a tombstone, is JSON `null`), and
+//! `headers` when the record has any: `[{"key": …, "value"|"value_hex": …}]`.
 //!
 //! Opening a log is what a starting broker does: a torn tail left by a
 //! crash is cut. Never run it on the data directory of a running broker.
@@ -134,6 +136,19 @@ pub fn dump_replica(
                     line.insert("value".into(), serde_json::Value::Null);
                 } else {
                     text_or_hex("value", &rec.value, &mut line);
+                }
+                if !rec.headers.is_empty() {
+                    let headers: Vec<serde_json::Value> = rec
+                        .headers
+                        .iter()
+                        .map(|h| {
+                            let mut m = serde_json::Map::new();
+                            m.insert("key".into(), json!(h.key));
+                            text_or_hex("value", &h.value, &mut m);
+                            serde_json::Value::Object(m)
+                        })
+                        .collect();
+                    line.insert("headers".into(), json!(headers));
                 }
                 serde_json::to_writer(&mut *out, &line)?;
                 out.write_all(b"\n")?;

@@ -18,6 +18,25 @@
 //! | `aborted-read` | a value whose send definitely failed was read |
 //! | `unexpected-value` | a value read that no operation sent (or read under another key) |
 //! | `replica-divergence` | a broker's committed copy disagrees with the history or another broker |
+//! | `stale-final-value` | compacted topic: the final read's latest record of a key is a value older than the key's last acknowledged write |
+//! | `lost-final-value` | compacted topic: the final read holds no value of a key at or after its last acknowledged write, which was a value, and no tombstone can explain it |
+//!
+//! **Compacted topics.** A history whose messages carry record keys is of
+//! the `compact` workload. Compaction may remove a record that a later
+//! record of its key shadows, and tombstones, so there an acknowledged value
+//! never read, a consumer's jump over an offset, or an offset missing from a
+//! broker's copy is an anomaly only when the record at that offset is
+//! neither a tombstone nor *shadowed*: no later record of its key is known
+//! (acknowledged or read), and no tombstone of its key was sent without an
+//! answer (such a tombstone may have been stored, shadowed it, and been
+//! removed in turn, unseen). The final read (every partition from its log
+//! start) must then show each key as it was last acknowledged or later
+//! (Kafka's guarantee for a consumer that reads from the start within
+//! `delete.retention.ms`): a key whose last acknowledged write was a value
+//! has that value or a later record; a key last deleted has no value unless
+//! one was written after the tombstone. What this cannot see: a record
+//! removed although the record that shadows it lay beyond the compaction
+//! target (the final state is the same).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -27,7 +46,7 @@ use serde_json::{Value as Json, json};
 use crate::history::{Key, Op, OpType, Outcome, Value};
 
 /// Every anomaly class the checker reports, in report order.
-pub const ANOMALIES: [&str; 13] = [
+pub const ANOMALIES: [&str; 15] = [
     LOST_WRITE,
     UNSEEN,
     DUPLICATE,
@@ -41,6 +60,8 @@ pub const ANOMALIES: [&str; 13] = [
     ABORTED_READ,
     UNEXPECTED_VALUE,
     REPLICA_DIVERGENCE,
+    STALE_FINAL_VALUE,
+    LOST_FINAL_VALUE,
 ];
 
 /// Acknowledged, never read, below the highest offset read of its key.
@@ -69,6 +90,12 @@ pub const ABORTED_READ: &str = "aborted-read";
 pub const UNEXPECTED_VALUE: &str = "unexpected-value";
 /// Brokers' copies disagree.
 pub const REPLICA_DIVERGENCE: &str = "replica-divergence";
+/// Compacted topic: the final state of a key is older than its last
+/// acknowledged write.
+pub const STALE_FINAL_VALUE: &str = "stale-final-value";
+/// Compacted topic: a key's last acknowledged value is gone from the final
+/// state, and no write can explain it.
+pub const LOST_FINAL_VALUE: &str = "lost-final-value";
 
 /// Most examples kept per class.
 pub const EXAMPLES_MAX: usize = 10;
@@ -132,6 +159,23 @@ pub struct Stats {
     /// Broker copies whose committed records end before the highest offset
     /// known from the history (lagging, not an anomaly by itself).
     pub replica_copies_lagging: usize,
+    /// Compacted topic: acknowledged values never read, each shadowed by a
+    /// later record of its key (compaction may remove them).
+    pub values_shadowed_unread: usize,
+    /// Compacted topic: acknowledged offsets below the end of their
+    /// partition's final read that it did not return (removed by
+    /// compaction). Zero means the compaction checks saw no work.
+    pub final_offsets_compacted: usize,
+    /// ... of which tombstones (removed after `delete.retention.ms`).
+    pub final_tombstones_removed: usize,
+    /// Compacted topic: (partition, record key) pairs with an acknowledged
+    /// write whose final state was checked.
+    pub final_keys_checked: usize,
+    /// ... of which the final read holds a value.
+    pub final_keys_live: usize,
+    /// ... of which absent or deleted although the last acknowledged write
+    /// was a value, explained by a tombstone sent without an answer.
+    pub final_keys_deleted_by_unacknowledged_tombstone: usize,
 }
 
 /// The checker's verdict.
@@ -166,6 +210,53 @@ struct Sent {
     op: u64,
     outcome: Outcome,
     offset: Option<u64>,
+    record_key: Option<u32>,
+    tombstone: bool,
+}
+
+/// What compaction may have removed, in a compacted topic's history.
+struct Compaction<'a> {
+    sent: &'a HashMap<Value, Sent>,
+    at_offset: &'a BTreeMap<(Key, u64), BTreeMap<Value, String>>,
+    /// (partition, record key) -> offsets known to hold a record of it.
+    offsets_of_key: HashMap<(Key, u32), BTreeSet<u64>>,
+    /// (partition, record key) of tombstones sent without an answer.
+    unanswered_tombstones: HashSet<(Key, u32)>,
+}
+
+impl<'a> Compaction<'a> {
+    fn new(
+        sent: &'a HashMap<Value, Sent>,
+        at_offset: &'a BTreeMap<(Key, u64), BTreeMap<Value, String>>,
+    ) -> Self {
+        let mut offsets_of_key: HashMap<(Key, u32), BTreeSet<u64>> = HashMap::new();
+        for ((key, offset), values) in at_offset {
+            for v in values.keys() {
+                if let Some(rk) = sent.get(v).and_then(|x| x.record_key) {
+                    offsets_of_key.entry((*key, rk)).or_default().insert(*offset);
+                }
+            }
+        }
+        let unanswered_tombstones = sent
+            .values()
+            .filter(|x| x.tombstone && x.offset.is_none() && x.outcome != Outcome::Fail)
+            .filter_map(|x| Some((x.key, x.record_key?)))
+            .collect();
+        Compaction { sent, at_offset, offsets_of_key, unanswered_tombstones }
+    }
+
+    /// Whether compaction may have removed the record at `offset` of
+    /// partition `key`: it is a tombstone, or a later record of its key is
+    /// known, or a tombstone of its key was sent without an answer.
+    fn removable(&self, key: Key, offset: u64) -> bool {
+        let Some(values) = self.at_offset.get(&(key, offset)) else { return false };
+        values.keys().filter_map(|v| self.sent.get(v)).any(|x| {
+            let Some(rk) = x.record_key else { return false };
+            x.tombstone
+                || self.unanswered_tombstones.contains(&(key, rk))
+                || self.offsets_of_key.get(&(key, rk)).is_some_and(|o| o.range(offset + 1..).next().is_some())
+        })
+    }
 }
 
 /// Where a (key, offset, value) fact came from.
@@ -216,7 +307,17 @@ pub fn check(history: &[Op], replicas: &[ReplicaCopy]) -> Report {
             // A fail outcome means no value of the operation was stored,
             // whatever offsets a client claimed.
             let offset = if op.outcome == Outcome::Fail { None } else { m.offset };
-            sent.insert(m.value, Sent { key: m.key, op: op.index, outcome: op.outcome, offset });
+            sent.insert(
+                m.value,
+                Sent {
+                    key: m.key,
+                    op: op.index,
+                    outcome: op.outcome,
+                    offset,
+                    record_key: m.record_key,
+                    tombstone: m.tombstone,
+                },
+            );
             if let Some(o) = offset {
                 s.values_acknowledged += 1;
                 at_offset.entry((m.key, o)).or_default().entry(m.value).or_insert_with(|| source(op));
@@ -228,11 +329,13 @@ pub fn check(history: &[Op], replicas: &[ReplicaCopy]) -> Report {
         for m in &op.msgs {
             let Some(o) = m.offset else { continue };
             match sent.get(&m.value) {
-                Some(x) if x.key == m.key => {}
+                Some(x) if x.key == m.key && x.record_key == m.record_key && x.tombstone == m.tombstone => {}
                 other => report.add(
                     UNEXPECTED_VALUE,
-                    json!({"key": m.key, "value": m.value, "offset": o, "op": op.index,
-                           "sent_to_key": other.map(|x| x.key)}),
+                    json!({"key": m.key, "record_key": m.record_key, "tombstone": m.tombstone,
+                           "value": m.value, "offset": o, "op": op.index,
+                           "sent_to_key": other.map(|x| x.key), "sent_record_key": other.and_then(|x| x.record_key),
+                           "sent_tombstone": other.map(|x| x.tombstone)}),
                 ),
             }
             read.insert((m.key, m.value));
@@ -263,6 +366,10 @@ pub fn check(history: &[Op], replicas: &[ReplicaCopy]) -> Report {
         }
     }
 
+    let compacted = history.iter().any(|op| op.msgs.iter().any(|m| m.record_key.is_some()));
+    let compaction = compacted.then(|| Compaction::new(&sent, &at_offset));
+    let removable = |key: Key, offset: u64| compaction.as_ref().is_some_and(|c| c.removable(key, offset));
+
     // Acknowledged values never read; failed sends read.
     let mut by_value: Vec<(&Value, &Sent)> = sent.iter().collect();
     by_value.sort_by_key(|(v, _)| **v);
@@ -279,6 +386,10 @@ pub fn check(history: &[Op], replicas: &[ReplicaCopy]) -> Report {
         if was_read {
             continue;
         }
+        if removable(x.key, offset) {
+            report.stats.values_shadowed_unread += 1;
+            continue;
+        }
         let example = json!({"key": x.key, "value": value, "offset": offset, "send_op": x.op,
                              "highest_offset_read": max_read.get(&x.key)});
         match max_read.get(&x.key) {
@@ -292,8 +403,13 @@ pub fn check(history: &[Op], replicas: &[ReplicaCopy]) -> Report {
     for (key, offset) in at_offset.keys() {
         known.entry(*key).or_default().insert(*offset);
     }
-    let next_known = |key: Key, after: u64| -> Option<u64> {
-        known.get(&key).and_then(|s| s.range(after + 1..).next().copied())
+    // The first offset strictly between `after` and `before` known to hold
+    // a record compaction may not remove: one a reader cannot skip.
+    let skipped = |key: Key, after: u64, before: u64| -> Option<u64> {
+        if before <= after + 1 {
+            return None;
+        }
+        known.get(&key).and_then(|s| s.range(after + 1..before).copied().find(|o| !removable(key, *o)))
     };
 
     // Each process's sends, per key, in order.
@@ -342,9 +458,7 @@ pub fn check(history: &[Op], replicas: &[ReplicaCopy]) -> Report {
                         NONMONOTONIC_POLL_WITHIN_OP,
                         json!({"op": op.index, "process": op.process, "key": m.key, "offsets": [prev, o]}),
                     );
-                } else if let Some(n) = next_known(m.key, prev)
-                    && o > n
-                {
+                } else if let Some(n) = skipped(m.key, prev, o) {
                     report.add(
                         POLL_SKIP_WITHIN_OP,
                         json!({"op": op.index, "process": op.process, "key": m.key,
@@ -357,9 +471,7 @@ pub fn check(history: &[Op], replicas: &[ReplicaCopy]) -> Report {
                         NONMONOTONIC_POLL,
                         json!({"process": op.process, "key": m.key, "ops": [prev_op, op.index], "offsets": [prev, o]}),
                     );
-                } else if let Some(n) = next_known(m.key, prev)
-                    && o > n
-                {
+                } else if let Some(n) = skipped(m.key, prev, o) {
                     report.add(
                         POLL_SKIP,
                         json!({"process": op.process, "key": m.key, "ops": [prev_op, op.index],
@@ -374,7 +486,10 @@ pub fn check(history: &[Op], replicas: &[ReplicaCopy]) -> Report {
         }
     }
 
-    check_replicas(&mut report, replicas, &at_offset);
+    check_replicas(&mut report, replicas, &at_offset, &removable);
+    if let Some(c) = &compaction {
+        check_final_state(&mut report, &ops, c);
+    }
     report.valid = report.anomalies.values().all(|f| f.count == 0);
     report
 }
@@ -385,6 +500,7 @@ fn check_replicas(
     report: &mut Report,
     replicas: &[ReplicaCopy],
     at_offset: &BTreeMap<(Key, u64), BTreeMap<Value, String>>,
+    removable: &dyn Fn(Key, u64) -> bool,
 ) {
     report.stats.replica_copies = replicas.len();
     let mut highest_known: HashMap<Key, u64> = HashMap::new();
@@ -429,7 +545,7 @@ fn check_replicas(
         // Offsets the history knows, below this copy's end, missing from it.
         if let (Some(end), Some(first)) = (end, committed.first().map(|r| r.offset)) {
             for ((_, offset), values) in at_offset.range((copy.key, first)..=(copy.key, end)) {
-                if !have.contains(offset) {
+                if !have.contains(offset) && !removable(copy.key, *offset) {
                     report.add(
                         REPLICA_DIVERGENCE,
                         json!({"broker": copy.broker, "key": copy.key, "offset": offset,
@@ -447,6 +563,83 @@ fn check_replicas(
                 REPLICA_DIVERGENCE,
                 json!({"key": key, "offset": offset, "problem": "brokers disagree", "by_broker": brokers}),
             );
+        }
+    }
+}
+
+/// A record as the final read or the history knows it.
+#[derive(Debug, Clone, Copy)]
+struct Version {
+    offset: u64,
+    value: Value,
+    tombstone: bool,
+}
+
+impl Version {
+    fn json(&self) -> Json {
+        json!({"offset": self.offset, "value": self.value, "tombstone": self.tombstone})
+    }
+}
+
+/// Compacted topic: every key's final state (its latest record in the final
+/// read) against its last acknowledged write.
+fn check_final_state(report: &mut Report, ops: &[&Op], c: &Compaction<'_>) {
+    // The final read: (partition, record key) -> latest record; per
+    // partition the offsets returned and the highest.
+    let mut latest: HashMap<(Key, u32), Version> = HashMap::new();
+    let mut returned: HashMap<Key, HashSet<u64>> = HashMap::new();
+    for op in ops.iter().filter(|o| o.final_read && o.op_type == OpType::Poll && o.outcome == Outcome::Ok) {
+        for m in &op.msgs {
+            let (Some(offset), Some(rk)) = (m.offset, m.record_key) else { continue };
+            returned.entry(m.key).or_default().insert(offset);
+            let v = Version { offset, value: m.value, tombstone: m.tombstone };
+            let e = latest.entry((m.key, rk)).or_insert(v);
+            if offset > e.offset {
+                *e = v;
+            }
+        }
+    }
+    // The last acknowledged write of each key.
+    let mut last_acked: BTreeMap<(Key, u32), Version> = BTreeMap::new();
+    for (value, x) in c.sent {
+        let (Some(offset), Some(rk)) = (x.offset, x.record_key) else { continue };
+        let v = Version { offset, value: *value, tombstone: x.tombstone };
+        let e = last_acked.entry((x.key, rk)).or_insert(v);
+        if offset > e.offset {
+            *e = v;
+        }
+    }
+    // Acknowledged records below the end of the final read it did not return.
+    for (key, seen) in &returned {
+        let Some(end) = seen.iter().max() else { continue };
+        for x in c.sent.values().filter(|x| x.key == *key) {
+            if let Some(o) = x.offset
+                && o < *end
+                && !seen.contains(&o)
+            {
+                report.stats.final_offsets_compacted += 1;
+                report.stats.final_tombstones_removed += usize::from(x.tombstone);
+            }
+        }
+    }
+    for ((key, rk), acked) in last_acked {
+        report.stats.final_keys_checked += 1;
+        let last = latest.get(&(key, rk));
+        let example = || {
+            json!({"key": key, "record_key": rk, "last_acknowledged": acked.json(),
+                   "final_read": last.map(Version::json)})
+        };
+        match last {
+            Some(f) if f.offset >= acked.offset => {
+                report.stats.final_keys_live += usize::from(!f.tombstone);
+            }
+            Some(f) if !f.tombstone => report.add(STALE_FINAL_VALUE, example()),
+            // Absent, or an older tombstone: deleted.
+            _ if acked.tombstone => {}
+            _ if c.unanswered_tombstones.contains(&(key, rk)) => {
+                report.stats.final_keys_deleted_by_unacknowledged_tombstone += 1;
+            }
+            _ => report.add(LOST_FINAL_VALUE, example()),
         }
     }
 }
@@ -724,5 +917,148 @@ mod tests {
         let r = check(&h.ops, &reps);
         assert!(r.valid, "{:#?}", r.found());
         assert_eq!(r.stats.replica_copies_lagging, 1);
+    }
+}
+
+#[cfg(test)]
+mod compacted_tests {
+    use super::*;
+    use crate::history::Msg;
+
+    fn op(index: u64, process: u32, op_type: OpType, msgs: Vec<Msg>, final_read: bool) -> Op {
+        Op {
+            index,
+            process,
+            op_type,
+            outcome: Outcome::Ok,
+            invoke_ns: index * 10,
+            complete_ns: index * 10 + 5,
+            msgs,
+            reset: final_read,
+            final_read,
+            error: None,
+        }
+    }
+
+    /// Partition 0: record key 1 written twice (offsets 0, 1), key 2 written
+    /// (2) then deleted (3), key 3 written (4).
+    fn writes() -> Vec<Msg> {
+        vec![
+            Msg::at(0, 1, 0).keyed(1, false),
+            Msg::at(0, 2, 1).keyed(1, false),
+            Msg::at(0, 3, 2).keyed(2, false),
+            Msg::at(0, 4, 3).keyed(2, true),
+            Msg::at(0, 5, 4).keyed(3, false),
+        ]
+    }
+
+    /// The writes, then a final read returning the records at `offsets`.
+    fn history(offsets: &[u64]) -> Vec<Op> {
+        let w = writes();
+        let read = offsets.iter().map(|o| w[*o as usize]).collect();
+        vec![op(0, 0, OpType::Send, w, false), op(1, 9, OpType::Poll, read, true)]
+    }
+
+    fn found(r: &Report) -> Vec<(&str, usize)> {
+        r.found()
+    }
+
+    #[test]
+    fn a_compacted_final_read_passes_and_counts_what_compaction_removed() {
+        // Offset 0 shadowed by 1, 2 by the tombstone at 3, the tombstone gone.
+        let r = check(&history(&[1, 4]), &[]);
+        assert!(r.valid, "{:#?}", r.found());
+        let s = &r.stats;
+        assert_eq!((s.final_offsets_compacted, s.final_tombstones_removed), (3, 1));
+        assert_eq!((s.final_keys_checked, s.final_keys_live), (3, 2));
+        assert_eq!(s.values_shadowed_unread, 3);
+        // Nothing compacted yet is fine too.
+        let r = check(&history(&[0, 1, 2, 3, 4]), &[]);
+        assert!(r.valid, "{:#?}", r.found());
+        assert_eq!(r.stats.final_offsets_compacted, 0);
+    }
+
+    #[test]
+    fn an_older_value_in_the_final_state_is_stale() {
+        // Key 1's last write (offset 1) gone, its older value (0) left; the
+        // final read jumped over it.
+        let r = check(&history(&[0, 4]), &[]);
+        assert_eq!(
+            found(&r),
+            vec![(LOST_WRITE, 1), (POLL_SKIP_WITHIN_OP, 1), (STALE_FINAL_VALUE, 1)],
+            "{r:#?}"
+        );
+    }
+
+    #[test]
+    fn a_deleted_key_that_comes_back_is_stale() {
+        // Key 2's tombstone removed but its value before it still there.
+        let r = check(&history(&[1, 2, 4]), &[]);
+        assert_eq!(found(&r), vec![(STALE_FINAL_VALUE, 1)], "{r:#?}");
+        assert_eq!(r.anomalies[STALE_FINAL_VALUE].examples[0]["record_key"], 2);
+    }
+
+    #[test]
+    fn a_last_value_missing_is_lost_unless_an_unanswered_tombstone_can_explain_it() {
+        let mut h = history(&[1]);
+        let r = check(&h, &[]);
+        assert_eq!(found(&r), vec![(LOST_FINAL_VALUE, 1), (UNSEEN, 1)], "{r:#?}");
+        // A tombstone of key 3 sent without an answer may have been stored
+        // after offset 4, and removed in its turn.
+        let mut unanswered = op(2, 1, OpType::Send, vec![Msg::unacked(0, 6).keyed(3, true)], false);
+        unanswered.outcome = Outcome::Info;
+        h.push(unanswered);
+        let r = check(&h, &[]);
+        assert!(r.valid, "{:#?}", r.found());
+        assert_eq!(r.stats.final_keys_deleted_by_unacknowledged_tombstone, 1);
+        // One that definitely failed cannot.
+        h[2].outcome = Outcome::Fail;
+        let r = check(&h, &[]);
+        assert_eq!(found(&r), vec![(LOST_FINAL_VALUE, 1), (UNSEEN, 1)], "{r:#?}");
+    }
+
+    #[test]
+    fn a_reader_may_skip_only_what_compaction_may_remove() {
+        let mut h = history(&[1, 4]);
+        // Skips 2 (shadowed) and 3 (a tombstone): fine.
+        h.push(op(2, 5, OpType::Poll, vec![writes()[1]], false));
+        h.push(op(3, 5, OpType::Poll, vec![writes()[4]], false));
+        assert!(check(&h, &[]).valid);
+        // Skips 1, key 1's latest: not fine.
+        h.push(op(4, 6, OpType::Poll, vec![writes()[0]], false));
+        h.push(op(5, 6, OpType::Poll, vec![writes()[2]], false));
+        let r = check(&h, &[]);
+        assert_eq!(found(&r), vec![(POLL_SKIP, 1)], "{r:#?}");
+        assert_eq!(r.anomalies[POLL_SKIP].examples[0]["skipped"], 1);
+    }
+
+    #[test]
+    fn a_replica_may_lack_only_what_compaction_may_remove() {
+        let h = history(&[1, 4]);
+        let copy = |offsets: &[u64]| ReplicaCopy {
+            broker: 1,
+            key: 0,
+            records: offsets
+                .iter()
+                .map(|o| ReplicaRecord { offset: *o, value: *o + 1, committed: true })
+                .collect(),
+        };
+        // One replica compacted, another not yet: both fine.
+        assert!(check(&h, &[copy(&[1, 4]), ReplicaCopy { broker: 2, ..copy(&[0, 1, 2, 3, 4]) }]).valid);
+        // Missing key 1's latest record.
+        let r = check(&h, &[copy(&[0, 4])]);
+        assert_eq!(found(&r), vec![(REPLICA_DIVERGENCE, 1)], "{r:#?}");
+    }
+
+    #[test]
+    fn a_record_read_under_another_record_key_or_as_a_tombstone_is_unexpected() {
+        let mut h = history(&[1, 4]);
+        h.push(op(2, 5, OpType::Poll, vec![Msg::at(0, 2, 1).keyed(2, false)], true));
+        let r = check(&h, &[]);
+        assert!(found(&r).contains(&(UNEXPECTED_VALUE, 1)), "{r:#?}");
+        let mut h = history(&[1, 4]);
+        h.push(op(2, 5, OpType::Poll, vec![Msg::at(0, 2, 1).keyed(1, true)], false));
+        let r = check(&h, &[]);
+        assert_eq!(found(&r), vec![(UNEXPECTED_VALUE, 1)], "{r:#?}");
     }
 }

@@ -99,13 +99,20 @@ fn signal(pid: u32, sig: libc::c_int) {
 impl Cluster {
     /// Describes brokers `1..=sites.len()` at `sites`, keeping data and
     /// logs under `dir`, their followers going dormant after
-    /// `dormant_after_ms` idle (`raft.dormant_after_ms`). Starts nothing.
+    /// `dormant_after_ms` idle (`raft.dormant_after_ms`), with the further
+    /// TOML sections `more_config` (e.g. `[compaction]`). Starts nothing.
     ///
     /// # Errors
     /// The brokers' config file cannot be written in `dir`.
-    pub fn new(binary: &Path, dir: &Path, sites: &[Site], dormant_after_ms: u64) -> anyhow::Result<Self> {
+    pub fn new(
+        binary: &Path,
+        dir: &Path,
+        sites: &[Site],
+        dormant_after_ms: u64,
+        more_config: &str,
+    ) -> anyhow::Result<Self> {
         let config = dir.join("broker.toml");
-        std::fs::write(&config, format!("[raft]\ndormant_after_ms = {dormant_after_ms}\n"))
+        std::fs::write(&config, format!("[raft]\ndormant_after_ms = {dormant_after_ms}\n{more_config}"))
             .with_context(|| format!("writing {}", config.display()))?;
         let brokers: Vec<Broker> = sites
             .iter()
@@ -363,7 +370,13 @@ pub fn parse_dump(broker: u32, topic: &str, text: &str) -> anyhow::Result<Vec<Re
         }
         let key = v["partition"].as_u64().context("partition")? as u32;
         let offset = v["offset"].as_u64().context("offset")?;
-        let value = v["value"].as_str().and_then(|s| s.parse().ok()).unwrap_or(u64::MAX);
+        // The unique integer: the `id` header where the record has one
+        // (every record of the compact workload), else the value.
+        let id_header = v["headers"].as_array().and_then(|hs| {
+            hs.iter().find(|h| h["key"].as_str() == Some(crate::workload::ID_HEADER)).map(|h| &h["value"])
+        });
+        let value =
+            id_header.unwrap_or(&v["value"]).as_str().and_then(|s| s.parse().ok()).unwrap_or(u64::MAX);
         let committed = v["committed"].as_bool().unwrap_or(false);
         by_key.entry(key).or_default().push(ReplicaRecord { offset, value, committed });
     }

@@ -4,6 +4,10 @@
 //!
 //! A *key* is a partition of the test topic; a *value* is a unique integer
 //! (no value is ever sent twice), so each read can be traced to one send.
+//! In the `compact` workload each record also has a *record key* (the
+//! Kafka key that compaction keeps the latest record of, within its
+//! partition), and may be a tombstone (a null value; its unique integer
+//! then travels in the record's `id` header).
 
 use std::io::{BufRead, BufWriter, Write};
 use std::path::Path;
@@ -51,17 +55,30 @@ pub struct Msg {
     /// acknowledged); for a poll, the offset read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offset: Option<u64>,
+    /// The record key, in the `compact` workload (absent in the queue
+    /// workload, whose records are keyed by their partition only).
+    #[serde(default, rename = "rkey", skip_serializing_if = "Option::is_none")]
+    pub record_key: Option<u32>,
+    /// A tombstone (null value), in the `compact` workload.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tombstone: bool,
 }
 
 impl Msg {
     /// A message with an offset.
     pub fn at(key: Key, value: Value, offset: u64) -> Self {
-        Msg { key, value, offset: Some(offset) }
+        Msg { key, value, offset: Some(offset), record_key: None, tombstone: false }
     }
 
     /// A message without an offset (a send that was not acknowledged).
     pub fn unacked(key: Key, value: Value) -> Self {
-        Msg { key, value, offset: None }
+        Msg { key, value, offset: None, record_key: None, tombstone: false }
+    }
+
+    /// The same message with record key `record_key` (a value, or a
+    /// tombstone when `tombstone`).
+    pub fn keyed(self, record_key: u32, tombstone: bool) -> Self {
+        Msg { record_key: Some(record_key), tombstone, ..self }
     }
 }
 

@@ -50,8 +50,29 @@ enum Cmd {
     Cleanup,
 }
 
+/// What the clients do.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Workload {
+    /// Jepsen's Kafka queue: unique values appended per partition, every one
+    /// read back.
+    Queue,
+    /// A compacted topic (`cleanup.policy=compact`): values and tombstones
+    /// over a few record keys per partition; the final read must hold every
+    /// key's last acknowledged write or a later one.
+    Compact,
+}
+
 #[derive(Args, Debug, Clone)]
 struct TestArgs {
+    /// The workload.
+    #[arg(long, value_enum, default_value = "queue")]
+    workload: Workload,
+    /// Record keys per partition (`compact` workload).
+    #[arg(long, default_value_t = 5)]
+    record_keys: u32,
+    /// Fraction of records that are tombstones (`compact` workload).
+    #[arg(long, default_value_t = 0.15)]
+    tombstone_ratio: f64,
     /// Brokers.
     #[arg(long, default_value_t = 3)]
     nodes: u32,
@@ -121,6 +142,11 @@ impl TestArgs {
             None => std::env::current_exe()?.with_file_name("ferrolog-broker"),
         };
         anyhow::ensure!(
+            (0.0..=1.0).contains(&self.tombstone_ratio),
+            "--tombstone-ratio must be between 0 and 1, not {}",
+            self.tombstone_ratio
+        );
+        anyhow::ensure!(
             broker_bin.exists(),
             "{} not found: build it (cargo build -p ferrolog-broker) or pass --broker-bin",
             broker_bin.display()
@@ -142,6 +168,8 @@ impl TestArgs {
                 msgs_per_send_max: self.msgs_per_send,
                 send_timeout_ms: self.send_timeout_ms,
                 seed,
+                record_keys: if self.workload == Workload::Compact { self.record_keys.max(1) } else { 0 },
+                tombstone_ratio: self.tombstone_ratio,
             },
             broker_bin,
             keep_data: self.keep_data,
@@ -188,7 +216,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             std::fs::create_dir_all(&root)?;
             let mut rows: Vec<Summary> = Vec::new();
             let mut table = String::from(
-                "| faults | network | seed | s | faults injected | ops | sends ok/info/fail | values acknowledged | values read | anomalies | run dir |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+                "| workload | faults | network | seed | s | faults injected | ops | sends ok/info/fail | values acknowledged | values read | anomalies | run dir |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
             );
             let base = test.seed();
             let mut i = 0u64;
@@ -202,7 +230,10 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                         Ok(s) => s,
                         Err(e) if e.to_string().starts_with("interrupted") => return Err(e),
                         Err(e) => {
-                            table.push_str(&format!("| {faults} | {seed} | run failed: {e:#} |\n"));
+                            table.push_str(&format!(
+                                "| {} | {faults} | | {seed} | run failed: {e:#} |\n",
+                                if test.workload == Workload::Compact { "compact" } else { "queue" }
+                            ));
                             continue;
                         }
                     };
@@ -216,7 +247,8 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                         v.join("; ")
                     };
                     table.push_str(&format!(
-                        "| {faults} | {} | {seed} | {} | {} | {} | {}/{}/{} | {} | {} | {anomalies} | {} |\n",
+                        "| {} | {faults} | {} | {seed} | {} | {} | {} | {}/{}/{} | {} | {} | {anomalies} | {} |\n",
+                        s.workload,
                         s.network,
                         test.time_limit,
                         s.fault_events,

@@ -11,6 +11,13 @@
 //!   earliest or latest offset, and poll; every so often they reassign.
 //! - The final read: one consumer per partition reads from the start until
 //!   it reaches the high watermark seen when it started.
+//!
+//! The `compact` workload (`record_keys > 0`) writes to a compacted topic
+//! (`cleanup.policy=compact`): each value goes to one of `record_keys`
+//! record keys of its partition, and a fraction `tombstone_ratio` of the
+//! records are tombstones (null values) that delete their key. Every record
+//! carries its unique integer in an `id` header, so tombstones too can be
+//! traced to their send.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -50,6 +57,48 @@ pub struct WorkloadConfig {
     pub send_timeout_ms: u64,
     /// Seed of the random choices.
     pub seed: u64,
+    /// Record keys per partition: 0 for the queue workload (records keyed
+    /// by their partition), more for the `compact` workload.
+    pub record_keys: u32,
+    /// In the `compact` workload, the fraction of records that are
+    /// tombstones.
+    pub tombstone_ratio: f64,
+}
+
+impl WorkloadConfig {
+    /// Whether this is the `compact` workload, on a compacted topic.
+    pub fn compacted(&self) -> bool {
+        self.record_keys > 0
+    }
+}
+
+/// The header that carries a record's unique integer.
+pub const ID_HEADER: &str = "id";
+
+/// `delete.retention.ms` of the `compact` workload's topic: tombstones go
+/// within a run, and a consumer that reads a partition from the start in
+/// less than this sees its final state (Kafka's rule for tombstones; the
+/// run checks its final read keeps to it).
+pub const COMPACT_DELETE_RETENTION_MS: u64 = 10_000;
+
+/// The brokers' extra configuration for the `compact` workload: a
+/// compaction check every second (the default is 15 s).
+pub const COMPACT_BROKER_CONFIG: &str = "[compaction]\ncheck_interval_ms = 1000\n";
+
+/// The `compact` workload's topic configuration: compacted, small segments
+/// rolled every 2 s, compacted as soon as anything is dirty.
+pub fn compact_topic_config() -> std::collections::BTreeMap<String, String> {
+    [
+        ("cleanup.policy", "compact".to_owned()),
+        ("segment.bytes", "4096".to_owned()),
+        ("segment.ms", "2000".to_owned()),
+        ("min.compaction.lag.ms", "0".to_owned()),
+        ("min.cleanable.dirty.ratio", "0.01".to_owned()),
+        ("delete.retention.ms", COMPACT_DELETE_RETENTION_MS.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
 }
 
 /// Shared counters of a workload.
@@ -113,18 +162,21 @@ pub async fn producer(
         next += period.mul_f64(rng.gen_range(0.5..1.5));
         let keys = active_keys(&cfg, rec.start().elapsed());
         let n = rng.gen_range(1..=cfg.msgs_per_send_max.max(1));
-        let mut msgs: Vec<Msg> =
-            (0..n).map(|_| Msg::unacked(keys[rng.gen_range(0..keys.len())], ids.value())).collect();
-        let inv = rec.invoke(process);
-        let deliveries: Vec<_> = msgs
-            .iter()
-            .map(|m| {
-                producer.send(
-                    &cfg.topic,
-                    Record::new(m.value.to_string()).with_key(m.key.to_string()).with_partition(m.key),
-                )
+        let mut msgs: Vec<Msg> = (0..n)
+            .map(|_| {
+                let m = Msg::unacked(keys[rng.gen_range(0..keys.len())], ids.value());
+                if cfg.compacted() {
+                    m.keyed(
+                        rng.gen_range(0..cfg.record_keys),
+                        rng.gen_bool(cfg.tombstone_ratio.clamp(0.0, 1.0)),
+                    )
+                } else {
+                    m
+                }
             })
             .collect();
+        let inv = rec.invoke(process);
+        let deliveries: Vec<_> = msgs.iter().map(|m| producer.send(&cfg.topic, record_of(m))).collect();
         let (mut acked, mut failed, mut error) = (0, 0, None);
         let limit = Duration::from_millis(cfg.send_timeout_ms + 5_000);
         for (m, d) in msgs.iter_mut().zip(deliveries) {
@@ -164,12 +216,36 @@ pub async fn producer(
     producer.close().await;
 }
 
-fn to_msgs(records: &[ConsumerRecord]) -> Vec<Msg> {
+/// The record that carries `m`: keyed by its partition in the queue
+/// workload, by its record key in the `compact` one.
+fn record_of(m: &Msg) -> Record {
+    let id = m.value.to_string();
+    let r = match m.record_key {
+        None => Record::new(id).with_key(m.key.to_string()),
+        Some(k) if m.tombstone => Record::tombstone(k.to_string()).with_header(ID_HEADER, id),
+        Some(k) => Record::new(id.clone()).with_key(k.to_string()).with_header(ID_HEADER, id),
+    };
+    r.with_partition(m.key)
+}
+
+/// Parses a decimal number; `u64::MAX` for anything else (which the
+/// checker reports as a value no operation sent).
+fn number(bytes: &[u8]) -> u64 {
+    std::str::from_utf8(bytes).ok().and_then(|s| s.parse().ok()).unwrap_or(u64::MAX)
+}
+
+fn to_msgs(cfg: &WorkloadConfig, records: &[ConsumerRecord]) -> Vec<Msg> {
     records
         .iter()
         .map(|r| {
-            let value = std::str::from_utf8(&r.value).ok().and_then(|s| s.parse().ok()).unwrap_or(u64::MAX);
-            Msg::at(r.partition, value, r.offset)
+            let id = r.headers.iter().find(|h| h.key == ID_HEADER).map(|h| &h.value).unwrap_or(&r.value);
+            let m = Msg::at(r.partition, number(id), r.offset);
+            if cfg.compacted() {
+                let key = r.key.as_deref().map_or(u64::MAX, number);
+                m.keyed(u32::try_from(key).unwrap_or(u32::MAX), r.null_value)
+            } else {
+                m
+            }
         })
         .collect()
 }
@@ -209,7 +285,7 @@ pub async fn consumer(
         let inv = rec.invoke(process);
         let result = consumer.poll(Duration::from_millis(500)).await;
         let (outcome, msgs, error) = match result {
-            Ok(records) => (Outcome::Ok, to_msgs(&records), None),
+            Ok(records) => (Outcome::Ok, to_msgs(&cfg, &records), None),
             Err(e) => {
                 polls_left = 0; // re-seek the paused partition
                 (Outcome::Fail, Vec::new(), Some(e.to_string()))
@@ -266,7 +342,7 @@ pub async fn final_read(
         let inv = rec.invoke(process);
         let result = consumer.poll(Duration::from_millis(500)).await;
         let (outcome, msgs, error) = match result {
-            Ok(records) => (Outcome::Ok, to_msgs(&records), None),
+            Ok(records) => (Outcome::Ok, to_msgs(cfg, &records), None),
             Err(e) => {
                 consumer.seek(&cfg.topic, partition, Seek::Earliest);
                 (Outcome::Fail, Vec::new(), Some(e.to_string()))
