@@ -144,6 +144,8 @@ pub struct PartitionLog {
     /// or retention's deletions): a compaction pass that saw it change
     /// does not count as finished.
     generation: u64,
+    /// See [`PartitionLog::segment_events`].
+    segment_events: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// A sealed segment a compaction pass may rewrite
@@ -259,6 +261,7 @@ impl PartitionLog {
             compaction,
             compacted_to: None,
             generation: 0,
+            segment_events: Arc::default(),
         };
         log.check_reaches_purge_pointer()?;
         if log.segments.is_empty() {
@@ -444,6 +447,7 @@ impl PartitionLog {
         // after a crash say the same log start.
         self.meta.put(meta::KEY_LOG_START, Some(&offset), Sync::Durable)?;
         self.delete_retired_segments()?;
+        self.segment_events.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(true)
     }
 
@@ -762,7 +766,17 @@ impl PartitionLog {
         let seg = Segment::create(&self.dir, base_index, base_offset, self.config.index_interval_bytes)?;
         tracing::debug!(dir = %self.dir.display(), base_index, base_offset, "rolled segment");
         self.segments.push(seg);
+        self.segment_events.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// A counter, readable without the log's lock, of what retention reacts
+    /// to since the log opened: a roll of the active segment on an append
+    /// (full or old; not compaction's rolls) and a move of the log start
+    /// offset. A broker that polls it decides and deletes at once instead
+    /// of at its next retention check.
+    pub fn segment_events(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.segment_events.clone()
     }
 
     /// Entries with index in `start..end` that Raft may see (above the purge

@@ -54,6 +54,8 @@ pub(crate) struct Inner {
     pub recovering: std::sync::atomic::AtomicBool,
     /// Index of the last log entry when the replica was opened.
     pub opened_last_index: Option<u64>,
+    /// [`PartitionLog::segment_events`].
+    pub segment_events: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Replicas open in this process (an `Inner` not dropped yet).
@@ -244,6 +246,7 @@ impl Replica {
             RECOVERING_REPLICAS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         let opened_last_index = log.log_state().last_log_id.map(|l| l.index);
+        let segment_events = log.segment_events();
         OPEN_REPLICAS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(Self {
             inner: Arc::new(Inner {
@@ -255,6 +258,7 @@ impl Replica {
                 compacting: Mutex::new(()),
                 recovering,
                 opened_last_index,
+                segment_events,
             }),
         })
     }
@@ -547,6 +551,14 @@ impl Replica {
     /// [`StoreError::Io`].
     pub fn segment_summaries(&self) -> Result<Vec<crate::SegmentSummary>> {
         self.log().segment_summaries()
+    }
+
+    /// How many times since the replica opened the log rolled its active
+    /// segment on an append or moved its log start offset (see
+    /// [`PartitionLog::segment_events`]); lock-free, so a broker can poll it
+    /// often and react to a change.
+    pub fn segment_events(&self) -> u64 {
+        self.inner.segment_events.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The Raft index of the last entry of the segments retention retired

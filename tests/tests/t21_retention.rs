@@ -213,3 +213,68 @@ async fn retention_by_size_moves_every_replica_to_the_same_log_start() -> anyhow
     );
     Ok(())
 }
+
+/// Retention checked once an hour: only a segment roll (on the leader) and
+/// the new log start applied (on each follower) can start it.
+const CONFIG_HOURLY: &str =
+    "[storage]\nindex_interval_bytes = 256\n[retention]\ncheck_interval_ms = 3600000\n";
+
+/// Retention does not wait for its check: with the check an hour away,
+/// each segment the leader rolls starts a decision, and each replica
+/// deletes what the new log start retired, while records are still being
+/// written. Prints the most segment bytes a replica held while writing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retention_follows_segment_rolls_without_waiting_for_its_check() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("broker.toml");
+    fs::write(&config, CONFIG_HOURLY)?;
+    let c =
+        Cluster::start("retention-rolls", BIN, 3, &[("FERROLOG_CONFIG", &config.to_string_lossy())]).await?;
+    let configs: BTreeMap<String, String> = [
+        ("segment.bytes".to_owned(), SEGMENT_BYTES.to_string()),
+        ("retention.bytes".to_owned(), RETENTION_BYTES.to_string()),
+    ]
+    .into();
+    create_topic_with_config(&c, "t", 1, 3, &configs).await?;
+    let records = 2000;
+    let mut most = [0u64; 3];
+    let mut written = 0u64;
+    for i in 0..records {
+        let req = ProduceRequest {
+            topic: "t".into(),
+            partition: 0,
+            records: vec![record("k", &value(i))],
+            producer_id: -1,
+            ..ProduceRequest::default()
+        };
+        produce(&c, req, Duration::from_secs(30)).await?;
+        written += value(i).len() as u64;
+        if i % 50 == 0 {
+            for id in 1..=3 {
+                most[id as usize - 1] = most[id as usize - 1].max(segment_bytes(&c, id)?);
+            }
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let bound = RETENTION_BYTES + 6 * SEGMENT_BYTES;
+    loop {
+        let at = leader(&c, "t", 0, Duration::from_secs(30)).await?;
+        let start = earliest(&c, at).await.unwrap_or(0);
+        let sizes: Vec<u64> = (1..=3).map(|id| segment_bytes(&c, id)).collect::<anyhow::Result<_>>()?;
+        if start > 0 && sizes.iter().all(|s| *s <= bound) {
+            eprintln!(
+                "log start {start}; segment bytes per replica {sizes:?} (bound {bound}); most while writing \
+                 {most:?}; record bytes written {written}"
+            );
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "retention did not follow the rolls: log start {start}, segment bytes {sizes:?} of {written} \
+             written\n{}",
+            c.logs_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}

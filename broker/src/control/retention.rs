@@ -8,20 +8,31 @@
 //!
 //! A segment wholly below the log start is deleted once Raft no longer
 //! needs its entries (a follower that needs them gets a snapshot, which
-//! holds only retained segments). So at a check a replica that holds
-//! retired segments builds a snapshot, at the next one purges Raft's log
-//! through them (which deletes them), and at the one after lets go of what
-//! the old snapshot linked: disk use lags the limits by a few check
-//! intervals of writes.
+//! holds only retained segments): a replica that holds retired segments
+//! builds a snapshot (which leaves them out, and replaces the one that
+//! linked them), waits for it, and purges Raft's log through them, which
+//! deletes them.
+//!
+//! Besides the check every `retention.check_interval_ms`, the task looks
+//! every [`EVENT_POLL`] for partitions whose log rolled its active segment
+//! or moved its log start ([`Replica::segment_events`], a lock-free
+//! counter) and runs the same steps for them at once: the leader decides
+//! when a segment seals, a follower deletes when the new log start
+//! applies. So disk use follows the limits within about a segment and a
+//! snapshot's time, not a few check intervals.
 //!
 //! ```text
-//!  leader, each check: segments ─decide─> new log start ─propose─> Raft commit
+//!  leader, each check or roll: segments ─decide─> new log start ─propose─> Raft commit
 //!  every replica: apply control entry ─> log start (persisted)
-//!  every replica, each check: retired segments? ─> snapshot | Raft purge through them ─> deleted
+//!  every replica, each check, roll or log start move:
+//!      retired segments? ─> snapshot, wait for it ─> Raft purge through them ─> deleted
 //! ```
+//!
+//! [`Replica::segment_events`]: ferrolog_raft_store::Replica::segment_events
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferrolog_raft_store::{Control, SegmentSummary};
 use tokio::sync::watch;
@@ -98,11 +109,17 @@ pub fn new_log_start(segments: &[SegmentSummary], now_ms: i64, limits: Limits, c
     (start > current).then_some(start)
 }
 
-/// Runs retention on this broker every `interval` until the task is
-/// dropped: decides for the partitions it leads (while every live broker
-/// speaks [`CONTROL_ENTRIES_MINOR`] or later), and on every hosted replica
-/// that still holds retired segments starts a snapshot so Raft can purge
-/// their entries.
+/// How often the retention task looks for partitions whose log rolled a
+/// segment or moved its log start since it last looked, ms (one atomic
+/// load per hosted partition).
+pub const EVENT_POLL: Duration = Duration::from_millis(25);
+
+/// Runs retention on this broker until the task is dropped: every
+/// `interval` for every hosted partition, and within [`EVENT_POLL`] for one
+/// whose log rolled a segment or moved its log start. For each, decides if
+/// it leads the partition (while every live broker speaks
+/// [`CONTROL_ENTRIES_MINOR`] or later), then lets Raft purge any retired
+/// segments ([`purge_retired`]).
 pub async fn run(
     groups: GroupRegistry,
     image: watch::Receiver<Arc<MetadataImage>>,
@@ -114,15 +131,36 @@ pub async fn run(
     // `log.initial.task.delay.ms`): a broker that just started has other work.
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut poll = tokio::time::interval(EVENT_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Per Raft group: the segment event count last seen, the purge last asked for.
+    let mut seen: HashMap<u64, u64> = HashMap::new();
+    let mut purges: HashMap<u64, u64> = HashMap::new();
     loop {
-        tick.tick().await;
+        let every = tokio::select! {
+            _ = tick.tick() => true,
+            _ = poll.tick() => false,
+        };
+        let partitions = if every {
+            let all = groups.partitions();
+            let hosted: std::collections::HashSet<u64> = all.iter().map(|p| p.group).collect();
+            seen.retain(|g, _| hosted.contains(g));
+            purges.retain(|g, _| seen.contains_key(g));
+            all
+        } else {
+            groups.partitions_matching(|p| seen.get(&p.group) != Some(&p.replica.segment_events()))
+        };
         let img = image.borrow().clone();
         let old = liveness.older_than(CONTROL_ENTRIES_MINOR);
-        for p in groups.partitions() {
+        for p in partitions {
+            let first_sight = seen.insert(p.group, p.replica.segment_events()).is_none();
+            if !every && first_sight {
+                continue; // a replica just opened: its first check comes with the others'
+            }
             if old.is_empty() && p.raft.is_leader() {
                 decide(&p, &img, &defaults).await;
             }
-            purge_retired(&p).await;
+            purge_retired(&p, &mut purges).await;
         }
     }
 }
@@ -130,60 +168,98 @@ pub async fn run(
 /// A follower silent this long does not hold a leader's retention purge back.
 const SILENT_FOLLOWER: Duration = Duration::from_secs(10);
 
+/// How long [`purge_retired`] waits for the snapshot it started.
+const SNAPSHOT_WAIT: Duration = Duration::from_secs(2);
+
 /// Lets Raft purge the entries of segments retention retired, so they are
-/// deleted, then snapshots to let go of what the last snapshot linked:
+/// deleted:
 ///
+/// - Retired segments whose entries no snapshot covers yet, or a snapshot
+///   older than the log start (it hard-links segments retired since, and
+///   would keep their disk space after the purge): a new snapshot (it
+///   leaves them out, and replaces the old one), waited for up to
+///   [`SNAPSHOT_WAIT`].
 /// - Retired segments whose entries a snapshot covers and Raft has applied:
 ///   purge through them (never past applied entries: openraft issue #2116's
 ///   race needs a purge past what the core applied). A leader purges only
 ///   once every follower that answers has matched them: openraft holds a
-///   purge back while it sends those entries, and a purge of its own
-///   policy (after any snapshot) would then go below the pending one, which
-///   its debug assertions refuse. So no snapshot is started in that check.
-/// - Retired segments not covered yet: a snapshot (it leaves them out).
+///   purge back while it sends those entries.
 /// - None left, but the current snapshot is older than the log start: a
 ///   snapshot, so retired files it hard-linked are let go.
 ///
-/// Each snapshot copies the active segment up to its last entry (sealed
-/// segments are hard-linked).
-async fn purge_retired(p: &Partition) {
+/// So about one snapshot per segment event. Each copies the active segment
+/// up to its last entry (sealed segments are hard-linked), which right
+/// after a roll holds little: the price of keeping disk use near the limit
+/// while writing.
+///
+/// While a purge asked for earlier (in `purges`, per Raft group) has not
+/// happened, nothing is started: a snapshot's own purge would go below the
+/// pending one, which openraft's debug assertions refuse.
+async fn purge_retired(p: &Partition, purges: &mut HashMap<u64, u64>) {
+    if let Some(asked) = purges.get(&p.group).copied() {
+        if p.raft.state(|s| s.purged().is_none_or(|l| l.index < asked)) {
+            return;
+        }
+        purges.remove(&p.group);
+    }
     let replica = p.replica.clone();
     let Ok((retired, stale_snapshot)) = tokio::task::spawn_blocking(move || {
         let retired = replica.retired_through_index();
-        let stale = retired.is_none() && replica.snapshot_behind_log_start();
+        let stale = replica.snapshot_behind_log_start();
         (retired, stale)
     })
     .await
     else {
         return;
     };
-    let result = match retired {
-        None if stale_snapshot => p.raft.build_snapshot().await,
-        None => return,
-        Some(upto) => {
-            let (covered, followers_ok) = p.raft.state(|s| {
-                let covered = s.snapshot().is_some_and(|l| l.index >= upto)
-                    && s.last_applied().is_some_and(|l| l.index >= upto)
-                    && s.purged().is_none_or(|l| l.index < upto);
-                let silent: std::collections::BTreeMap<_, _> =
-                    s.acknowledged_ago().map(|a| a.collect()).unwrap_or_default();
-                let followers_ok = s.matched().is_none_or(|mut m| {
-                    m.all(|(node, pos)| {
-                        pos.is_some_and(|l| l.index >= upto)
-                            || silent.get(&node).is_none_or(|ago| ago.is_none_or(|d| d >= SILENT_FOLLOWER))
-                    })
-                });
-                (covered, followers_ok)
-            });
-            match (covered, followers_ok) {
-                (true, true) => p.raft.purge_log(upto).await,
-                (true, false) => return,
-                (false, _) => p.raft.build_snapshot().await,
-            }
-        }
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        tracing::debug!(topic = %p.topic, partition = p.partition, "retention {what}: {e}");
     };
-    if let Err(e) = result {
-        tracing::debug!(topic = %p.topic, partition = p.partition, "retention purge or snapshot: {e}");
+    let Some(upto) = retired else {
+        if stale_snapshot && let Err(e) = p.raft.build_snapshot().await {
+            fail("snapshot", &e);
+        }
+        return;
+    };
+    let covered = || {
+        p.raft.state(|s| {
+            s.snapshot().is_some_and(|l| l.index >= upto) && s.last_applied().is_some_and(|l| l.index >= upto)
+        })
+    };
+    if p.raft.state(|s| s.purged().is_some_and(|l| l.index >= upto)) {
+        return; // purged already; the files go with the next deletion pass
+    }
+    if !covered() || stale_snapshot {
+        if let Err(e) = p.raft.build_snapshot().await {
+            fail("snapshot", &e);
+            return;
+        }
+        let deadline = Instant::now() + SNAPSHOT_WAIT;
+        while !covered() {
+            if Instant::now() >= deadline {
+                return; // a later check or event purges
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let followers_ok = p.raft.state(|s| {
+        let silent: std::collections::BTreeMap<_, _> =
+            s.acknowledged_ago().map(|a| a.collect()).unwrap_or_default();
+        s.matched().is_none_or(|mut m| {
+            m.all(|(node, pos)| {
+                pos.is_some_and(|l| l.index >= upto)
+                    || silent.get(&node).is_none_or(|ago| ago.is_none_or(|d| d >= SILENT_FOLLOWER))
+            })
+        })
+    });
+    if !followers_ok {
+        return;
+    }
+    match p.raft.purge_log(upto).await {
+        Ok(()) => {
+            purges.insert(p.group, upto);
+        }
+        Err(e) => fail("purge", &e),
     }
 }
 
