@@ -22,21 +22,8 @@
 //! | `lost-final-value` | compacted topic: the final read holds no value of a key at or after its last acknowledged write, which was a value, and no tombstone can explain it |
 //!
 //! **Compacted topics.** A history whose messages carry record keys is of
-//! the `compact` workload. Compaction may remove a record that a later
-//! record of its key shadows, and tombstones, so there an acknowledged value
-//! never read, a consumer's jump over an offset, or an offset missing from a
-//! broker's copy is an anomaly only when the record at that offset is
-//! neither a tombstone nor *shadowed*: no later record of its key is known
-//! (acknowledged or read), and no tombstone of its key was sent without an
-//! answer (such a tombstone may have been stored, shadowed it, and been
-//! removed in turn, unseen). The final read (every partition from its log
-//! start) must then show each key as it was last acknowledged or later
-//! (Kafka's guarantee for a consumer that reads from the start within
-//! `delete.retention.ms`): a key whose last acknowledged write was a value
-//! has that value or a later record; a key last deleted has no value unless
-//! one was written after the tombstone. What this cannot see: a record
-//! removed although the record that shadows it lay beyond the compaction
-//! target (the final state is the same).
+//! the `compact` workload; [`compacted`] holds the rules that differ there
+//! (what compaction may remove, and the final state of every key).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -44,6 +31,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
 use crate::history::{Key, Op, OpType, Outcome, Value};
+
+mod compacted;
+use compacted::Compaction;
 
 /// Every anomaly class the checker reports, in report order.
 pub const ANOMALIES: [&str; 15] = [
@@ -159,17 +149,20 @@ pub struct Stats {
     /// Broker copies whose committed records end before the highest offset
     /// known from the history (lagging, not an anomaly by itself).
     pub replica_copies_lagging: usize,
-    /// Compacted topic: acknowledged values never read, each shadowed by a
-    /// later record of its key (compaction may remove them).
-    pub values_shadowed_unread: usize,
+    /// Compacted topic: acknowledged values never read that compaction may
+    /// have removed (tombstones, records shadowed by a later record of
+    /// their key or by a tombstone sent without an answer).
+    pub values_removable_unread: usize,
     /// Compacted topic: acknowledged offsets below the end of their
-    /// partition's final read that it did not return (removed by
-    /// compaction). Zero means the compaction checks saw no work.
+    /// partition's final read that it did not return: removed by
+    /// compaction (a lost one is also reported as an anomaly). Zero means
+    /// the compaction checks saw no work.
     pub final_offsets_compacted: usize,
     /// ... of which tombstones (removed after `delete.retention.ms`).
     pub final_tombstones_removed: usize,
-    /// Compacted topic: (partition, record key) pairs with an acknowledged
-    /// write whose final state was checked.
+    /// Compacted topic: (partition, record key) pairs with a known record
+    /// (acknowledged, read or in a committed copy) whose final state was
+    /// checked.
     pub final_keys_checked: usize,
     /// ... of which the final read holds a value.
     pub final_keys_live: usize,
@@ -212,51 +205,7 @@ struct Sent {
     offset: Option<u64>,
     record_key: Option<u32>,
     tombstone: bool,
-}
-
-/// What compaction may have removed, in a compacted topic's history.
-struct Compaction<'a> {
-    sent: &'a HashMap<Value, Sent>,
-    at_offset: &'a BTreeMap<(Key, u64), BTreeMap<Value, String>>,
-    /// (partition, record key) -> offsets known to hold a record of it.
-    offsets_of_key: HashMap<(Key, u32), BTreeSet<u64>>,
-    /// (partition, record key) of tombstones sent without an answer.
-    unanswered_tombstones: HashSet<(Key, u32)>,
-}
-
-impl<'a> Compaction<'a> {
-    fn new(
-        sent: &'a HashMap<Value, Sent>,
-        at_offset: &'a BTreeMap<(Key, u64), BTreeMap<Value, String>>,
-    ) -> Self {
-        let mut offsets_of_key: HashMap<(Key, u32), BTreeSet<u64>> = HashMap::new();
-        for ((key, offset), values) in at_offset {
-            for v in values.keys() {
-                if let Some(rk) = sent.get(v).and_then(|x| x.record_key) {
-                    offsets_of_key.entry((*key, rk)).or_default().insert(*offset);
-                }
-            }
-        }
-        let unanswered_tombstones = sent
-            .values()
-            .filter(|x| x.tombstone && x.offset.is_none() && x.outcome != Outcome::Fail)
-            .filter_map(|x| Some((x.key, x.record_key?)))
-            .collect();
-        Compaction { sent, at_offset, offsets_of_key, unanswered_tombstones }
-    }
-
-    /// Whether compaction may have removed the record at `offset` of
-    /// partition `key`: it is a tombstone, or a later record of its key is
-    /// known, or a tombstone of its key was sent without an answer.
-    fn removable(&self, key: Key, offset: u64) -> bool {
-        let Some(values) = self.at_offset.get(&(key, offset)) else { return false };
-        values.keys().filter_map(|v| self.sent.get(v)).any(|x| {
-            let Some(rk) = x.record_key else { return false };
-            x.tombstone
-                || self.unanswered_tombstones.contains(&(key, rk))
-                || self.offsets_of_key.get(&(key, rk)).is_some_and(|o| o.range(offset + 1..).next().is_some())
-        })
-    }
+    invoke_ns: u64,
 }
 
 /// Where a (key, offset, value) fact came from.
@@ -274,8 +223,10 @@ fn source(op: &Op) -> String {
     .to_lowercase()
 }
 
-/// Checks `history` and the brokers' final copies `replicas` (may be empty).
-pub fn check(history: &[Op], replicas: &[ReplicaCopy]) -> Report {
+/// Checks `history` and the brokers' final copies `replicas` (may be
+/// empty), given where each partition's final read ended (`ends`: the high
+/// watermark it read to, exclusive; may be empty).
+pub fn check(history: &[Op], replicas: &[ReplicaCopy], ends: &BTreeMap<Key, u64>) -> Report {
     let mut report = Report::default();
     for class in ANOMALIES {
         report.anomalies.insert(class.to_owned(), Finding::default());
@@ -316,6 +267,7 @@ pub fn check(history: &[Op], replicas: &[ReplicaCopy]) -> Report {
                     offset,
                     record_key: m.record_key,
                     tombstone: m.tombstone,
+                    invoke_ns: op.invoke_ns,
                 },
             );
             if let Some(o) = offset {
@@ -367,8 +319,10 @@ pub fn check(history: &[Op], replicas: &[ReplicaCopy]) -> Report {
     }
 
     let compacted = history.iter().any(|op| op.msgs.iter().any(|m| m.record_key.is_some()));
-    let compaction = compacted.then(|| Compaction::new(&sent, &at_offset));
-    let removable = |key: Key, offset: u64| compaction.as_ref().is_some_and(|c| c.removable(key, offset));
+    let compaction = compacted.then(|| Compaction::new(&sent, &at_offset, replicas, ends));
+    let removable = |key: Key, offset: u64, before_ns: Option<u64>| {
+        compaction.as_ref().is_some_and(|c| c.removable(key, offset, before_ns))
+    };
 
     // Acknowledged values never read; failed sends read.
     let mut by_value: Vec<(&Value, &Sent)> = sent.iter().collect();
@@ -386,8 +340,8 @@ pub fn check(history: &[Op], replicas: &[ReplicaCopy]) -> Report {
         if was_read {
             continue;
         }
-        if removable(x.key, offset) {
-            report.stats.values_shadowed_unread += 1;
+        if removable(x.key, offset, None) {
+            report.stats.values_removable_unread += 1;
             continue;
         }
         let example = json!({"key": x.key, "value": value, "offset": offset, "send_op": x.op,
@@ -404,12 +358,15 @@ pub fn check(history: &[Op], replicas: &[ReplicaCopy]) -> Report {
         known.entry(*key).or_default().insert(*offset);
     }
     // The first offset strictly between `after` and `before` known to hold
-    // a record compaction may not remove: one a reader cannot skip.
-    let skipped = |key: Key, after: u64, before: u64| -> Option<u64> {
+    // a record compaction may not have removed by `at_ns`: one a reader
+    // cannot skip.
+    let skipped = |key: Key, after: u64, before: u64, at_ns: u64| -> Option<u64> {
         if before <= after + 1 {
             return None;
         }
-        known.get(&key).and_then(|s| s.range(after + 1..before).copied().find(|o| !removable(key, *o)))
+        known
+            .get(&key)
+            .and_then(|s| s.range(after + 1..before).copied().find(|o| !removable(key, *o, Some(at_ns))))
     };
 
     // Each process's sends, per key, in order.
@@ -458,7 +415,7 @@ pub fn check(history: &[Op], replicas: &[ReplicaCopy]) -> Report {
                         NONMONOTONIC_POLL_WITHIN_OP,
                         json!({"op": op.index, "process": op.process, "key": m.key, "offsets": [prev, o]}),
                     );
-                } else if let Some(n) = skipped(m.key, prev, o) {
+                } else if let Some(n) = skipped(m.key, prev, o, op.complete_ns) {
                     report.add(
                         POLL_SKIP_WITHIN_OP,
                         json!({"op": op.index, "process": op.process, "key": m.key,
@@ -471,7 +428,7 @@ pub fn check(history: &[Op], replicas: &[ReplicaCopy]) -> Report {
                         NONMONOTONIC_POLL,
                         json!({"process": op.process, "key": m.key, "ops": [prev_op, op.index], "offsets": [prev, o]}),
                     );
-                } else if let Some(n) = skipped(m.key, prev, o) {
+                } else if let Some(n) = skipped(m.key, prev, o, op.complete_ns) {
                     report.add(
                         POLL_SKIP,
                         json!({"process": op.process, "key": m.key, "ops": [prev_op, op.index],
@@ -486,9 +443,9 @@ pub fn check(history: &[Op], replicas: &[ReplicaCopy]) -> Report {
         }
     }
 
-    check_replicas(&mut report, replicas, &at_offset, &removable);
+    check_replicas(&mut report, replicas, &at_offset, compacted, &|key, offset| removable(key, offset, None));
     if let Some(c) = &compaction {
-        check_final_state(&mut report, &ops, c);
+        c.check_final_state(&mut report, &ops);
     }
     report.valid = report.anomalies.values().all(|f| f.count == 0);
     report
@@ -500,6 +457,7 @@ fn check_replicas(
     report: &mut Report,
     replicas: &[ReplicaCopy],
     at_offset: &BTreeMap<(Key, u64), BTreeMap<Value, String>>,
+    compacted: bool,
     removable: &dyn Fn(Key, u64) -> bool,
 ) {
     report.stats.replica_copies = replicas.len();
@@ -542,8 +500,11 @@ fn check_replicas(
                 );
             }
         }
-        // Offsets the history knows, below this copy's end, missing from it.
-        if let (Some(end), Some(first)) = (end, committed.first().map(|r| r.offset)) {
+        // Offsets the history knows, below this copy's end, missing from it
+        // (from offset 0 on a compacted topic: its records are thinned, its
+        // log start stays).
+        let first = if compacted { Some(0) } else { committed.first().map(|r| r.offset) };
+        if let (Some(end), Some(first)) = (end, first) {
             for ((_, offset), values) in at_offset.range((copy.key, first)..=(copy.key, end)) {
                 if !have.contains(offset) && !removable(copy.key, *offset) {
                     report.add(
@@ -563,83 +524,6 @@ fn check_replicas(
                 REPLICA_DIVERGENCE,
                 json!({"key": key, "offset": offset, "problem": "brokers disagree", "by_broker": brokers}),
             );
-        }
-    }
-}
-
-/// A record as the final read or the history knows it.
-#[derive(Debug, Clone, Copy)]
-struct Version {
-    offset: u64,
-    value: Value,
-    tombstone: bool,
-}
-
-impl Version {
-    fn json(&self) -> Json {
-        json!({"offset": self.offset, "value": self.value, "tombstone": self.tombstone})
-    }
-}
-
-/// Compacted topic: every key's final state (its latest record in the final
-/// read) against its last acknowledged write.
-fn check_final_state(report: &mut Report, ops: &[&Op], c: &Compaction<'_>) {
-    // The final read: (partition, record key) -> latest record; per
-    // partition the offsets returned and the highest.
-    let mut latest: HashMap<(Key, u32), Version> = HashMap::new();
-    let mut returned: HashMap<Key, HashSet<u64>> = HashMap::new();
-    for op in ops.iter().filter(|o| o.final_read && o.op_type == OpType::Poll && o.outcome == Outcome::Ok) {
-        for m in &op.msgs {
-            let (Some(offset), Some(rk)) = (m.offset, m.record_key) else { continue };
-            returned.entry(m.key).or_default().insert(offset);
-            let v = Version { offset, value: m.value, tombstone: m.tombstone };
-            let e = latest.entry((m.key, rk)).or_insert(v);
-            if offset > e.offset {
-                *e = v;
-            }
-        }
-    }
-    // The last acknowledged write of each key.
-    let mut last_acked: BTreeMap<(Key, u32), Version> = BTreeMap::new();
-    for (value, x) in c.sent {
-        let (Some(offset), Some(rk)) = (x.offset, x.record_key) else { continue };
-        let v = Version { offset, value: *value, tombstone: x.tombstone };
-        let e = last_acked.entry((x.key, rk)).or_insert(v);
-        if offset > e.offset {
-            *e = v;
-        }
-    }
-    // Acknowledged records below the end of the final read it did not return.
-    for (key, seen) in &returned {
-        let Some(end) = seen.iter().max() else { continue };
-        for x in c.sent.values().filter(|x| x.key == *key) {
-            if let Some(o) = x.offset
-                && o < *end
-                && !seen.contains(&o)
-            {
-                report.stats.final_offsets_compacted += 1;
-                report.stats.final_tombstones_removed += usize::from(x.tombstone);
-            }
-        }
-    }
-    for ((key, rk), acked) in last_acked {
-        report.stats.final_keys_checked += 1;
-        let last = latest.get(&(key, rk));
-        let example = || {
-            json!({"key": key, "record_key": rk, "last_acknowledged": acked.json(),
-                   "final_read": last.map(Version::json)})
-        };
-        match last {
-            Some(f) if f.offset >= acked.offset => {
-                report.stats.final_keys_live += usize::from(!f.tombstone);
-            }
-            Some(f) if !f.tombstone => report.add(STALE_FINAL_VALUE, example()),
-            // Absent, or an older tombstone: deleted.
-            _ if acked.tombstone => {}
-            _ if c.unanswered_tombstones.contains(&(key, rk)) => {
-                report.stats.final_keys_deleted_by_unacknowledged_tombstone += 1;
-            }
-            _ => report.add(LOST_FINAL_VALUE, example()),
         }
     }
 }
@@ -724,7 +608,7 @@ mod tests {
     #[test]
     fn clean_history_passes() {
         let h = clean();
-        let r = check(&h.ops, &replicas_of(&h, &[1, 2, 3]));
+        let r = check(&h.ops, &replicas_of(&h, &[1, 2, 3]), &BTreeMap::new());
         assert!(r.valid, "{:#?}", r.found());
         assert_eq!(r.anomalies.len(), ANOMALIES.len());
         assert_eq!((r.stats.values_sent, r.stats.values_acknowledged, r.stats.values_read), (6, 6, 6));
@@ -737,11 +621,11 @@ mod tests {
         h.op(0, OpType::Send, Outcome::Info, vec![Msg::unacked(0, 5)]);
         h.op(3, OpType::Send, Outcome::Fail, vec![Msg::unacked(0, 6)]);
         h.op(1, OpType::Poll, Outcome::Info, vec![]).error = Some("timeout".into());
-        let r = check(&h.ops, &[]);
+        let r = check(&h.ops, &[], &BTreeMap::new());
         assert!(r.valid, "{:#?}", r.found());
         // An indeterminate send that did happen is fine too.
         h.poll(1, vec![Msg::at(0, 5, 4)]);
-        let r = check(&h.ops, &[]);
+        let r = check(&h.ops, &[], &BTreeMap::new());
         assert!(r.valid, "{:#?}", r.found());
         assert_eq!(r.stats.values_unacknowledged_read, 1);
     }
@@ -753,7 +637,7 @@ mod tests {
         // consumer that started there, so no consumer skipped it).
         h.ops[4].msgs = vec![];
         h.poll(7, vec![Msg::at(0, 4, 3)]);
-        let r = check(&h.ops, &[]);
+        let r = check(&h.ops, &[], &BTreeMap::new());
         assert_eq!(found(&r), vec![(LOST_WRITE, 1)], "{r:#?}");
         assert_eq!(r.anomalies[LOST_WRITE].examples[0]["value"], 3);
     }
@@ -762,7 +646,7 @@ mod tests {
     fn unseen() {
         let mut h = clean();
         h.send(0, vec![Msg::at(0, 5, 4)]);
-        let r = check(&h.ops, &[]);
+        let r = check(&h.ops, &[], &BTreeMap::new());
         assert_eq!(found(&r), vec![(UNSEEN, 1)], "{r:#?}");
     }
 
@@ -771,7 +655,7 @@ mod tests {
         let mut h = clean();
         // Value 4 appears again at offset 4 (e.g. a retry stored twice).
         h.poll(1, vec![Msg::at(0, 4, 4)]);
-        let r = check(&h.ops, &[]);
+        let r = check(&h.ops, &[], &BTreeMap::new());
         assert_eq!(found(&r), vec![(DUPLICATE, 1)], "{r:#?}");
     }
 
@@ -780,7 +664,7 @@ mod tests {
         let mut h = clean();
         // Consumer 3 sees value 2 where everyone else saw value 1.
         h.poll(3, vec![Msg::at(0, 2, 0)]);
-        let r = check(&h.ops, &[]);
+        let r = check(&h.ops, &[], &BTreeMap::new());
         let f = found(&r);
         assert!(f.contains(&(INCONSISTENT_OFFSETS, 1)), "{r:#?}");
         // The same value at two offsets is also a duplicate.
@@ -793,7 +677,7 @@ mod tests {
         h.send(0, vec![Msg::at(0, 5, 4)]);
         h.poll(1, vec![Msg::at(0, 6, 4)]);
         h.send(4, vec![Msg::at(0, 6, 5)]);
-        let r = check(&h.ops, &[]);
+        let r = check(&h.ops, &[], &BTreeMap::new());
         let f = found(&r);
         assert!(f.contains(&(INCONSISTENT_OFFSETS, 1)), "{r:#?}");
         assert!(f.contains(&(DUPLICATE, 1)), "{r:#?}");
@@ -806,7 +690,7 @@ mod tests {
         // Process 0's next send to key 1 is acknowledged below its last one.
         h.send(0, vec![Msg::at(1, 12, 1)]);
         h.poll(2, vec![Msg::at(1, 12, 1)]);
-        let r = check(&h.ops, &[]);
+        let r = check(&h.ops, &[], &BTreeMap::new());
         assert!(found(&r).contains(&(NONMONOTONIC_SEND, 1)), "{r:#?}");
         assert!(r.anomalies[NONMONOTONIC_SEND_WITHIN_OP].count == 0);
     }
@@ -816,7 +700,7 @@ mod tests {
         let mut h = H::default();
         h.send(0, vec![Msg::at(0, 1, 1), Msg::at(0, 2, 0)]);
         h.poll(1, vec![Msg::at(0, 2, 0), Msg::at(0, 1, 1)]);
-        let r = check(&h.ops, &[]);
+        let r = check(&h.ops, &[], &BTreeMap::new());
         assert_eq!(found(&r), vec![(NONMONOTONIC_SEND_WITHIN_OP, 1)], "{r:#?}");
     }
 
@@ -825,18 +709,18 @@ mod tests {
         let mut h = clean();
         // Consumer 1 polls offset 1 again after reaching 3, without a seek.
         h.poll(1, vec![Msg::at(0, 2, 1)]);
-        let r = check(&h.ops, &[]);
+        let r = check(&h.ops, &[], &BTreeMap::new());
         assert_eq!(found(&r), vec![(NONMONOTONIC_POLL, 1)], "{r:#?}");
         // After a seek it is fine.
         h.ops.last_mut().expect("op").reset = true;
-        assert!(check(&h.ops, &[]).valid);
+        assert!(check(&h.ops, &[], &BTreeMap::new()).valid);
     }
 
     #[test]
     fn nonmonotonic_poll_within_operation() {
         let mut h = clean();
         h.poll(2, vec![Msg::at(0, 2, 1), Msg::at(0, 1, 0)]).reset = true;
-        let r = check(&h.ops, &[]);
+        let r = check(&h.ops, &[], &BTreeMap::new());
         assert_eq!(found(&r), vec![(NONMONOTONIC_POLL_WITHIN_OP, 1)], "{r:#?}");
     }
 
@@ -847,7 +731,7 @@ mod tests {
         h.ops[3].msgs = vec![Msg::at(0, 1, 0)];
         h.ops[4].msgs = vec![Msg::at(0, 3, 2), Msg::at(0, 4, 3)];
         h.poll(5, vec![Msg::at(0, 2, 1)]); // someone else read offset 1
-        let r = check(&h.ops, &[]);
+        let r = check(&h.ops, &[], &BTreeMap::new());
         assert_eq!(found(&r), vec![(POLL_SKIP, 1)], "{r:#?}");
         assert_eq!(r.anomalies[POLL_SKIP].examples[0]["skipped"], 1);
     }
@@ -856,7 +740,7 @@ mod tests {
     fn poll_skip_within_operation() {
         let mut h = clean();
         h.poll(5, vec![Msg::at(0, 1, 0), Msg::at(0, 3, 2)]);
-        let r = check(&h.ops, &[]);
+        let r = check(&h.ops, &[], &BTreeMap::new());
         assert_eq!(found(&r), vec![(POLL_SKIP_WITHIN_OP, 1)], "{r:#?}");
     }
 
@@ -865,7 +749,7 @@ mod tests {
         let mut h = clean();
         h.op(0, OpType::Send, Outcome::Fail, vec![Msg::unacked(1, 12)]);
         h.poll(2, vec![Msg::at(1, 12, 2)]);
-        let r = check(&h.ops, &[]);
+        let r = check(&h.ops, &[], &BTreeMap::new());
         assert_eq!(found(&r), vec![(ABORTED_READ, 1)], "{r:#?}");
     }
 
@@ -873,7 +757,7 @@ mod tests {
     fn unexpected_value() {
         let mut h = clean();
         h.poll(2, vec![Msg::at(1, 99, 2)]);
-        let r = check(&h.ops, &[]);
+        let r = check(&h.ops, &[], &BTreeMap::new());
         assert_eq!(found(&r), vec![(UNEXPECTED_VALUE, 1)], "{r:#?}");
     }
 
@@ -884,7 +768,7 @@ mod tests {
         // Broker 3's copy of key 0 has value 9 at offset 2.
         let c = reps.iter_mut().find(|c| c.broker == 3 && c.key == 0).expect("copy");
         c.records[2].value = 9;
-        let r = check(&h.ops, &reps);
+        let r = check(&h.ops, &reps, &BTreeMap::new());
         assert_eq!(found(&r), vec![(REPLICA_DIVERGENCE, 2)], "{r:#?}");
         let problems: Vec<&str> =
             r.anomalies[REPLICA_DIVERGENCE].examples.iter().filter_map(|e| e["problem"].as_str()).collect();
@@ -897,13 +781,13 @@ mod tests {
         let mut reps = replicas_of(&h, &[1, 2, 3]);
         let c = reps.iter_mut().find(|c| c.broker == 2 && c.key == 0).expect("copy");
         c.records.remove(1);
-        let r = check(&h.ops, &reps);
+        let r = check(&h.ops, &reps, &BTreeMap::new());
         assert_eq!(found(&r), vec![(REPLICA_DIVERGENCE, 1)], "{r:#?}");
 
         let mut reps = replicas_of(&h, &[1]);
         let c = reps.iter_mut().find(|c| c.key == 1).expect("copy");
         c.records.push(ReplicaRecord { offset: 2, value: 10, committed: true });
-        let r = check(&h.ops, &reps);
+        let r = check(&h.ops, &reps, &BTreeMap::new());
         assert_eq!(found(&r), vec![(REPLICA_DIVERGENCE, 1)], "{r:#?}");
     }
 
@@ -914,151 +798,8 @@ mod tests {
         let c = reps.iter_mut().find(|c| c.broker == 2 && c.key == 0).expect("copy");
         c.records.truncate(2);
         c.records.push(ReplicaRecord { offset: 2, value: 77, committed: false });
-        let r = check(&h.ops, &reps);
+        let r = check(&h.ops, &reps, &BTreeMap::new());
         assert!(r.valid, "{:#?}", r.found());
         assert_eq!(r.stats.replica_copies_lagging, 1);
-    }
-}
-
-#[cfg(test)]
-mod compacted_tests {
-    use super::*;
-    use crate::history::Msg;
-
-    fn op(index: u64, process: u32, op_type: OpType, msgs: Vec<Msg>, final_read: bool) -> Op {
-        Op {
-            index,
-            process,
-            op_type,
-            outcome: Outcome::Ok,
-            invoke_ns: index * 10,
-            complete_ns: index * 10 + 5,
-            msgs,
-            reset: final_read,
-            final_read,
-            error: None,
-        }
-    }
-
-    /// Partition 0: record key 1 written twice (offsets 0, 1), key 2 written
-    /// (2) then deleted (3), key 3 written (4).
-    fn writes() -> Vec<Msg> {
-        vec![
-            Msg::at(0, 1, 0).keyed(1, false),
-            Msg::at(0, 2, 1).keyed(1, false),
-            Msg::at(0, 3, 2).keyed(2, false),
-            Msg::at(0, 4, 3).keyed(2, true),
-            Msg::at(0, 5, 4).keyed(3, false),
-        ]
-    }
-
-    /// The writes, then a final read returning the records at `offsets`.
-    fn history(offsets: &[u64]) -> Vec<Op> {
-        let w = writes();
-        let read = offsets.iter().map(|o| w[*o as usize]).collect();
-        vec![op(0, 0, OpType::Send, w, false), op(1, 9, OpType::Poll, read, true)]
-    }
-
-    fn found(r: &Report) -> Vec<(&str, usize)> {
-        r.found()
-    }
-
-    #[test]
-    fn a_compacted_final_read_passes_and_counts_what_compaction_removed() {
-        // Offset 0 shadowed by 1, 2 by the tombstone at 3, the tombstone gone.
-        let r = check(&history(&[1, 4]), &[]);
-        assert!(r.valid, "{:#?}", r.found());
-        let s = &r.stats;
-        assert_eq!((s.final_offsets_compacted, s.final_tombstones_removed), (3, 1));
-        assert_eq!((s.final_keys_checked, s.final_keys_live), (3, 2));
-        assert_eq!(s.values_shadowed_unread, 3);
-        // Nothing compacted yet is fine too.
-        let r = check(&history(&[0, 1, 2, 3, 4]), &[]);
-        assert!(r.valid, "{:#?}", r.found());
-        assert_eq!(r.stats.final_offsets_compacted, 0);
-    }
-
-    #[test]
-    fn an_older_value_in_the_final_state_is_stale() {
-        // Key 1's last write (offset 1) gone, its older value (0) left; the
-        // final read jumped over it.
-        let r = check(&history(&[0, 4]), &[]);
-        assert_eq!(
-            found(&r),
-            vec![(LOST_WRITE, 1), (POLL_SKIP_WITHIN_OP, 1), (STALE_FINAL_VALUE, 1)],
-            "{r:#?}"
-        );
-    }
-
-    #[test]
-    fn a_deleted_key_that_comes_back_is_stale() {
-        // Key 2's tombstone removed but its value before it still there.
-        let r = check(&history(&[1, 2, 4]), &[]);
-        assert_eq!(found(&r), vec![(STALE_FINAL_VALUE, 1)], "{r:#?}");
-        assert_eq!(r.anomalies[STALE_FINAL_VALUE].examples[0]["record_key"], 2);
-    }
-
-    #[test]
-    fn a_last_value_missing_is_lost_unless_an_unanswered_tombstone_can_explain_it() {
-        let mut h = history(&[1]);
-        let r = check(&h, &[]);
-        assert_eq!(found(&r), vec![(LOST_FINAL_VALUE, 1), (UNSEEN, 1)], "{r:#?}");
-        // A tombstone of key 3 sent without an answer may have been stored
-        // after offset 4, and removed in its turn.
-        let mut unanswered = op(2, 1, OpType::Send, vec![Msg::unacked(0, 6).keyed(3, true)], false);
-        unanswered.outcome = Outcome::Info;
-        h.push(unanswered);
-        let r = check(&h, &[]);
-        assert!(r.valid, "{:#?}", r.found());
-        assert_eq!(r.stats.final_keys_deleted_by_unacknowledged_tombstone, 1);
-        // One that definitely failed cannot.
-        h[2].outcome = Outcome::Fail;
-        let r = check(&h, &[]);
-        assert_eq!(found(&r), vec![(LOST_FINAL_VALUE, 1), (UNSEEN, 1)], "{r:#?}");
-    }
-
-    #[test]
-    fn a_reader_may_skip_only_what_compaction_may_remove() {
-        let mut h = history(&[1, 4]);
-        // Skips 2 (shadowed) and 3 (a tombstone): fine.
-        h.push(op(2, 5, OpType::Poll, vec![writes()[1]], false));
-        h.push(op(3, 5, OpType::Poll, vec![writes()[4]], false));
-        assert!(check(&h, &[]).valid);
-        // Skips 1, key 1's latest: not fine.
-        h.push(op(4, 6, OpType::Poll, vec![writes()[0]], false));
-        h.push(op(5, 6, OpType::Poll, vec![writes()[2]], false));
-        let r = check(&h, &[]);
-        assert_eq!(found(&r), vec![(POLL_SKIP, 1)], "{r:#?}");
-        assert_eq!(r.anomalies[POLL_SKIP].examples[0]["skipped"], 1);
-    }
-
-    #[test]
-    fn a_replica_may_lack_only_what_compaction_may_remove() {
-        let h = history(&[1, 4]);
-        let copy = |offsets: &[u64]| ReplicaCopy {
-            broker: 1,
-            key: 0,
-            records: offsets
-                .iter()
-                .map(|o| ReplicaRecord { offset: *o, value: *o + 1, committed: true })
-                .collect(),
-        };
-        // One replica compacted, another not yet: both fine.
-        assert!(check(&h, &[copy(&[1, 4]), ReplicaCopy { broker: 2, ..copy(&[0, 1, 2, 3, 4]) }]).valid);
-        // Missing key 1's latest record.
-        let r = check(&h, &[copy(&[0, 4])]);
-        assert_eq!(found(&r), vec![(REPLICA_DIVERGENCE, 1)], "{r:#?}");
-    }
-
-    #[test]
-    fn a_record_read_under_another_record_key_or_as_a_tombstone_is_unexpected() {
-        let mut h = history(&[1, 4]);
-        h.push(op(2, 5, OpType::Poll, vec![Msg::at(0, 2, 1).keyed(2, false)], true));
-        let r = check(&h, &[]);
-        assert!(found(&r).contains(&(UNEXPECTED_VALUE, 1)), "{r:#?}");
-        let mut h = history(&[1, 4]);
-        h.push(op(2, 5, OpType::Poll, vec![Msg::at(0, 2, 1).keyed(1, true)], false));
-        let r = check(&h, &[]);
-        assert_eq!(found(&r), vec![(UNEXPECTED_VALUE, 1)], "{r:#?}");
     }
 }

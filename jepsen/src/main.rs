@@ -276,7 +276,14 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(b) => serde_json::from_slice(&b).context("replicas.json")?,
                 Err(_) => Vec::new(),
             };
-            let report = checker::check(&ops, &replicas);
+            // Where each partition's final read ended, from the run's results.
+            let ends: std::collections::BTreeMap<u32, u64> = std::fs::read(dir.join("results.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|v| serde_json::from_value(v["final_read_end_offsets"].clone()).ok())
+                .map(|pairs: Vec<(u32, u64)>| pairs.into_iter().collect())
+                .unwrap_or_default();
+            let report = checker::check(&ops, &replicas, &ends);
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(if report.valid { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }

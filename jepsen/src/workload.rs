@@ -308,7 +308,8 @@ pub async fn consumer(
 
 /// Reads `partition` from its start to the high watermark seen at the start
 /// (retrying for up to `timeout`), recording every poll as a final-read
-/// operation. Returns the values read and the end offset reached.
+/// operation. Returns the end offset reached and how long the last pass
+/// took, from its seek to the start to its end.
 ///
 /// # Errors
 /// If the end is not reached within `timeout`.
@@ -319,7 +320,7 @@ pub async fn final_read(
     ids: &Ids,
     partition: u32,
     timeout: Duration,
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<(u64, Duration)> {
     let deadline = Instant::now() + timeout;
     let process = ids.process();
     let mut consumer = Consumer::new(meta, consumer_config());
@@ -331,6 +332,7 @@ pub async fn final_read(
         }
     };
     consumer.assign(&cfg.topic, [partition], Seek::Earliest);
+    let mut pass_started = Instant::now();
     let mut reset = true;
     while consumer.position(&cfg.topic, partition).is_none_or(|p| p < end) {
         if Instant::now() >= deadline {
@@ -345,6 +347,7 @@ pub async fn final_read(
             Ok(records) => (Outcome::Ok, to_msgs(cfg, &records), None),
             Err(e) => {
                 consumer.seek(&cfg.topic, partition, Seek::Earliest);
+                pass_started = Instant::now();
                 (Outcome::Fail, Vec::new(), Some(e.to_string()))
             }
         };
@@ -363,5 +366,5 @@ pub async fn final_read(
         });
         reset = failed;
     }
-    Ok(end)
+    Ok((end, pass_started.elapsed()))
 }
