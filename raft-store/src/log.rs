@@ -447,7 +447,7 @@ impl PartitionLog {
         // after a crash say the same log start.
         self.meta.put(meta::KEY_LOG_START, Some(&offset), Sync::Durable)?;
         self.delete_retired_segments()?;
-        self.segment_events.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.note_segment_event();
         Ok(true)
     }
 
@@ -753,6 +753,12 @@ impl PartitionLog {
         Ok(())
     }
 
+    /// Counts a segment event on this log and in the process-wide total.
+    fn note_segment_event(&self) {
+        self.segment_events.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        SEGMENT_EVENTS_TOTAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn maybe_roll(&mut self) -> Result<()> {
         let (bytes_max, age_max) = (self.config.segment_bytes, self.config.segment_age_max());
         let active = self.active()?;
@@ -766,7 +772,7 @@ impl PartitionLog {
         let seg = Segment::create(&self.dir, base_index, base_offset, self.config.index_interval_bytes)?;
         tracing::debug!(dir = %self.dir.display(), base_index, base_offset, "rolled segment");
         self.segments.push(seg);
-        self.segment_events.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.note_segment_event();
         Ok(())
     }
 
@@ -1379,6 +1385,17 @@ fn open_chain(
         segments.push(seg);
     }
     Ok(segments)
+}
+
+/// Segment events of every log in this process (see
+/// [`PartitionLog::segment_events`]): a poller reads this one counter and
+/// scans its logs only when it moved.
+static SEGMENT_EVENTS_TOTAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The process-wide count of segment events (see
+/// [`PartitionLog::segment_events`]).
+pub fn segment_events_total() -> u64 {
+    SEGMENT_EVENTS_TOTAL.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Damage that [`PartitionLog::open`] found in the segment files and set

@@ -561,6 +561,12 @@ impl Replica {
         self.inner.segment_events.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// The sum of [`Replica::segment_events`] over every replica opened in
+    /// this process (one load): when it has not moved, no log has.
+    pub fn segment_events_total() -> u64 {
+        crate::log::segment_events_total()
+    }
+
     /// The Raft index of the last entry of the segments retention retired
     /// (wholly below the log start offset, never the active one) that are
     /// still on disk; `None` if there are none. Raft purging through it

@@ -15,11 +15,13 @@
 //!
 //! Besides the check every `retention.check_interval_ms`, the task looks
 //! every [`EVENT_POLL`] for partitions whose log rolled its active segment
-//! or moved its log start ([`Replica::segment_events`], a lock-free
-//! counter) and runs the same steps for them at once: the leader decides
-//! when a segment seals, a follower deletes when the new log start
-//! applies. So disk use follows the limits within about a segment and a
-//! snapshot's time, not a few check intervals.
+//! or moved its log start ([`Replica::segment_events`], lock-free counters,
+//! and one for the whole process so an idle broker scans nothing) and runs
+//! the same steps for them at once: the leader decides when a segment
+//! seals, a follower deletes when the new log start applies. A step that
+//! cannot finish (followers behind, a snapshot still building) is retried
+//! a second later. So disk use follows the limits within about a segment
+//! and a snapshot's time, not a few check intervals.
 //!
 //! ```text
 //!  leader, each check or roll: segments ─decide─> new log start ─propose─> Raft commit
@@ -28,13 +30,12 @@
 //!      retired segments? ─> snapshot, wait for it ─> Raft purge through them ─> deleted
 //! ```
 //!
-//! [`Replica::segment_events`]: ferrolog_raft_store::Replica::segment_events
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferrolog_raft_store::{Control, SegmentSummary};
+use ferrolog_raft_store::{Control, Replica, SegmentSummary};
 use tokio::sync::watch;
 
 use crate::control::liveness::Liveness;
@@ -109,17 +110,23 @@ pub fn new_log_start(segments: &[SegmentSummary], now_ms: i64, limits: Limits, c
     (start > current).then_some(start)
 }
 
-/// How often the retention task looks for partitions whose log rolled a
-/// segment or moved its log start since it last looked, ms (one atomic
-/// load per hosted partition).
+/// How often the retention task looks whether any log rolled a segment or
+/// moved its log start (one process-wide counter,
+/// [`Replica::segment_events_total`]); only when it moved does it look for
+/// which partitions did.
 pub const EVENT_POLL: Duration = Duration::from_millis(25);
+
+/// After a step that could not finish (followers not caught up, a snapshot
+/// still building, a proposal that failed), the partition is looked at
+/// again this much later, writes or not.
+const RETRY: Duration = Duration::from_secs(1);
 
 /// Runs retention on this broker until the task is dropped: every
 /// `interval` for every hosted partition, and within [`EVENT_POLL`] for one
-/// whose log rolled a segment or moved its log start. For each, decides if
-/// it leads the partition (while every live broker speaks
-/// [`CONTROL_ENTRIES_MINOR`] or later), then lets Raft purge any retired
-/// segments ([`purge_retired`]).
+/// whose log rolled a segment or moved its log start (or whose last step
+/// asked to be retried). For each, decides if it leads the partition (while
+/// every live broker speaks [`CONTROL_ENTRIES_MINOR`] or later), then lets
+/// Raft purge any retired segments ([`purge_retired`]).
 pub async fn run(
     groups: GroupRegistry,
     image: watch::Receiver<Arc<MetadataImage>>,
@@ -133,36 +140,63 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut poll = tokio::time::interval(EVENT_POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Per Raft group: the segment event count last seen, the purge last asked for.
+    // Per Raft group: the segment event count last seen, the purge asked
+    // for and not seen done, and when to retry a step that did not finish.
     let mut seen: HashMap<u64, u64> = HashMap::new();
-    let mut purges: HashMap<u64, u64> = HashMap::new();
+    let mut purges: HashMap<u64, AskedPurge> = HashMap::new();
+    let mut retry: HashMap<u64, Instant> = HashMap::new();
+    let mut total_seen = Replica::segment_events_total();
     loop {
         let every = tokio::select! {
             _ = tick.tick() => true,
             _ = poll.tick() => false,
         };
+        let now = Instant::now();
         let partitions = if every {
             let all = groups.partitions();
             let hosted: std::collections::HashSet<u64> = all.iter().map(|p| p.group).collect();
             seen.retain(|g, _| hosted.contains(g));
-            purges.retain(|g, _| seen.contains_key(g));
+            purges.retain(|g, _| hosted.contains(g));
+            retry.retain(|g, _| hosted.contains(g));
             all
         } else {
-            groups.partitions_matching(|p| seen.get(&p.group) != Some(&p.replica.segment_events()))
+            let total = Replica::segment_events_total();
+            if total == total_seen && !retry.values().any(|t| *t <= now) {
+                continue;
+            }
+            total_seen = total;
+            groups.partitions_matching(|p| {
+                seen.get(&p.group) != Some(&p.replica.segment_events())
+                    || retry.get(&p.group).is_some_and(|t| *t <= now)
+            })
         };
         let img = image.borrow().clone();
         let old = liveness.older_than(CONTROL_ENTRIES_MINOR);
         for p in partitions {
             let first_sight = seen.insert(p.group, p.replica.segment_events()).is_none();
             if !every && first_sight {
-                continue; // a replica just opened: its first check comes with the others'
+                continue; // a replica just opened: its first check comes with the next interval's
             }
-            if old.is_empty() && p.raft.is_leader() {
-                decide(&p, &img, &defaults).await;
+            let decided = !(old.is_empty() && p.raft.is_leader()) || decide(&p, &img, &defaults).await;
+            // A periodic pass over every partition does not wait for
+            // snapshots; a partition that needs one comes back by `retry`.
+            let done = purge_retired(&p, &mut purges, !every).await;
+            if decided && done {
+                retry.remove(&p.group);
+            } else {
+                retry.insert(p.group, Instant::now() + RETRY);
             }
-            purge_retired(&p, &mut purges).await;
         }
     }
+}
+
+/// A purge asked of Raft and not seen done yet.
+#[derive(Clone, Copy, Debug)]
+struct AskedPurge {
+    /// Through this log index.
+    index: u64,
+    /// When.
+    at: Instant,
 }
 
 /// A follower silent this long does not hold a leader's retention purge back.
@@ -171,19 +205,26 @@ const SILENT_FOLLOWER: Duration = Duration::from_secs(10);
 /// How long [`purge_retired`] waits for the snapshot it started.
 const SNAPSHOT_WAIT: Duration = Duration::from_secs(2);
 
+/// How long a purge Raft has not done yet holds this replica's retention
+/// back; then it is forgotten (openraft may have dropped it: a leader that
+/// deferred it for a lagging follower and lost leadership, a Raft instance
+/// restarted after dormancy).
+const ASKED_PURGE_MAX: Duration = Duration::from_secs(10);
+
 /// Lets Raft purge the entries of segments retention retired, so they are
-/// deleted:
+/// deleted; returns whether nothing is left to do (else the caller retries
+/// after [`RETRY`]):
 ///
 /// - Retired segments whose entries no snapshot covers yet, or a snapshot
 ///   older than the log start (it hard-links segments retired since, and
 ///   would keep their disk space after the purge): a new snapshot (it
-///   leaves them out, and replaces the old one), waited for up to
-///   [`SNAPSHOT_WAIT`].
-/// - Retired segments whose entries a snapshot covers and Raft has applied:
-///   purge through them (never past applied entries: openraft issue #2116's
-///   race needs a purge past what the core applied). A leader purges only
-///   once every follower that answers has matched them: openraft holds a
-///   purge back while it sends those entries.
+///   leaves them out, and replaces the old one); with `wait`, waited for
+///   (a snapshot newer than the one before, up to [`SNAPSHOT_WAIT`]).
+/// - Retired segments whose entries the current snapshot covers and Raft
+///   has applied: purge through them (never past applied entries: openraft
+///   issue #2116's race needs a purge past what the core applied). A
+///   leader purges only once every follower that answers has matched them:
+///   openraft holds a purge back while it sends those entries.
 /// - None left, but the current snapshot is older than the log start: a
 ///   snapshot, so retired files it hard-linked are let go.
 ///
@@ -193,12 +234,19 @@ const SNAPSHOT_WAIT: Duration = Duration::from_secs(2);
 /// while writing.
 ///
 /// While a purge asked for earlier (in `purges`, per Raft group) has not
-/// happened, nothing is started: a snapshot's own purge would go below the
-/// pending one, which openraft's debug assertions refuse.
-async fn purge_retired(p: &Partition, purges: &mut HashMap<u64, u64>) {
+/// happened, for up to [`ASKED_PURGE_MAX`], retention starts nothing here:
+/// a snapshot's own purge would go below the pending one, which openraft's
+/// debug assertions refuse. (Compaction's snapshots and openraft's own,
+/// every `snapshot_after_entries`, do not look at it.)
+async fn purge_retired(p: &Partition, purges: &mut HashMap<u64, AskedPurge>, wait: bool) -> bool {
     if let Some(asked) = purges.get(&p.group).copied() {
-        if p.raft.state(|s| s.purged().is_none_or(|l| l.index < asked)) {
-            return;
+        let done = p.raft.state(|s| s.purged().is_some_and(|l| l.index >= asked.index));
+        if !done && asked.at.elapsed() < ASKED_PURGE_MAX {
+            return false;
+        }
+        if !done {
+            tracing::debug!(topic = %p.topic, partition = p.partition, index = asked.index,
+                "retention: a purge asked {:?} ago has not happened; going on", asked.at.elapsed());
         }
         purges.remove(&p.group);
     }
@@ -210,34 +258,40 @@ async fn purge_retired(p: &Partition, purges: &mut HashMap<u64, u64>) {
     })
     .await
     else {
-        return;
+        return false;
     };
     let fail = |what: &str, e: &dyn std::fmt::Display| {
         tracing::debug!(topic = %p.topic, partition = p.partition, "retention {what}: {e}");
     };
+    let snapshot_index = || p.raft.state(|s| s.snapshot().map(|l| l.index));
     let Some(upto) = retired else {
         if stale_snapshot && let Err(e) = p.raft.build_snapshot().await {
             fail("snapshot", &e);
+            return false;
         }
-        return;
+        return true;
     };
+    if p.raft.state(|s| s.purged().is_some_and(|l| l.index >= upto)) {
+        return true; // purged already; the files go with the next deletion pass
+    }
     let covered = || {
         p.raft.state(|s| {
             s.snapshot().is_some_and(|l| l.index >= upto) && s.last_applied().is_some_and(|l| l.index >= upto)
         })
     };
-    if p.raft.state(|s| s.purged().is_some_and(|l| l.index >= upto)) {
-        return; // purged already; the files go with the next deletion pass
-    }
     if !covered() || stale_snapshot {
+        let before = snapshot_index();
         if let Err(e) = p.raft.build_snapshot().await {
             fail("snapshot", &e);
-            return;
+            return false;
+        }
+        if !wait {
+            return false;
         }
         let deadline = Instant::now() + SNAPSHOT_WAIT;
-        while !covered() {
+        while snapshot_index() <= before || !covered() {
             if Instant::now() >= deadline {
-                return; // a later check or event purges
+                return false;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -253,23 +307,28 @@ async fn purge_retired(p: &Partition, purges: &mut HashMap<u64, u64>) {
         })
     });
     if !followers_ok {
-        return;
+        return false;
     }
     match p.raft.purge_log(upto).await {
         Ok(()) => {
-            purges.insert(p.group, upto);
+            purges.insert(p.group, AskedPurge { index: upto, at: Instant::now() });
+            true
         }
-        Err(e) => fail("purge", &e),
+        Err(e) => {
+            fail("purge", &e);
+            false
+        }
     }
 }
 
-/// One partition's decision, proposed if it moves the log start.
-async fn decide(p: &Partition, image: &MetadataImage, defaults: &TopicDefaults) {
+/// One partition's decision, proposed if it moves the log start; returns
+/// false when it could not be made or written (the caller retries).
+async fn decide(p: &Partition, image: &MetadataImage, defaults: &TopicDefaults) -> bool {
     let Some(limits) = image.topics.get(&p.topic).and_then(|t| Limits::of(defaults, &t.config)) else {
-        return;
+        return true;
     };
     if p.lost_quorum() {
-        return;
+        return false;
     }
     let replica = p.replica.clone();
     let summaries = match tokio::task::spawn_blocking(move || {
@@ -280,22 +339,24 @@ async fn decide(p: &Partition, image: &MetadataImage, defaults: &TopicDefaults) 
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             tracing::warn!(topic = %p.topic, partition = p.partition, "retention: cannot list segments: {e}");
-            return;
+            return false;
         }
-        Err(_) => return,
+        Err(_) => return false,
     };
     let (segments, current) = summaries;
     let Some(start) = new_log_start(&segments, crate::metadata::controller::now_ms(), limits, current) else {
-        return;
+        return true;
     };
     // Sealed segments may hold entries not committed yet: only committed
     // records are retired (a replica ignores a log start past what it applied).
     if start > p.replica.high_watermark() {
-        return;
+        return false;
     }
-    if crate::control::propose_control(p, Control::LogStart(start), "retention").await {
+    let written = crate::control::propose_control(p, Control::LogStart(start), "retention").await;
+    if written {
         tracing::info!(topic = %p.topic, partition = p.partition, from = current, to = start, "retention moved the log start offset");
     }
+    written
 }
 
 #[cfg(test)]
