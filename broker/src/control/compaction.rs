@@ -4,8 +4,9 @@
 //! replicates it through the partition's Raft log as a control entry
 //! ([`Control::Compact`]); then every replica, leader and followers alike,
 //! compacts its own sealed segments to the target by one deterministic
-//! rule (`ferrolog_raft_store::compaction`), one partition at a time
-//! (Kafka's one cleaner thread), throttled to
+//! rule (`ferrolog_raft_store::compaction`), one partition at a time on
+//! the broker's cleaner thread (Kafka's one cleaner thread; at nice 19, see
+//! [`crate::control::cleaner`]), throttled to
 //! `compaction.io_max_bytes_per_second`.
 //!
 //! ```text
@@ -41,6 +42,7 @@ use std::time::{Duration, Instant};
 use ferrolog_raft_store::{CompactionTarget, Control, SegmentSummary};
 use tokio::sync::watch;
 
+use crate::control::cleaner::Cleaner;
 use crate::control::liveness::Liveness;
 use crate::groups::GroupRegistry;
 use crate::metadata::image::MetadataImage;
@@ -203,12 +205,20 @@ pub async fn run(
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reached: std::collections::HashMap<u64, Reached> = std::collections::HashMap::new();
+    let cleaner = match Cleaner::spawn() {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!("no log cleaner thread ({e}): compaction passes run on the blocking pool");
+            None
+        }
+    };
     loop {
         tick.tick().await;
         let img = image.borrow().clone();
         let old = liveness.older_than(COMPACTION_MINOR);
         let partitions = groups.partitions();
-        reached.retain(|group, _| partitions.iter().any(|p| p.group == *group));
+        let hosted: std::collections::HashSet<u64> = partitions.iter().map(|p| p.group).collect();
+        reached.retain(|group, _| hosted.contains(group));
         for p in partitions {
             let policy = img.topics.get(&p.topic).and_then(|t| Policy::of(&defaults, &t.config));
             if let Some(policy) = policy {
@@ -225,7 +235,7 @@ pub async fn run(
                     decide(&p, policy, seen).await;
                 }
             }
-            compact(&p, io_max_bytes_per_second, dedupe_buffer_bytes).await;
+            compact(&p, io_max_bytes_per_second, dedupe_buffer_bytes, cleaner.as_ref()).await;
         }
     }
 }
@@ -256,20 +266,24 @@ async fn decide(p: &Partition, policy: Policy, reached: &Reached) {
     }
 }
 
-/// Compacts one replica to its target if it has not reached it; after a
-/// pass that rewrote segments, starts a snapshot so the files the last one
-/// hard-linked (the uncompacted originals) are let go.
-async fn compact(p: &Partition, rate: u64, map_bytes_max: usize) {
+/// Compacts one replica to its target if it has not reached it, on the
+/// `cleaner` thread (else the blocking pool); after a pass that rewrote
+/// segments, starts a snapshot so the files the last one hard-linked (the
+/// uncompacted originals) are let go.
+async fn compact(p: &Partition, rate: u64, map_bytes_max: usize, cleaner: Option<&Cleaner>) {
     if !p.replica.compaction_pending() {
         return;
     }
     let replica = p.replica.clone();
     let started = Instant::now();
-    let result = tokio::task::spawn_blocking(move || {
+    let pass = move || {
         let mut throttle = Throttle::new(rate);
         replica.compact(&Codec, map_bytes_max, &mut |bytes| throttle.read(bytes))
-    })
-    .await;
+    };
+    let result = match cleaner {
+        Some(c) => c.run(pass).await.ok_or("the log cleaner thread is gone"),
+        None => tokio::task::spawn_blocking(pass).await.map_err(|_| "the compaction task panicked"),
+    };
     let elapsed_ms = started.elapsed().as_millis() as u64;
     match result {
         Ok(Ok(Some(s))) => {

@@ -25,12 +25,14 @@
 //! - [`retention`]: partition leaders move the log start offset by
 //!   `retention.ms` / `retention.bytes` through Raft; old segments go.
 //! - [`compaction`]: partition leaders decide a compaction target through
-//!   Raft; every replica compacts its sealed segments to it.
+//!   Raft; every replica compacts its sealed segments to it, on the
+//!   [`cleaner`] thread (lowest CPU priority).
 //! - [`producer_expiry`]: partition leaders expire idle producer ids through
 //!   Raft (`producer.id.expiration.ms`).
 
 pub mod balance;
 pub mod checkquorum;
+pub mod cleaner;
 pub mod compaction;
 pub mod dormant;
 pub mod files;

@@ -1,0 +1,83 @@
+//! The log cleaner thread: compaction passes run on one thread of their
+//! own (Kafka's `log.cleaner.threads`, default 1), at the lowest CPU
+//! priority the system gives an unprivileged thread (nice 19), so a pass
+//! that reads and rewrites hundreds of MB a second yields the cores to
+//! produce, fetch and Raft whenever they want them. The pool that
+//! `tokio::task::spawn_blocking` uses is not lowered: its threads serve
+//! other blocking work too, and an unprivileged thread cannot raise its
+//! priority back.
+
+use std::sync::mpsc;
+
+/// A job for the cleaner thread.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The nice value of the cleaner thread (the lowest priority on Linux).
+pub const CLEANER_NICE: i32 = 19;
+
+/// Handle of the cleaner thread; the thread ends when the handle is dropped
+/// (after the job it runs).
+#[derive(Debug)]
+pub struct Cleaner {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl Cleaner {
+    /// Starts the cleaner thread and lowers its priority to
+    /// [`CLEANER_NICE`] (a refusal is logged; passes then run at normal
+    /// priority).
+    ///
+    /// # Errors
+    /// The thread cannot be created.
+    pub fn spawn() -> std::io::Result<Self> {
+        let (jobs, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new().name("ferrolog-cleaner".into()).spawn(move || {
+            // On Linux a nice value is per thread: PRIO_PROCESS with a thread id.
+            let tid = rustix::thread::gettid();
+            if let Err(e) = rustix::process::setpriority_process(Some(tid), CLEANER_NICE) {
+                tracing::warn!("log cleaner thread: cannot lower its priority to nice {CLEANER_NICE}: {e}");
+            }
+            while let Ok(job) = rx.recv() {
+                // A job that panics loses its answer (its caller sees
+                // `None`), not the thread.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
+                    tracing::error!("log cleaner thread: a compaction pass panicked");
+                }
+            }
+        })?;
+        Ok(Cleaner { jobs })
+    }
+
+    /// Runs `f` on the cleaner thread, after any job before it, and returns
+    /// its result; `None` if `f` panicked or the thread is gone.
+    pub async fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.jobs
+            .send(Box::new(move || {
+                let _ = tx.send(f());
+            }))
+            .ok()?;
+        rx.await.ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn jobs_run_in_order_on_one_low_priority_thread() {
+        let cleaner = Cleaner::spawn().expect("thread");
+        let thread = cleaner.run(|| std::thread::current().id()).await.expect("ran");
+        let again = cleaner.run(|| std::thread::current().id()).await;
+        assert_eq!(Some(thread), again, "one thread");
+        assert_ne!(thread, std::thread::current().id());
+        // The thread's own nice value, read on it.
+        let nice = cleaner
+            .run(|| rustix::process::getpriority_process(Some(rustix::thread::gettid())))
+            .await
+            .expect("ran")
+            .expect("getpriority");
+        assert_eq!(nice, CLEANER_NICE);
+    }
+}
