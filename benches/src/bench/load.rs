@@ -37,13 +37,29 @@ pub struct ProduceArgs {
     /// Producer batch size, bytes.
     #[arg(long, default_value_t = 256 * 1024)]
     batch_bytes: usize,
+    /// Most records sent per second (paced evenly); unlimited when absent.
+    #[arg(long)]
+    rate: Option<f64>,
 }
 
 impl ProduceArgs {
     /// Pipelined produce of `record_bytes` records for `seconds` to a topic
     /// of `partitions` (20,000 in flight, 2 ms linger, 256 KiB batches).
     pub fn pipelined(record_bytes: usize, seconds: u64, partitions: u32) -> Self {
-        Self { record_bytes, seconds, partitions, in_flight: 20_000, linger_ms: 2, batch_bytes: 256 * 1024 }
+        Self {
+            record_bytes,
+            seconds,
+            partitions,
+            in_flight: 20_000,
+            linger_ms: 2,
+            batch_bytes: 256 * 1024,
+            rate: None,
+        }
+    }
+
+    /// The same, sending at most `rate` records a second (`None`: no limit).
+    pub fn at_rate(self, rate: Option<f64>) -> Self {
+        Self { rate, ..self }
     }
 
     /// One record awaiting its acknowledgement at a time (no linger).
@@ -123,6 +139,26 @@ pub async fn produce(
     let mut first_error = None;
     loop {
         let sending = Instant::now() < end;
+        // Paced: the next record is due at sent / rate seconds.
+        if sending && let Some(rate) = a.rate.filter(|r| *r > 0.0) {
+            let due = start + Duration::from_secs_f64(sent as f64 / rate);
+            if due > Instant::now() && pending.len() < a.in_flight {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(due.into()) => {}
+                    Some((done, t)) = pending.next() => {
+                        let done: Result<_, ferrolog_client::Error> = done;
+                        match done {
+                            Ok(_) => latency_us.record((Instant::elapsed(&t).as_micros() as u64).max(1))?,
+                            Err(e) => {
+                                failed += 1;
+                                first_error.get_or_insert_with(|| e.to_string());
+                            }
+                        }
+                    }
+                }
+                continue;
+            }
+        }
         if sending && pending.len() < a.in_flight {
             let record = Record::new(value.clone()).with_key(keys[(sent % 1024) as usize].clone());
             let delivery = producer.send(name, record);
@@ -229,6 +265,7 @@ pub async fn e2e(a: E2eArgs) -> anyhow::Result<()> {
             in_flight,
             linger_ms: 2,
             batch_bytes: 256 * 1024,
+            rate: None,
         };
         let p = produce(&meta, &name, &args).await?;
         let (rps, mbps) = consume(&meta, &name, p.records, bytes).await?;

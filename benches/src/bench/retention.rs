@@ -2,7 +2,8 @@
 //! partition (replication factor 3) on the same cluster, `kept` without
 //! retention and `retained` with `retention.bytes` (`--retention-mib`) and
 //! `segment.bytes` (`--segment-mib`); pipelined 1 KiB records go to each
-//! for `--seconds`, one after the other. While `retained` takes writes,
+//! for `--seconds`, one after the other, as fast as the cluster takes them
+//! or paced at `--rate-mib-per-second`. While `retained` takes writes,
 //! the disk its replica uses on each broker (segment files and snapshot
 //! files, each file once however many hard links it has) is sampled every
 //! 100 ms. Prints the throughput of both runs, how many times the limit was
@@ -37,6 +38,10 @@ pub struct RetentionArgs {
     /// The brokers' `retention.check_interval_ms`.
     #[arg(long, default_value_t = 1000)]
     check_interval_ms: u64,
+    /// Most MiB of record values per second to each topic (paced); as
+    /// fast as the cluster takes them when absent.
+    #[arg(long)]
+    rate_mib_per_second: Option<f64>,
 }
 
 /// Bytes of the files under `dir` (recursively), each inode once.
@@ -85,7 +90,9 @@ pub async fn run(a: RetentionArgs) -> anyhow::Result<()> {
         admin.wait_for_leaders(topic, Duration::from_secs(60)).await?;
     }
 
-    let kept = load::produce(&meta, "kept", &ProduceArgs::pipelined(1024, a.seconds, 1)).await?;
+    // 1 KiB records: MiB/s × 1,024 records a second.
+    let load = ProduceArgs::pipelined(1024, a.seconds, 1).at_rate(a.rate_mib_per_second.map(|r| r * 1024.0));
+    let kept = load::produce(&meta, "kept", &load).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {
         let (c, stop) = (c.clone(), stop.clone());
@@ -105,7 +112,7 @@ pub async fn run(a: RetentionArgs) -> anyhow::Result<()> {
             max
         })
     };
-    let retained = load::produce(&meta, "retained", &ProduceArgs::pipelined(1024, a.seconds, 1)).await?;
+    let retained = load::produce(&meta, "retained", &load).await?;
     // Five more checks after the last write.
     tokio::time::sleep(Duration::from_millis(5 * a.check_interval_ms + 500)).await;
     stop.store(true, Ordering::Relaxed);
@@ -118,8 +125,11 @@ pub async fn run(a: RetentionArgs) -> anyhow::Result<()> {
     let written = retained.records * 1024;
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     println!(
-        "retention.bytes {} MiB, segment.bytes {} MiB, check every {} ms",
-        a.retention_mib, a.segment_mib, a.check_interval_ms
+        "retention.bytes {} MiB, segment.bytes {} MiB, check every {} ms, {}",
+        a.retention_mib,
+        a.segment_mib,
+        a.check_interval_ms,
+        a.rate_mib_per_second.map_or("unpaced".to_owned(), |r| format!("paced at {r} MiB/s"))
     );
     println!("| topic | MB/s | written | largest replica on disk (brokers 1, 2, 3) | at the end |");
     println!("|---|---|---|---|---|");
