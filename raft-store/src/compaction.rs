@@ -59,6 +59,12 @@ pub struct CompactionTarget {
 }
 
 impl CompactionTarget {
+    /// The same target removing tombstones only below `tombstones_below_max`
+    /// too (a replica's own horizon; see [`Replica::compact`]).
+    pub fn capped(self, tombstones_below_max: u64) -> Self {
+        CompactionTarget { tombstones_below: self.tombstones_below.min(tombstones_below_max), ..self }
+    }
+
     /// The target that compacts at least as much as both.
     pub fn max(self, other: Self) -> Self {
         CompactionTarget {
@@ -148,6 +154,15 @@ impl Replica {
     /// holds at most about `map_bytes_max` bytes (Kafka's
     /// `log.cleaner.dedupe.buffer.size`); more keys are compacted in chunks.
     ///
+    /// Tombstones go only below `tombstones_below_max` as well as below the
+    /// target's `tombstones_below`: the caller's own horizon (where this
+    /// replica's passes finished at least `delete.retention.ms` ago, KIP-534),
+    /// so a replica that lagged never drops a value and the tombstone that
+    /// shadows it in one pass, which a reader that read the value before the
+    /// pass would miss. `u64::MAX` takes the target as it is. The pass
+    /// finishes the target so capped ([`Replica::compaction_pending`]);
+    /// once the cap reaches the target, every replica holds the same records.
+    ///
     /// # Errors
     /// [`StoreError::Corruption`] for a frame that does not verify or
     /// records `codec` cannot decode (nothing is rewritten from it);
@@ -156,6 +171,7 @@ impl Replica {
         &self,
         codec: &dyn RecordCodec,
         map_bytes_max: usize,
+        tombstones_below_max: u64,
         throttle: &mut dyn FnMut(u64),
     ) -> Result<Option<CompactionStats>> {
         // One pass at a time (they would write the same temporary files).
@@ -166,16 +182,17 @@ impl Replica {
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Ok(None),
         };
-        let (target, start, generation) = {
+        let (applied, target, start, generation) = {
             let mut log = self.log();
-            let target = log.compaction_target();
+            let applied = log.compaction_target();
+            let target = applied.capped(tombstones_below_max);
             if target.through == 0 || log.compacted_to() == Some(target) {
                 return Ok(None);
             }
             // Records below the target may sit in the active segment again
             // (a truncation reopened a sealed one; a crash before the roll).
             log.roll_below_compaction_target()?;
-            (target, log.log_start_offset(), log.generation())
+            (applied, target, log.log_start_offset(), log.generation())
         };
         let mut stats = CompactionStats { target, ..CompactionStats::default() };
         let mut all_done = true;
@@ -218,7 +235,7 @@ impl Replica {
             from = end;
         }
         let mut log = self.log();
-        if all_done && log.compaction_target() == target && log.generation() == generation {
+        if all_done && log.compaction_target() == applied && log.generation() == generation {
             log.set_compacted_to(target);
             stats.complete = true;
         }

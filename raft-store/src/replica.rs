@@ -595,11 +595,12 @@ impl Replica {
         self.log().compaction_target()
     }
 
-    /// Whether a compaction pass has work: a target it has not finished
-    /// since the replica opened.
-    pub fn compaction_pending(&self) -> bool {
+    /// Whether a compaction pass has work: a target, with tombstones capped
+    /// at `tombstones_below_max` (see [`Replica::compact`]), it has not
+    /// finished since the replica opened.
+    pub fn compaction_pending(&self, tombstones_below_max: u64) -> bool {
         let log = self.log();
-        let t = log.compaction_target();
+        let t = log.compaction_target().capped(tombstones_below_max);
         t.through > 0 && log.compacted_to() != Some(t)
     }
 

@@ -113,8 +113,12 @@ fn workload() -> Vec<Vec<Rec>> {
         x ^= x << 17;
         x % n
     };
-    (0..400)
-        .map(|_| {
+    // First, keys deleted once and never written again: their tombstones
+    // are their latest records, removed only below `tombstones_below`.
+    let deleted =
+        (0..3).map(|i| Rec { key: Some(format!("deleted-{i}").into_bytes()), value: None }).collect();
+    std::iter::once(deleted)
+        .chain((0..400).map(|_| {
             (0..1 + rnd(12))
                 .map(|_| {
                     let k = rnd(40);
@@ -131,7 +135,7 @@ fn workload() -> Vec<Vec<Rec>> {
                     Rec { key, value }
                 })
                 .collect()
-        })
+        }))
         .collect()
 }
 
@@ -179,7 +183,16 @@ impl Node {
     }
 
     fn compact(&self, map_bytes_max: usize) -> Option<ferrolog_raft_store::CompactionStats> {
-        self.replica.compact(&TestCodec, map_bytes_max, &mut |_| {}).expect("compact")
+        self.compact_capped(map_bytes_max, u64::MAX)
+    }
+
+    /// A pass removing tombstones only below `tombstones_below_max` too.
+    fn compact_capped(
+        &self,
+        map_bytes_max: usize,
+        tombstones_below_max: u64,
+    ) -> Option<ferrolog_raft_store::CompactionStats> {
+        self.replica.compact(&TestCodec, map_bytes_max, tombstones_below_max, &mut |_| {}).expect("compact")
     }
 
     /// Every record served, by offset.
@@ -265,8 +278,18 @@ fn replicas_with_different_segments_compact_to_the_same_records_by_the_rule() {
         }
         nodes[0].compact(usize::MAX).expect("a pass");
         nodes[1].compact(1).expect("a pass");
+        // C never compacted: its own tombstone horizon is 0 (KIP-534), so
+        // its first pass keeps every tombstone, and a later one, once its
+        // horizon reaches the target's, removes them like the others.
+        let capped = model(&log, second.capped(0));
+        nodes[2].compact_capped(usize::MAX, 0).expect("a capped pass");
+        assert_eq!(nodes[2].records(), capped);
+        assert!(nodes[2].compact_capped(usize::MAX, 0).is_none(), "the capped target is done");
+        assert!(!nodes[2].replica.compaction_pending(0));
+        assert!(nodes[2].replica.compaction_pending(u64::MAX), "the full target is not");
         nodes[2].compact(usize::MAX).expect("a pass");
         let want = model(&log, second);
+        assert!(capped.len() > want.len(), "the capped pass kept tombstones the target removes");
         for (i, n) in nodes.iter().enumerate() {
             assert_eq!(n.records(), want, "node {i}");
         }

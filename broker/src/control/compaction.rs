@@ -31,6 +31,13 @@
 //!   to read the deletion (KIP-534). Each broker notes when it sees each
 //!   target applied, as leader or follower; a broker that restarted counts
 //!   from its restart (later, never earlier).
+//! - Every replica also caps the tombstones it removes at its own horizon
+//!   (the same rule, from its own finished passes): a replica that lagged,
+//!   or became leader after a restart, never removes a value and the
+//!   tombstone that shadows it in one pass, which a reader that read the
+//!   value before that pass would miss. Replicas may then differ in which
+//!   tombstones they still hold, for up to `delete.retention.ms`; once
+//!   their horizons pass the target's they hold the same records.
 //!
 //! `max.compaction.lag.ms` is judged by a segment's newest record, and the
 //! active segment is not rolled for it (Kafka rolls it): a record waits at
@@ -221,21 +228,25 @@ pub async fn run(
         reached.retain(|group, _| hosted.contains(group));
         for p in partitions {
             let policy = img.topics.get(&p.topic).and_then(|t| Policy::of(&defaults, &t.config));
+            // Tombstones this replica may remove: below where its own passes
+            // finished delete.retention.ms ago (KIP-534), whatever the
+            // leader's target says; a topic no longer compacted keeps
+            // applying its last target as it is.
+            let mut tombstones_below_max = u64::MAX;
             if let Some(policy) = policy {
                 // Noted once a pass finished it here: compaction reached it.
+                let now = crate::metadata::controller::now_ms();
                 let seen = reached.entry(p.group).or_default();
                 if let Some(done) = p.replica.compacted_to() {
-                    seen.note(
-                        done.through,
-                        crate::metadata::controller::now_ms(),
-                        policy.delete_retention_ms,
-                    );
+                    seen.note(done.through, now, policy.delete_retention_ms);
                 }
+                tombstones_below_max = seen.horizon(now, policy.delete_retention_ms);
                 if old.is_empty() && p.raft.is_leader() {
                     decide(&p, policy, seen).await;
                 }
             }
-            compact(&p, io_max_bytes_per_second, dedupe_buffer_bytes, cleaner.as_ref()).await;
+            compact(&p, io_max_bytes_per_second, dedupe_buffer_bytes, tombstones_below_max, cleaner.as_ref())
+                .await;
         }
     }
 }
@@ -266,19 +277,26 @@ async fn decide(p: &Partition, policy: Policy, reached: &Reached) {
     }
 }
 
-/// Compacts one replica to its target if it has not reached it, on the
-/// `cleaner` thread (else the blocking pool); after a pass that rewrote
-/// segments, starts a snapshot so the files the last one hard-linked (the
-/// uncompacted originals) are let go.
-async fn compact(p: &Partition, rate: u64, map_bytes_max: usize, cleaner: Option<&Cleaner>) {
-    if !p.replica.compaction_pending() {
+/// Compacts one replica to its target if it has not reached it, removing
+/// tombstones only below `tombstones_below_max` as well (this replica's own
+/// horizon, KIP-534), on the `cleaner` thread (else the blocking pool);
+/// after a pass that rewrote segments, starts a snapshot so the files the
+/// last one hard-linked (the uncompacted originals) are let go.
+async fn compact(
+    p: &Partition,
+    rate: u64,
+    map_bytes_max: usize,
+    tombstones_below_max: u64,
+    cleaner: Option<&Cleaner>,
+) {
+    if !p.replica.compaction_pending(tombstones_below_max) {
         return;
     }
     let replica = p.replica.clone();
     let started = Instant::now();
     let pass = move || {
         let mut throttle = Throttle::new(rate);
-        replica.compact(&Codec, map_bytes_max, &mut |bytes| throttle.read(bytes))
+        replica.compact(&Codec, map_bytes_max, tombstones_below_max, &mut |bytes| throttle.read(bytes))
     };
     let result = match cleaner {
         Some(c) => c.run(pass).await.ok_or("the log cleaner thread is gone"),
