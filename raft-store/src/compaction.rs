@@ -16,6 +16,10 @@
 //! same prefix, whatever its segment boundaries or how often it compacted:
 //! the rule is idempotent and a later target only removes more (a record
 //! superseded below one `through` is superseded below every later one).
+//! One exception, by design: a replica may cap `tombstones_below` at its
+//! own horizon ([`Replica::compact`]), so for a while replicas may differ
+//! in which tombstones they still hold; once every cap passes the target's
+//! they hold the same records.
 //! Shipping compacted segments instead would send every byte a second time
 //! over the network; deriving them costs each replica one read of the
 //! region it compacts.
@@ -25,7 +29,8 @@
 //! its payload, each survivor carrying its offset delta. So Raft indices,
 //! the offset index and every reader's arithmetic stay as they were, and
 //! an entry a leader sends from a compacted segment is the same entry with
-//! fewer records, which the follower's own compaction would have produced.
+//! fewer records: what the follower's own compaction produces for the same
+//! target (tombstones aside, under a cap).
 //!
 //! The store does not know how records are encoded: the broker hands it a
 //! [`RecordCodec`].
@@ -53,8 +58,8 @@ pub struct CompactionTarget {
     /// watermark when the leader decided it).
     pub through: u64,
     /// Tombstones below this offset are removed (≤ `through`): the leader
-    /// sets it where every tombstone below was written at least
-    /// `delete.retention.ms` ago.
+    /// sets it to an earlier `through` its own passes finished at least
+    /// `delete.retention.ms` ago (KIP-534).
     pub tombstones_below: u64,
 }
 
@@ -182,17 +187,16 @@ impl Replica {
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Ok(None),
         };
-        let (applied, target, start, generation) = {
+        let (target, start, generation) = {
             let mut log = self.log();
-            let applied = log.compaction_target();
-            let target = applied.capped(tombstones_below_max);
+            let target = log.compaction_target().capped(tombstones_below_max);
             if target.through == 0 || log.compacted_to() == Some(target) {
                 return Ok(None);
             }
             // Records below the target may sit in the active segment again
             // (a truncation reopened a sealed one; a crash before the roll).
             log.roll_below_compaction_target()?;
-            (applied, target, log.log_start_offset(), log.generation())
+            (target, log.log_start_offset(), log.generation())
         };
         let mut stats = CompactionStats { target, ..CompactionStats::default() };
         let mut all_done = true;
@@ -235,7 +239,10 @@ impl Replica {
             from = end;
         }
         let mut log = self.log();
-        if all_done && log.compaction_target() == applied && log.generation() == generation {
+        // Finished `target` even if a newer one was applied meanwhile
+        // (targets only grow; the next pass takes the newer one), unless
+        // segments were replaced or cut under it.
+        if all_done && log.generation() == generation {
             log.set_compacted_to(target);
             stats.complete = true;
         }

@@ -595,6 +595,14 @@ impl Replica {
         self.log().compaction_target()
     }
 
+    /// Counts replacements and cuts of this replica's segments since it
+    /// opened (a snapshot installed, a truncation; not appends, rolls,
+    /// retention's deletions or compaction's rewrites): where it moves,
+    /// what this replica's compaction passes reached may be gone.
+    pub fn segments_generation(&self) -> u64 {
+        self.log().generation()
+    }
+
     /// Whether a compaction pass has work: a target, with tombstones capped
     /// at `tombstones_below_max` (see [`Replica::compact`]), it has not
     /// finished since the replica opened.

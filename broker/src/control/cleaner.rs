@@ -32,11 +32,7 @@ impl Cleaner {
     pub fn spawn() -> std::io::Result<Self> {
         let (jobs, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new().name("ferrolog-cleaner".into()).spawn(move || {
-            // On Linux a nice value is per thread: PRIO_PROCESS with a thread id.
-            let tid = rustix::thread::gettid();
-            if let Err(e) = rustix::process::setpriority_process(Some(tid), CLEANER_NICE) {
-                tracing::warn!("log cleaner thread: cannot lower its priority to nice {CLEANER_NICE}: {e}");
-            }
+            lower_priority();
             while let Ok(job) = rx.recv() {
                 // A job that panics loses its answer (its caller sees
                 // `None`), not the thread.
@@ -61,10 +57,21 @@ impl Cleaner {
     }
 }
 
+/// Lowers the calling thread to [`CLEANER_NICE`]: on Linux a nice value is
+/// per thread (`setpriority(PRIO_PROCESS, tid)`); elsewhere it would be the
+/// whole process's, so nothing is done.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = rustix::process::setpriority_process(Some(rustix::thread::gettid()), CLEANER_NICE) {
+        tracing::warn!("log cleaner thread: cannot lower its priority to nice {CLEANER_NICE}: {e}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    #[cfg(target_os = "linux")]
     #[tokio::test]
     async fn jobs_run_in_order_on_one_low_priority_thread() {
         let cleaner = Cleaner::spawn().expect("thread");

@@ -28,16 +28,19 @@
 //!   replica finished compacting to at least `delete.retention.ms` ago: a tombstone is removed
 //!   only once it was in the compacted range that long, so a consumer that
 //!   read the key's older value before compaction reached it has that long
-//!   to read the deletion (KIP-534). Each broker notes when it sees each
-//!   target applied, as leader or follower; a broker that restarted counts
-//!   from its restart (later, never earlier).
+//!   to read the deletion (KIP-534). Each broker notes when its replica
+//!   finishes a pass, as leader or follower; a broker that restarted, or
+//!   whose replica's segments were replaced (a snapshot installed) or cut,
+//!   counts from then (later, never earlier).
 //! - Every replica also caps the tombstones it removes at its own horizon
 //!   (the same rule, from its own finished passes): a replica that lagged,
 //!   or became leader after a restart, never removes a value and the
 //!   tombstone that shadows it in one pass, which a reader that read the
 //!   value before that pass would miss. Replicas may then differ in which
-//!   tombstones they still hold, for up to `delete.retention.ms`; once
-//!   their horizons pass the target's they hold the same records.
+//!   tombstones they still hold, for about `delete.retention.ms` and a
+//!   check or two after the target stops moving; once their horizons pass
+//!   the target's they hold the same records. A topic no longer compacted
+//!   is not compacted further (as Kafka's cleaner skips it).
 //!
 //! `max.compaction.lag.ms` is judged by a segment's newest record, and the
 //! active segment is not rolled for it (Kafka rolls it): a record waits at
@@ -133,6 +136,14 @@ pub fn new_target(
     (target != current).then_some(target)
 }
 
+/// One replica's [`Reached`] history, valid while its segments'
+/// generation ([`ferrolog_raft_store::Replica::segments_generation`]) holds.
+#[derive(Clone, Debug, Default)]
+struct Horizon {
+    generation: u64,
+    reached: Reached,
+}
+
 /// When this broker saw each compaction target's `through` applied on one
 /// replica: `(through, ms since the Unix epoch)`, oldest first. Kept short:
 /// a new entry only once the last is `delete.retention.ms / 32` old (a
@@ -211,7 +222,7 @@ pub async fn run(
 ) {
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut reached: std::collections::HashMap<u64, Reached> = std::collections::HashMap::new();
+    let mut reached: std::collections::HashMap<u64, Horizon> = std::collections::HashMap::new();
     let cleaner = match Cleaner::spawn() {
         Ok(c) => Some(c),
         Err(e) => {
@@ -227,23 +238,26 @@ pub async fn run(
         let hosted: std::collections::HashSet<u64> = partitions.iter().map(|p| p.group).collect();
         reached.retain(|group, _| hosted.contains(group));
         for p in partitions {
-            let policy = img.topics.get(&p.topic).and_then(|t| Policy::of(&defaults, &t.config));
+            let Some(policy) = img.topics.get(&p.topic).and_then(|t| Policy::of(&defaults, &t.config)) else {
+                continue; // not (or no longer) compacted
+            };
+            // What this replica's passes reached, and when: counted afresh
+            // when its segments were replaced (a snapshot) or cut.
+            let generation = p.replica.segments_generation();
+            let seen = reached.entry(p.group).or_default();
+            if seen.generation != generation {
+                *seen = Horizon { generation, ..Horizon::default() };
+            }
+            let now = crate::metadata::controller::now_ms();
+            if let Some(done) = p.replica.compacted_to() {
+                seen.reached.note(done.through, now, policy.delete_retention_ms);
+            }
             // Tombstones this replica may remove: below where its own passes
             // finished delete.retention.ms ago (KIP-534), whatever the
-            // leader's target says; a topic no longer compacted keeps
-            // applying its last target as it is.
-            let mut tombstones_below_max = u64::MAX;
-            if let Some(policy) = policy {
-                // Noted once a pass finished it here: compaction reached it.
-                let now = crate::metadata::controller::now_ms();
-                let seen = reached.entry(p.group).or_default();
-                if let Some(done) = p.replica.compacted_to() {
-                    seen.note(done.through, now, policy.delete_retention_ms);
-                }
-                tombstones_below_max = seen.horizon(now, policy.delete_retention_ms);
-                if old.is_empty() && p.raft.is_leader() {
-                    decide(&p, policy, seen).await;
-                }
+            // leader's target says.
+            let tombstones_below_max = seen.reached.horizon(now, policy.delete_retention_ms);
+            if old.is_empty() && p.raft.is_leader() {
+                decide(&p, policy, &seen.reached, now).await;
             }
             compact(&p, io_max_bytes_per_second, dedupe_buffer_bytes, tombstones_below_max, cleaner.as_ref())
                 .await;
@@ -252,7 +266,7 @@ pub async fn run(
 }
 
 /// One partition's decision, proposed if it moves the target.
-async fn decide(p: &Partition, policy: Policy, reached: &Reached) {
+async fn decide(p: &Partition, policy: Policy, reached: &Reached, now: i64) {
     if p.lost_quorum() {
         return;
     }
@@ -269,7 +283,6 @@ async fn decide(p: &Partition, policy: Policy, reached: &Reached) {
         }
         Err(_) => return,
     };
-    let now = crate::metadata::controller::now_ms();
     let Some(target) = new_target(&segments, now, policy, current, hw, reached) else { return };
     if crate::control::propose_control(p, Control::Compact(target), "compaction").await {
         tracing::info!(topic = %p.topic, partition = p.partition, through = target.through,
@@ -299,7 +312,7 @@ async fn compact(
         replica.compact(&Codec, map_bytes_max, tombstones_below_max, &mut |bytes| throttle.read(bytes))
     };
     let result = match cleaner {
-        Some(c) => c.run(pass).await.ok_or("the log cleaner thread is gone"),
+        Some(c) => c.run(pass).await.ok_or("the pass panicked, or the log cleaner thread is gone"),
         None => tokio::task::spawn_blocking(pass).await.map_err(|_| "the compaction task panicked"),
     };
     let elapsed_ms = started.elapsed().as_millis() as u64;

@@ -165,10 +165,14 @@ pub async fn run(
                 continue;
             }
             total_seen = total;
-            groups.partitions_matching(|p| {
+            let found = groups.partitions_matching(|p| {
                 seen.get(&p.group) != Some(&p.replica.segment_events())
                     || retry.get(&p.group).is_some_and(|t| *t <= now)
-            })
+            });
+            // A due retry of a partition no longer hosted would make every
+            // poll scan again: it goes.
+            retry.retain(|g, t| *t > now || found.iter().any(|p| p.group == *g));
+            found
         };
         let img = image.borrow().clone();
         let old = liveness.older_than(CONTROL_ENTRIES_MINOR);
