@@ -18,8 +18,8 @@
 //! | `aborted-read` | a value whose send definitely failed was read |
 //! | `unexpected-value` | a value read that no operation sent (or read under another key) |
 //! | `replica-divergence` | a broker's committed copy disagrees with the history or another broker |
-//! | `stale-final-value` | compacted topic: the final read's latest record of a key is a value older than the key's last acknowledged write |
-//! | `lost-final-value` | compacted topic: the final read holds no value of a key at or after its last acknowledged write, which was a value, and no tombstone can explain it |
+//! | `stale-final-value` | compacted topic: the final read's latest record of a key is a value older than the key's latest known record (acknowledged, read, or in a committed copy) |
+//! | `lost-final-value` | compacted topic: the final read holds no record of a key at or after its latest known record, which was a value, and no unanswered tombstone can explain it |
 //!
 //! **Compacted topics.** A history whose messages carry record keys is of
 //! the `compact` workload; [`compacted`] holds the rules that differ there
