@@ -79,19 +79,26 @@ async fn earliest(c: &Cluster, id: u32) -> anyhow::Result<u64> {
     Ok(r.offset)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn retention_by_size_moves_every_replica_to_the_same_log_start() -> anyhow::Result<()> {
+/// Three brokers with `broker_config` (kept in the returned directory) and
+/// topic `t`: one partition, 3 replicas, 4 KiB segments, `retention.bytes`
+/// [`RETENTION_BYTES`].
+async fn start(name: &str, broker_config: &str) -> anyhow::Result<(tempfile::TempDir, Cluster)> {
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("broker.toml");
-    fs::write(&config, CONFIG)?;
-    let mut c =
-        Cluster::start("retention", BIN, 3, &[("FERROLOG_CONFIG", &config.to_string_lossy())]).await?;
+    fs::write(&config, broker_config)?;
+    let c = Cluster::start(name, BIN, 3, &[("FERROLOG_CONFIG", &config.to_string_lossy())]).await?;
     let configs: BTreeMap<String, String> = [
         ("segment.bytes".to_owned(), SEGMENT_BYTES.to_string()),
         ("retention.bytes".to_owned(), RETENTION_BYTES.to_string()),
     ]
     .into();
     create_topic_with_config(&c, "t", 1, 3, &configs).await?;
+    Ok((dir, c))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retention_by_size_moves_every_replica_to_the_same_log_start() -> anyhow::Result<()> {
+    let (_dir, mut c) = start("retention", CONFIG).await?;
 
     // One record per request: one Raft entry each, many 4 KiB segments.
     let mut written = 0u64;
@@ -226,17 +233,7 @@ const CONFIG_HOURLY: &str =
 /// held while writing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn retention_follows_segment_rolls_without_waiting_for_its_check() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let config = dir.path().join("broker.toml");
-    fs::write(&config, CONFIG_HOURLY)?;
-    let c =
-        Cluster::start("retention-rolls", BIN, 3, &[("FERROLOG_CONFIG", &config.to_string_lossy())]).await?;
-    let configs: BTreeMap<String, String> = [
-        ("segment.bytes".to_owned(), SEGMENT_BYTES.to_string()),
-        ("retention.bytes".to_owned(), RETENTION_BYTES.to_string()),
-    ]
-    .into();
-    create_topic_with_config(&c, "t", 1, 3, &configs).await?;
+    let (_dir, c) = start("retention-rolls", CONFIG_HOURLY).await?;
     let records = 2000;
     let mut most = [0u64; 3];
     let mut written = 0u64;
