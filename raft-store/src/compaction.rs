@@ -45,6 +45,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, StoreError};
 use crate::format::{self, FrameKind, SEGMENT_HEADER_BYTES, SegmentHeader};
+use crate::fsutil;
 use crate::log::{CompactionCandidate, StoredBatch};
 use crate::replica::Replica;
 use crate::segment::Segment;
@@ -225,8 +226,11 @@ impl Replica {
             for c in candidates {
                 match rewrite(&c, codec, &latest, chunk, start, &mut stats, throttle)? {
                     Rewrite::Unchanged => {}
-                    Rewrite::Written { tmp, segment, before, after } => {
-                        if self.log().swap_compacted(&c, &tmp, *segment)? {
+                    Rewrite::Written { tmp, index_tmp, segment, before, after } => {
+                        let swapped = self.log().swap_compacted(&c, &tmp, &index_tmp, *segment)?;
+                        if swapped {
+                            // The renames' durability, outside the log's lock.
+                            fsutil::sync_dir(c.path.parent().unwrap_or(Path::new(".")))?;
                             stats.segments_rewritten += 1;
                             stats.bytes_before += before;
                             stats.bytes_after += after;
@@ -336,7 +340,7 @@ fn corrupt_records(b: &StoredBatch, detail: &str) -> StoreError {
 
 enum Rewrite {
     Unchanged,
-    Written { tmp: PathBuf, segment: Box<Segment>, before: u64, after: u64 },
+    Written { tmp: PathBuf, index_tmp: PathBuf, segment: Box<Segment>, before: u64, after: u64 },
 }
 
 /// Writes the compacted copy of one segment beside it (`*.seg.compact.tmp`,
@@ -413,12 +417,15 @@ fn rewrite(
     stats.records_removed += removed;
     let tmp = c.path.with_extension("seg.compact.tmp");
     write_segment(&tmp, c.header, &out, c.modified)?;
-    let (segment, cut) = Segment::open(&tmp, false, true, c.index_interval_bytes)?;
+    let (mut segment, cut) = Segment::open(&tmp, false, true, c.index_interval_bytes)?;
     if cut.is_some() {
         return Err(StoreError::Invalid(format!("compacted copy {} does not verify", tmp.display())));
     }
+    // Ends in `.tmp` too, so an open after a crash removes it.
+    let index_tmp = c.path.with_extension("idx.compact.tmp");
+    segment.seal_to(&index_tmp)?;
     let after = segment.size_bytes();
-    Ok(Rewrite::Written { tmp, segment: Box::new(segment), before: c.size_bytes, after })
+    Ok(Rewrite::Written { tmp, index_tmp, segment: Box::new(segment), before: c.size_bytes, after })
 }
 
 /// Writes a segment file: header, frames, fsync; its modification time set

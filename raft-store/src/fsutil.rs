@@ -46,6 +46,34 @@ pub fn write_durable(path: &Path, bytes: &[u8]) -> Result<()> {
     sync_dir(path.parent().unwrap_or(Path::new(".")))
 }
 
+/// Cuts the file at `path` to its first `len` bytes, durably, and returns
+/// it opened for reading and writing. A file that other names also link
+/// (a snapshot's hard link to a segment) is not cut in place, which would
+/// cut theirs too: its first `len` bytes are copied to a new file, fsynced
+/// and renamed over `path` (then the directory is fsynced), so the other
+/// names keep what they had.
+///
+/// # Errors
+/// [`StoreError::Io`].
+pub fn cut_file(path: &Path, len: u64) -> Result<File> {
+    use std::os::unix::fs::MetadataExt;
+    let open = |p: &Path| {
+        OpenOptions::new().read(true).write(true).open(p).map_err(|e| StoreError::io("open", p, e))
+    };
+    let links = fs::metadata(path).map_err(|e| StoreError::io("stat", path, e))?.nlink();
+    if links > 1 {
+        let tmp = path.with_extension("cut.tmp");
+        crate::snapshot::copy_prefix(path, &tmp, len)?;
+        fs::rename(&tmp, path).map_err(|e| StoreError::io("rename", path, e))?;
+        sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+        return open(path);
+    }
+    let file = open(path)?;
+    file.set_len(len).map_err(|e| StoreError::io("truncate", path, e))?;
+    file.sync_data().map_err(|e| StoreError::io("fsync", path, e))?;
+    Ok(file)
+}
+
 /// Removes a file if it exists.
 pub fn remove_if_exists(path: &Path) -> Result<()> {
     match fs::remove_file(path) {

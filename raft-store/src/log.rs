@@ -587,11 +587,17 @@ impl PartitionLog {
         (out, complete)
     }
 
-    /// Puts the compacted copy `tmp` (opened as `segment`) in place of the
-    /// candidate it was made from, if that segment is still in the log
-    /// unchanged (same file, same size, sealed); else removes `tmp`.
-    /// Returns whether it swapped. The old index file goes first, so a
-    /// crash at any point leaves either file, which `open` indexes again.
+    /// Puts the compacted copy `tmp` (opened and sealed as `segment`, its
+    /// index at `index_tmp`, both fsynced: [`Segment::seal_to`]) in place
+    /// of the candidate it was made from, if that segment is still in the
+    /// log unchanged (same file, same size, sealed); else removes both.
+    /// Returns whether it swapped. Only renames happen here, under the
+    /// log's lock; the caller fsyncs the directory after releasing it
+    /// (a low-priority cleaner holding the lock through fsyncs would stall
+    /// appends). The old index file goes first, so a crash at any point
+    /// leaves either segment file with either its own index or none; an
+    /// index that does not match its file's size is rebuilt at open (a
+    /// compacted copy is always smaller than its original).
     ///
     /// # Errors
     /// [`StoreError::Io`].
@@ -599,6 +605,7 @@ impl PartitionLog {
         &mut self,
         c: &CompactionCandidate,
         tmp: &Path,
+        index_tmp: &Path,
         mut segment: Segment,
     ) -> Result<bool> {
         let last = self.segments.len().saturating_sub(1);
@@ -609,11 +616,13 @@ impl PartitionLog {
         });
         let Some(i) = same else {
             fsutil::remove_if_exists(tmp)?;
+            fsutil::remove_if_exists(index_tmp)?;
             return Ok(false);
         };
         let old = &self.segments[i];
         if segment.next_index() != old.next_index() || segment.next_offset() != old.next_offset() {
             fsutil::remove_if_exists(tmp)?;
+            fsutil::remove_if_exists(index_tmp)?;
             return Err(StoreError::Invalid(format!(
                 "compacted copy of {} ends at index {} offset {}, the original at {} {}",
                 c.path.display(),
@@ -623,11 +632,11 @@ impl PartitionLog {
                 old.next_offset()
             )));
         }
-        fsutil::remove_if_exists(&c.path.with_extension("idx"))?;
+        let index = c.path.with_extension("idx");
+        fsutil::remove_if_exists(&index)?;
         fs::rename(tmp, &c.path).map_err(|e| StoreError::io("rename", &c.path, e))?;
-        fsutil::sync_dir(&self.dir)?;
+        fs::rename(index_tmp, &index).map_err(|e| StoreError::io("rename", &index, e))?;
         segment.moved_to(c.path.clone());
-        segment.seal()?;
         self.segments[i] = segment;
         Ok(true)
     }
@@ -726,12 +735,12 @@ impl PartitionLog {
             next_offset = h.next_offset();
             headers.push(h);
         }
-        let result = self.active().and_then(|a| a.append(&buf, &headers));
+        let (written, result) = self.append_frames(&buf, &headers);
         self.encode_buf = buf;
-        result?;
-        for e in entries {
+        for e in entries.into_iter().take(written) {
             self.cache.push(e);
         }
+        result?;
         let file = self.active()?.file().clone();
         match self.config.flush {
             FlushPolicy::Always => self.flusher.request(file, Some(done)),
@@ -757,6 +766,47 @@ impl PartitionLog {
     fn note_segment_event(&self) {
         self.segment_events.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         SEGMENT_EVENTS_TOTAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        SEGMENT_EVENT.notify_one();
+    }
+
+    /// Writes encoded frames (`frames`, described by `headers`) to the
+    /// active segment, rolling it before a frame that would take it past
+    /// `segment_bytes` (Kafka's rule: a segment stays within
+    /// `segment.bytes` unless one frame alone is larger), so the sealed
+    /// segments retention counts are never larger than configured.
+    /// Returns how many frames were written, and the error that stopped
+    /// the rest (the frames before it stay: a valid prefix).
+    fn append_frames(&mut self, frames: &[u8], headers: &[format::FrameHeader]) -> (usize, Result<()>) {
+        let bytes_max = self.config.segment_bytes;
+        let (mut from, mut at) = (0, 0usize);
+        while from < headers.len() {
+            let active = match self.active() {
+                Ok(a) => a,
+                Err(e) => return (from, Err(e)),
+            };
+            let room = bytes_max.saturating_sub(active.size_bytes());
+            let (mut to, mut len) = (from, 0u64);
+            while let Some(h) = headers.get(to) {
+                let frame = h.frame_bytes as u64;
+                if len + frame > room && !(to == from && active.is_empty()) {
+                    break;
+                }
+                len += frame;
+                to += 1;
+            }
+            if to == from {
+                if let Err(e) = self.roll() {
+                    return (from, Err(e));
+                }
+                continue;
+            }
+            let end = at + len as usize;
+            if let Err(e) = active.append(&frames[at..end], &headers[from..to]) {
+                return (from, Err(e));
+            }
+            (from, at) = (to, end);
+        }
+        (from, Ok(()))
     }
 
     fn maybe_roll(&mut self) -> Result<()> {
@@ -767,6 +817,12 @@ impl PartitionLog {
         if active.is_empty() || !(full || old) {
             return Ok(());
         }
+        self.roll()
+    }
+
+    /// Seals the active segment and starts a new one after it.
+    fn roll(&mut self) -> Result<()> {
+        let active = self.active()?;
         let (base_index, base_offset) = (active.next_index(), active.next_offset());
         active.seal()?;
         let seg = Segment::create(&self.dir, base_index, base_offset, self.config.index_interval_bytes)?;
@@ -925,9 +981,15 @@ impl PartitionLog {
         fsutil::sync_dir(&self.dir)
     }
 
-    /// Replaces all segments with the verified segment files in `from`
-    /// (moved in by hard link), which must continue each other.
-    pub(crate) fn replace_segments(&mut self, files: &[PathBuf], expect_next: (u64, u64)) -> Result<()> {
+    /// Replaces all segments with the verified segment files `files` (of
+    /// a snapshot: each with the bytes of it that belong to the snapshot,
+    /// `None` for all; see [`crate::snapshot::SnapshotFiles::segments`]),
+    /// which must continue each other.
+    pub(crate) fn replace_segments(
+        &mut self,
+        files: &[(PathBuf, Option<u64>)],
+        expect_next: (u64, u64),
+    ) -> Result<()> {
         self.segments_changed();
         let result = self.import_segments(files, expect_next);
         if self.segments.is_empty() {
@@ -946,10 +1008,12 @@ impl PartitionLog {
     /// name and renamed into place in log order, so a crash leaves a valid
     /// prefix of the new chain, or nothing (then `open` starts from its
     /// `empty_start`). The imported tail is a hard link to the snapshot's
-    /// file and is never appended to.
-    fn import_segments(&mut self, files: &[PathBuf], expect_next: (u64, u64)) -> Result<()> {
+    /// file and is never appended to. A file longer than the part the
+    /// snapshot holds (a prefix-linked segment of this broker's own
+    /// snapshot) has just that part copied.
+    fn import_segments(&mut self, files: &[(PathBuf, Option<u64>)], expect_next: (u64, u64)) -> Result<()> {
         let mut bases = Vec::with_capacity(files.len());
-        for f in files {
+        for (f, _) in files {
             let name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default();
             let base = parse_segment_file_name(name).ok_or_else(|| {
                 StoreError::Invalid(format!("snapshot file {} is not a segment", f.display()))
@@ -961,11 +1025,22 @@ impl PartitionLog {
         let start = expect_next;
         self.meta.put(meta::KEY_EMPTY_START, Some(&start), Sync::Durable)?;
         self.remove_all_segments()?;
-        for (f, base) in files.iter().zip(&bases) {
+        for ((f, prefix), base) in files.iter().zip(&bases) {
             let dst = self.dir.join(crate::segment::segment_file_name(*base));
             let tmp = dst.with_extension("seg.tmp");
             fsutil::remove_if_exists(&tmp)?;
-            if fs::hard_link(f, &tmp).is_err() {
+            let len = fs::metadata(f).map_err(|e| StoreError::io("stat", f, e))?.len();
+            if let Some(want) = *prefix
+                && want != len
+            {
+                if len < want {
+                    return Err(StoreError::Invalid(format!(
+                        "snapshot file {} holds {len} bytes, its manifest {want}",
+                        f.display()
+                    )));
+                }
+                crate::snapshot::copy_prefix(f, &tmp, want)?;
+            } else if fs::hard_link(f, &tmp).is_err() {
                 fs::copy(f, &tmp).map_err(|e| StoreError::io("copy", &tmp, e))?;
                 fs::File::open(&tmp)
                     .and_then(|x| x.sync_all())
@@ -1398,6 +1473,17 @@ pub fn segment_events_total() -> u64 {
     SEGMENT_EVENTS_TOTAL.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Woken on every segment event of any log in this process, so a task can
+/// react at once instead of at its next poll (one stored permit: an event
+/// while nobody waits wakes the next wait).
+static SEGMENT_EVENT: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Completes at the next segment event of any log in this process (or at
+/// once if one happened since the last wait returned).
+pub async fn segment_event() {
+    SEGMENT_EVENT.notified().await;
+}
+
 /// Damage that [`PartitionLog::open`] found in the segment files and set
 /// aside, keeping the valid prefix of the log. Entries after it are fetched
 /// again from the leader; the set-aside bytes are kept for an operator.
@@ -1465,10 +1551,7 @@ fn set_aside(dir: &Path, bases: &mut Vec<u64>, at: usize, error: &StoreError) ->
         let copy = aside.join(name);
         fs::copy(&path, &copy).map_err(|e| StoreError::io("copy aside", &copy, e))?;
         fsutil::remove_if_exists(&path.with_extension("idx"))?;
-        let file =
-            fs::OpenOptions::new().write(true).open(&path).map_err(|e| StoreError::io("open", &path, e))?;
-        file.set_len(position).map_err(|e| StoreError::io("truncate", &path, e))?;
-        file.sync_all().map_err(|e| StoreError::io("fsync", &path, e))?;
+        fsutil::cut_file(&path, position)?;
         bases.truncate(at + 1);
     } else {
         move_aside(bases[at])?;

@@ -567,6 +567,14 @@ impl Replica {
         crate::log::segment_events_total()
     }
 
+    /// Completes at the next segment event of any replica in this process
+    /// (or at once if one happened since the last wait returned): a roll of
+    /// an active segment or a move of a log start. One waiter is meant (the
+    /// broker's retention task).
+    pub async fn segment_event() {
+        crate::log::segment_event().await;
+    }
+
     /// The Raft index of the last entry of the segments retention retired
     /// (wholly below the log start offset, never the active one) that are
     /// still on disk; `None` if there are none. Raft purging through it
@@ -746,7 +754,7 @@ impl Replica {
         {
             tracing::info!(dir = %log.dir().display(), %upto, "purge past the log's end: rebuilding it from the snapshot");
             let files = self.snapshot_files(&r);
-            log.replace_segments(&files.segment_paths()?, (last.index + 1, r.next_offset))?;
+            log.replace_segments(&files.segments()?, (last.index + 1, r.next_offset))?;
         }
         log.purge(upto)
     }

@@ -389,16 +389,9 @@ impl Segment {
         if self.sealed {
             self.sealed = false;
             fsutil::remove_if_exists(&self.index_path())?;
-            self.file = Arc::new(
-                OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(&self.path)
-                    .map_err(|e| StoreError::io("reopen segment", &self.path, e))?,
-            );
         }
-        self.file.set_len(position).map_err(|e| StoreError::io("truncate", &self.path, e))?;
-        self.file.sync_data().map_err(|e| StoreError::io("fsync", &self.path, e))?;
+        // Never in place when a snapshot links the file: see `cut_file`.
+        self.file = Arc::new(fsutil::cut_file(&self.path, position)?);
         // Restart the in-memory state from the last index row before the cut.
         self.rows.retain(|r| r.position < position);
         match self.rows.pop() {
@@ -509,6 +502,33 @@ impl Segment {
     /// [`StoreError::Io`] if fsync fails.
     pub fn sync(&self) -> Result<()> {
         self.file.sync_data().map_err(|e| StoreError::io("fsync", &self.path, e))
+    }
+
+    /// Seals a segment written whole elsewhere (a compacted copy at a
+    /// temporary path, its data already fsynced): writes its index to
+    /// `index_tmp` and fsyncs it, so that putting both in place
+    /// ([`Segment::moved_to`] after the renames) needs no further file
+    /// sync, only the directory's. Done before the log's lock is taken.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] on IO failure; [`StoreError::Invalid`] if empty.
+    pub(crate) fn seal_to(&mut self, index_tmp: &Path) -> Result<()> {
+        let Some(last_log_id) = self.last_log_id else {
+            return Err(StoreError::Invalid(format!("cannot seal empty segment {}", self.path.display())));
+        };
+        let summary = SealedSummary {
+            size_bytes: self.size_bytes,
+            last_log_id,
+            next_offset: self.next_offset,
+            max_timestamp_ms: self.max_timestamp_ms,
+        };
+        let io = |what: &'static str| move |e: std::io::Error| StoreError::io(what, index_tmp, e);
+        let mut f = std::fs::File::create(index_tmp).map_err(io("create"))?;
+        std::io::Write::write_all(&mut f, &format::encode_index(&summary, &self.rows))
+            .map_err(io("write"))?;
+        f.sync_data().map_err(io("fsync"))?;
+        self.sealed = true;
+        Ok(())
     }
 
     /// Seals the segment: fsyncs it and writes its index file durably.

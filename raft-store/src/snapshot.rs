@@ -3,16 +3,30 @@
 //! For a log, the state a new or lagging replica needs is the log itself:
 //! a snapshot carries the **retained segment files** up to its last log id,
 //! not just metadata, so a replica that installs it can serve every
-//! retained record to consumers. Sealed segments are hard-linked (they never
-//! change), the part of a segment that is still being written is copied.
+//! retained record to consumers. Every segment is hard-linked, none is
+//! copied: sealed segments never change, and the segment still being
+//! written is only appended to past what the snapshot holds, so the
+//! manifest records how many of its bytes belong to the snapshot
+//! (`prefix_bytes`); that prefix is fsynced before the link is made. A
+//! snapshot of a log being written therefore costs no disk space and no
+//! copy: it used to copy the active segment's prefix, up to a whole
+//! segment per snapshot, which at high write rates doubled the bytes
+//! written and held disk space retention had freed.
+//!
+//! Whoever reads a linked file reads only its prefix: the sender streams
+//! that many bytes ([`SnapshotFiles::segments`]), and an install copies
+//! just the prefix of a file longer than it. The log never cuts a file
+//! another name links to in place (`Segment::truncate_at` copies the kept
+//! part instead), so a snapshot's prefix cannot shrink.
 //!
 //! ```text
-//! <replica>/snapshots/<last index>-<n>/manifest.json   meta, offsets, file list
-//!                                     /<base>.seg ...   segment files
+//! <replica>/snapshots/<last index>-<n>/manifest.json   meta, offsets, file list, prefixes
+//!                                     /<base>.seg ...   segment files (hard links)
 //! ```
 //! The manifest leaves room for a compacted key map (`compaction` field)
 //! for compacted topics.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -67,6 +81,13 @@ pub struct SnapshotManifest {
     /// compaction): the installing replica compacts its copy to it.
     #[serde(default)]
     pub compaction_target: Option<crate::compaction::CompactionTarget>,
+    /// Segment files of which the snapshot holds only the first so many
+    /// bytes (the log's active segment, linked while it grows); any other
+    /// file is held whole. Absent in manifests of older versions, which
+    /// ignore it: a sender streams only the prefix, so what they receive
+    /// is whole.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub prefix_bytes: BTreeMap<String, u64>,
 }
 
 impl SnapshotFiles {
@@ -88,15 +109,23 @@ impl SnapshotFiles {
         if let Some(bad) = m.segments.iter().find(|n| crate::segment::parse_segment_file_name(n).is_none()) {
             return Err(StoreError::Invalid(format!("snapshot manifest names {bad:?}, not a segment file")));
         }
+        if let Some(bad) = m.prefix_bytes.keys().find(|n| !m.segments.contains(n)) {
+            return Err(StoreError::Invalid(format!(
+                "snapshot manifest gives a prefix of {bad:?}, not one of its segments"
+            )));
+        }
         Ok(m)
     }
 
-    /// Paths of the snapshot's segment files, in log order.
+    /// The snapshot's segment files, in log order, each with the bytes of
+    /// it the snapshot holds: `None` for the whole file, `Some(n)` for its
+    /// first `n` bytes (see the module comment).
     ///
     /// # Errors
     /// As [`SnapshotFiles::manifest`].
-    pub fn segment_paths(&self) -> Result<Vec<PathBuf>> {
-        Ok(self.manifest()?.segments.iter().map(|s| self.dir.join(s)).collect())
+    pub fn segments(&self) -> Result<Vec<(PathBuf, Option<u64>)>> {
+        let m = self.manifest()?;
+        Ok(m.segments.iter().map(|s| (self.dir.join(s), m.prefix_bytes.get(s).copied())).collect())
     }
 }
 
@@ -121,15 +150,20 @@ pub fn build(
     let building = root.join(format!("{name}.building"));
     fs::create_dir_all(&building).map_err(|e| StoreError::io("create directory", &building, e))?;
     let mut segments = Vec::new();
+    let mut prefix_bytes = BTreeMap::new();
     if let Some(upto) = upto {
         for (src, prefix) in log.snapshot_sources(upto, log_start_offset)? {
-            let file_name = src.file_name().map(|n| n.to_owned()).unwrap_or_default();
+            let file_name = src.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             let dst = building.join(&file_name);
             match prefix {
                 None => link_or_copy(&src, &dst)?,
-                Some(len) => copy_prefix(&src, &dst, len)?,
+                Some(len) => {
+                    if link_prefix(&src, &dst, len)? {
+                        prefix_bytes.insert(file_name.clone(), len);
+                    }
+                }
             }
-            segments.push(file_name.to_string_lossy().into_owned());
+            segments.push(file_name);
         }
     }
     let manifest = SnapshotManifest {
@@ -141,6 +175,7 @@ pub fn build(
         producers,
         log_start_offset,
         compaction_target: (compaction_target.through > 0).then_some(compaction_target),
+        prefix_bytes,
     };
     let bytes = serde_json::to_vec_pretty(&manifest).map_err(|e| StoreError::Invalid(e.to_string()))?;
     fsutil::write_durable(&building.join(MANIFEST_FILE), &bytes)?;
@@ -203,7 +238,28 @@ fn link_or_copy(src: &Path, dst: &Path) -> Result<()> {
     File::open(dst).and_then(|f| f.sync_data()).map_err(|e| StoreError::io("fsync", dst, e))
 }
 
-fn copy_prefix(src: &Path, dst: &Path, len: u64) -> Result<()> {
+/// Makes the first `len` bytes of `src` (a segment still being appended
+/// to) part of a snapshot at `dst`: fsyncs `src`, so the prefix survives a
+/// power cut whatever the flush policy, then hard-links it. Returns true
+/// for a link (only the prefix belongs to the snapshot), false when linking
+/// is not possible and the prefix was copied instead.
+///
+/// # Errors
+/// [`StoreError::Io`].
+fn link_prefix(src: &Path, dst: &Path, len: u64) -> Result<bool> {
+    File::open(src).and_then(|f| f.sync_data()).map_err(|e| StoreError::io("fsync", src, e))?;
+    if fs::hard_link(src, dst).is_ok() {
+        return Ok(true);
+    }
+    copy_prefix(src, dst, len)?;
+    Ok(false)
+}
+
+/// Copies the first `len` bytes of `src` to a new file `dst`, fsynced.
+///
+/// # Errors
+/// [`StoreError::Io`].
+pub(crate) fn copy_prefix(src: &Path, dst: &Path, len: u64) -> Result<()> {
     let mut from = File::open(src).map_err(|e| StoreError::io("open", src, e))?.take(len);
     let mut to = File::create(dst).map_err(|e| StoreError::io("create", dst, e))?;
     std::io::copy(&mut from, &mut to).map_err(|e| StoreError::io("copy", dst, e))?;
@@ -300,9 +356,11 @@ mod tests {
             producers: ProducerStates::default(),
             log_start_offset: 17,
             compaction_target: None,
+            prefix_bytes: BTreeMap::new(),
         };
         let text = serde_json::to_value(&manifest).unwrap();
         assert_eq!(text["log_start_offset"], 17);
+        assert!(text.get("prefix_bytes").is_none(), "no prefixes, no field: {text}");
         assert_eq!(text["version"], 2);
         assert_eq!(
             text["meta"],

@@ -183,7 +183,7 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
             // Otherwise the snapshot's segments replace the local log.
             if local.first().map(|e| e.log_id) != Some(last) {
                 let files = self.replica.snapshot_files(&record);
-                log.replace_segments(&files.segment_paths()?, (last.index + 1, next_offset))?;
+                log.replace_segments(&files.segments()?, (last.index + 1, next_offset))?;
                 log.roll_below_compaction_target()?;
             }
         }

@@ -274,6 +274,63 @@ fn a_snapshot_carries_every_retained_record_to_an_empty_replica() {
     assert_eq!(follower.read(0, usize::MAX).expect("read").len(), 50);
 }
 
+/// A snapshot taken while its last entries are in the active segment
+/// hard-links that segment (no copy, no disk space of its own) and holds
+/// only the prefix up to its last entry: appends after it do not reach a
+/// replica that installs it, and cutting the log's file below that prefix
+/// (a Raft truncation, a repair) leaves the snapshot's whole.
+#[test]
+fn a_snapshot_links_the_active_segment_and_holds_only_its_prefix() {
+    use std::os::unix::fs::MetadataExt;
+    let leader_dir = tempfile::tempdir().expect("tempdir");
+    let followers = [tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir")];
+    write_entries(leader_dir.path(), tiny(), 25);
+    let len = |p: &Path| fs::metadata(p).expect("stat").len();
+    let ino = |p: &Path| fs::metadata(p).expect("stat").ino();
+    TypeConfig::run(async {
+        let (leader, snap) = snapshot_of_written(leader_dir.path(), 25).await;
+        let want = leader.read(0, usize::MAX).expect("read leader");
+        assert_eq!(want.len(), 25);
+        let manifest = snap.snapshot.manifest().expect("manifest");
+        assert_eq!(manifest.prefix_bytes.len(), 1, "only the active segment is a prefix: {manifest:?}");
+        let (name, prefix) = manifest.prefix_bytes.iter().next().map(|(n, p)| (n.clone(), *p)).expect("one");
+        assert_eq!(Some(&name), manifest.segments.last(), "the prefix is the last segment's");
+        let (in_log, in_snapshot) =
+            (leader_dir.path().join("log").join(&name), snap.snapshot.dir.join(&name));
+        assert_eq!(ino(&in_log), ino(&in_snapshot), "the active segment was copied, not linked");
+        assert_eq!(len(&in_log), prefix);
+
+        // The log goes on appending to the file both names share.
+        let mut store = leader.log_store();
+        let more: Vec<_> = (25..28).map(|i| common::entry(1, i, 300)).collect();
+        common::append_durable(&mut store, more).await.expect("append");
+        assert!(len(&in_snapshot) > prefix, "the appends did not reach the shared file");
+
+        // A replica installing the snapshot gets its 25 entries, not the 3 after.
+        let install = |dir: &Path| {
+            let follower = Replica::open(dir, tiny(), flusher()).expect("open follower");
+            let (meta, files) = (snap.meta.clone(), snap.snapshot.clone());
+            async move {
+                follower.state_machine().install_snapshot(&meta, files).await.expect("install");
+                follower
+            }
+        };
+        let follower = install(followers[0].path()).await;
+        assert_eq!(follower.log_end_offset(), common::base_offset(25));
+        assert_eq!(follower.read(0, usize::MAX).expect("read follower"), want);
+
+        // Cutting the log's file below the prefix leaves the snapshot whole.
+        // (Entries 22 to 24 are in the snapshot's prefix: the cut is after 23.)
+        assert_eq!(name, "00000000000000000022.seg", "the test expects the active segment to start at 22");
+        store.truncate_after(Some(log_id(1, 1, 23))).await.expect("truncate");
+        assert!(len(&in_log) < prefix, "the test needs a cut below the prefix");
+        assert_ne!(ino(&in_log), ino(&in_snapshot), "the shared file was cut in place");
+        assert!(len(&in_snapshot) > prefix, "the snapshot's file lost bytes");
+        let follower = install(followers[1].path()).await;
+        assert_eq!(follower.read(0, usize::MAX).expect("read second follower"), want);
+    });
+}
+
 /// Flips a payload bit of entry `n` of a segment written by
 /// [`write_entries`] (300-byte payloads, 80-byte frame headers).
 fn flip_payload_bit(seg: &Path, n: u64) {

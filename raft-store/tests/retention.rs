@@ -136,6 +136,35 @@ fn the_log_start_bounds_reads_and_segments_go_only_once_raft_purged_them() {
     assert_eq!(all.last().expect("batches").header.next_offset(), 600);
 }
 
+/// Kafka's rule: a segment stays within `segment.bytes`; the append that
+/// would take it past rolls first, even part way through one call's
+/// entries. Only a frame larger than a segment gets a segment to itself.
+#[test]
+fn appends_roll_before_a_frame_that_would_overfill_the_segment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut log = PartitionLog::open(&dir.path().join("log"), tiny(), flusher()).expect("open");
+    // Calls of 7 entries of 3 records (about 2.7 KB each call): most calls
+    // cross a 4 KiB segment boundary.
+    for call in 0..20u64 {
+        let entries = (0..7).map(|i| batch(call * 7 + i, 3)).collect();
+        log.append(entries, Box::new(|r| r.expect("flush"))).expect("append");
+    }
+    // A frame larger than a segment, then a small one.
+    append(&mut log, batch(140, 50));
+    append(&mut log, batch(141, 1));
+    let summaries = log.segment_summaries().expect("summaries");
+    assert!(summaries.len() > 10, "the test needs many rolls, got {}", summaries.len());
+    let oversized: Vec<_> = summaries.iter().filter(|s| s.size_bytes > 4096).collect();
+    assert_eq!(oversized.len(), 1, "only the one large frame's segment may exceed 4096 bytes: {oversized:?}");
+    assert_eq!(oversized[0].next_offset - oversized[0].base_offset, 50, "it holds that frame alone");
+    // Offsets run on without a gap across every roll.
+    for w in summaries.windows(2) {
+        assert_eq!(w[0].next_offset, w[1].base_offset, "{summaries:?}");
+    }
+    assert_eq!(log.log_end_offset(), 140 * 3 + 51);
+    assert_eq!(log.read(0, usize::MAX, u64::MAX).expect("read").len(), 142);
+}
+
 #[test]
 fn the_active_segment_is_never_deleted() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -68,6 +68,13 @@ pub(crate) fn chunks(
         let ent = ent.map_err(io_err("list", &dir))?;
         files.push(ent.file_name().to_string_lossy().into_owned());
     }
+    // A segment the snapshot holds only a prefix of (linked while the log
+    // still appended to it) is streamed up to there.
+    let prefixes = snapshot
+        .snapshot
+        .manifest()
+        .map_err(|e| SnapshotTransferError::Invalid(format!("snapshot to send: {e}")))?
+        .prefix_bytes;
     let vote = ferrolog_raft_store::wire::vote_to_wire(vote);
     let meta = ferrolog_raft_store::wire::snapshot_meta_to_wire(&snapshot.meta);
     let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_AHEAD);
@@ -83,10 +90,22 @@ pub(crate) fn chunks(
                 tracing::warn!(path = %path.display(), "snapshot file vanished while sending");
                 return;
             };
+            let limit = prefixes.get(&name).copied();
             let mut offset = 0u64;
             loop {
-                let mut buf = vec![0u8; CHUNK_BYTES];
+                let want = limit.map_or(CHUNK_BYTES, |l| {
+                    usize::try_from(l.saturating_sub(offset)).unwrap_or(usize::MAX).min(CHUNK_BYTES)
+                });
+                if want == 0 {
+                    break;
+                }
+                let mut buf = vec![0u8; want];
                 let n = match f.read(&mut buf) {
+                    Ok(0) if limit.is_some() => {
+                        tracing::warn!(path = %path.display(), offset, ?limit,
+                            "snapshot file shorter than its manifest says; not sending it");
+                        return;
+                    }
                     Ok(0) => break,
                     Ok(n) => n,
                     Err(e) => {
