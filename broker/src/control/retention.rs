@@ -13,15 +13,18 @@
 //! linked them), waits for it, and purges Raft's log through them, which
 //! deletes them.
 //!
-//! Besides the check every `retention.check_interval_ms`, the task looks
-//! every [`EVENT_POLL`] for partitions whose log rolled its active segment
+//! Besides the check every `retention.check_interval_ms`, the task looks,
+//! as soon as it is woken and at least every [`EVENT_POLL`], for
+//! partitions whose log rolled its active segment
 //! or moved its log start ([`Replica::segment_events`], lock-free counters,
 //! and one for the whole process so an idle broker scans nothing) and runs
 //! the same steps for them at once: the leader decides when a segment
-//! seals, a follower deletes when the new log start applies. A step that
-//! cannot finish (followers behind, a snapshot still building) is retried
-//! a second later. So disk use follows the limits within about a segment
-//! and a snapshot's time, not a few check intervals.
+//! seals, a follower deletes when the new log start applies. Partitions
+//! step side by side (up to [`STEPS_AT_ONCE`]), so a stuck one holds back
+//! no other. A step that cannot finish (followers behind, a snapshot still
+//! building) is retried a second later, then less often while it keeps
+//! failing (up to [`RETRY_MAX`] apart). So disk use follows the limits
+//! within about a segment and a snapshot's time, not a few check intervals.
 //!
 //! ```text
 //!  leader, each check or roll: segments ─decide─> new log start ─propose─> Raft commit
@@ -36,6 +39,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferrolog_raft_store::{Control, Replica, SegmentSummary};
+use futures::StreamExt;
 use tokio::sync::watch;
 
 use crate::control::liveness::Liveness;
@@ -110,15 +114,17 @@ pub fn new_log_start(segments: &[SegmentSummary], now_ms: i64, limits: Limits, c
     (start > current).then_some(start)
 }
 
-/// How often the retention task looks whether any log rolled a segment or
-/// moved its log start (one process-wide counter,
-/// [`Replica::segment_events_total`]); only when it moved does it look for
-/// which partitions did.
+/// How often the retention task looks whether a retry is due, or whether
+/// any log rolled a segment or moved its log start (one process-wide
+/// counter, [`Replica::segment_events_total`]; it is also woken at once on
+/// each such event by [`Replica::segment_event`]); only when the counter
+/// moved does it look for which partitions did.
 pub const EVENT_POLL: Duration = Duration::from_millis(25);
 
 /// After a step that could not finish (followers not caught up, a snapshot
 /// still building, a proposal that failed), the partition is looked at
-/// again this much later, writes or not.
+/// again this much later, writes or not (longer after several in a row:
+/// [`Retry::delay`]).
 const RETRY: Duration = Duration::from_secs(1);
 
 /// Runs retention on this broker until the task is dropped: every
@@ -141,15 +147,17 @@ pub async fn run(
     let mut poll = tokio::time::interval(EVENT_POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Per Raft group: the segment event count last seen, the purge asked
-    // for and not seen done, and when to retry a step that did not finish.
+    // for and not seen done, and when to retry a step that did not finish
+    // (with how many in a row did not).
     let mut seen: HashMap<u64, u64> = HashMap::new();
     let mut purges: HashMap<u64, AskedPurge> = HashMap::new();
-    let mut retry: HashMap<u64, Instant> = HashMap::new();
+    let mut retry: HashMap<u64, Retry> = HashMap::new();
     let mut total_seen = Replica::segment_events_total();
     loop {
         let every = tokio::select! {
             _ = tick.tick() => true,
             _ = poll.tick() => false,
+            () = Replica::segment_event() => false,
         };
         let now = Instant::now();
         let partitions = if every {
@@ -161,38 +169,89 @@ pub async fn run(
             all
         } else {
             let total = Replica::segment_events_total();
-            if total == total_seen && !retry.values().any(|t| *t <= now) {
+            if total == total_seen && !retry.values().any(|r| r.at <= now) {
                 continue;
             }
             total_seen = total;
             let found = groups.partitions_matching(|p| {
                 seen.get(&p.group) != Some(&p.replica.segment_events())
-                    || retry.get(&p.group).is_some_and(|t| *t <= now)
+                    || retry.get(&p.group).is_some_and(|r| r.at <= now)
             });
             // A due retry of a partition no longer hosted would make every
             // poll scan again: it goes.
-            retry.retain(|g, t| *t > now || found.iter().any(|p| p.group == *g));
+            retry.retain(|g, r| r.at > now || found.iter().any(|p| p.group == *g));
             found
         };
         let img = image.borrow().clone();
         let old = liveness.older_than(CONTROL_ENTRIES_MINOR);
-        for p in partitions {
-            let first_sight = seen.insert(p.group, p.replica.segment_events()).is_none();
-            if !every && first_sight {
-                continue; // a replica just opened: its first check comes with the next interval's
+        let due: Vec<(Arc<Partition>, Option<AskedPurge>)> = partitions
+            .into_iter()
+            .filter_map(|p| {
+                let first_sight = seen.insert(p.group, p.replica.segment_events()).is_none();
+                // A replica just opened: its first check comes with the next interval's.
+                (every || !first_sight).then(|| {
+                    let asked = purges.remove(&p.group);
+                    (p, asked)
+                })
+            })
+            .collect();
+        // Partitions step side by side, so one that waits (a proposal
+        // without a quorum, a slow snapshot) holds back no other.
+        let (img, defaults, old) = (&img, &defaults, &old);
+        let outcomes: Vec<(u64, bool, Option<AskedPurge>)> = futures::stream::iter(due)
+            .map(|(p, mut asked)| async move {
+                let started = Instant::now();
+                let decided = !(old.is_empty() && p.raft.is_leader()) || decide(&p, img, defaults).await;
+                let decide_took = started.elapsed();
+                // A periodic pass over every partition does not wait for
+                // snapshots; a partition that needs one comes back by `retry`.
+                let done = purge_retired(&p, &mut asked, !every).await;
+                tracing::debug!(topic = %p.topic, partition = p.partition, decided, done,
+                    decide_ms = decide_took.as_millis() as u64,
+                    purge_ms = (started.elapsed() - decide_took).as_millis() as u64, "retention step");
+                (p.group, decided && done, asked)
+            })
+            .buffer_unordered(STEPS_AT_ONCE)
+            .collect()
+            .await;
+        for (group, finished, asked) in outcomes {
+            if let Some(a) = asked {
+                purges.insert(group, a);
             }
-            let decided = !(old.is_empty() && p.raft.is_leader()) || decide(&p, &img, &defaults).await;
-            // A periodic pass over every partition does not wait for
-            // snapshots; a partition that needs one comes back by `retry`.
-            let done = purge_retired(&p, &mut purges, !every).await;
-            if decided && done {
-                retry.remove(&p.group);
+            if finished {
+                retry.remove(&group);
             } else {
-                retry.insert(p.group, Instant::now() + RETRY);
+                let failed = retry.get(&group).map_or(0, |r| r.failed.saturating_add(1));
+                retry.insert(group, Retry { at: Instant::now() + Retry::delay(failed), failed });
             }
         }
     }
 }
+
+/// How many partitions' retention steps run at once.
+const STEPS_AT_ONCE: usize = 16;
+
+/// A partition whose last retention step did not finish.
+#[derive(Clone, Copy, Debug)]
+struct Retry {
+    /// When to look at it again, writes or not.
+    at: Instant,
+    /// Unfinished steps in a row, less one.
+    failed: u32,
+}
+
+impl Retry {
+    /// [`RETRY`] after the first unfinished step, doubling with each
+    /// further one up to [`RETRY_MAX`]: a partition that stays stuck
+    /// (followers down, no quorum) is not retried every second for ever.
+    /// A segment roll or log start move still brings it back at once.
+    fn delay(failed: u32) -> Duration {
+        RETRY.saturating_mul(1 << failed.min(5)).min(RETRY_MAX)
+    }
+}
+
+/// The longest wait between retries of a step that keeps not finishing.
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// A purge asked of Raft and not seen done yet.
 #[derive(Clone, Copy, Debug)]
@@ -206,6 +265,9 @@ struct AskedPurge {
 /// A follower silent this long does not hold a leader's retention purge back.
 const SILENT_FOLLOWER: Duration = Duration::from_secs(10);
 
+/// How long [`purge_retired`] waits for a purge asked of Raft earlier.
+const PURGE_WAIT: Duration = Duration::from_millis(500);
+
 /// How long [`purge_retired`] waits for the snapshot it started.
 const SNAPSHOT_WAIT: Duration = Duration::from_secs(2);
 
@@ -217,7 +279,7 @@ const ASKED_PURGE_MAX: Duration = Duration::from_secs(10);
 
 /// Lets Raft purge the entries of segments retention retired, so they are
 /// deleted; returns whether nothing is left to do (else the caller retries
-/// after [`RETRY`]):
+/// after [`Retry::delay`]):
 ///
 /// - Retired segments whose entries no snapshot covers yet, or a snapshot
 ///   older than the log start (it hard-links segments retired since, and
@@ -237,14 +299,22 @@ const ASKED_PURGE_MAX: Duration = Duration::from_secs(10);
 /// after a roll holds little: the price of keeping disk use near the limit
 /// while writing.
 ///
-/// While a purge asked for earlier (in `purges`, per Raft group) has not
+/// While a purge asked for earlier (`pending`) has not
 /// happened, for up to [`ASKED_PURGE_MAX`], retention starts nothing here:
 /// a snapshot's own purge would go below the pending one, which openraft's
 /// debug assertions refuse. (Compaction's snapshots and openraft's own,
 /// every `snapshot_after_entries`, do not look at it.)
-async fn purge_retired(p: &Partition, purges: &mut HashMap<u64, AskedPurge>, wait: bool) -> bool {
-    if let Some(asked) = purges.get(&p.group).copied() {
-        let done = p.raft.state(|s| s.purged().is_some_and(|l| l.index >= asked.index));
+async fn purge_retired(p: &Partition, pending: &mut Option<AskedPurge>, wait: bool) -> bool {
+    if let Some(asked) = *pending {
+        let purged = || p.raft.state(|s| s.purged().is_some_and(|l| l.index >= asked.index));
+        // Raft runs a purge in turn with the log writes queued before it: at
+        // high write rates the next segment event often comes first. Waiting
+        // for it here (up to PURGE_WAIT) beats a retry a second later.
+        let deadline = Instant::now() + PURGE_WAIT;
+        while wait && !purged() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let done = purged();
         if !done && asked.at.elapsed() < ASKED_PURGE_MAX {
             return false;
         }
@@ -252,7 +322,7 @@ async fn purge_retired(p: &Partition, purges: &mut HashMap<u64, AskedPurge>, wai
             tracing::debug!(topic = %p.topic, partition = p.partition, index = asked.index,
                 "retention: a purge asked {:?} ago has not happened; going on", asked.at.elapsed());
         }
-        purges.remove(&p.group);
+        *pending = None;
     }
     let replica = p.replica.clone();
     let Ok((retired, stale_snapshot)) = tokio::task::spawn_blocking(move || {
@@ -315,7 +385,7 @@ async fn purge_retired(p: &Partition, purges: &mut HashMap<u64, AskedPurge>, wai
     }
     match p.raft.purge_log(upto).await {
         Ok(()) => {
-            purges.insert(p.group, AskedPurge { index: upto, at: Instant::now() });
+            *pending = Some(AskedPurge { index: upto, at: Instant::now() });
             true
         }
         Err(e) => {
@@ -422,6 +492,15 @@ mod tests {
         assert_eq!(new_log_start(&s, NOW, limits(100, 150), 0), Some(20));
         assert_eq!(new_log_start(&s, NOW, limits(100, -1), 0), Some(10));
         assert_eq!(new_log_start(&[], NOW, limits(0, 0), 0), None, "an empty list is no log");
+    }
+
+    #[test]
+    fn a_step_that_keeps_failing_is_retried_less_often_up_to_a_bound() {
+        assert_eq!(Retry::delay(0), RETRY);
+        assert_eq!(Retry::delay(1), 2 * RETRY);
+        assert_eq!(Retry::delay(3), 8 * RETRY);
+        assert_eq!(Retry::delay(5), RETRY_MAX);
+        assert_eq!(Retry::delay(u32::MAX), RETRY_MAX, "no overflow");
     }
 
     #[test]

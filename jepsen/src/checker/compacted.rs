@@ -104,12 +104,13 @@ impl Compaction {
         for (value, x) in sent {
             if let Some(o) = x.offset {
                 c.acked.push((x.key, o, x.tombstone));
-            } else if x.outcome != Outcome::Fail && !seen.contains(value) {
-                if let Some(rk) = x.record_key {
-                    let unanswered =
-                        if x.tombstone { &mut c.unanswered_tombstones } else { &mut c.unanswered_values };
-                    unanswered.entry((x.key, rk)).or_default().push(x.invoke_ns);
-                }
+            } else if x.outcome != Outcome::Fail
+                && !seen.contains(value)
+                && let Some(rk) = x.record_key
+            {
+                let unanswered =
+                    if x.tombstone { &mut c.unanswered_tombstones } else { &mut c.unanswered_values };
+                unanswered.entry((x.key, rk)).or_default().push(x.invoke_ns);
             }
         }
         for (key, offsets) in &known_offsets {
