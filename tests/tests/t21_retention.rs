@@ -27,6 +27,17 @@ fn value(i: usize) -> String {
     format!("v-{i:05}-{}", "x".repeat(60))
 }
 
+/// A produce of record `i` (key `k`, [`value`]) to `t`-0, one Raft entry.
+fn request(i: usize) -> ProduceRequest {
+    ProduceRequest {
+        topic: "t".into(),
+        partition: 0,
+        records: vec![record("k", &value(i))],
+        producer_id: -1,
+        ..ProduceRequest::default()
+    }
+}
+
 /// Bytes of segment files of broker `id`'s replica of `t`-0.
 fn segment_bytes(c: &Cluster, id: u32) -> anyhow::Result<u64> {
     let mut total = 0;
@@ -105,13 +116,7 @@ async fn retention_by_size_moves_every_replica_to_the_same_log_start() -> anyhow
     let mut at = leader(&c, "t", 0, Duration::from_secs(30)).await?;
     let mut client = connect(c.broker(at).client_addr).await?;
     for i in 0..RECORDS {
-        let req = ProduceRequest {
-            topic: "t".into(),
-            partition: 0,
-            records: vec![record("k", &value(i))],
-            producer_id: -1,
-            ..ProduceRequest::default()
-        };
+        let req = request(i);
         let r = client.produce(req.clone()).await?.into_inner();
         let offset = if r.error.is_none() {
             r.base_offset
@@ -238,13 +243,7 @@ async fn retention_follows_segment_rolls_without_waiting_for_its_check() -> anyh
     let mut most = [0u64; 3];
     let mut written = 0u64;
     for i in 0..records {
-        let req = ProduceRequest {
-            topic: "t".into(),
-            partition: 0,
-            records: vec![record("k", &value(i))],
-            producer_id: -1,
-            ..ProduceRequest::default()
-        };
+        let req = request(i);
         produce(&c, req, Duration::from_secs(30)).await?;
         written += value(i).len() as u64;
         if i % 50 == 0 {

@@ -7,7 +7,9 @@
 //! the disk its replica uses on each broker (segment files and snapshot
 //! files, each file once however many hard links it has) is sampled every
 //! 100 ms. Prints the throughput of both runs, how many times the limit was
-//! written, and the largest disk use seen beside the limit + 2 segments.
+//! written, the largest disk use seen beside the limit + 2 segments, and
+//! what that largest sample held (log segments, files only snapshots hold,
+//! other).
 
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
@@ -44,28 +46,68 @@ pub struct RetentionArgs {
     rate_mib_per_second: Option<f64>,
 }
 
-/// Bytes of the files under `dir` (recursively), each inode once.
-fn disk_bytes(dir: &Path, seen: &mut HashSet<(u64, u64)>) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
-    let mut total = 0;
+/// A replica's disk use, bytes, each inode once however many hard links
+/// it has.
+#[derive(Clone, Copy, Debug, Default)]
+struct Usage {
+    /// Segment files of the log (`*.seg` outside `snapshots/`).
+    segments: u64,
+    /// Files only a snapshot holds (the copied part of an active segment,
+    /// manifests, and segments the log has already deleted).
+    snapshot_only: u64,
+    /// Everything else (the replica's metadata database, ...).
+    other: u64,
+}
+
+impl Usage {
+    fn total(&self) -> u64 {
+        self.segments + self.snapshot_only + self.other
+    }
+}
+
+/// Every file under `dir`, recursively: (inode, bytes, in a snapshot, a segment).
+fn files(dir: &Path, in_snapshot: bool, out: &mut Vec<((u64, u64), u64, bool, bool)>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
     for e in entries.flatten() {
         let Ok(m) = e.metadata() else { continue };
+        let path = e.path();
         if m.is_dir() {
-            total += disk_bytes(&e.path(), seen);
-        } else if seen.insert((m.dev(), m.ino())) {
-            total += m.len();
+            files(&path, in_snapshot || e.file_name() == "snapshots", out);
+        } else {
+            let seg = path.extension().is_some_and(|x| x == "seg");
+            out.push(((m.dev(), m.ino()), m.len(), in_snapshot, seg));
         }
     }
-    total
+}
+
+/// Disk use of `topic`'s replica on broker `id`: an inode linked from the
+/// log counts as the log's, one linked only from snapshots as theirs.
+fn replica_usage(c: &Cluster, id: u32, topic: &str) -> Usage {
+    let mut all = Vec::new();
+    for d in c.replica_dirs(id, &format!("{topic}-0.")) {
+        files(&c.data_dir(id).join("partitions").join(d), false, &mut all);
+    }
+    let in_log: HashSet<(u64, u64)> = all.iter().filter(|f| !f.2).map(|f| f.0).collect();
+    let mut seen = HashSet::new();
+    let mut u = Usage::default();
+    // Log paths first, so a hard-linked segment counts once, as the log's.
+    all.sort_by_key(|f| f.2);
+    for (ino, len, in_snapshot, seg) in all {
+        if !seen.insert(ino) {
+            continue;
+        }
+        match (in_snapshot, seg) {
+            (false, true) => u.segments += len,
+            (true, _) if !in_log.contains(&ino) => u.snapshot_only += len,
+            _ => u.other += len,
+        }
+    }
+    u
 }
 
 /// Disk bytes of `topic`'s replica on broker `id`.
 fn replica_bytes(c: &Cluster, id: u32, topic: &str) -> u64 {
-    let mut seen = HashSet::new();
-    c.replica_dirs(id, &format!("{topic}-0."))
-        .iter()
-        .map(|d| disk_bytes(&c.data_dir(id).join("partitions").join(d), &mut seen))
-        .sum()
+    replica_usage(c, id, topic).total()
 }
 
 /// `retention`.
@@ -97,15 +139,16 @@ pub async fn run(a: RetentionArgs) -> anyhow::Result<()> {
     let sampler = {
         let (c, stop) = (c.clone(), stop.clone());
         tokio::spawn(async move {
-            let mut max = [0u64; 3];
+            let mut max = [Usage::default(); 3];
             while !stop.load(Ordering::Relaxed) {
                 for (i, m) in max.iter_mut().enumerate() {
                     let c = c.clone();
-                    let bytes =
-                        tokio::task::spawn_blocking(move || replica_bytes(&c, i as u32 + 1, "retained"))
-                            .await
-                            .unwrap_or(0);
-                    *m = (*m).max(bytes);
+                    let u = tokio::task::spawn_blocking(move || replica_usage(&c, i as u32 + 1, "retained"))
+                        .await
+                        .unwrap_or_default();
+                    if u.total() > m.total() {
+                        *m = u;
+                    }
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -144,12 +187,34 @@ pub async fn run(a: RetentionArgs) -> anyhow::Result<()> {
         mb_s(&retained),
         mib(written),
         written as f64 / retention as f64,
-        mib(max[0]),
-        mib(max[1]),
-        mib(max[2]),
+        mib(max[0].total()),
+        mib(max[1].total()),
+        mib(max[2].total()),
         mib(end[0]),
         mib(end[1]),
         mib(end[2]),
+    );
+    for (i, u) in max.iter().enumerate() {
+        println!(
+            "broker {} at its largest: segments {:.1} MiB, snapshot-only files {:.1} MiB, other {:.1} MiB",
+            i + 1,
+            mib(u.segments),
+            mib(u.snapshot_only),
+            mib(u.other)
+        );
+    }
+    // Kafka's size rule keeps at least `retention.bytes` (active segment
+    // included), so right after a roll the sealed segments alone can come
+    // to just under limit + 2 segments: any time between that roll and the
+    // deletion shows above the bound, as this many ms of writes.
+    let bound = retention + 2 * segment;
+    let worst = max.iter().map(Usage::total).max().unwrap_or(0);
+    let over = worst.saturating_sub(bound);
+    println!(
+        "largest over limit + 2 segments: {:.1} MiB, {:.0} ms of writes at {:.1} MB/s",
+        mib(over),
+        over as f64 / (mb_s(&retained) * 1e6) * 1e3,
+        mb_s(&retained)
     );
     println!(
         "limit + 2 segments: {:.0} MiB; log start offset at the end {start} of {} records; throughput with retention {:.0}% of without",
