@@ -595,9 +595,10 @@ impl PartitionLog {
     /// log's lock; the caller fsyncs the directory after releasing it
     /// (a low-priority cleaner holding the lock through fsyncs would stall
     /// appends). The old index file goes first, so a crash at any point
-    /// leaves either segment file with either its own index or none; an
-    /// index that does not match its file's size is rebuilt at open (a
-    /// compacted copy is always smaller than its original).
+    /// leaves either segment file with its own index, none, or (renames
+    /// reordered by the crash) the other's, which does not match its size
+    /// and is rebuilt at open (a compacted copy is always smaller than its
+    /// original).
     ///
     /// # Errors
     /// [`StoreError::Io`].
@@ -635,9 +636,14 @@ impl PartitionLog {
         let index = c.path.with_extension("idx");
         fsutil::remove_if_exists(&index)?;
         fs::rename(tmp, &c.path).map_err(|e| StoreError::io("rename", &c.path, e))?;
-        fs::rename(index_tmp, &index).map_err(|e| StoreError::io("rename", &index, e))?;
+        // The path names the compacted file now: so must the log's state,
+        // whatever happens to its index (without one, open rebuilds it).
         segment.moved_to(c.path.clone());
         self.segments[i] = segment;
+        if let Err(e) = fs::rename(index_tmp, &index) {
+            tracing::warn!(path = %index.display(), error = %e, "compacted segment's index not put in place; open rebuilds it");
+            let _ = fs::remove_file(index_tmp);
+        }
         Ok(true)
     }
 
@@ -696,8 +702,11 @@ impl PartitionLog {
     ///
     /// # Errors
     /// [`StoreError::Invalid`] for a non-consecutive index or an unstorable
-    /// entry (nothing is written then); [`StoreError::Io`] if the write
-    /// fails (the segment is cut back to its previous end).
+    /// entry (nothing is written then); [`StoreError::Io`] if a write fails
+    /// (the segment written to is cut back to where that write began; the
+    /// entries before it, in a segment rolled part way, stay: a valid
+    /// prefix) or a roll fails (then the log refuses appends until it is
+    /// reopened).
     pub fn append(&mut self, entries: Vec<Entry>, done: FlushCallback) -> Result<()> {
         if entries.is_empty() {
             done(Ok(()));
@@ -796,6 +805,12 @@ impl PartitionLog {
             }
             if to == from {
                 if let Err(e) = self.roll() {
+                    // A seal's fsync may have failed: after that nothing is
+                    // known of what reached the disk (fsyncgate), so this log
+                    // takes no more appends until it is reopened (and
+                    // rescanned), as after a failed background fsync.
+                    let mut latch = self.flush_error.lock().unwrap_or_else(|p| p.into_inner());
+                    latch.get_or_insert(format!("rolling the active segment: {e}"));
                     return (from, Err(e));
                 }
                 continue;
@@ -900,6 +915,7 @@ impl PartitionLog {
         if let Some(c) = self.committed.filter(|c| c.index >= keep_to) {
             return Err(StoreError::Invalid(format!("truncate to {keep_to} would remove committed {c}")));
         }
+        let committed_unknown = self.committed.is_none();
         let first_index = self.segments.first().map_or(0, Segment::base_index);
         if keep_to < first_index {
             return Err(StoreError::Invalid(format!(
@@ -919,7 +935,10 @@ impl PartitionLog {
             self.segments.push(Segment::create(&self.dir, i, o, self.config.index_interval_bytes)?);
         } else {
             let pos = seg.position_of_index(keep_to)?;
-            seg.truncate_at(pos)?;
+            // Above a known commit index the cut is above every snapshot
+            // (they hold applied entries only): in place. Without one, a
+            // snapshot's linked prefix is spared.
+            seg.truncate_at(pos, committed_unknown)?;
         }
         fsutil::sync_dir(&self.dir)?;
         self.cache.truncate_from(keep_to);
@@ -1007,10 +1026,10 @@ impl PartitionLog {
     /// imported file is linked (or copied and fsynced) under a temporary
     /// name and renamed into place in log order, so a crash leaves a valid
     /// prefix of the new chain, or nothing (then `open` starts from its
-    /// `empty_start`). The imported tail is a hard link to the snapshot's
-    /// file and is never appended to. A file longer than the part the
-    /// snapshot holds (a prefix-linked segment of this broker's own
-    /// snapshot) has just that part copied.
+    /// `empty_start`). A file longer than the part the snapshot holds (a
+    /// prefix-linked segment of this broker's own snapshot) has just that
+    /// part copied; any other is linked. A linked tail is never appended
+    /// to: the log rolls a new active segment after it.
     fn import_segments(&mut self, files: &[(PathBuf, Option<u64>)], expect_next: (u64, u64)) -> Result<()> {
         let mut bases = Vec::with_capacity(files.len());
         for (f, _) in files {
@@ -1063,9 +1082,10 @@ impl PartitionLog {
     }
 
     /// Segments holding entries up to and including `upto`, for a
-    /// snapshot: `(path, whole)` where `whole` means every entry of the
-    /// file is ≤ `upto` and the file is sealed (safe to hard-link); else the
-    /// byte length of the prefix to copy is returned.
+    /// snapshot: `(path, None)` when every entry of the file is ≤ `upto`
+    /// and the file is sealed (held whole); else `(path, Some(n))`, the
+    /// byte length of the prefix that holds the entries ≤ `upto` (the file
+    /// is linked all the same, with `n` in the manifest).
     pub(crate) fn snapshot_sources(&self, upto: u64, log_start: u64) -> Result<Vec<(PathBuf, Option<u64>)>> {
         let mut out = Vec::new();
         for (i, seg) in self.segments.iter().enumerate() {
@@ -1455,7 +1475,9 @@ fn open_chain(
             let len = fs::metadata(&path).map(|m| m.len()).unwrap_or(cut);
             tracing::warn!(path = %path.display(), position = cut, dropped_bytes = len - cut,
                 "cutting torn tail left by a crash");
-            seg.truncate_at(cut).map_err(|e| (i, e))?;
+            // A torn tail lies past what was fsynced, so past any
+            // snapshot's linked prefix: cut in place.
+            seg.truncate_at(cut, false).map_err(|e| (i, e))?;
         }
         segments.push(seg);
     }

@@ -381,17 +381,35 @@ impl Segment {
     /// Cuts the file at `position` (a frame boundary) and fsyncs it, then
     /// rebuilds the in-memory state of what remains.
     ///
+    /// With `spare_links`, a file a snapshot also links is not cut in
+    /// place but replaced by a copy of what stays ([`fsutil::cut_file`]):
+    /// for a cut that may go below a snapshot's prefix. Without, the cut is
+    /// in place: the caller knows it is above every snapshot's prefix (a
+    /// Raft truncation above the commit index; a torn tail, which lies past
+    /// what was fsynced, and a snapshot's prefix is fsynced before it is
+    /// linked).
+    ///
     /// # Errors
     /// [`StoreError::Io`] on IO failure, [`StoreError::Corruption`] if the
     /// remaining frames do not verify.
-    pub fn truncate_at(&mut self, position: u64) -> Result<()> {
+    pub fn truncate_at(&mut self, position: u64, spare_links: bool) -> Result<()> {
         let position = position.max(SEGMENT_HEADER_BYTES as u64);
         if self.sealed {
             self.sealed = false;
             fsutil::remove_if_exists(&self.index_path())?;
         }
-        // Never in place when a snapshot links the file: see `cut_file`.
-        self.file = Arc::new(fsutil::cut_file(&self.path, position)?);
+        self.file = Arc::new(if spare_links {
+            fsutil::cut_file(&self.path, position)?
+        } else {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&self.path)
+                .map_err(|e| StoreError::io("reopen segment", &self.path, e))?;
+            f.set_len(position).map_err(|e| StoreError::io("truncate", &self.path, e))?;
+            f.sync_data().map_err(|e| StoreError::io("fsync", &self.path, e))?;
+            f
+        });
         // Restart the in-memory state from the last index row before the cut.
         self.rows.retain(|r| r.position < position);
         match self.rows.pop() {

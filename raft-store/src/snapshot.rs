@@ -3,8 +3,8 @@
 //! For a log, the state a new or lagging replica needs is the log itself:
 //! a snapshot carries the **retained segment files** up to its last log id,
 //! not just metadata, so a replica that installs it can serve every
-//! retained record to consumers. Every segment is hard-linked, none is
-//! copied: sealed segments never change, and the segment still being
+//! retained record to consumers. Every segment is hard-linked (copied only
+//! where the file system cannot link): sealed segments never change, and the segment still being
 //! written is only appended to past what the snapshot holds, so the
 //! manifest records how many of its bytes belong to the snapshot
 //! (`prefix_bytes`); that prefix is fsynced before the link is made. A
@@ -47,12 +47,19 @@ pub struct SnapshotFiles {
     pub dir: PathBuf,
 }
 
-/// Version of the manifest format written. Version 1 (still read) held
+/// Newest version of the manifest format. Version 1 (still read) held
 /// the Raft library's own JSON of the snapshot metadata; version 2 holds
 /// Ferrolog's (`meta_json`), since the manifest travels to other brokers
-/// with the snapshot's files.
-pub const MANIFEST_VERSION: u32 = 2;
-const MANIFEST_FILE: &str = "manifest.json";
+/// with the snapshot's files; version 3 adds `prefix_bytes`. A manifest
+/// with prefixes is written as version 3, so a broker of an older version
+/// (after a downgrade) refuses it instead of reading a linked file whole;
+/// one without, and every manifest sent to a peer
+/// ([`SnapshotFiles::manifest_for_peer`]), as version 2.
+pub const MANIFEST_VERSION: u32 = 3;
+/// The version written for a manifest without prefixes.
+const MANIFEST_VERSION_WHOLE: u32 = 2;
+/// The manifest's file name in a snapshot directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
 
 /// What a snapshot holds, written as `manifest.json` in its directory.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,6 +124,41 @@ impl SnapshotFiles {
         Ok(m)
     }
 
+    /// The manifest as a peer receives it: the sender streams only each
+    /// file's prefix, so every file arrives whole, and the manifest goes
+    /// without `prefix_bytes`, as version 2 (which brokers of older minor
+    /// versions read).
+    ///
+    /// # Errors
+    /// As [`SnapshotFiles::manifest`].
+    pub fn manifest_for_peer(&self) -> Result<Vec<u8>> {
+        let mut m = self.manifest()?;
+        m.prefix_bytes.clear();
+        m.version = m.version.min(MANIFEST_VERSION_WHOLE);
+        serde_json::to_vec_pretty(&m).map_err(|e| StoreError::Invalid(e.to_string()))
+    }
+
+    /// Checks that every file the manifest lists holds at least the bytes
+    /// the snapshot needs of it (its whole length, or its prefix), before
+    /// anything is replaced with it.
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] naming a file that is missing or too short;
+    /// as [`SnapshotFiles::manifest`].
+    pub fn check_lengths(&self) -> Result<()> {
+        for (path, prefix) in self.segments()? {
+            let len = fs::metadata(&path).map_err(|e| StoreError::io("stat", &path, e))?.len();
+            if prefix.is_some_and(|p| len < p) {
+                return Err(StoreError::Invalid(format!(
+                    "snapshot file {} holds {len} bytes, its manifest {}",
+                    path.display(),
+                    prefix.unwrap_or(0)
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The snapshot's segment files, in log order, each with the bytes of
     /// it the snapshot holds: `None` for the whole file, `Some(n)` for its
     /// first `n` bytes (see the module comment).
@@ -167,7 +209,7 @@ pub fn build(
         }
     }
     let manifest = SnapshotManifest {
-        version: MANIFEST_VERSION,
+        version: if prefix_bytes.is_empty() { MANIFEST_VERSION_WHOLE } else { MANIFEST_VERSION },
         meta,
         next_offset,
         segments,
@@ -191,6 +233,7 @@ pub fn build(
 /// # Errors
 /// [`StoreError::Io`], or the manifest's errors.
 pub fn adopt(src: &SnapshotFiles, root: &Path) -> Result<SnapshotFiles> {
+    src.check_lengths()?;
     if src.dir.parent() == Some(root) {
         return Ok(src.clone());
     }
@@ -345,7 +388,7 @@ mod tests {
             (1..=3).map(|id| (id, Node { addr: format!("10.0.0.{id}:9093") })).collect();
         let membership = Membership::new(vec![[1, 2].into(), [2, 3].into()], nodes).unwrap();
         let manifest = SnapshotManifest {
-            version: MANIFEST_VERSION,
+            version: MANIFEST_VERSION_WHOLE,
             meta: SnapshotMeta {
                 last_log_id: Some(log_id(4, 2, 99)),
                 last_membership: StoredMembership::new(Some(log_id(3, 1, 50)), membership),

@@ -295,6 +295,11 @@ fn a_snapshot_links_the_active_segment_and_holds_only_its_prefix() {
         assert_eq!(manifest.prefix_bytes.len(), 1, "only the active segment is a prefix: {manifest:?}");
         let (name, prefix) = manifest.prefix_bytes.iter().next().map(|(n, p)| (n.clone(), *p)).expect("one");
         assert_eq!(Some(&name), manifest.segments.last(), "the prefix is the last segment's");
+        assert_eq!(manifest.version, 3, "with prefixes a manifest is version 3: older brokers refuse it");
+        let sent: serde_json::Value =
+            serde_json::from_slice(&snap.snapshot.manifest_for_peer().expect("peer manifest")).expect("json");
+        assert_eq!(sent["version"], 2, "a peer gets a version older brokers read: {sent}");
+        assert!(sent.get("prefix_bytes").is_none(), "a peer receives whole files: {sent}");
         let (in_log, in_snapshot) =
             (leader_dir.path().join("log").join(&name), snap.snapshot.dir.join(&name));
         assert_eq!(ino(&in_log), ino(&in_snapshot), "the active segment was copied, not linked");
@@ -320,9 +325,11 @@ fn a_snapshot_links_the_active_segment_and_holds_only_its_prefix() {
         assert_eq!(follower.read(0, usize::MAX).expect("read follower"), want);
 
         // Cutting the log's file below the prefix leaves the snapshot whole.
-        // (Entries 22 to 24 are in the snapshot's prefix: the cut is after 23.)
-        assert_eq!(name, "00000000000000000022.seg", "the test expects the active segment to start at 22");
-        store.truncate_after(Some(log_id(1, 1, 23))).await.expect("truncate");
+        // The cut is right after the segment's first entry, which the
+        // snapshot's prefix holds with at least one more.
+        let base: u64 = name.trim_end_matches(".seg").parse().expect("segment file name");
+        assert!(base + 1 < 24, "the test needs two snapshot entries in the active segment, base {base}");
+        store.truncate_after(Some(log_id(1, 1, base))).await.expect("truncate");
         assert!(len(&in_log) < prefix, "the test needs a cut below the prefix");
         assert_ne!(ino(&in_log), ino(&in_snapshot), "the shared file was cut in place");
         assert!(len(&in_snapshot) > prefix, "the snapshot's file lost bytes");

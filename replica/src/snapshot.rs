@@ -70,11 +70,13 @@ pub(crate) fn chunks(
     }
     // A segment the snapshot holds only a prefix of (linked while the log
     // still appended to it) is streamed up to there.
-    let prefixes = snapshot
-        .snapshot
-        .manifest()
-        .map_err(|e| SnapshotTransferError::Invalid(format!("snapshot to send: {e}")))?
-        .prefix_bytes;
+    let files_of = &snapshot.snapshot;
+    let bad =
+        |e: ferrolog_raft_store::StoreError| SnapshotTransferError::Invalid(format!("snapshot to send: {e}"));
+    let prefixes = files_of.manifest().map_err(bad)?.prefix_bytes;
+    // The manifest as the peer must read it: without prefixes (every file
+    // arrives whole), in a version older brokers read.
+    let manifest = files_of.manifest_for_peer().map_err(bad)?;
     let vote = ferrolog_raft_store::wire::vote_to_wire(vote);
     let meta = ferrolog_raft_store::wire::snapshot_meta_to_wire(&snapshot.meta);
     let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_AHEAD);
@@ -85,6 +87,20 @@ pub(crate) fn chunks(
             return;
         }
         for name in files {
+            if name == ferrolog_raft_store::snapshot::MANIFEST_FILE {
+                for (i, part) in manifest.chunks(CHUNK_BYTES).enumerate() {
+                    let chunk = SnapshotChunk {
+                        file_name: name.clone(),
+                        file_offset: (i * CHUNK_BYTES) as u64,
+                        data: part.to_vec().into(),
+                        ..base.clone()
+                    };
+                    if tx.blocking_send(chunk).is_err() {
+                        return;
+                    }
+                }
+                continue;
+            }
             let path = dir.join(&name);
             let Ok(mut f) = File::open(&path) else {
                 tracing::warn!(path = %path.display(), "snapshot file vanished while sending");

@@ -52,8 +52,9 @@ pub struct RetentionArgs {
 struct Usage {
     /// Segment files of the log (`*.seg` outside `snapshots/`).
     segments: u64,
-    /// Files only a snapshot holds (the copied part of an active segment,
-    /// manifests, and segments the log has already deleted).
+    /// Files only a snapshot holds (manifests, segments the log has
+    /// already deleted; before snapshots linked the active segment, the
+    /// copied part of it).
     snapshot_only: u64,
     /// Everything else (the replica's metadata database, ...).
     other: u64,

@@ -20,8 +20,9 @@
 //! and one for the whole process so an idle broker scans nothing) and runs
 //! the same steps for them at once: the leader decides when a segment
 //! seals, a follower deletes when the new log start applies. Partitions
-//! step side by side (up to [`STEPS_AT_ONCE`]), so a stuck one holds back
-//! no other. A step that cannot finish (followers behind, a snapshot still
+//! of one round step side by side (up to [`STEPS_AT_ONCE`]), so a stuck
+//! one does not delay the others of its round (the next round waits for
+//! the slowest step of this one: at most a proposal's 5 s). A step that cannot finish (followers behind, a snapshot still
 //! building) is retried a second later, then less often while it keeps
 //! failing (up to [`RETRY_MAX`] apart). So disk use follows the limits
 //! within about a segment and a snapshot's time, not a few check intervals.
@@ -196,7 +197,8 @@ pub async fn run(
             })
             .collect();
         // Partitions step side by side, so one that waits (a proposal
-        // without a quorum, a slow snapshot) holds back no other.
+        // without a quorum, a slow snapshot) holds back no other of this
+        // round; the next round starts when the slowest is done.
         let (img, defaults, old) = (&img, &defaults, &old);
         let outcomes: Vec<(u64, bool, Option<AskedPurge>)> = futures::stream::iter(due)
             .map(|(p, mut asked)| async move {
@@ -294,10 +296,9 @@ const ASKED_PURGE_MAX: Duration = Duration::from_secs(10);
 /// - None left, but the current snapshot is older than the log start: a
 ///   snapshot, so retired files it hard-linked are let go.
 ///
-/// So about one snapshot per segment event. Each copies the active segment
-/// up to its last entry (sealed segments are hard-linked), which right
-/// after a roll holds little: the price of keeping disk use near the limit
-/// while writing.
+/// So about one snapshot per segment event. Each hard-links the segments
+/// (the active one with its length recorded) and fsyncs: the price of
+/// keeping disk use near the limit while writing.
 ///
 /// While a purge asked for earlier (`pending`) has not
 /// happened, for up to [`ASKED_PURGE_MAX`], retention starts nothing here:
