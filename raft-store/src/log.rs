@@ -269,7 +269,14 @@ impl PartitionLog {
             let (i, o) = start.unwrap_or((log.purged.map_or(0, |p| p.index + 1), 0));
             log.segments.push(Segment::create(dir, i, o, log.config.index_interval_bytes)?);
         }
-        log.roll_if_linked()?;
+        // Only after an import a crash interrupted: otherwise a linked
+        // tail is this log's own active segment, which its snapshots hold a
+        // prefix of (appending is fine, and a roll at every start would
+        // cost fsyncs and a segment per partition).
+        if log.meta.get::<bool>(meta::KEY_IMPORTING)?.unwrap_or(false) {
+            log.roll_if_linked()?;
+            log.meta.put::<bool>(meta::KEY_IMPORTING, None, Sync::Durable)?;
+        }
         if !log.damage.is_empty() {
             let reason = log.damage.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
             log.set_recovering(Some(reason))?;
@@ -398,8 +405,9 @@ impl PartitionLog {
     }
 
     /// The tail segment of a log that was being replaced may be a hard link
-    /// to a snapshot's file: it must never be written, so seal it and start
-    /// a new active segment.
+    /// to a snapshot's file held whole: it must never be written, so seal
+    /// it and start a new active segment. (Called after an import, and at
+    /// open only when an import was interrupted: see `KEY_IMPORTING`.)
     fn roll_if_linked(&mut self) -> Result<()> {
         use std::os::unix::fs::MetadataExt;
         let interval = self.config.index_interval_bytes;
@@ -1043,6 +1051,7 @@ impl PartitionLog {
         // snapshot, which the caller recorded before calling this.
         let start = expect_next;
         self.meta.put(meta::KEY_EMPTY_START, Some(&start), Sync::Durable)?;
+        self.meta.put(meta::KEY_IMPORTING, Some(&true), Sync::Durable)?;
         self.remove_all_segments()?;
         for ((f, prefix), base) in files.iter().zip(&bases) {
             let dst = self.dir.join(crate::segment::segment_file_name(*base));
@@ -1078,6 +1087,7 @@ impl PartitionLog {
         } else {
             self.roll_if_linked()?;
         }
+        self.meta.put::<bool>(meta::KEY_IMPORTING, None, Sync::Durable)?;
         Ok(())
     }
 

@@ -34,6 +34,11 @@ pub const KEY_PURGED: &str = "purged";
 /// Key of `(index, offset)` where the log begins when no segment file
 /// exists, written durably before the log is replaced.
 pub const KEY_EMPTY_START: &str = "empty_start";
+/// Key set (durably) while a snapshot's segments are being imported into
+/// the log and cleared once the imported tail is rolled past: an open that
+/// finds it rolls a tail another name links, so a file a snapshot holds
+/// whole is never appended to.
+pub const KEY_IMPORTING: &str = "importing";
 /// Key of the log start offset set by retention (absent: 0; see
 /// [`crate::PartitionLog::advance_log_start`]).
 pub const KEY_LOG_START: &str = "log_start";

@@ -338,6 +338,31 @@ fn a_snapshot_links_the_active_segment_and_holds_only_its_prefix() {
     });
 }
 
+/// A restart does not roll a log whose active segment only its own
+/// snapshot links (a prefix of it): appending there is safe, and a roll at
+/// every start would cost a segment and fsyncs per partition.
+#[test]
+fn a_restart_keeps_appending_to_an_active_segment_its_snapshot_links() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_entries(dir.path(), tiny(), 25);
+    TypeConfig::run(async {
+        let (_leader, snap) = snapshot_of_written(dir.path(), 25).await;
+        assert_eq!(
+            snap.snapshot.manifest().expect("manifest").prefix_bytes.len(),
+            1,
+            "the test needs a linked active segment"
+        );
+    });
+    let before = segments(dir.path());
+    let replica = Replica::open(dir.path(), tiny(), flusher()).expect("reopen");
+    assert_eq!(segments(dir.path()), before, "the restart rolled the active segment");
+    TypeConfig::run(async {
+        let mut store = replica.log_store();
+        common::append_durable(&mut store, vec![common::entry(1, 25, 300)]).await.expect("append");
+    });
+    assert_eq!(replica.log_end_offset(), common::base_offset(26));
+}
+
 /// Flips a payload bit of entry `n` of a segment written by
 /// [`write_entries`] (300-byte payloads, 80-byte frame headers).
 fn flip_payload_bit(seg: &Path, n: u64) {
