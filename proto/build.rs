@@ -2,7 +2,11 @@
 //! Rust protobuf compiler, so no system `protoc` is needed.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["ferrolog/raft/v1/raft.proto", "ferrolog/client/v1/client.proto"];
+    let protos = [
+        "ferrolog/raft/v1/raft.proto",
+        "ferrolog/client/v1/client.proto",
+        "ferrolog/groups/v1/offsets.proto",
+    ];
     for p in protos {
         println!("cargo:rerun-if-changed={p}");
     }

@@ -61,6 +61,8 @@ pub struct BrokerConfig {
     pub compaction: CompactionConfig,
     /// Idempotent producer state.
     pub producers: ProducersConfig,
+    /// Consumer groups (`crate::coordinator`).
+    pub groups: GroupsConfig,
     /// Defaults for topic configuration keys, by Kafka's topic-level names
     /// (`"retention.ms" = "604800000"`; the broker-level `log.*` settings of
     /// Kafka): what a topic without its own override gets on this broker.
@@ -124,6 +126,33 @@ pub struct ProducersConfig {
 impl Default for ProducersConfig {
     fn default() -> Self {
         Self { id_expiration_ms: 86_400_000, id_expiration_check_interval_ms: 600_000 }
+    }
+}
+
+/// Consumer groups and their committed offsets (`crate::coordinator`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GroupsConfig {
+    /// Partitions of `__consumer_offsets` when it is created (Kafka's
+    /// `offsets.topic.num.partitions`, 50). Read once: a group's partition
+    /// is its id's hash modulo the topic's count, which never changes.
+    pub offsets_topic_num_partitions: u32,
+    /// Its replication factor (Kafka's `offsets.topic.replication.factor`,
+    /// 3); a cluster with fewer brokers when the topic is created gets
+    /// one replica per broker, with a warning in the log.
+    pub offsets_topic_replication_factor: u32,
+    /// Longest metadata string of a commit, bytes (Kafka's
+    /// `offset.metadata.max.bytes`, 4,096).
+    pub offset_metadata_max_bytes: usize,
+}
+
+impl Default for GroupsConfig {
+    fn default() -> Self {
+        Self {
+            offsets_topic_num_partitions: 50,
+            offsets_topic_replication_factor: 3,
+            offset_metadata_max_bytes: 4096,
+        }
     }
 }
 
@@ -278,6 +307,7 @@ impl Default for BrokerConfig {
             retention: RetentionConfig::default(),
             compaction: CompactionConfig::default(),
             producers: ProducersConfig::default(),
+            groups: GroupsConfig::default(),
             topic_defaults: BTreeMap::new(),
         }
     }
@@ -334,6 +364,13 @@ impl BrokerConfig {
         }
         if self.compaction.dedupe_buffer_bytes < 1 << 20 {
             return bad("compaction.dedupe_buffer_bytes must be ≥ 1 MiB".into());
+        }
+        if self.groups.offsets_topic_num_partitions == 0 || self.groups.offsets_topic_replication_factor == 0
+        {
+            return bad(
+                "groups.offsets_topic_num_partitions and groups.offsets_topic_replication_factor must be ≥ 1"
+                    .into(),
+            );
         }
         if self.producers.id_expiration_check_interval_ms == 0 {
             return bad("producers.id_expiration_check_interval_ms must be ≥ 1".into());

@@ -107,6 +107,50 @@ pub enum ApiError {
     /// a record without a key in a compacted topic. The batch is refused whole.
     #[error("invalid record: {0}")]
     InvalidRecord(String),
+    /// Group calls: this broker is not the group's coordinator (Kafka's
+    /// `NOT_COORDINATOR`); `coordinator` is the one it knows of.
+    #[error("not the group's coordinator{}", coordinator.map(|c| format!("; broker {c} is")).unwrap_or_default())]
+    NotCoordinator {
+        /// The coordinator's broker id, if known.
+        coordinator: Option<BrokerId>,
+    },
+    /// The group's coordinator partition has no leader, or
+    /// `__consumer_offsets` is being created (Kafka's
+    /// `COORDINATOR_NOT_AVAILABLE`). Retriable.
+    #[error("coordinator not available: {0}")]
+    CoordinatorNotAvailable(String),
+    /// The coordinator is reading its partition (Kafka's
+    /// `COORDINATOR_LOAD_IN_PROGRESS`). Retriable.
+    #[error("coordinator load in progress: {0}")]
+    CoordinatorLoadInProgress(String),
+    /// A member call from a generation that is not the group's current one
+    /// (Kafka's `ILLEGAL_GENERATION`).
+    #[error("illegal generation: {0}")]
+    IllegalGeneration(String),
+    /// A member call from a member id the group does not have (Kafka's
+    /// `UNKNOWN_MEMBER_ID`).
+    #[error("unknown member id: {0}")]
+    UnknownMemberId(String),
+    /// The group has neither members nor committed offsets (Kafka's
+    /// `GROUP_ID_NOT_FOUND`).
+    #[error("group {0:?} not found")]
+    GroupIdNotFound(String),
+    /// The group has members (Kafka's `NON_EMPTY_GROUP`).
+    #[error("group {0:?} has members; stop them first")]
+    NonEmptyGroup(String),
+    /// An empty or over-long group id (Kafka's `INVALID_GROUP_ID`).
+    #[error("invalid group id: {0}")]
+    InvalidGroupId(String),
+    /// A commit's metadata over `groups.offset_metadata_max_bytes` (Kafka's
+    /// `OFFSET_METADATA_TOO_LARGE`).
+    #[error("offset metadata too large: {0}")]
+    OffsetMetadataTooLarge(String),
+    /// A commit below the committed offset without `allow_backwards`.
+    #[error("commit goes backwards: {0}")]
+    OffsetCommitBackwards(String),
+    /// A produce to an internal topic (`__consumer_offsets`).
+    #[error("topic {0:?} is internal: only its coordinators write it")]
+    InternalTopic(String),
 }
 
 fn current_suffix(current: &Option<String>) -> String {

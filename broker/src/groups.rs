@@ -431,6 +431,25 @@ impl GroupRegistry {
         g.by_id.get(group).and_then(|h| h.partition.clone())
     }
 
+    /// The leader of partition `a`: as the local replica knows it, or, for
+    /// a partition not hosted here (or whose replica knows none: just
+    /// restarted, its idle leader has not sent a heartbeat yet), the
+    /// replica's broker whose last ping to `me` listed the group among
+    /// those it leads (`liveness`). 0 when unknown. Looked up by group id
+    /// (this incarnation's replica, no key to build: a Metadata answer
+    /// does this for every partition).
+    pub fn leader_of(
+        &self,
+        liveness: &crate::control::liveness::Liveness,
+        me: crate::config::BrokerId,
+        a: &crate::metadata::command::PartitionAssignment,
+    ) -> crate::config::BrokerId {
+        if let Some(b) = self.partition_of(a.group).and_then(|p| p.leader_broker()) {
+            return b;
+        }
+        a.replicas.iter().map(|r| r.broker).find(|b| *b != me && liveness.leads(*b, a.group)).unwrap_or(0)
+    }
+
     /// The hosted partition of `group`, if it is one.
     pub fn partition_of(&self, group: GroupId) -> Option<Arc<Partition>> {
         self.groups

@@ -43,12 +43,15 @@
 //!   probe, memory give-back and the open-file watch; and handover
 //!   (leadership transfer on request, and the controlled shutdown that
 //!   hands every leadership over before the broker stops).
+//! - [`coordinator`]: consumer groups: their coordinator (the leader of the
+//!   group's partition of `__consumer_offsets`) and committed offsets.
 //! - [`identity`]: a data directory's broker id and incarnation.
 //! - [`logging`]: log output, with repeated warnings rate-limited and summarised.
 
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod coordinator;
 pub mod dump;
 pub mod error;
 pub mod groups;

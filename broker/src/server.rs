@@ -458,9 +458,18 @@ impl Broker {
         ));
 
         let max_connections = config.limits.max_connections;
+        let coordinator = crate::coordinator::Coordinator::new(
+            me,
+            reconciler.groups.clone(),
+            liveness.clone(),
+            controller.clone(),
+            config.groups.clone(),
+            config.limits.clone(),
+        );
         let service = ClientService {
             broker: me,
             limits: config.limits.clone(),
+            coordinator,
             controller,
             groups: reconciler.groups.clone(),
             failures,

@@ -526,7 +526,7 @@ fn topic_id_to_send(meta: &MetadataCache, topic: &str, bound: Option<TopicId>) -
     bound.or_else(|| meta.snapshot().topics.get(topic).and_then(|t| t.topic_id))
 }
 
-async fn list_offset(
+pub(crate) async fn list_offset(
     meta: &MetadataCache,
     config: &ConsumerConfig,
     topic: &str,

@@ -317,8 +317,9 @@ impl Error {
 
     /// Whether retrying may help; see [`Retry`].
     ///
-    /// Retried: `NOT_LEADER`, `UNAVAILABLE`, `DUPLICATE_IN_FLIGHT`,
-    /// `UNKNOWN_TOPIC` (metadata of a new topic reaches brokers at different
+    /// Retried: `NOT_LEADER`, `UNAVAILABLE`, `DUPLICATE_IN_FLIGHT`, the
+    /// coordinator's `NOT_COORDINATOR`, `COORDINATOR_NOT_AVAILABLE` and
+    /// `COORDINATOR_LOAD_IN_PROGRESS`, `UNKNOWN_TOPIC` (metadata of a new topic reaches brokers at different
     /// times; Kafka retries `UNKNOWN_TOPIC_OR_PARTITION` too), transport
     /// failures and timeouts. `OUT_OF_ORDER_SEQUENCE` is
     /// [`Retry::AfterEarlierFailure`]. Everything else is permanent,
@@ -332,7 +333,10 @@ impl Error {
                     ErrorCode::NotLeader
                     | ErrorCode::Unavailable
                     | ErrorCode::DuplicateInFlight
-                    | ErrorCode::UnknownTopic,
+                    | ErrorCode::UnknownTopic
+                    | ErrorCode::NotCoordinator
+                    | ErrorCode::CoordinatorNotAvailable
+                    | ErrorCode::CoordinatorLoadInProgress,
                 ) => Retry::Yes,
                 Ok(ErrorCode::OutOfOrderSequence) => Retry::AfterEarlierFailure,
                 _ => Retry::No,
@@ -369,7 +373,13 @@ impl Error {
             Error::Broker { .. } => {
                 matches!(
                     self.code(),
-                    Some(ErrorCode::NotLeader | ErrorCode::Unavailable | ErrorCode::UnknownTopic)
+                    Some(
+                        ErrorCode::NotLeader
+                            | ErrorCode::Unavailable
+                            | ErrorCode::UnknownTopic
+                            | ErrorCode::NotCoordinator
+                            | ErrorCode::CoordinatorNotAvailable
+                    )
                 )
             }
             Error::Transport { .. } | Error::Timeout { .. } | Error::NoBrokerReachable { .. } => true,

@@ -7,6 +7,7 @@
 //!                       │ batches by size and linger, sequence numbers (KIP-98), ≤ 5 in flight per partition
 //!                       └─ NOT_LEADER / UNAVAILABLE / transport ──> MetadataCache::refresh, backoff, resend in order
 //!  Consumer::poll ──> one long-poll Fetch per assigned partition ──> decode RecordSet, skip below position
+//!  Groups ──FindCoordinator──> any broker; OffsetCommit / OffsetFetch / DescribeGroup ──> the group's coordinator
 //!  Admin ──> CreateTopic / DeleteTopic / Metadata to any broker; PartitionStatus to each partition's leader
 //!  MetadataCache ──Metadata RPC──> any known or bootstrap broker; one lazily connected channel per address
 //! ```
@@ -18,6 +19,8 @@
 //!   records without a key, KIP-480).
 //! - [`metadata`]: brokers, topics and partition leaders, cached and refreshed.
 //! - [`admin`]: topics, partitions (reassignment, leadership) and cluster status.
+//! - [`group`]: consumer groups' committed offsets: find the coordinator, commit,
+//!   read back, list, describe, delete.
 //! - [`rebalance`]: planning reassignments that even out replicas and
 //!   preferred leaders per broker, or drain a broker.
 //! - [`producer`]: the idempotent batching producer.
@@ -54,6 +57,7 @@
 pub mod admin;
 pub mod consumer;
 pub mod error;
+pub mod group;
 pub mod metadata;
 pub mod partitioner;
 pub mod producer;
@@ -65,6 +69,7 @@ pub use admin::Admin;
 pub use consumer::{Consumer, ConsumerConfig, OnTopicRecreated, Seek, TopicRestart};
 pub use error::{Error, Result};
 pub use ferrolog_proto::TopicId;
+pub use group::Groups;
 pub use metadata::{ClientConfig, MetadataCache};
 pub use producer::{Delivery, Producer, ProducerConfig};
 pub use record::{ConsumerRecord, Header, Record, RecordMetadata};

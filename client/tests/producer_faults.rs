@@ -299,6 +299,30 @@ impl Ferrolog for FakeBroker {
         Err(Status::unimplemented("describe topic config"))
     }
 
+    async fn find_coordinator(&self, _: Request<pb::FindCoordinatorRequest>) -> Result<Response<pb::FindCoordinatorResponse>, Status> {
+        Err(Status::unimplemented("find coordinator"))
+    }
+
+    async fn offset_commit(&self, _: Request<pb::OffsetCommitRequest>) -> Result<Response<pb::OffsetCommitResponse>, Status> {
+        Err(Status::unimplemented("offset commit"))
+    }
+
+    async fn offset_fetch(&self, _: Request<pb::OffsetFetchRequest>) -> Result<Response<pb::OffsetFetchResponse>, Status> {
+        Err(Status::unimplemented("offset fetch"))
+    }
+
+    async fn list_groups(&self, _: Request<pb::ListGroupsRequest>) -> Result<Response<pb::ListGroupsResponse>, Status> {
+        Err(Status::unimplemented("list groups"))
+    }
+
+    async fn describe_group(&self, _: Request<pb::DescribeGroupRequest>) -> Result<Response<pb::DescribeGroupResponse>, Status> {
+        Err(Status::unimplemented("describe group"))
+    }
+
+    async fn delete_group(&self, _: Request<pb::DeleteGroupRequest>) -> Result<Response<pb::AdminResponse>, Status> {
+        Err(Status::unimplemented("delete group"))
+    }
+
     async fn alter_partition_reassignments(
         &self,
         _: Request<pb::AlterPartitionReassignmentsRequest>,

@@ -3,6 +3,8 @@
 //! - [`raft`]: the broker-to-broker Raft transport (`ferrolog/raft/v1/raft.proto`).
 //! - [`client`]: the client API: produce, fetch, offsets, metadata, topics
 //!   (`ferrolog/client/v1/client.proto`).
+//! - [`groups`]: the records of the internal topic `__consumer_offsets`
+//!   (`ferrolog/groups/v1/offsets.proto`): committed offsets and group state.
 
 /// Broker-to-broker Raft transport, package `ferrolog.raft.v1`.
 #[allow(missing_docs, clippy::all, rust_2018_idioms)]
@@ -14,6 +16,12 @@ pub mod raft {
 #[allow(missing_docs, clippy::all, rust_2018_idioms)]
 pub mod client {
     tonic::include_proto!("ferrolog.client.v1");
+}
+
+/// The records of `__consumer_offsets`, package `ferrolog.groups.v1`.
+#[allow(missing_docs, clippy::all, rust_2018_idioms)]
+pub mod groups {
+    tonic::include_proto!("ferrolog.groups.v1");
 }
 
 /// A topic's identity (Kafka's KIP-516 topic id): 128 bits assigned by the

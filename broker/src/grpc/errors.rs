@@ -30,10 +30,21 @@ pub fn to_wire(e: &ApiError, image: &MetadataImage) -> Error {
         ApiError::InvalidPartitions(_) => ErrorCode::InvalidPartitions,
         ApiError::InvalidConfig(_) => ErrorCode::InvalidConfig,
         ApiError::InvalidRecord(_) => ErrorCode::InvalidRecord,
+        ApiError::NotCoordinator { .. } => ErrorCode::NotCoordinator,
+        ApiError::CoordinatorNotAvailable(_) => ErrorCode::CoordinatorNotAvailable,
+        ApiError::CoordinatorLoadInProgress(_) => ErrorCode::CoordinatorLoadInProgress,
+        ApiError::IllegalGeneration(_) => ErrorCode::IllegalGeneration,
+        ApiError::UnknownMemberId(_) => ErrorCode::UnknownMemberId,
+        ApiError::GroupIdNotFound(_) => ErrorCode::GroupIdNotFound,
+        ApiError::NonEmptyGroup(_) => ErrorCode::NonEmptyGroup,
+        ApiError::InvalidGroupId(_) => ErrorCode::InvalidGroupId,
+        ApiError::OffsetMetadataTooLarge(_) => ErrorCode::OffsetMetadataTooLarge,
+        ApiError::OffsetCommitBackwards(_) => ErrorCode::OffsetCommitBackwards,
+        ApiError::InternalTopic(_) => ErrorCode::InternalTopic,
     };
     let mut wire = Error { code: code as i32, message: e.to_string(), ..Error::default() };
     match e {
-        ApiError::NotLeader { leader: Some(id) } => {
+        ApiError::NotLeader { leader: Some(id) } | ApiError::NotCoordinator { coordinator: Some(id) } => {
             wire.leader =
                 image.brokers.get(id).map(|b| LeaderHint { broker_id: *id, address: b.client_addr.clone() });
         }

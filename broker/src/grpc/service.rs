@@ -17,6 +17,11 @@ use ferrolog_proto::client::{
     RecordBatch as WireBatch, RemoveRaftVoterRequest, ReplicaState, SubscribeRequest, TopicInfo,
     TransferLeaderRequest, TransferLeaderResponse,
 };
+use ferrolog_proto::client::{
+    CommittedOffset as WireCommitted, DeleteGroupRequest, DescribeGroupRequest, DescribeGroupResponse,
+    FindCoordinatorRequest, FindCoordinatorResponse, GroupListing, ListGroupsRequest, ListGroupsResponse,
+    OffsetCommitRequest, OffsetCommitResponse, OffsetCommitResult, OffsetFetchRequest, OffsetFetchResponse,
+};
 use futures::Stream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -25,6 +30,7 @@ use super::errors::to_wire;
 use crate::config::{BrokerId, Limits};
 use crate::control::handover;
 use crate::control::liveness::Liveness;
+use crate::coordinator::{self, CommitRequest, Coordinator, GroupDescription, OFFSETS_TOPIC};
 use crate::error::ApiError;
 use crate::groups::GroupRegistry;
 use crate::metadata::command::{ControllerReply, ControllerRequest, PartitionAssignment, PartitionMove};
@@ -67,6 +73,8 @@ pub struct ClientService {
     pub limits: Limits,
     /// Metadata and administrative requests.
     pub controller: Controller,
+    /// Consumer groups this broker coordinates.
+    pub coordinator: Coordinator,
     /// Hosted groups.
     pub groups: GroupRegistry,
     /// Replicas that failed (shown by partition status).
@@ -182,24 +190,9 @@ impl ClientService {
         Err(ApiError::NotLeader { leader: other })
     }
 
-    /// The partition's leader: as the local replica knows it, or, for a
-    /// partition not hosted here, the replica's broker whose last ping
-    /// listed the group among those it leads. 0 when unknown.
+    /// The partition's leader ([`GroupRegistry::leader_of`]); 0 when unknown.
     fn leader_of(&self, a: &PartitionAssignment) -> BrokerId {
-        // A replica that knows its leader says so; one that does not (just
-        // restarted, its idle leader has not sent a heartbeat yet), and a
-        // broker without a replica, name the replica's broker that says in
-        // its pings that it leads. Looked up by group (this incarnation's
-        // replica, no key to build: a Metadata answer does this for every
-        // partition).
-        if let Some(b) = self.groups.partition_of(a.group).and_then(|p| p.leader_broker()) {
-            return b;
-        }
-        a.replicas
-            .iter()
-            .map(|r| r.broker)
-            .find(|b| *b != self.broker && self.liveness.leads(*b, a.group))
-            .unwrap_or(0)
+        self.groups.leader_of(&self.liveness, self.broker, a)
     }
 
     fn batches(out: &FetchOutcome) -> Vec<WireBatch> {
@@ -259,10 +252,123 @@ type SubscribeStream = Pin<Box<dyn Stream<Item = Result<FetchResponse, Status>> 
 
 #[tonic::async_trait]
 impl Ferrolog for ClientService {
+    async fn find_coordinator(
+        &self,
+        request: Request<FindCoordinatorRequest>,
+    ) -> Result<Response<FindCoordinatorResponse>, Status> {
+        let group = request.into_inner().group_id;
+        Ok(Response::new(match self.coordinator.find(&group).await {
+            Ok((partition, broker)) => FindCoordinatorResponse {
+                error: None,
+                broker_id: broker,
+                address: self
+                    .controller
+                    .image()
+                    .brokers
+                    .get(&broker)
+                    .map(|b| b.client_addr.clone())
+                    .unwrap_or_default(),
+                partition,
+            },
+            Err(e) => FindCoordinatorResponse { error: self.wire(&e), ..FindCoordinatorResponse::default() },
+        }))
+    }
+
+    async fn offset_commit(
+        &self,
+        request: Request<OffsetCommitRequest>,
+    ) -> Result<Response<OffsetCommitResponse>, Status> {
+        let r = request.into_inner();
+        let offsets = r
+            .offsets
+            .into_iter()
+            .map(|o| CommitRequest {
+                topic: o.topic,
+                partition: o.partition,
+                offset: o.offset,
+                metadata: o.metadata,
+            })
+            .collect();
+        let result = self
+            .coordinator
+            .commit(&r.group_id, r.generation_id, &r.member_id, offsets, r.allow_backwards)
+            .await;
+        Ok(Response::new(match result {
+            Ok(results) => OffsetCommitResponse {
+                error: None,
+                results: results
+                    .into_iter()
+                    .map(|(c, e)| OffsetCommitResult {
+                        topic: c.topic,
+                        partition: c.partition,
+                        error: e.and_then(|e| self.wire(&e)),
+                    })
+                    .collect(),
+            },
+            Err(e) => OffsetCommitResponse { error: self.wire(&e), results: Vec::new() },
+        }))
+    }
+
+    async fn offset_fetch(
+        &self,
+        request: Request<OffsetFetchRequest>,
+    ) -> Result<Response<OffsetFetchResponse>, Status> {
+        let r = request.into_inner();
+        let partitions = r.partitions.into_iter().map(|p| (p.topic, p.partition)).collect();
+        Ok(Response::new(match self.coordinator.fetch(&r.group_id, partitions).await {
+            Ok(offsets) => OffsetFetchResponse {
+                error: None,
+                offsets: offsets.into_iter().map(wire_committed).collect(),
+            },
+            Err(e) => OffsetFetchResponse { error: self.wire(&e), offsets: Vec::new() },
+        }))
+    }
+
+    async fn list_groups(
+        &self,
+        _request: Request<ListGroupsRequest>,
+    ) -> Result<Response<ListGroupsResponse>, Status> {
+        let groups = self
+            .coordinator
+            .list()
+            .await
+            .into_iter()
+            .map(|g| GroupListing { group_id: g.group, state: g.state.into(), members: g.members as u32 })
+            .collect();
+        Ok(Response::new(ListGroupsResponse { error: None, groups }))
+    }
+
+    async fn describe_group(
+        &self,
+        request: Request<DescribeGroupRequest>,
+    ) -> Result<Response<DescribeGroupResponse>, Status> {
+        let group = request.into_inner().group_id;
+        Ok(Response::new(match self.coordinator.describe(&group).await {
+            Ok(d) => wire_description(d, self.broker),
+            Err(e) => DescribeGroupResponse {
+                error: self.wire(&e),
+                group_id: group,
+                ..DescribeGroupResponse::default()
+            },
+        }))
+    }
+
+    async fn delete_group(
+        &self,
+        request: Request<DeleteGroupRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
+        let group = request.into_inner().group_id;
+        let error = self.coordinator.delete(&group).await.err().and_then(|e| self.wire(&e));
+        Ok(Response::new(AdminResponse { error }))
+    }
+
     async fn produce(&self, request: Request<ProduceRequest>) -> Result<Response<ProduceResponse>, Status> {
         let req = request.into_inner();
         let span = tracing::debug_span!("produce", node = self.broker, partition = %format!("{}-{}", req.topic, req.partition));
         let result = async {
+            if req.topic == OFFSETS_TOPIC {
+                return Err(ApiError::InternalTopic(req.topic));
+            }
             let topic_id = TopicId::from_wire(&req.topic_id).map_err(ApiError::Invalid)?;
             let Served { partition, max_batch_bytes, log_append_time, compacted } =
                 self.served(&req.topic, req.partition, topic_id).await?;
@@ -498,6 +604,12 @@ impl Ferrolog for ClientService {
         if let Err(e) = crate::metadata::controller::validate_topic_name(&r.name) {
             return Ok(Response::new(AdminResponse { error: self.wire(&e) }));
         }
+        if r.name == OFFSETS_TOPIC {
+            let e = ApiError::Invalid(format!(
+                "{OFFSETS_TOPIC} is internal: it is created on the first group call"
+            ));
+            return Ok(Response::new(AdminResponse { error: self.wire(&e) }));
+        }
         let req = ControllerRequest::CreateTopic {
             name: r.name,
             partitions: r.partitions,
@@ -594,6 +706,13 @@ impl Ferrolog for ClientService {
         request: Request<CreatePartitionsRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
         let r = request.into_inner();
+        if r.topic == OFFSETS_TOPIC {
+            // A group's partition is its id's hash modulo the count.
+            let e = ApiError::InvalidPartitions(format!(
+                "{OFFSETS_TOPIC} keeps its partition count: every group's coordinator would move"
+            ));
+            return Ok(Response::new(AdminResponse { error: self.wire(&e) }));
+        }
         let req = ControllerRequest::CreatePartitions { name: r.topic, count: r.count };
         self.admin_response(req).await
     }
@@ -602,7 +721,14 @@ impl Ferrolog for ClientService {
         &self,
         request: Request<DeleteTopicRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
-        let req = ControllerRequest::DeleteTopic { name: request.into_inner().name };
+        let name = request.into_inner().name;
+        if name == OFFSETS_TOPIC {
+            let e = ApiError::Invalid(format!(
+                "{OFFSETS_TOPIC} is internal: deleting it would lose every group's offsets"
+            ));
+            return Ok(Response::new(AdminResponse { error: self.wire(&e) }));
+        }
+        let req = ControllerRequest::DeleteTopic { name };
         self.admin_response(req).await
     }
 
@@ -800,5 +926,28 @@ impl ClientService {
                 "broker {to} did not take {name} over within {TRANSFER_LEADER_WAIT:?}, nor did another replica: its replicas are electing a leader"
             ))),
         }
+    }
+}
+
+/// A committed offset on the wire.
+fn wire_committed(c: coordinator::CommittedOffset) -> WireCommitted {
+    let (offset, metadata, commit_timestamp_ms) = match c.committed {
+        Some(v) => (Some(v.offset), v.metadata, v.commit_timestamp_ms),
+        None => (None, String::new(), 0),
+    };
+    WireCommitted { topic: c.topic, partition: c.partition, offset, metadata, commit_timestamp_ms }
+}
+
+/// A group's description on the wire, as answered by `coordinator`.
+fn wire_description(d: GroupDescription, coordinator: BrokerId) -> DescribeGroupResponse {
+    DescribeGroupResponse {
+        error: None,
+        group_id: d.group,
+        state: d.state.into(),
+        generation_id: d.generation,
+        protocol: d.protocol,
+        members: Vec::new(),
+        offsets: d.offsets.into_iter().map(wire_committed).collect(),
+        coordinator,
     }
 }

@@ -377,7 +377,33 @@ impl Partition {
     /// # Errors
     /// Not leader, unavailable, sequence errors (KIP-98), storage errors.
     pub async fn produce(self: &Arc<Self>, batch: RecordBatch) -> Result<(u64, bool), ApiError> {
+        self.produce_checked(batch, None).await
+    }
+
+    /// [`Partition::produce`] as the leader of `term` only: a replica that
+    /// leads in another term (it lost the leadership and won it again)
+    /// answers [`ApiError::NotLeader`] without writing. For a writer whose
+    /// decision rests on what it read in `term` (the group coordinator).
+    ///
+    /// # Errors
+    /// As [`Partition::produce`].
+    pub async fn produce_in_term(
+        self: &Arc<Self>,
+        batch: RecordBatch,
+        term: u64,
+    ) -> Result<(u64, bool), ApiError> {
+        self.produce_checked(batch, Some(term)).await
+    }
+
+    async fn produce_checked(
+        self: &Arc<Self>,
+        batch: RecordBatch,
+        in_term: Option<u64>,
+    ) -> Result<(u64, bool), ApiError> {
         let term = self.ready_leader().await?;
+        if in_term.is_some_and(|t| t != term) {
+            return Err(self.not_leader());
+        }
         if self.lost_quorum() {
             // Handing over (see crate::control::checkquorum): the client should find the next leader.
             return Err(ApiError::NotLeader { leader: None });

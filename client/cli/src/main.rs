@@ -9,6 +9,7 @@
 //! - [`reassign`]: `ferrolog partition reassign` and `partition describe`.
 //! - [`brokers`]: `ferrolog broker list|decommission` and `ferrolog cluster rebalance`.
 //! - [`controller`]: `ferrolog controller add|remove` (the controller quorum).
+//! - [`group`]: `ferrolog group list|describe|reset-offsets|delete` (consumer groups' offsets).
 //! - `ferrolog broker run`: runs a broker in this process (what `ferrolog dev` starts).
 
 mod admin;
@@ -16,6 +17,7 @@ mod brokers;
 mod consume;
 mod controller;
 mod dev;
+mod group;
 mod input;
 mod output;
 mod produce;
@@ -81,6 +83,10 @@ enum Command {
     /// The controller quorum: add or remove a voter.
     #[command(subcommand)]
     Controller(controller::ControllerCommand),
+    /// Consumer groups: list, describe (committed offsets and lag), reset
+    /// offsets, delete.
+    #[command(subcommand)]
+    Group(group::GroupCommand),
 }
 
 /// `ferrolog broker ...`.
@@ -158,6 +164,10 @@ async fn main() -> ExitCode {
         Command::Consume(args) => {
             init_client_tracing();
             consume::run(bootstrap, args).await
+        }
+        Command::Group(c) => {
+            init_client_tracing();
+            group::run(bootstrap, c).await
         }
     };
     match result {

@@ -1354,3 +1354,88 @@ fn compaction_edge_logs_empty_values_and_keys_tombstones_and_an_empty_topic() {
     let tail = c.run(&["consume", "edge", "-p", "0", "--from", "5", "--output", "json"], None);
     assert!(tail.status.success() && tail.stdout.is_empty(), "{}", String::from_utf8_lossy(&tail.stderr));
 }
+
+/// The row of `group describe` for `topic`'s `partition`: committed,
+/// log end, lag.
+fn group_row(out: &str, topic: &str, partition: u32) -> Option<(String, String, String)> {
+    out.lines().find_map(|l| {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        (w.len() >= 5 && w[0] == topic && w[1] == partition.to_string())
+            .then(|| (w[2].to_owned(), w[3].to_owned(), w[4].to_owned()))
+    })
+}
+
+#[test]
+fn group_offsets_are_reset_by_dry_run_then_execute_described_with_lag_and_deleted() {
+    // The default broker config: __consumer_offsets gets 50 partitions on
+    // the first group call.
+    let c = Brokers::start();
+    c.ok(&["topic", "create", "events", "--partitions", "2", "--replication-factor", "3"], None);
+    // Keyed lines: 10 records in partition 0, 3 in partition 1.
+    let key_for = |p: u32| {
+        (0..).map(|i| format!("k{i}")).find(|k| partition_for_key(k.as_bytes(), 2) == p).expect("a key")
+    };
+    let (k0, k1) = (key_for(0), key_for(1));
+    let mut lines: String = (0..10).map(|i| format!("{k0}:e{i}\n")).collect();
+    lines.extend((0..3).map(|i| format!("{k1}:f{i}\n")));
+    c.ok(&["produce", "events", "--key-separator", ":"], Some(&lines));
+
+    // A dry run prints the new offsets and commits nothing.
+    let out = c.ok(&["group", "reset-offsets", "audit", "--topic", "events", "--to", "4"], None);
+    assert!(out.contains("dry run: nothing committed"), "{out}");
+    assert!(
+        out.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["audit", "events", "0", "-", "4"]),
+        "{out}"
+    );
+    let err = c.fails(&["group", "describe", "audit"], None);
+    assert!(err.contains("GROUP_ID_NOT_FOUND"), "{err}");
+
+    // Executed: committed, and described with the log end and the lag.
+    let out = c.ok(&["group", "reset-offsets", "audit", "--topic", "events", "--to", "4", "--execute"], None);
+    assert!(out.contains("committed 2 offsets"), "{out}");
+    let out = c.ok(&["group", "describe", "audit"], None);
+    assert!(out.contains("group audit: Empty"), "{out}");
+    assert_eq!(group_row(&out, "events", 0), Some(("4".into(), "10".into(), "6".into())), "{out}");
+    // Partition 1 has 3 records: offset 4 is past its end, so it was
+    // asked for as given and the lag is 0 (the group reads from 4 once
+    // records arrive there).
+    assert_eq!(group_row(&out, "events", 1).map(|r| r.0), Some("4".into()), "{out}");
+
+    // To the earliest offset, of one partition only: going back is what a reset is for.
+    let out = c.ok(
+        &[
+            "group",
+            "reset-offsets",
+            "audit",
+            "--topic",
+            "events",
+            "--partitions",
+            "0",
+            "--to",
+            "earliest",
+            "--execute",
+        ],
+        None,
+    );
+    assert!(out.contains("committed 1 offsets"), "{out}");
+    let out = c.ok(&["group", "describe", "audit"], None);
+    assert_eq!(group_row(&out, "events", 0), Some(("0".into(), "10".into(), "10".into())), "{out}");
+    let out =
+        c.ok(&["group", "reset-offsets", "audit", "--topic", "events", "--to", "latest", "--execute"], None);
+    assert!(out.contains("committed 2 offsets"), "{out}");
+    let out = c.ok(&["group", "describe", "audit"], None);
+    assert_eq!(group_row(&out, "events", 0), Some(("10".into(), "10".into(), "0".into())), "{out}");
+    assert_eq!(group_row(&out, "events", 1), Some(("3".into(), "3".into(), "0".into())), "{out}");
+    let err = c.fails(&["group", "reset-offsets", "audit", "--topic", "events", "--to", "soon"], None);
+    assert!(err.contains("not earliest, latest, an offset or a time"), "{err}");
+
+    // Listed; deleted; gone.
+    let out = c.ok(&["group", "list"], None);
+    assert!(out.lines().any(|l| l.starts_with("audit ") && l.contains("Empty")), "{out}");
+    let out = c.ok(&["group", "delete", "audit"], None);
+    assert!(out.contains("deleted group \"audit\""), "{out}");
+    let err = c.fails(&["group", "describe", "audit"], None);
+    assert!(err.contains("GROUP_ID_NOT_FOUND"), "{err}");
+    let out = c.ok(&["group", "list"], None);
+    assert!(!out.contains("audit"), "{out}");
+}

@@ -1,0 +1,210 @@
+//! One coordinator partition's groups in memory: what its records say, and
+//! the rules a commit must pass. Pure: [`super::Coordinator`] reads the
+//! partition into it when it takes over, checks requests against it and
+//! applies the records once they are committed.
+
+use std::collections::BTreeMap;
+
+use ferrolog_proto::TopicId;
+
+use super::records::{Committed, Entry, GroupMeta};
+use crate::error::ApiError;
+
+/// Kafka's group states, as `ListGroups` and `DescribeGroups` name them.
+/// Without membership (issue 13's later part) every group is `Empty`.
+pub const EMPTY: &str = "Empty";
+
+/// One group: its membership record and its committed offsets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Group {
+    /// The last membership record, if any.
+    pub meta: Option<GroupMeta>,
+    /// Committed offsets by (topic, partition).
+    pub offsets: BTreeMap<(String, u32), Committed>,
+}
+
+impl Group {
+    /// Kafka's state name.
+    pub fn state(&self) -> &'static str {
+        EMPTY
+    }
+
+    /// How many members it has.
+    pub fn members(&self) -> usize {
+        0
+    }
+
+    /// The generation of its last rebalance (0 for a group that never had one).
+    pub fn generation(&self) -> i32 {
+        self.meta.as_ref().map_or(0, |m| m.generation)
+    }
+
+    /// The committed offset of `topic`'s `partition` for the topic's
+    /// incarnation `topic_id` (KIP-516): one committed for an earlier
+    /// topic of the same name is none.
+    pub fn committed(&self, topic: &str, partition: u32, topic_id: TopicId) -> Option<&Committed> {
+        self.offsets.get(&(topic.to_owned(), partition)).filter(|c| c.topic_id == Some(topic_id))
+    }
+}
+
+/// The groups of one coordinator partition.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Groups {
+    groups: BTreeMap<String, Group>,
+}
+
+impl Groups {
+    /// Applies one stored record, in log order.
+    pub fn apply(&mut self, entry: Entry) {
+        match entry {
+            Entry::Offset { group, topic, partition, value: Some(c) } => {
+                self.groups.entry(group).or_default().offsets.insert((topic, partition), c);
+            }
+            Entry::Offset { group, topic, partition, value: None } => {
+                if let Some(g) = self.groups.get_mut(&group) {
+                    g.offsets.remove(&(topic, partition));
+                    self.forget_if_empty(&group);
+                }
+            }
+            Entry::Group { group, value: Some(m) } => self.groups.entry(group).or_default().meta = Some(m),
+            Entry::Group { group, value: None } => {
+                if let Some(g) = self.groups.get_mut(&group) {
+                    g.meta = None;
+                    self.forget_if_empty(&group);
+                }
+            }
+            Entry::Unknown => {}
+        }
+    }
+
+    fn forget_if_empty(&mut self, group: &str) {
+        if self.groups.get(group).is_some_and(|g| g.meta.is_none() && g.offsets.is_empty()) {
+            self.groups.remove(group);
+        }
+    }
+
+    /// The group `id`, if it has a membership record or an offset.
+    pub fn get(&self, id: &str) -> Option<&Group> {
+        self.groups.get(id)
+    }
+
+    /// Every group, by id.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Group)> {
+        self.groups.iter()
+    }
+
+    /// Checks that a commit from `member` of `generation` may be made for
+    /// group `id` (Kafka's GroupCoordinator rules): a commit from outside
+    /// any membership (generation < 0, no member id) only while the group
+    /// has no members; otherwise the member must be one and the generation
+    /// the current one.
+    ///
+    /// # Errors
+    /// [`ApiError::UnknownMemberId`], [`ApiError::IllegalGeneration`].
+    pub fn check_member(&self, id: &str, generation: i32, member: &str) -> Result<(), ApiError> {
+        let members = self.groups.get(id).map_or(0, Group::members);
+        if generation < 0 && member.is_empty() {
+            if members == 0 {
+                return Ok(());
+            }
+            return Err(ApiError::UnknownMemberId(format!(
+                "group {id:?} has {members} members: a commit from outside the group (generation -1) is refused"
+            )));
+        }
+        // No membership yet: every member id is unknown.
+        Err(ApiError::UnknownMemberId(format!(
+            "member {member:?} (generation {generation}) is not a member of group {id:?}"
+        )))
+    }
+
+    /// Checks one partition's commit of `offset` for group `id` against
+    /// the offset committed for the same incarnation of the topic
+    /// (`topic_id`): it must not go back unless `allow_backwards`.
+    ///
+    /// # Errors
+    /// [`ApiError::OffsetCommitBackwards`], naming both offsets.
+    pub fn check_forward(
+        &self,
+        id: &str,
+        topic: &str,
+        partition: u32,
+        topic_id: TopicId,
+        offset: u64,
+        allow_backwards: bool,
+    ) -> Result<(), ApiError> {
+        let committed = self.groups.get(id).and_then(|g| g.committed(topic, partition, topic_id));
+        match committed {
+            Some(c) if offset < c.offset && !allow_backwards => {
+                Err(ApiError::OffsetCommitBackwards(format!(
+                    "group {id:?} has committed offset {} for {topic}-{partition}; {offset} is below it (an offset \
+                 reset may move it back: `ferrolog group reset-offsets`)",
+                    c.offset
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(offset: u64, id: u128) -> Committed {
+        Committed { offset, metadata: String::new(), commit_timestamp_ms: 1, topic_id: Some(TopicId(id)) }
+    }
+
+    fn offset(group: &str, partition: u32, value: Option<Committed>) -> Entry {
+        Entry::Offset { group: group.into(), topic: "t".into(), partition, value }
+    }
+
+    #[test]
+    fn records_replay_to_the_last_value_per_key_and_tombstones_forget() {
+        let mut g = Groups::default();
+        g.apply(offset("a", 0, Some(at(5, 1))));
+        g.apply(offset("a", 0, Some(at(9, 1))));
+        g.apply(offset("a", 1, Some(at(3, 1))));
+        g.apply(offset("b", 0, Some(at(1, 1))));
+        assert_eq!(g.get("a").unwrap().committed("t", 0, TopicId(1)).unwrap().offset, 9);
+        g.apply(offset("b", 0, None));
+        assert!(g.get("b").is_none(), "a group with nothing left is gone");
+        g.apply(Entry::Group { group: "a".into(), value: Some(GroupMeta::default()) });
+        g.apply(offset("a", 0, None));
+        g.apply(offset("a", 1, None));
+        assert!(g.get("a").is_some(), "its membership record keeps it");
+        g.apply(Entry::Group { group: "a".into(), value: None });
+        assert!(g.get("a").is_none());
+        g.apply(Entry::Unknown);
+        assert_eq!(g.iter().count(), 0);
+    }
+
+    #[test]
+    fn an_offset_of_an_earlier_incarnation_is_none() {
+        let mut g = Groups::default();
+        g.apply(offset("a", 0, Some(at(5, 1))));
+        assert!(g.get("a").unwrap().committed("t", 0, TopicId(2)).is_none());
+        // Nor does it hold a commit of the new incarnation back.
+        assert!(g.check_forward("a", "t", 0, TopicId(2), 0, false).is_ok());
+    }
+
+    #[test]
+    fn commits_go_forward_unless_asked() {
+        let mut g = Groups::default();
+        g.apply(offset("a", 0, Some(at(5, 1))));
+        for ok in [5, 6, 1_000] {
+            assert!(g.check_forward("a", "t", 0, TopicId(1), ok, false).is_ok(), "{ok}");
+        }
+        let e = g.check_forward("a", "t", 0, TopicId(1), 4, false).unwrap_err();
+        assert!(matches!(e, ApiError::OffsetCommitBackwards(_)), "{e}");
+        assert!(g.check_forward("a", "t", 0, TopicId(1), 0, true).is_ok());
+        assert!(g.check_forward("other", "t", 0, TopicId(1), 0, false).is_ok());
+    }
+
+    #[test]
+    fn only_commits_from_outside_are_taken_while_a_group_has_no_members() {
+        let g = Groups::default();
+        assert!(g.check_member("a", -1, "").is_ok());
+        assert!(matches!(g.check_member("a", 1, "m-1"), Err(ApiError::UnknownMemberId(_))));
+        assert!(matches!(g.check_member("a", -1, "m-1"), Err(ApiError::UnknownMemberId(_))));
+    }
+}
