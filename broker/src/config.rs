@@ -138,12 +138,20 @@ pub struct GroupsConfig {
     /// is its id's hash modulo the topic's count, which never changes.
     pub offsets_topic_num_partitions: u32,
     /// Its replication factor (Kafka's `offsets.topic.replication.factor`,
-    /// 3); a cluster with fewer brokers when the topic is created gets
-    /// one replica per broker, with a warning in the log.
+    /// 3): group calls answer `COORDINATOR_NOT_AVAILABLE` until that many
+    /// brokers have registered (a smaller cluster sets it lower).
     pub offsets_topic_replication_factor: u32,
     /// Longest metadata string of a commit, bytes (Kafka's
     /// `offset.metadata.max.bytes`, 4,096).
     pub offset_metadata_max_bytes: usize,
+    /// Shortest session timeout a member may ask for, ms (Kafka's
+    /// `group.min.session.timeout.ms`, 6,000).
+    pub min_session_timeout_ms: u64,
+    /// Longest, ms (Kafka's `group.max.session.timeout.ms`, 1,800,000).
+    pub max_session_timeout_ms: u64,
+    /// How long the first rebalance of an empty group waits for more
+    /// members, ms (Kafka's `group.initial.rebalance.delay.ms`, 3,000).
+    pub initial_rebalance_delay_ms: u64,
 }
 
 impl Default for GroupsConfig {
@@ -152,6 +160,9 @@ impl Default for GroupsConfig {
             offsets_topic_num_partitions: 50,
             offsets_topic_replication_factor: 3,
             offset_metadata_max_bytes: 4096,
+            min_session_timeout_ms: 6_000,
+            max_session_timeout_ms: 1_800_000,
+            initial_rebalance_delay_ms: 3_000,
         }
     }
 }
@@ -371,6 +382,17 @@ impl BrokerConfig {
                 "groups.offsets_topic_num_partitions and groups.offsets_topic_replication_factor must be ≥ 1"
                     .into(),
             );
+        }
+        let g = &self.groups;
+        if g.min_session_timeout_ms == 0
+            || g.min_session_timeout_ms > g.max_session_timeout_ms
+            || g.max_session_timeout_ms > i32::MAX as u64
+        {
+            return bad(format!(
+                "groups.min_session_timeout_ms ({}) must be ≥ 1 and ≤ groups.max_session_timeout_ms ({}), \
+                 itself below 2^31",
+                g.min_session_timeout_ms, g.max_session_timeout_ms
+            ));
         }
         if self.producers.id_expiration_check_interval_ms == 0 {
             return bad("producers.id_expiration_check_interval_ms must be ≥ 1".into());

@@ -148,6 +148,21 @@ pub enum ApiError {
     /// A commit below the committed offset without `allow_backwards`.
     #[error("commit goes backwards: {0}")]
     OffsetCommitBackwards(String),
+    /// The group is rebalancing (Kafka's `REBALANCE_IN_PROGRESS`): rejoin.
+    #[error("rebalance in progress: {0}")]
+    RebalanceInProgress(String),
+    /// A session timeout outside the broker's bounds (Kafka's
+    /// `INVALID_SESSION_TIMEOUT`).
+    #[error("invalid session timeout: {0}")]
+    InvalidSessionTimeout(String),
+    /// A static member replaced by a newer instance (Kafka's
+    /// `FENCED_INSTANCE_ID`).
+    #[error("fenced instance id: {0}")]
+    FencedInstanceId(String),
+    /// A member whose protocols the group's members do not share (Kafka's
+    /// `INCONSISTENT_GROUP_PROTOCOL`).
+    #[error("inconsistent group protocol: {0}")]
+    InconsistentGroupProtocol(String),
     /// A produce to an internal topic (`__consumer_offsets`).
     #[error("topic {0:?} is internal: only its coordinators write it")]
     InternalTopic(String),

@@ -466,6 +466,7 @@ impl Broker {
             config.groups.clone(),
             config.limits.clone(),
         );
+        tasks.push(spawn_task("group-coordinator", me, &stopping, coordinator.clone().run()));
         let service = ClientService {
             broker: me,
             limits: config.limits.clone(),

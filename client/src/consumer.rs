@@ -277,6 +277,31 @@ impl Consumer {
         self.ready.retain(|r| !(r.topic == topic && r.partition == partition));
     }
 
+    /// Stops reading a partition: its position, request in flight and
+    /// buffered records are dropped (a later [`Consumer::seek`] assigns it
+    /// again).
+    pub fn unassign(&mut self, topic: &str, partition: u32) {
+        if let Some(mut a) = self.assigned.remove(&(topic.to_owned(), partition))
+            && let Some(task) = a.in_flight.take()
+        {
+            task.abort();
+        }
+        self.ready.retain(|r| !(r.topic == topic && r.partition == partition));
+    }
+
+    /// Binds one assigned partition to the topic incarnation `topic_id`
+    /// (see [`Consumer::bind_topic_id`]).
+    pub fn bind_partition(&mut self, topic: &str, partition: u32, topic_id: TopicId) {
+        if let Some(a) = self.assigned.get_mut(&(topic.to_owned(), partition)) {
+            a.topic_id = Some(topic_id);
+        }
+    }
+
+    /// The topic id (KIP-516) an assigned partition is bound to, once known.
+    pub fn topic_id(&self, topic: &str, partition: u32) -> Option<TopicId> {
+        self.assigned.get(&(topic.to_owned(), partition))?.topic_id
+    }
+
     /// The assigned partitions.
     pub fn assignment(&self) -> Vec<(String, u32)> {
         self.assigned.keys().cloned().collect()

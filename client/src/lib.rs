@@ -8,6 +8,7 @@
 //!                       └─ NOT_LEADER / UNAVAILABLE / transport ──> MetadataCache::refresh, backoff, resend in order
 //!  Consumer::poll ──> one long-poll Fetch per assigned partition ──> decode RecordSet, skip below position
 //!  Groups ──FindCoordinator──> any broker; OffsetCommit / OffsetFetch / DescribeGroup ──> the group's coordinator
+//!  GroupConsumer::poll ──JoinGroup / SyncGroup (leader: assignor)──> coordinator; heartbeat task; Consumer
 //!  Admin ──> CreateTopic / DeleteTopic / Metadata to any broker; PartitionStatus to each partition's leader
 //!  MetadataCache ──Metadata RPC──> any known or bootstrap broker; one lazily connected channel per address
 //! ```
@@ -19,8 +20,12 @@
 //!   records without a key, KIP-480).
 //! - [`metadata`]: brokers, topics and partition leaders, cached and refreshed.
 //! - [`admin`]: topics, partitions (reassignment, leadership) and cluster status.
-//! - [`group`]: consumer groups' committed offsets: find the coordinator, commit,
-//!   read back, list, describe, delete.
+//! - [`group`]: consumer group calls: find the coordinator, join, sync, heartbeat,
+//!   leave, commit, read back, list, describe, delete.
+//! - [`group_consumer`]: a member of a consumer group (Kafka's classic protocol):
+//!   rebalances, commits, heartbeats.
+//! - [`assignor`]: range, round-robin and cooperative-sticky assignment (run by the
+//!   group's leader member).
 //! - [`rebalance`]: planning reassignments that even out replicas and
 //!   preferred leaders per broker, or drain a broker.
 //! - [`producer`]: the idempotent batching producer.
@@ -55,9 +60,11 @@
 //! ```
 
 pub mod admin;
+pub mod assignor;
 pub mod consumer;
 pub mod error;
 pub mod group;
+pub mod group_consumer;
 pub mod metadata;
 pub mod partitioner;
 pub mod producer;
@@ -70,6 +77,7 @@ pub use consumer::{Consumer, ConsumerConfig, OnTopicRecreated, Seek, TopicRestar
 pub use error::{Error, Result};
 pub use ferrolog_proto::TopicId;
 pub use group::Groups;
+pub use group_consumer::{AutoOffsetReset, GroupConsumer, GroupConsumerConfig, RebalanceEvent};
 pub use metadata::{ClientConfig, MetadataCache};
 pub use producer::{Delivery, Producer, ProducerConfig};
 pub use record::{ConsumerRecord, Header, Record, RecordMetadata};

@@ -299,28 +299,74 @@ impl Ferrolog for FakeBroker {
         Err(Status::unimplemented("describe topic config"))
     }
 
-    async fn find_coordinator(&self, _: Request<pb::FindCoordinatorRequest>) -> Result<Response<pb::FindCoordinatorResponse>, Status> {
+    async fn find_coordinator(
+        &self,
+        _: Request<pb::FindCoordinatorRequest>,
+    ) -> Result<Response<pb::FindCoordinatorResponse>, Status> {
         Err(Status::unimplemented("find coordinator"))
     }
 
-    async fn offset_commit(&self, _: Request<pb::OffsetCommitRequest>) -> Result<Response<pb::OffsetCommitResponse>, Status> {
+    async fn offset_commit(
+        &self,
+        _: Request<pb::OffsetCommitRequest>,
+    ) -> Result<Response<pb::OffsetCommitResponse>, Status> {
         Err(Status::unimplemented("offset commit"))
     }
 
-    async fn offset_fetch(&self, _: Request<pb::OffsetFetchRequest>) -> Result<Response<pb::OffsetFetchResponse>, Status> {
+    async fn offset_fetch(
+        &self,
+        _: Request<pb::OffsetFetchRequest>,
+    ) -> Result<Response<pb::OffsetFetchResponse>, Status> {
         Err(Status::unimplemented("offset fetch"))
     }
 
-    async fn list_groups(&self, _: Request<pb::ListGroupsRequest>) -> Result<Response<pb::ListGroupsResponse>, Status> {
+    async fn list_groups(
+        &self,
+        _: Request<pb::ListGroupsRequest>,
+    ) -> Result<Response<pb::ListGroupsResponse>, Status> {
         Err(Status::unimplemented("list groups"))
     }
 
-    async fn describe_group(&self, _: Request<pb::DescribeGroupRequest>) -> Result<Response<pb::DescribeGroupResponse>, Status> {
+    async fn describe_group(
+        &self,
+        _: Request<pb::DescribeGroupRequest>,
+    ) -> Result<Response<pb::DescribeGroupResponse>, Status> {
         Err(Status::unimplemented("describe group"))
     }
 
-    async fn delete_group(&self, _: Request<pb::DeleteGroupRequest>) -> Result<Response<pb::AdminResponse>, Status> {
+    async fn delete_group(
+        &self,
+        _: Request<pb::DeleteGroupRequest>,
+    ) -> Result<Response<pb::AdminResponse>, Status> {
         Err(Status::unimplemented("delete group"))
+    }
+
+    async fn join_group(
+        &self,
+        _: Request<pb::JoinGroupRequest>,
+    ) -> Result<Response<pb::JoinGroupResponse>, Status> {
+        Err(Status::unimplemented("join group"))
+    }
+
+    async fn sync_group(
+        &self,
+        _: Request<pb::SyncGroupRequest>,
+    ) -> Result<Response<pb::SyncGroupResponse>, Status> {
+        Err(Status::unimplemented("sync group"))
+    }
+
+    async fn heartbeat(
+        &self,
+        _: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        Err(Status::unimplemented("heartbeat"))
+    }
+
+    async fn leave_group(
+        &self,
+        _: Request<pb::LeaveGroupRequest>,
+    ) -> Result<Response<pb::LeaveGroupResponse>, Status> {
+        Err(Status::unimplemented("leave group"))
     }
 
     async fn alter_partition_reassignments(

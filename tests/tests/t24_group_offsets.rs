@@ -22,7 +22,13 @@ const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
 const CONFIG: &str = "[groups]\noffsets_topic_num_partitions = 4\n";
 
 fn at(topic: &str, partition: u32, offset: u64) -> OffsetToCommit {
-    OffsetToCommit { topic: topic.into(), partition, offset, metadata: format!("at {offset}") }
+    OffsetToCommit {
+        topic: topic.into(),
+        partition,
+        offset,
+        metadata: format!("at {offset}"),
+        topic_id: None,
+    }
 }
 
 /// `group`'s committed offsets as (topic, partition) → offset.
@@ -103,8 +109,10 @@ async fn offsets_are_committed_checked_kept_across_a_coordinator_kill_and_never_
             partition: 0,
             offset: 9,
             metadata: String::new(),
+            ..Default::default()
         }],
         allow_backwards: false,
+        ..Default::default()
     };
     let r = raw.offset_commit(member_commit.clone()).await?.into_inner();
     assert_eq!(code(&r.error), ErrorCode::UnknownMemberId, "{r:?}");
@@ -137,6 +145,8 @@ async fn offsets_are_committed_checked_kept_across_a_coordinator_kill_and_never_
     // leads, reads the partition back and answers the same offsets.
     let before = committed(&groups, "g").await?;
     assert_eq!(before.len(), 3);
+    // Looked up again: leadership may have moved since (leader balancing).
+    let coordinator = groups.find_coordinator("g").await?;
     c.kill(coordinator.broker);
     let after = committed(&groups, "g").await?;
     assert_eq!(after, before, "offsets after the coordinator's broker was killed");
@@ -147,7 +157,9 @@ async fn offsets_are_committed_checked_kept_across_a_coordinator_kill_and_never_
     assert_eq!(results[0].1.as_ref().err().and_then(wire_code), Some(ErrorCode::OffsetCommitBackwards));
     c.spawn(coordinator.broker)?;
 
-    // Deleted and re-created: the old incarnation's offsets are not answered.
+    // Deleted and re-created: the old incarnation's offsets are not answered,
+    // and a commit for the old incarnation (by its topic id) is refused.
+    let old_id = groups.metadata().refresh().await?.topics["orders"].topic_id.expect("a topic id");
     let r = connect(c.broker(moved.broker).client_addr)
         .await?
         .delete_topic(DeleteTopicRequest { name: "orders".into() })
@@ -160,6 +172,10 @@ async fn offsets_are_committed_checked_kept_across_a_coordinator_kill_and_never_
     assert_eq!(fresh[0].offset, None);
     // Nor do they hold the new incarnation's commits back.
     assert!(groups.commit("g", &[at("orders", 1, 0)], false).await?[0].1.is_ok());
+    let stale = OffsetToCommit { topic_id: Some(old_id), ..at("orders", 1, 5) };
+    let r = groups.commit("g", &[stale], false).await?;
+    assert_eq!(r[0].1.as_ref().err().and_then(wire_code), Some(ErrorCode::UnknownTopicId), "{r:?}");
+    assert_eq!(committed(&groups, "g").await?[&("orders".into(), 1)], 0);
 
     // Listed on its coordinator; deleted with its offsets.
     let (listed, missing) = groups.list().await?;

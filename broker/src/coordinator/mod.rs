@@ -12,6 +12,8 @@
 //!
 //! - [`records`]: the stored keys and values (`proto/ferrolog/groups/v1`).
 //! - [`state`]: one partition's groups in memory and the rules of a commit.
+//! - [`membership`]: one group's members, generations and rebalances
+//!   (Kafka's classic protocol), a state machine over explicit time.
 //!
 //! A group's coordinator is the leader of partition
 //! [`partition_for`]`(group id)` of [`OFFSETS_TOPIC`]; the topic is created
@@ -27,21 +29,30 @@
 //! at a time per coordinator partition (a commit holds it until a majority
 //! stored it): the order of commits is the log's.
 //!
-//! Membership (join, sync, heartbeat, generations, assignors) is the next
-//! part of issue 13: until then every group is `Empty`, and only commits
-//! from outside a membership (generation -1) are taken.
+//! Membership calls (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) change
+//! the group's [`membership::Membership`] under the partition's lock and
+//! never wait there; what must be stored before members learn of it (a new
+//! generation, the leader's assignment) is written by [`Coordinator::run`],
+//! one background task per broker that also ends sessions and rebalances
+//! whose time is up, and then answered. The assignment itself is computed
+//! by the leader member (the client library's assignors), as in Kafka.
 
+pub mod membership;
 pub mod records;
 pub mod state;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use ferrolog_proto::TopicId;
 use ferrolog_proto::client::Record;
 use ferrolog_raft_store::NO_PRODUCER_ID;
-use tokio::sync::{Mutex, OwnedMutexGuard};
+use prost::Message;
+use tokio::sync::{Mutex, Notify, OwnedMutexGuard};
 
+use self::membership::{Bounds, JoinRequest, JoinResult, Membership, SyncResult, Waiting};
 use self::records::{Committed, Entry};
 use self::state::Groups;
 use crate::config::{BrokerId, GroupsConfig, Limits};
@@ -63,14 +74,19 @@ pub const GROUP_ID_MAX_BYTES: usize = 255;
 /// Bytes read per step when a coordinator reads its partition.
 const LOAD_READ_BYTES: usize = 1 << 20;
 
+/// How long a group call waits for its partition to be read back before
+/// it answers `COORDINATOR_LOAD_IN_PROGRESS` (the read goes on).
+const LOAD_WAIT: Duration = Duration::from_secs(5);
+
 /// The partition of [`OFFSETS_TOPIC`] (of `partitions`) that holds `group`:
-/// Kafka's rule, `Utils.abs(groupId.hashCode()) % partitions`, with Java's
+/// Kafka's rule, `Utils.abs(groupId.hashCode()) % partitions` (the
+/// absolute value, 0 for `Integer.MIN_VALUE`), with Java's
 /// `String.hashCode` over UTF-16 code units, so a Kafka client's group
 /// lands on the same partition number.
 pub fn partition_for(group: &str, partitions: u32) -> u32 {
     let hash = group.encode_utf16().fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
-    // Kafka's Utils.abs: the sign bit cleared (i32::MIN becomes 0).
-    (hash & 0x7FFF_FFFF) as u32 % partitions.max(1)
+    // Kafka's Utils.abs: the absolute value, and 0 for i32::MIN.
+    hash.checked_abs().map_or(0, i32::unsigned_abs) % partitions.max(1)
 }
 
 /// Checks a group id.
@@ -99,6 +115,8 @@ pub struct CommitRequest {
     pub offset: u64,
     /// Free text stored with it.
     pub metadata: String,
+    /// The topic's id (KIP-516) the offset belongs to, if the caller said.
+    pub topic_id: Option<TopicId>,
 }
 
 /// A committed offset as answered: `None` when the group has none for
@@ -124,10 +142,24 @@ pub struct GroupDescription {
     pub generation: i32,
     /// The assignor in use.
     pub protocol: String,
-    /// Member count.
-    pub members: usize,
+    /// Its members: (member id, client id, instance id, assigned
+    /// partitions as far as the assignment decodes as a consumer's).
+    pub members: Vec<MemberDescription>,
     /// Its committed offsets (current topic incarnations only).
     pub offsets: Vec<CommittedOffset>,
+}
+
+/// A member as described.
+#[derive(Clone, Debug)]
+pub struct MemberDescription {
+    /// Member id.
+    pub id: String,
+    /// The client's self-given name.
+    pub client_id: String,
+    /// Static membership's instance id.
+    pub instance_id: Option<String>,
+    /// Its partitions, when the group's protocol type is "consumer".
+    pub assignment: Vec<(String, u32)>,
 }
 
 /// The state loaded for one coordinator partition, for one term.
@@ -152,6 +184,9 @@ pub struct Coordinator {
     /// Loaded state by the partition's Raft group id (a new incarnation of
     /// the topic has new group ids).
     loaded: Arc<std::sync::Mutex<HashMap<u64, Cell>>>,
+    /// Wakes [`Coordinator::run`] when a membership call may let a group
+    /// move on.
+    kick: Arc<Notify>,
 }
 
 /// A coordinator partition held for one group call: its state loaded for
@@ -169,9 +204,15 @@ impl Session {
         &self.state.as_ref().expect("a session holds loaded state").groups
     }
 
+    fn groups_mut(&mut self) -> &mut Groups {
+        &mut self.state.as_mut().expect("a session holds loaded state").groups
+    }
+
     /// Appends `rows` in this session's term and applies them once a
-    /// majority stored them. On failure the state is dropped (read again
-    /// on the next call): the write may still commit.
+    /// majority stored them. Memory is put back only then: a call dropped
+    /// while it waits (its client went away), or a write whose fate is not
+    /// known (it may still commit), leaves none, and the next call reads
+    /// the partition back, after every entry of this leader is applied.
     async fn append(&mut self, rows: Vec<Record>, limits: &Limits) -> Result<(), ApiError> {
         let producer = ProducerFields { producer_id: NO_PRODUCER_ID, producer_epoch: 0, base_sequence: 0 };
         let built = batch::build_batch(
@@ -185,23 +226,23 @@ impl Session {
             BatchError::TooLarge(m) => ApiError::RecordTooLarge(m),
             BatchError::Invalid(m) => ApiError::Invalid(m),
         })?;
-        match self.partition.produce_in_term(built, self.term).await {
-            Ok(_) => {
-                let loaded = self.state.as_mut().expect("a session holds loaded state");
-                for r in &rows {
-                    // Encoded just now by records::*_record: they decode.
-                    if let Ok(e) = records::decode(r) {
-                        loaded.groups.apply(e);
-                    }
-                }
-                Ok(())
-            }
-            Err(e) => {
-                *self.state = None;
-                Err(coordinator_error(e))
+        let mut loaded = self.state.take().expect("a session holds loaded state");
+        self.partition.produce_in_term(built, self.term).await.map_err(coordinator_error)?;
+        for r in &rows {
+            // Encoded just now by records::*_record: they decode.
+            if let Ok(e) = records::decode(r) {
+                loaded.groups.apply(e);
             }
         }
+        *self.state = Some(loaded);
+        Ok(())
     }
+}
+
+/// `__consumer_offsets` without partitions: never made so (the controller
+/// refuses a topic without partitions), answered rather than assumed.
+fn no_partitions() -> ApiError {
+    ApiError::CoordinatorNotAvailable(format!("{OFFSETS_TOPIC} has no partitions"))
 }
 
 /// A partition's error as a group call's: not the leader is not the
@@ -223,7 +264,16 @@ impl Coordinator {
         config: GroupsConfig,
         limits: Limits,
     ) -> Self {
-        Self { me, groups, liveness, controller, config, limits, loaded: Arc::default() }
+        Self {
+            me,
+            groups,
+            liveness,
+            controller,
+            config,
+            limits,
+            loaded: Arc::default(),
+            kick: Arc::default(),
+        }
     }
 
     /// The [`OFFSETS_TOPIC`] entry of a confirmed-current image; when it
@@ -246,17 +296,13 @@ impl Coordinator {
             return Ok((t.clone(), confirmed.image.clone()));
         }
         let brokers = confirmed.image.brokers.values().filter(|b| !b.decommissioned).count();
-        let rf = self
-            .config
-            .offsets_topic_replication_factor
-            .min(u32::try_from(brokers).unwrap_or(u32::MAX))
-            .max(1);
-        if rf < self.config.offsets_topic_replication_factor {
-            tracing::warn!(
-                "creating {OFFSETS_TOPIC} with replication factor {rf}: the cluster has {brokers} brokers, \
-                 fewer than groups.offsets_topic_replication_factor ({})",
-                self.config.offsets_topic_replication_factor
-            );
+        let rf = self.config.offsets_topic_replication_factor;
+        if brokers < rf as usize {
+            // As Kafka: not created with fewer replicas than configured (a
+            // cluster still starting would keep them for good).
+            return Err(ApiError::CoordinatorNotAvailable(format!(
+                "{OFFSETS_TOPIC} needs groups.offsets_topic_replication_factor = {rf} brokers; {brokers} are registered"
+            )));
         }
         let req = ControllerRequest::CreateTopic {
             name: OFFSETS_TOPIC.into(),
@@ -283,7 +329,7 @@ impl Coordinator {
         validate_group_id(group)?;
         let (topic, _) = self.offsets_topic().await?;
         let index = partition_for(group, topic.partitions.len() as u32);
-        let a = &topic.partitions[index as usize];
+        let a = topic.partitions.get(index as usize).ok_or_else(no_partitions)?;
         match self.groups.leader_of(&self.liveness, self.me, a) {
             0 => Err(ApiError::CoordinatorNotAvailable(format!("{OFFSETS_TOPIC}-{index} has no leader yet"))),
             b => Ok((index, b)),
@@ -305,30 +351,245 @@ impl Coordinator {
         validate_group_id(group)?;
         let (topic, image) = self.offsets_topic().await?;
         let index = partition_for(group, topic.partitions.len() as u32);
-        let a: &PartitionAssignment = &topic.partitions[index as usize];
+        let a: &PartitionAssignment = topic.partitions.get(index as usize).ok_or_else(no_partitions)?;
         let not_here = || ApiError::NotCoordinator {
             coordinator: Some(self.groups.leader_of(&self.liveness, self.me, a))
                 .filter(|b| *b != 0 && *b != self.me),
         };
         let partition = self.groups.partition_of(a.group).ok_or_else(not_here)?;
-        let term = partition.ready_leader().await.map_err(coordinator_error)?;
-        let mut state = self.cell(a.group).lock_owned().await;
-        if state.as_ref().is_none_or(|l| l.term != term) {
-            *state = None;
-            let groups = load(&partition, index).await?;
-            tracing::info!(
-                partition = index,
-                term,
-                groups = groups.iter().count(),
-                "{OFFSETS_TOPIC}-{index}: read the groups of this term"
-            );
-            *state = Some(Loaded { term, groups });
+        self.open(partition, index, a.group, image).await
+    }
+
+    /// Holds coordinator partition `index` (Raft group `raft_group`), its
+    /// state loaded for the current term. The partition is read back in a
+    /// task of its own, so a call that stops waiting ([`LOAD_WAIT`]:
+    /// `COORDINATOR_LOAD_IN_PROGRESS`, the client retries) does not stop
+    /// the read.
+    async fn open(
+        &self,
+        partition: Arc<Partition>,
+        index: u32,
+        raft_group: u64,
+        image: Arc<MetadataImage>,
+    ) -> Result<Session, ApiError> {
+        let term = partition.ready_leader().await.map_err(|e| match e {
+            ApiError::Unavailable(m) => ApiError::CoordinatorLoadInProgress(m),
+            other => coordinator_error(other),
+        })?;
+        let loading =
+            || ApiError::CoordinatorLoadInProgress(format!("{OFFSETS_TOPIC}-{index} is being read back"));
+        let state = tokio::time::timeout(LOAD_WAIT, self.cell(raft_group).lock_owned())
+            .await
+            .map_err(|_| loading())?;
+        let state = if state.as_ref().is_some_and(|l| l.term == term) {
+            state
+        } else {
+            let task = tokio::spawn(read_back(state, partition.clone(), index, term));
+            match tokio::time::timeout(LOAD_WAIT, task).await {
+                Ok(Ok(r)) => r?,
+                Ok(Err(e)) => {
+                    return Err(ApiError::Unavailable(format!("reading {OFFSETS_TOPIC}-{index} back: {e}")));
+                }
+                Err(_) => return Err(loading()),
+            }
+        };
+        // The leadership may have moved, or been lost, while this call waited.
+        if partition.raft.leader_term() != Some(term)
+            || partition.lost_quorum()
+            || state.as_ref().map(|l| l.term) != Some(term)
+        {
+            return Err(ApiError::NotCoordinator { coordinator: None });
         }
         Ok(Session { state, partition, term, image })
     }
 
+    fn bounds(&self) -> Bounds {
+        Bounds {
+            min_session: Duration::from_millis(self.config.min_session_timeout_ms),
+            max_session: Duration::from_millis(self.config.max_session_timeout_ms),
+            initial_delay: Duration::from_millis(self.config.initial_rebalance_delay_ms),
+        }
+    }
+
+    /// Stores what `group`'s membership needs stored, answering its
+    /// waiting members after each write ([`Membership::step`]).
+    async fn advance(&self, s: &mut Session, group: &str) -> Result<(), ApiError> {
+        loop {
+            let now = Instant::now();
+            let Some(g) = s.groups_mut().get_mut(group) else { return Ok(()) };
+            let Some(p) = g.live.as_mut().and_then(|l| l.step(now, now_ms())) else { return Ok(()) };
+            let row = records::group_record(group, Some(&p.meta), now_ms());
+            s.append(vec![row], &self.limits).await?;
+            if let Some(l) = s.groups_mut().get_mut(group).and_then(|g| g.live.as_mut()) {
+                l.persisted(p.kind);
+            }
+            tracing::info!(
+                group,
+                generation = p.meta.generation,
+                members = p.meta.members.len(),
+                stored = ?p.kind,
+                "group state stored"
+            );
+        }
+    }
+
+    /// Moves every group of the partitions led here on, every 100 ms and
+    /// whenever a membership call asks: ends sessions and rebalances whose
+    /// time is up, stores new generations and assignments and answers the
+    /// members waiting for them. Runs until the process ends.
+    pub async fn run(self) {
+        loop {
+            let _ = tokio::time::timeout(Duration::from_millis(100), self.kick.notified()).await;
+            let cells: Vec<(u64, Cell)> = {
+                let loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+                loaded.iter().map(|(g, c)| (*g, c.clone())).collect()
+            };
+            let image = self.controller.image();
+            let Some(topic) = image.topics.get(OFFSETS_TOPIC) else { continue };
+            for (raft_group, cell) in cells {
+                if !self.groups.is_led(raft_group) {
+                    // Read back again when it leads again; its waiting
+                    // members are answered NOT_COORDINATOR now.
+                    if let Ok(mut state) = cell.try_lock() {
+                        *state = None;
+                    }
+                    continue;
+                }
+                let Some(index) = topic.partitions.iter().position(|a| a.group == raft_group) else {
+                    continue;
+                };
+                let Some(partition) = self.groups.partition_of(raft_group) else { continue };
+                // Only a partition already read in this term: a group call loads it.
+                let active = {
+                    let Ok(state) = cell.try_lock() else { continue };
+                    match state.as_ref() {
+                        Some(l) if partition.raft.leader_term() == Some(l.term) => l.groups.active(),
+                        _ => continue,
+                    }
+                };
+                if active.is_empty() {
+                    continue;
+                }
+                let Ok(mut s) = self.open(partition, index as u32, raft_group, image.clone()).await else {
+                    continue;
+                };
+                for group in active {
+                    if let Err(e) = self.advance(&mut s, &group).await {
+                        tracing::warn!(group, "could not store the group's state: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Kafka's JoinGroup: waits until the rebalance it joins (or starts)
+    /// has its new generation stored, then answers it.
+    ///
+    /// # Errors
+    /// See [`Membership::join`]; [`ApiError::NotCoordinator`] when the
+    /// coordinator's state was dropped meanwhile (leadership lost).
+    pub async fn join(&self, group: &str, req: JoinRequest) -> Result<JoinResult, ApiError> {
+        let wait = Duration::from_millis(u64::try_from(req.rebalance_timeout_ms).unwrap_or(0));
+        let waiting = {
+            let mut s = self.session(group).await?;
+            let bounds = self.bounds();
+            let joined =
+                s.groups_mut().entry(group).live_mut(Instant::now()).join(req, Instant::now(), &bounds);
+            let w = match joined {
+                Ok(w) => w,
+                Err(e) => {
+                    // A refused first join leaves no group behind.
+                    s.groups_mut().forget_if_unused(group);
+                    return Err(e);
+                }
+            };
+            if let Waiting::Now(_) = &w {
+                // A static member's new id: stored by the next round.
+                self.kick.notify_one();
+            }
+            w
+        };
+        self.kick.notify_one();
+        self.wait(waiting, wait + Duration::from_millis(self.config.initial_rebalance_delay_ms)).await
+    }
+
+    /// Kafka's SyncGroup: the leader's carries the assignment; every
+    /// member's waits until it is stored, then gets its own.
+    ///
+    /// # Errors
+    /// See [`Membership::sync`].
+    pub async fn sync(
+        &self,
+        group: &str,
+        generation: i32,
+        member: &str,
+        instance: Option<&str>,
+        assignments: Vec<(String, Bytes)>,
+    ) -> Result<SyncResult, ApiError> {
+        let waiting = {
+            let mut s = self.session(group).await?;
+            let g = s
+                .groups_mut()
+                .get_mut(group)
+                .ok_or_else(|| ApiError::UnknownMemberId(format!("{group:?} has no members")))?;
+            g.live_mut(Instant::now()).sync(generation, member, instance, assignments, Instant::now())?
+        };
+        self.kick.notify_one();
+        self.wait(waiting, Duration::from_millis(self.config.max_session_timeout_ms)).await
+    }
+
+    async fn wait<T>(&self, w: Waiting<T>, at_most: Duration) -> Result<T, ApiError> {
+        match w {
+            Waiting::Now(v) => Ok(v),
+            Waiting::Later(rx) => match tokio::time::timeout(at_most + Duration::from_secs(5), rx).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(_)) => Err(ApiError::NotCoordinator { coordinator: None }),
+                Err(_) => {
+                    Err(ApiError::CoordinatorNotAvailable("the rebalance did not complete in time".into()))
+                }
+            },
+        }
+    }
+
+    /// Kafka's Heartbeat.
+    ///
+    /// # Errors
+    /// See [`Membership::heartbeat`].
+    pub async fn heartbeat(
+        &self,
+        group: &str,
+        generation: i32,
+        member: &str,
+        instance: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let mut s = self.session(group).await?;
+        let g = s
+            .groups_mut()
+            .get_mut(group)
+            .ok_or_else(|| ApiError::UnknownMemberId(format!("{group:?} has no members")))?;
+        g.live_mut(Instant::now()).heartbeat(generation, member, instance, Instant::now())
+    }
+
+    /// Kafka's LeaveGroup: the group rebalances without the member.
+    ///
+    /// # Errors
+    /// See [`Membership::leave`].
+    pub async fn leave(&self, group: &str, member: &str, instance: Option<&str>) -> Result<(), ApiError> {
+        {
+            let mut s = self.session(group).await?;
+            let g = s
+                .groups_mut()
+                .get_mut(group)
+                .ok_or_else(|| ApiError::UnknownMemberId(format!("{group:?} has no members")))?;
+            g.live_mut(Instant::now()).leave(member, instance, Instant::now())?;
+        }
+        self.kick.notify_one();
+        Ok(())
+    }
+
     /// Commits `offsets` for `group` (Kafka's OffsetCommit): checks the
-    /// member and generation ([`Groups::check_member`]) for the whole
+    /// member (id, instance id) and generation ([`Groups::check_member`]) for the whole
     /// request, then each partition (topic exists, metadata size, not
     /// backwards unless `allow_backwards`); the partitions that pass are
     /// written in one batch, acknowledged once a majority stored it.
@@ -343,17 +604,31 @@ impl Coordinator {
         &self,
         group: &str,
         generation: i32,
-        member: &str,
+        member: (&str, Option<&str>),
         offsets: Vec<CommitRequest>,
         allow_backwards: bool,
     ) -> Result<Vec<(CommitRequest, Option<ApiError>)>, ApiError> {
         let mut s = self.session(group).await?;
-        s.groups().check_member(group, generation, member)?;
+        s.groups_mut().check_member(group, generation, member.0, member.1, Instant::now())?;
+        // A topic this broker's metadata does not know, or knows under
+        // another id than the caller: the controller's current word decides.
+        let unsure = offsets.iter().any(|c| match s.image.topics.get(&c.topic) {
+            None => true,
+            Some(t) => c.topic_id.is_some_and(|id| id != t.topic_id),
+        });
+        if unsure && let Ok(confirmed) = self.controller.current_image().await {
+            s.image = confirmed.image;
+        }
         let now = now_ms();
+        let mut seen = std::collections::HashSet::new();
         let mut rows = Vec::new();
         let mut results = Vec::with_capacity(offsets.len());
         for c in offsets {
-            let verdict = self.check_commit(&s, group, &c, allow_backwards);
+            let verdict = if seen.insert((c.topic.clone(), c.partition)) {
+                self.check_commit(&s, group, &c, allow_backwards)
+            } else {
+                Err(ApiError::Invalid(format!("{}/{} is named twice in one commit", c.topic, c.partition)))
+            };
             match verdict {
                 Ok(topic_id) => {
                     let value = Committed {
@@ -382,7 +657,17 @@ impl Coordinator {
         c: &CommitRequest,
         allow_backwards: bool,
     ) -> Result<TopicId, ApiError> {
-        let t = s.image.topics.get(&c.topic).ok_or_else(|| ApiError::UnknownTopic(c.topic.clone()))?;
+        let t = s.image.topics.get(&c.topic);
+        if let Some(id) = c.topic_id
+            && t.is_none_or(|t| t.topic_id != id)
+        {
+            return Err(ApiError::UnknownTopicId {
+                topic: c.topic.clone(),
+                id: id.to_string(),
+                current: t.map(|t| t.topic_id.to_string()),
+            });
+        }
+        let t = t.ok_or_else(|| ApiError::UnknownTopic(c.topic.clone()))?;
         if c.partition as usize >= t.partitions.len() {
             return Err(ApiError::UnknownTopic(format!("{} has no partition {}", c.topic, c.partition)));
         }
@@ -397,16 +682,18 @@ impl Coordinator {
         Ok(t.topic_id)
     }
 
-    /// `group`'s committed offsets (Kafka's OffsetFetch): for `partitions`,
-    /// or every partition it has one for when empty. Offsets of a topic
-    /// deleted or re-created since are not answered (KIP-516).
+    /// `group`'s committed offsets (Kafka's OffsetFetch): for `partitions`
+    /// (topic, partition, the topic id the caller reads if it says), or
+    /// every partition it has one for when empty. Offsets of another
+    /// incarnation of the topic than the caller's (or, when it does not
+    /// say, than the one this broker knows) are not answered (KIP-516).
     ///
     /// # Errors
     /// As [`Coordinator::commit`]'s group-level errors.
     pub async fn fetch(
         &self,
         group: &str,
-        partitions: Vec<(String, u32)>,
+        partitions: Vec<(String, u32, Option<TopicId>)>,
     ) -> Result<Vec<CommittedOffset>, ApiError> {
         let s = self.session(group).await?;
         let g = s.groups().get(group);
@@ -415,12 +702,10 @@ impl Coordinator {
         }
         Ok(partitions
             .into_iter()
-            .map(|(topic, partition)| {
-                let committed = s
-                    .image
-                    .topics
-                    .get(&topic)
-                    .and_then(|t| g.and_then(|g| g.committed(&topic, partition, t.topic_id)).cloned());
+            .map(|(topic, partition, asked)| {
+                // The incarnation the caller reads, else the one known here.
+                let id = asked.or_else(|| s.image.topics.get(&topic).map(|t| t.topic_id));
+                let committed = id.and_then(|id| g.and_then(|g| g.committed(&topic, partition, id)).cloned());
                 CommittedOffset { topic, partition, committed }
             })
             .collect())
@@ -433,7 +718,11 @@ impl Coordinator {
     /// offsets; as [`Coordinator::commit`]'s group-level errors.
     pub async fn describe(&self, group: &str) -> Result<GroupDescription, ApiError> {
         let s = self.session(group).await?;
-        let g = s.groups().get(group).ok_or_else(|| ApiError::GroupIdNotFound(group.to_owned()))?;
+        let g = s
+            .groups()
+            .get(group)
+            .filter(|g| !g.is_unused())
+            .ok_or_else(|| ApiError::GroupIdNotFound(group.to_owned()))?;
         Ok(describe(group, g, &s.image))
     }
 
@@ -465,36 +754,37 @@ impl Coordinator {
     }
 
     /// The groups of every [`OFFSETS_TOPIC`] partition this broker leads
-    /// (Kafka's ListGroups: a client asks every broker). A partition that
-    /// cannot be read now is left out.
-    pub async fn list(&self) -> Vec<GroupDescription> {
+    /// (Kafka's ListGroups: a client asks every broker), and an error
+    /// naming the partitions led here that could not be read now (their
+    /// groups are missing from the list: Kafka answers
+    /// `COORDINATOR_LOAD_IN_PROGRESS` then).
+    pub async fn list(&self) -> (Vec<GroupDescription>, Option<ApiError>) {
         let image = self.controller.image();
-        let Some(topic) = image.topics.get(OFFSETS_TOPIC) else { return Vec::new() };
+        let Some(topic) = image.topics.get(OFFSETS_TOPIC) else { return (Vec::new(), None) };
         let mut out = Vec::new();
-        for a in &topic.partitions {
+        let mut unread = Vec::new();
+        for (index, a) in topic.partitions.iter().enumerate() {
             if !self.groups.is_led(a.group) {
                 continue;
             }
             let Some(partition) = self.groups.partition_of(a.group) else { continue };
-            // Any group of the partition opens its session: find one by
-            // holding the partition directly.
-            let Ok(term) = partition.ready_leader().await else { continue };
-            let mut state = self.cell(a.group).lock_owned().await;
-            if state.as_ref().is_none_or(|l| l.term != term) {
-                let index = topic.partitions.iter().position(|x| x.group == a.group).unwrap_or(0) as u32;
-                match load(&partition, index).await {
-                    Ok(groups) => *state = Some(Loaded { term, groups }),
-                    Err(e) => {
-                        tracing::warn!("{OFFSETS_TOPIC}: listing groups: {e}");
-                        continue;
-                    }
-                }
-            }
-            if let Some(l) = state.as_ref() {
-                out.extend(l.groups.iter().map(|(id, g)| describe(id, g, &image)));
+            match self.open(partition, index as u32, a.group, image.clone()).await {
+                Ok(s) => out.extend(
+                    s.groups()
+                        .iter()
+                        .filter(|(_, g)| !g.is_unused())
+                        .map(|(id, g)| describe(id, g, &s.image)),
+                ),
+                Err(e) => unread.push(format!("{OFFSETS_TOPIC}-{index}: {e}")),
             }
         }
-        out
+        let error = (!unread.is_empty()).then(|| {
+            ApiError::CoordinatorLoadInProgress(format!(
+                "groups of these partitions are missing: {}",
+                unread.join("; ")
+            ))
+        });
+        (out, error)
     }
 }
 
@@ -508,14 +798,59 @@ fn current_offsets(g: &state::Group, image: &MetadataImage) -> Vec<CommittedOffs
 }
 
 fn describe(id: &str, g: &state::Group, image: &MetadataImage) -> GroupDescription {
+    let live = g.live.as_ref();
+    let consumer = live.is_some_and(|l| l.protocol_type() == "consumer");
+    let members = live
+        .map(Membership::describe)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(id, client_id, instance_id, assignment)| MemberDescription {
+            id,
+            client_id,
+            instance_id,
+            assignment: if consumer { consumer_partitions(&assignment) } else { Vec::new() },
+        })
+        .collect();
     GroupDescription {
         group: id.to_owned(),
-        state: g.state(),
+        state: g.phase().name(),
         generation: g.generation(),
-        protocol: g.meta.as_ref().map(|m| m.protocol.clone()).unwrap_or_default(),
-        members: g.members(),
+        protocol: live.map(|l| l.protocol().to_owned()).unwrap_or_default(),
+        members,
         offsets: current_offsets(g, image),
     }
+}
+
+/// The partitions of a "consumer" assignment (`ConsumerAssignment`);
+/// none when it does not decode (another client's format).
+fn consumer_partitions(assignment: &[u8]) -> Vec<(String, u32)> {
+    ferrolog_proto::client::ConsumerAssignment::decode(assignment)
+        .map(|a| a.partitions.into_iter().map(|p| (p.topic, p.partition)).collect())
+        .unwrap_or_default()
+}
+
+/// Reads coordinator partition `index` back into `state` for `term` (see
+/// [`Coordinator::open`]): first waits until every entry of the log is
+/// applied (a write of this leader whose fate was unknown is then in the
+/// high watermark or gone), then reads.
+async fn read_back(
+    mut state: OwnedMutexGuard<Option<Loaded>>,
+    partition: Arc<Partition>,
+    index: u32,
+    term: u64,
+) -> Result<OwnedMutexGuard<Option<Loaded>>, ApiError> {
+    *state = None;
+    partition.await_applied_all().await.map_err(|e| ApiError::CoordinatorLoadInProgress(e.to_string()))?;
+    let mut groups = load(&partition, index).await?;
+    groups.activate(Instant::now());
+    tracing::info!(
+        partition = index,
+        term,
+        groups = groups.iter().count(),
+        "{OFFSETS_TOPIC}-{index}: read the groups of this term"
+    );
+    *state = Some(Loaded { term, groups });
+    Ok(state)
 }
 
 /// Reads coordinator partition `index` from its log start to its high
@@ -584,6 +919,10 @@ mod tests {
         assert_eq!(partition_for("a", 50), 47);
         assert_eq!(partition_for("group", 50), 47);
         assert_eq!(partition_for("my-consumer-group", 50), 13);
+        // Negative hashes: Kafka takes the absolute value ("my-group" is
+        // -1906497762, "analytics" -1693017210), not the sign bit cleared.
+        assert_eq!(partition_for("my-group", 50), 12);
+        assert_eq!(partition_for("analytics", 50), 10);
         // "polygenelubricants".hashCode() is Integer.MIN_VALUE: Utils.abs gives 0.
         assert_eq!(partition_for("polygenelubricants", 50), 0);
         // A character outside the BMP counts as two UTF-16 units (1772899).

@@ -11,7 +11,8 @@ use bytes::Bytes;
 use ferrolog_proto::TopicId;
 use ferrolog_proto::client::Record;
 use ferrolog_proto::groups::{
-    GroupMetadataKey, GroupMetadataValue, OffsetCommitKey, OffsetCommitValue, OffsetsKey, offsets_key,
+    GroupMemberRecord, GroupMetadataKey, GroupMetadataValue, OffsetCommitKey, OffsetCommitValue, OffsetsKey,
+    offsets_key,
 };
 use prost::Message;
 
@@ -32,12 +33,39 @@ pub struct Committed {
 /// A group's membership record as stored (Kafka's GroupMetadataValue).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct GroupMeta {
-    /// The generation of the last completed rebalance.
+    /// The generation of the last rebalance.
     pub generation: i32,
     /// The assignor in use.
     pub protocol: String,
     /// When the group last changed state, ms since the Unix epoch.
     pub state_timestamp_ms: i64,
+    /// The members' protocol type ("consumer").
+    pub protocol_type: String,
+    /// The leader member's id.
+    pub leader: String,
+    /// The generation's members.
+    pub members: Vec<MemberMeta>,
+    /// Whether the leader's assignment is in (the generation is Stable).
+    pub assignment_complete: bool,
+}
+
+/// One member in a [`GroupMeta`].
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct MemberMeta {
+    /// Member id.
+    pub id: String,
+    /// Static membership's instance id (KIP-345).
+    pub instance_id: Option<String>,
+    /// The client's self-given name.
+    pub client_id: String,
+    /// Session timeout, ms.
+    pub session_timeout_ms: i32,
+    /// Rebalance timeout, ms.
+    pub rebalance_timeout_ms: i32,
+    /// Its metadata for the chosen protocol.
+    pub subscription: Bytes,
+    /// Its assignment (empty until the generation is complete).
+    pub assignment: Bytes,
 }
 
 /// One decoded record of `__consumer_offsets`; `None` values are tombstones.
@@ -100,6 +128,22 @@ pub fn group_record(group: &str, value: Option<&GroupMeta>, now_ms: i64) -> Reco
         generation_id: g.generation,
         protocol: g.protocol.clone(),
         state_timestamp_ms: g.state_timestamp_ms,
+        protocol_type: g.protocol_type.clone(),
+        leader: g.leader.clone(),
+        members: g
+            .members
+            .iter()
+            .map(|m| GroupMemberRecord {
+                member_id: m.id.clone(),
+                group_instance_id: m.instance_id.clone(),
+                client_id: m.client_id.clone(),
+                session_timeout_ms: m.session_timeout_ms,
+                rebalance_timeout_ms: m.rebalance_timeout_ms,
+                subscription: m.subscription.clone(),
+                assignment: m.assignment.clone(),
+            })
+            .collect(),
+        assignment_complete: g.assignment_complete,
     });
     record(key, value.map(|v| v.encode_to_vec()), now_ms)
 }
@@ -156,6 +200,22 @@ pub fn decode(r: &Record) -> Result<Entry, String> {
                     generation: v.generation_id,
                     protocol: v.protocol,
                     state_timestamp_ms: v.state_timestamp_ms,
+                    protocol_type: v.protocol_type,
+                    leader: v.leader,
+                    members: v
+                        .members
+                        .into_iter()
+                        .map(|m| MemberMeta {
+                            id: m.member_id,
+                            instance_id: m.group_instance_id,
+                            client_id: m.client_id,
+                            session_timeout_ms: m.session_timeout_ms,
+                            rebalance_timeout_ms: m.rebalance_timeout_ms,
+                            subscription: m.subscription,
+                            assignment: m.assignment,
+                        })
+                        .collect(),
+                    assignment_complete: v.assignment_complete,
                 })
             };
             Ok(Entry::Group { group: k.group_id, value })
@@ -187,7 +247,23 @@ mod tests {
         );
         // The tombstone's key is the same bytes: compaction removes the offset.
         assert_eq!(t.key, r.key);
-        let m = GroupMeta { generation: 4, protocol: "range".into(), state_timestamp_ms: 9 };
+        let m = GroupMeta {
+            generation: 4,
+            protocol: "range".into(),
+            state_timestamp_ms: 9,
+            protocol_type: "consumer".into(),
+            leader: "m-1".into(),
+            members: vec![MemberMeta {
+                id: "m-1".into(),
+                instance_id: Some("i".into()),
+                client_id: "c".into(),
+                session_timeout_ms: 6000,
+                rebalance_timeout_ms: 9000,
+                subscription: Bytes::from_static(b"s"),
+                assignment: Bytes::from_static(b"a"),
+            }],
+            assignment_complete: true,
+        };
         assert_eq!(
             decode(&group_record("g", Some(&m), 1)).unwrap(),
             Entry::Group { group: "g".into(), value: Some(m) }

@@ -4,39 +4,55 @@
 //! applies the records once they are committed.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 use ferrolog_proto::TopicId;
 
+use super::membership::{Membership, Phase};
 use super::records::{Committed, Entry, GroupMeta};
 use crate::error::ApiError;
 
-/// Kafka's group states, as `ListGroups` and `DescribeGroups` name them.
-/// Without membership (issue 13's later part) every group is `Empty`.
-pub const EMPTY: &str = "Empty";
-
-/// One group: its membership record and its committed offsets.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// One group: its membership record, its live membership and its
+/// committed offsets.
+#[derive(Debug, Default)]
 pub struct Group {
     /// The last membership record, if any.
     pub meta: Option<GroupMeta>,
+    /// The live membership: built from `meta` when the coordinator takes
+    /// over ([`Groups::activate`]), or by the first join.
+    pub live: Option<Membership>,
     /// Committed offsets by (topic, partition).
     pub offsets: BTreeMap<(String, u32), Committed>,
 }
 
 impl Group {
-    /// Kafka's state name.
-    pub fn state(&self) -> &'static str {
-        EMPTY
+    /// Kafka's state.
+    pub fn phase(&self) -> Phase {
+        self.live.as_ref().map_or(Phase::Empty, Membership::phase)
     }
 
     /// How many members it has.
     pub fn members(&self) -> usize {
-        0
+        self.live.as_ref().map_or(0, Membership::len)
     }
 
     /// The generation of its last rebalance (0 for a group that never had one).
     pub fn generation(&self) -> i32 {
-        self.meta.as_ref().map_or(0, |m| m.generation)
+        match &self.live {
+            Some(l) => l.generation(),
+            None => self.meta.as_ref().map_or(0, |m| m.generation),
+        }
+    }
+
+    /// Whether nothing is left of it: no record, members or offsets.
+    pub fn is_unused(&self) -> bool {
+        self.meta.is_none() && self.offsets.is_empty() && self.live.as_ref().is_none_or(Membership::is_empty)
+    }
+
+    /// The live membership, made empty at the stored generation if none yet.
+    pub fn live_mut(&mut self, now: Instant) -> &mut Membership {
+        let generation = self.meta.as_ref().map_or(0, |m| m.generation);
+        self.live.get_or_insert_with(|| Membership::empty(generation, now))
     }
 
     /// The committed offset of `topic`'s `partition` for the topic's
@@ -48,7 +64,7 @@ impl Group {
 }
 
 /// The groups of one coordinator partition.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub struct Groups {
     groups: BTreeMap<String, Group>,
 }
@@ -77,15 +93,48 @@ impl Groups {
         }
     }
 
+    /// Forgets group `id` if nothing is left of it (no record, members or
+    /// offsets), e.g. after a first join that was refused.
+    pub fn forget_if_unused(&mut self, id: &str) {
+        self.forget_if_empty(id);
+    }
+
     fn forget_if_empty(&mut self, group: &str) {
-        if self.groups.get(group).is_some_and(|g| g.meta.is_none() && g.offsets.is_empty()) {
+        if self.groups.get(group).is_some_and(Group::is_unused) {
             self.groups.remove(group);
         }
     }
 
-    /// The group `id`, if it has a membership record or an offset.
+    /// Builds every group's live membership from its stored record, as a
+    /// coordinator taking over at `now` (see [`Membership::from_meta`]).
+    pub fn activate(&mut self, now: Instant) {
+        for g in self.groups.values_mut() {
+            g.live = g.meta.as_ref().map(|m| Membership::from_meta(m, now));
+        }
+    }
+
+    /// The group `id`, if it has a membership record, members or an offset.
     pub fn get(&self, id: &str) -> Option<&Group> {
         self.groups.get(id)
+    }
+
+    /// The group `id`, made if it does not exist.
+    pub fn entry(&mut self, id: &str) -> &mut Group {
+        self.groups.entry(id.to_owned()).or_default()
+    }
+
+    /// The group `id`, if it exists.
+    pub fn get_mut(&mut self, id: &str) -> Option<&mut Group> {
+        self.groups.get_mut(id)
+    }
+
+    /// The ids of groups with members or a rebalance under way.
+    pub fn active(&self) -> Vec<String> {
+        self.groups
+            .iter()
+            .filter(|(_, g)| g.live.as_ref().is_some_and(|l| !l.is_empty() || l.phase() != Phase::Empty))
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     /// Every group, by id.
@@ -94,27 +143,28 @@ impl Groups {
     }
 
     /// Checks that a commit from `member` of `generation` may be made for
-    /// group `id` (Kafka's GroupCoordinator rules): a commit from outside
-    /// any membership (generation < 0, no member id) only while the group
-    /// has no members; otherwise the member must be one and the generation
-    /// the current one.
+    /// group `id` at `now` ([`Membership::check_commit`]: Kafka's rules).
     ///
     /// # Errors
-    /// [`ApiError::UnknownMemberId`], [`ApiError::IllegalGeneration`].
-    pub fn check_member(&self, id: &str, generation: i32, member: &str) -> Result<(), ApiError> {
-        let members = self.groups.get(id).map_or(0, Group::members);
-        if generation < 0 && member.is_empty() {
-            if members == 0 {
-                return Ok(());
-            }
-            return Err(ApiError::UnknownMemberId(format!(
-                "group {id:?} has {members} members: a commit from outside the group (generation -1) is refused"
-            )));
+    /// [`ApiError::UnknownMemberId`], [`ApiError::IllegalGeneration`],
+    /// [`ApiError::FencedInstanceId`], [`ApiError::RebalanceInProgress`].
+    pub fn check_member(
+        &mut self,
+        id: &str,
+        generation: i32,
+        member: &str,
+        instance: Option<&str>,
+        now: Instant,
+    ) -> Result<(), ApiError> {
+        match self.groups.get_mut(id) {
+            Some(g) => g.live_mut(now).check_commit(generation, member, instance, now),
+            // Kafka: a member commit to a group that does not exist is of
+            // a generation that is not (any more).
+            None if generation >= 0 || !member.is_empty() => Err(ApiError::IllegalGeneration(format!(
+                "group {id:?} has no generation {generation} (it has no members)"
+            ))),
+            None => Ok(()),
         }
-        // No membership yet: every member id is unknown.
-        Err(ApiError::UnknownMemberId(format!(
-            "member {member:?} (generation {generation}) is not a member of group {id:?}"
-        )))
     }
 
     /// Checks one partition's commit of `offset` for group `id` against
@@ -202,9 +252,12 @@ mod tests {
 
     #[test]
     fn only_commits_from_outside_are_taken_while_a_group_has_no_members() {
-        let g = Groups::default();
-        assert!(g.check_member("a", -1, "").is_ok());
-        assert!(matches!(g.check_member("a", 1, "m-1"), Err(ApiError::UnknownMemberId(_))));
-        assert!(matches!(g.check_member("a", -1, "m-1"), Err(ApiError::UnknownMemberId(_))));
+        let mut g = Groups::default();
+        let now = Instant::now();
+        assert!(g.check_member("a", -1, "", None, now).is_ok());
+        assert!(matches!(g.check_member("a", 1, "m-1", None, now), Err(ApiError::IllegalGeneration(_))));
+        assert!(matches!(g.check_member("a", -1, "m-1", None, now), Err(ApiError::IllegalGeneration(_))));
+        g.apply(Entry::Group { group: "a".into(), value: Some(GroupMeta::default()) });
+        assert!(matches!(g.check_member("a", 1, "m-1", None, now), Err(ApiError::UnknownMemberId(_))));
     }
 }

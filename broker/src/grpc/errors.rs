@@ -41,6 +41,10 @@ pub fn to_wire(e: &ApiError, image: &MetadataImage) -> Error {
         ApiError::OffsetMetadataTooLarge(_) => ErrorCode::OffsetMetadataTooLarge,
         ApiError::OffsetCommitBackwards(_) => ErrorCode::OffsetCommitBackwards,
         ApiError::InternalTopic(_) => ErrorCode::InternalTopic,
+        ApiError::RebalanceInProgress(_) => ErrorCode::RebalanceInProgress,
+        ApiError::InvalidSessionTimeout(_) => ErrorCode::InvalidSessionTimeout,
+        ApiError::FencedInstanceId(_) => ErrorCode::FencedInstanceId,
+        ApiError::InconsistentGroupProtocol(_) => ErrorCode::InconsistentGroupProtocol,
     };
     let mut wire = Error { code: code as i32, message: e.to_string(), ..Error::default() };
     match e {

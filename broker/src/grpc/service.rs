@@ -22,6 +22,10 @@ use ferrolog_proto::client::{
     FindCoordinatorRequest, FindCoordinatorResponse, GroupListing, ListGroupsRequest, ListGroupsResponse,
     OffsetCommitRequest, OffsetCommitResponse, OffsetCommitResult, OffsetFetchRequest, OffsetFetchResponse,
 };
+use ferrolog_proto::client::{
+    GroupMember, HeartbeatRequest, HeartbeatResponse, JoinGroupMember, JoinGroupRequest, JoinGroupResponse,
+    LeaveGroupRequest, LeaveGroupResponse, SyncGroupRequest, SyncGroupResponse, TopicPartition,
+};
 use futures::Stream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -252,6 +256,78 @@ type SubscribeStream = Pin<Box<dyn Stream<Item = Result<FetchResponse, Status>> 
 
 #[tonic::async_trait]
 impl Ferrolog for ClientService {
+    async fn join_group(
+        &self,
+        request: Request<JoinGroupRequest>,
+    ) -> Result<Response<JoinGroupResponse>, Status> {
+        let r = request.into_inner();
+        let req = crate::coordinator::membership::JoinRequest {
+            member_id: r.member_id,
+            instance_id: r.group_instance_id,
+            client_id: r.client_id,
+            session_timeout_ms: r.session_timeout_ms,
+            rebalance_timeout_ms: r.rebalance_timeout_ms,
+            protocol_type: r.protocol_type,
+            protocols: r.protocols.into_iter().map(|p| (p.name, p.metadata)).collect(),
+        };
+        Ok(Response::new(match self.coordinator.join(&r.group_id, req).await {
+            Ok(j) => JoinGroupResponse {
+                error: None,
+                generation_id: j.generation,
+                protocol_name: j.protocol,
+                leader: j.leader,
+                member_id: j.member_id,
+                members: j
+                    .members
+                    .into_iter()
+                    .map(|(member_id, group_instance_id, metadata)| JoinGroupMember {
+                        member_id,
+                        group_instance_id,
+                        metadata,
+                    })
+                    .collect(),
+            },
+            Err(e) => JoinGroupResponse { error: self.wire(&e), ..JoinGroupResponse::default() },
+        }))
+    }
+
+    async fn sync_group(
+        &self,
+        request: Request<SyncGroupRequest>,
+    ) -> Result<Response<SyncGroupResponse>, Status> {
+        let r = request.into_inner();
+        let assignments = r.assignments.into_iter().map(|a| (a.member_id, a.assignment)).collect();
+        let result = self
+            .coordinator
+            .sync(&r.group_id, r.generation_id, &r.member_id, r.group_instance_id.as_deref(), assignments)
+            .await;
+        Ok(Response::new(match result {
+            Ok(s) => SyncGroupResponse { error: None, protocol_name: s.protocol, assignment: s.assignment },
+            Err(e) => SyncGroupResponse { error: self.wire(&e), ..SyncGroupResponse::default() },
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        let r = request.into_inner();
+        let result = self
+            .coordinator
+            .heartbeat(&r.group_id, r.generation_id, &r.member_id, r.group_instance_id.as_deref())
+            .await;
+        Ok(Response::new(HeartbeatResponse { error: result.err().and_then(|e| self.wire(&e)) }))
+    }
+
+    async fn leave_group(
+        &self,
+        request: Request<LeaveGroupRequest>,
+    ) -> Result<Response<LeaveGroupResponse>, Status> {
+        let r = request.into_inner();
+        let result = self.coordinator.leave(&r.group_id, &r.member_id, r.group_instance_id.as_deref()).await;
+        Ok(Response::new(LeaveGroupResponse { error: result.err().and_then(|e| self.wire(&e)) }))
+    }
+
     async fn find_coordinator(
         &self,
         request: Request<FindCoordinatorRequest>,
@@ -282,17 +358,25 @@ impl Ferrolog for ClientService {
         let offsets = r
             .offsets
             .into_iter()
-            .map(|o| CommitRequest {
-                topic: o.topic,
-                partition: o.partition,
-                offset: o.offset,
-                metadata: o.metadata,
+            .map(|o| {
+                Ok(CommitRequest {
+                    topic_id: TopicId::from_wire(&o.topic_id).map_err(ApiError::Invalid)?,
+                    topic: o.topic,
+                    partition: o.partition,
+                    offset: o.offset,
+                    metadata: o.metadata,
+                })
             })
-            .collect();
-        let result = self
-            .coordinator
-            .commit(&r.group_id, r.generation_id, &r.member_id, offsets, r.allow_backwards)
-            .await;
+            .collect::<Result<Vec<_>, ApiError>>();
+        let member = (r.member_id.as_str(), r.group_instance_id.as_deref());
+        let result = match offsets {
+            Ok(offsets) => {
+                self.coordinator
+                    .commit(&r.group_id, r.generation_id, member, offsets, r.allow_backwards)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
         Ok(Response::new(match result {
             Ok(results) => OffsetCommitResponse {
                 error: None,
@@ -314,8 +398,16 @@ impl Ferrolog for ClientService {
         request: Request<OffsetFetchRequest>,
     ) -> Result<Response<OffsetFetchResponse>, Status> {
         let r = request.into_inner();
-        let partitions = r.partitions.into_iter().map(|p| (p.topic, p.partition)).collect();
-        Ok(Response::new(match self.coordinator.fetch(&r.group_id, partitions).await {
+        let partitions = r
+            .partitions
+            .into_iter()
+            .map(|p| Ok((p.topic, p.partition, TopicId::from_wire(&p.topic_id).map_err(ApiError::Invalid)?)))
+            .collect::<Result<Vec<_>, ApiError>>();
+        let result = match partitions {
+            Ok(partitions) => self.coordinator.fetch(&r.group_id, partitions).await,
+            Err(e) => Err(e),
+        };
+        Ok(Response::new(match result {
             Ok(offsets) => OffsetFetchResponse {
                 error: None,
                 offsets: offsets.into_iter().map(wire_committed).collect(),
@@ -328,14 +420,16 @@ impl Ferrolog for ClientService {
         &self,
         _request: Request<ListGroupsRequest>,
     ) -> Result<Response<ListGroupsResponse>, Status> {
-        let groups = self
-            .coordinator
-            .list()
-            .await
+        let (listed, error) = self.coordinator.list().await;
+        let groups = listed
             .into_iter()
-            .map(|g| GroupListing { group_id: g.group, state: g.state.into(), members: g.members as u32 })
+            .map(|g| GroupListing {
+                group_id: g.group,
+                state: g.state.into(),
+                members: g.members.len() as u32,
+            })
             .collect();
-        Ok(Response::new(ListGroupsResponse { error: None, groups }))
+        Ok(Response::new(ListGroupsResponse { error: error.and_then(|e| self.wire(&e)), groups }))
     }
 
     async fn describe_group(
@@ -624,6 +718,15 @@ impl Ferrolog for ClientService {
         request: Request<AlterTopicConfigRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
         let r = request.into_inner();
+        const KEPT: [&str; 3] = ["cleanup.policy", "retention.ms", "retention.bytes"];
+        if r.topic == OFFSETS_TOPIC
+            && let Some(k) = r.set.keys().chain(r.delete.iter()).find(|k| KEPT.contains(&k.as_str()))
+        {
+            let e = ApiError::InvalidConfig(format!(
+                "{k} of {OFFSETS_TOPIC} is fixed: it is compacted and keeps every group's last commit"
+            ));
+            return Ok(Response::new(AdminResponse { error: self.wire(&e) }));
+        }
         let req = ControllerRequest::AlterTopicConfig {
             name: r.topic,
             set: r.set.into_iter().collect(),
@@ -946,7 +1049,24 @@ fn wire_description(d: GroupDescription, coordinator: BrokerId) -> DescribeGroup
         state: d.state.into(),
         generation_id: d.generation,
         protocol: d.protocol,
-        members: Vec::new(),
+        members: d
+            .members
+            .into_iter()
+            .map(|m| GroupMember {
+                member_id: m.id,
+                client_id: m.client_id,
+                group_instance_id: m.instance_id.unwrap_or_default(),
+                assignment: m
+                    .assignment
+                    .into_iter()
+                    .map(|(topic, partition)| TopicPartition {
+                        topic,
+                        partition,
+                        topic_id: Default::default(),
+                    })
+                    .collect(),
+            })
+            .collect(),
         offsets: d.offsets.into_iter().map(wire_committed).collect(),
         coordinator,
     }

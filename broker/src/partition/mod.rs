@@ -492,6 +492,17 @@ impl Partition {
         }
     }
 
+    /// Waits (up to [`LEADER_READY_WAIT`]) until every entry in the local
+    /// log is applied: a reader of the applied records then sees every
+    /// proposal of this leader that may still commit (the group
+    /// coordinator, reading its partition back within a term).
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] when they are not applied in time.
+    pub async fn await_applied_all(&self) -> Result<(), ApiError> {
+        self.await_apply_caught_up().await
+    }
+
     /// Waits until every entry in the local log is applied, so the applied
     /// producer state covers every proposal that may still commit.
     async fn await_apply_caught_up(&self) -> Result<(), ApiError> {

@@ -27,25 +27,25 @@ pub enum OutputFormat {
 #[derive(Args, Debug)]
 pub struct ConsumeArgs {
     /// Topic to read.
-    topic: String,
+    pub topic: String,
     /// Partition to read (repeatable); default: every partition.
     #[arg(long = "partition", short = 'p')]
-    partitions: Vec<u32>,
+    pub partitions: Vec<u32>,
     /// Where to start: earliest, latest, an offset (integer), or a time
     /// (RFC 3339 or "YYYY-MM-DD HH:MM:SS" UTC) to start at the first record
     /// at or after it.
     #[arg(long, default_value = "earliest", value_parser = parse_from)]
-    from: Seek,
+    pub from: Seek,
     /// Keep waiting for new records (until Ctrl-C) instead of stopping at
     /// the end each partition had at start.
     #[arg(long)]
     follow: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Value)]
-    output: OutputFormat,
+    pub output: OutputFormat,
     /// Stop after this many records.
     #[arg(long)]
-    max_records: Option<u64>,
+    pub max_records: Option<u64>,
     /// When the topic is deleted or re-created while reading (KIP-516
     /// topic ids): `fail` stops with an error (exit status 1); `restart`
     /// warns on stderr and reads the new topic from its beginning. An
@@ -58,7 +58,30 @@ pub struct ConsumeArgs {
     /// and end (exit status 1); `earliest` warns on stderr and reads on
     /// from the log start; `latest` warns and reads on from the end.
     #[arg(long, value_enum, default_value_t = OffsetReset::None)]
-    offset_reset: OffsetReset,
+    pub offset_reset: OffsetReset,
+    /// Read as a member of this consumer group: the group's members share
+    /// the topic's partitions, and the position after each batch printed
+    /// is committed to the group (at least once: a batch printed and not
+    /// committed when a member stops is printed again by the next owner).
+    /// Follows until Ctrl-C or --max-records; --from (earliest or latest)
+    /// applies to partitions without a committed offset.
+    #[arg(long, conflicts_with = "partitions")]
+    pub group: Option<String>,
+    /// Static membership (Kafka's group.instance.id, KIP-345): a member
+    /// restarted with the same id within its session timeout gets its
+    /// partitions back without a rebalance.
+    #[arg(long, requires = "group")]
+    pub group_instance_id: Option<String>,
+    /// Partition assignor(s) offered, most preferred first: range,
+    /// roundrobin, cooperative-sticky (Kafka's partition.assignment.strategy).
+    #[arg(long, value_delimiter = ',', default_value = "range,cooperative-sticky", requires = "group")]
+    pub assignor: Vec<String>,
+    /// The member's session timeout, ms (Kafka's session.timeout.ms).
+    #[arg(long, default_value_t = 45_000, requires = "group")]
+    pub session_timeout_ms: u32,
+    /// Heartbeat interval, ms (Kafka's heartbeat.interval.ms).
+    #[arg(long, default_value_t = 3_000, requires = "group")]
+    pub heartbeat_interval_ms: u32,
 }
 
 /// `--offset-reset` (Kafka's `auto.offset.reset`).
@@ -100,6 +123,9 @@ fn parse_from(text: &str) -> Result<Seek, String> {
 
 /// Runs `ferrolog consume`.
 pub async fn run(bootstrap: &str, args: ConsumeArgs) -> anyhow::Result<()> {
+    if args.group.is_some() {
+        return crate::consume_group::run(bootstrap, args).await;
+    }
     let meta = crate::connect(bootstrap)?;
     let topic = meta.topic(&args.topic, crate::TOPIC_WAIT).await.map_err(|e| match e {
         ferrolog_client::Error::UnknownTopic { .. } => {

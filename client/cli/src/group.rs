@@ -113,6 +113,22 @@ async fn describe(groups: &Groups, group: &str) -> anyhow::Result<()> {
         d.coordinator,
         if d.protocol.is_empty() { String::new() } else { format!(", assignor {}", d.protocol) }
     );
+    if !d.members.is_empty() {
+        let members: Vec<Vec<String>> = d
+            .members
+            .iter()
+            .map(|m| {
+                let parts: Vec<String> = m.assignment.iter().map(|(t, p)| format!("{t}/{p}")).collect();
+                vec![
+                    m.member_id.clone(),
+                    m.client_id.clone(),
+                    m.instance_id.clone().unwrap_or_else(|| "-".into()),
+                    if parts.is_empty() { "-".into() } else { parts.join(",") },
+                ]
+            })
+            .collect();
+        print!("{}", render(&["MEMBER", "CLIENT", "INSTANCE", "PARTITIONS"], &members));
+    }
     let mut rows = Vec::new();
     for c in &d.offsets {
         let end = groups.resolve(&c.topic, c.partition, Seek::Latest).await;
@@ -160,10 +176,24 @@ async fn reset(groups: &Groups, args: ResetArgs) -> anyhow::Result<()> {
     let mut offsets = Vec::new();
     let mut rows = Vec::new();
     for p in &partitions {
-        let new = groups
+        let mut new = groups
             .resolve(&args.topic, *p, seek)
             .await
             .with_context(|| format!("finding the offset of {}/{p}", args.topic))?;
+        if let Seek::Offset(asked) = seek {
+            // As Kafka's tool: an offset outside the partition's records is
+            // moved to its nearest end (a position past the end would make
+            // the group's next fetch OFFSET_OUT_OF_RANGE).
+            let start = groups.resolve(&args.topic, *p, Seek::Earliest).await?;
+            let end = groups.resolve(&args.topic, *p, Seek::Latest).await?;
+            new = asked.clamp(start, end.max(start));
+            if new != asked {
+                eprintln!(
+                    "warning: {}/{p} holds offsets {start} up to {end}: {asked} becomes {new}",
+                    args.topic
+                );
+            }
+        }
         let was = current.iter().find(|c| c.partition == *p).and_then(|c| c.offset);
         rows.push(vec![
             args.group.clone(),
@@ -177,6 +207,7 @@ async fn reset(groups: &Groups, args: ResetArgs) -> anyhow::Result<()> {
             partition: *p,
             offset: new,
             metadata: String::new(),
+            topic_id: topic.topic_id,
         });
     }
     print!("{}", render(&["GROUP", "TOPIC", "PARTITION", "CURRENT", "NEW"], &rows));

@@ -4,7 +4,8 @@
 //! - [`dev`]: `ferrolog dev`, a local 3-broker cluster as child processes, with a demo.
 //! - [`admin`]: `ferrolog topic ...` and `ferrolog cluster status`.
 //! - [`produce`]: `ferrolog produce`, records from lines or CSV (plain or zipped), read by [`input`].
-//! - [`consume`]: `ferrolog consume`, records as values or JSON lines ([`output`]).
+//! - [`consume`]: `ferrolog consume`, records as values or JSON lines ([`output`]);
+//!   with `--group`, as a member of a consumer group ([`consume_group`]).
 //! - [`timefmt`]: timestamps as RFC 3339, `YYYY-MM-DD HH:MM:SS` (UTC) or integer ms.
 //! - [`reassign`]: `ferrolog partition reassign` and `partition describe`.
 //! - [`brokers`]: `ferrolog broker list|decommission` and `ferrolog cluster rebalance`.
@@ -15,6 +16,7 @@
 mod admin;
 mod brokers;
 mod consume;
+mod consume_group;
 mod controller;
 mod dev;
 mod group;

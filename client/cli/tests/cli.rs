@@ -21,6 +21,10 @@ struct Brokers {
     peers: Vec<String>,
     /// The command line of each joined broker (id, args), to restart it.
     joined_args: Vec<(u32, Vec<String>)>,
+    /// The command line of each founding broker (index = id - 1).
+    founder_args: Vec<Vec<String>>,
+    /// The config file every founding broker reads, if any.
+    config_file: Option<PathBuf>,
     dir: tempfile::TempDir,
 }
 
@@ -51,31 +55,30 @@ impl Brokers {
         let initial = (0..3).map(|i| format!("{}={ip}:{}", i + 1, peer[i])).collect::<Vec<_>>().join(",");
         let config_file = config.map(|text| write(dir.path(), "broker.toml", text));
         let mut children = Vec::new();
+        let mut founder_args = Vec::new();
         for i in 0..3 {
             let log = std::fs::File::create(dir.path().join(format!("broker-{}.log", i + 1))).expect("log");
-            let mut command = Command::new(BIN);
-            if let Some(f) = &config_file {
-                command.env("FERROLOG_CONFIG", f);
-            } else {
-                command.env_remove("FERROLOG_CONFIG");
-            }
-            let child = command
-                .args(["broker", "run", "--node-id", &(i + 1).to_string()])
-                .args(["--client-addr", &format!("{ip}:{}", client[i])])
-                .args(["--peer-addr", &format!("{ip}:{}", peer[i])])
-                .arg("--data-dir")
-                .arg(dir.path().join(format!("broker-{}", i + 1)))
-                .args(["--initial-cluster", &initial])
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("log"))
-                .stderr(log)
-                .spawn()
-                .expect("start a broker");
-            children.push(child);
+            let args: Vec<String> = vec![
+                "broker".into(),
+                "run".into(),
+                "--node-id".into(),
+                (i + 1).to_string(),
+                "--client-addr".into(),
+                format!("{ip}:{}", client[i]),
+                "--peer-addr".into(),
+                format!("{ip}:{}", peer[i]),
+                "--data-dir".into(),
+                dir.path().join(format!("broker-{}", i + 1)).display().to_string(),
+                "--initial-cluster".into(),
+                initial.clone(),
+            ];
+            children.push(Self::spawn_founder(&args, config_file.as_deref(), log));
+            founder_args.push(args);
         }
         let bootstrap = client.iter().map(|p| format!("{ip}:{p}")).collect::<Vec<_>>().join(",");
         let peers = peer.iter().map(|p| format!("{ip}:{p}")).collect();
-        let brokers = Brokers { children, bootstrap, peers, joined_args: Vec::new(), dir };
+        let brokers =
+            Brokers { children, bootstrap, peers, joined_args: Vec::new(), founder_args, config_file, dir };
         brokers.wait_ready();
         brokers
     }
@@ -134,6 +137,31 @@ impl Brokers {
         }
     }
 
+    fn spawn_founder(args: &[String], config: Option<&Path>, log: std::fs::File) -> Child {
+        let mut command = Command::new(BIN);
+        match config {
+            Some(f) => command.env("FERROLOG_CONFIG", f),
+            None => command.env_remove("FERROLOG_CONFIG"),
+        };
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start a broker")
+    }
+
+    /// Starts founding broker `id` again (after [`Brokers::kill`]).
+    fn restart_founder(&mut self, id: u32) {
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.path().join(format!("broker-{id}.log")))
+            .expect("log");
+        let args = self.founder_args[(id - 1) as usize].clone();
+        self.children[(id - 1) as usize] = Self::spawn_founder(&args, self.config_file.as_deref(), log);
+    }
+
     fn spawn_broker(args: &[String], log: std::fs::File) -> Child {
         Command::new(BIN)
             .args(args)
@@ -173,6 +201,19 @@ impl Brokers {
             })
             .collect::<Vec<_>>()
             .join("\n")
+    }
+
+    /// A probe of group `g`'s committed offsets usable from another thread.
+    fn probe(&self) -> impl Fn() -> Option<std::collections::BTreeMap<u32, u64>> + Send + 'static {
+        let bootstrap = self.bootstrap.clone();
+        move || {
+            let out = Command::new(BIN)
+                .args(["--bootstrap", &bootstrap, "group", "describe", "g"])
+                .stdin(Stdio::null())
+                .output()
+                .ok()?;
+            out.status.success().then(|| parse_committed(&String::from_utf8_lossy(&out.stdout)))
+        }
     }
 
     /// Runs `ferrolog --bootstrap <cluster> args...`, feeding `stdin`.
@@ -1396,10 +1437,9 @@ fn group_offsets_are_reset_by_dry_run_then_execute_described_with_lag_and_delete
     let out = c.ok(&["group", "describe", "audit"], None);
     assert!(out.contains("group audit: Empty"), "{out}");
     assert_eq!(group_row(&out, "events", 0), Some(("4".into(), "10".into(), "6".into())), "{out}");
-    // Partition 1 has 3 records: offset 4 is past its end, so it was
-    // asked for as given and the lag is 0 (the group reads from 4 once
-    // records arrive there).
-    assert_eq!(group_row(&out, "events", 1).map(|r| r.0), Some("4".into()), "{out}");
+    // Partition 1 has 3 records: offset 4 is past its end, so it became 3
+    // (the end), with a warning.
+    assert_eq!(group_row(&out, "events", 1), Some(("3".into(), "3".into(), "0".into())), "{out}");
 
     // To the earliest offset, of one partition only: going back is what a reset is for.
     let out = c.ok(
@@ -1438,4 +1478,313 @@ fn group_offsets_are_reset_by_dry_run_then_execute_described_with_lag_and_delete
     assert!(err.contains("GROUP_ID_NOT_FOUND"), "{err}");
     let out = c.ok(&["group", "list"], None);
     assert!(!out.contains("audit"), "{out}");
+}
+
+/// A `ferrolog consume --group` process, its stdout (JSON lines) and
+/// stderr (the group's events) in files.
+struct GroupMember {
+    child: Child,
+    out: PathBuf,
+    err: PathBuf,
+}
+
+impl GroupMember {
+    fn start(c: &Brokers, name: &str, extra: &[&str]) -> GroupMember {
+        let out = c.dir.path().join(format!("{name}.out"));
+        let err = c.dir.path().join(format!("{name}.err"));
+        let child = Command::new(BIN)
+            .args(["--bootstrap", &c.bootstrap, "consume", "orders", "--group", "g", "--output", "json"])
+            .args(if extra.contains(&"--session-timeout-ms") {
+                &[][..]
+            } else {
+                &["--session-timeout-ms", "2000"][..]
+            })
+            .args(["--heartbeat-interval-ms", "300"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).expect("out"))
+            .stderr(std::fs::File::create(&err).expect("err"))
+            .spawn()
+            .expect("start a group member");
+        GroupMember { child, out, err }
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    fn values(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.out)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v["value"].as_str().map(str::to_owned))
+            .collect()
+    }
+
+    /// (member id, generation, partitions) of each `assigned` line.
+    fn assignments(&self) -> Vec<(String, i32, Vec<String>)> {
+        self.stderr()
+            .lines()
+            .filter_map(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                (w.len() == 8 && w[2] == "member" && w[4] == "generation" && w[6] == "assigned").then(|| {
+                    (
+                        w[3].to_owned(),
+                        w[5].parse().unwrap_or(-1),
+                        w[7].split(',').map(str::to_owned).collect(),
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
+impl Drop for GroupMember {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The committed offsets of topic `orders` in a `group describe` output.
+fn parse_committed(text: &str) -> std::collections::BTreeMap<u32, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            if w.len() >= 5 && w[0] == "orders" {
+                Some((w[1].parse().ok()?, w[2].parse().ok()?))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn group_members_share_partitions_through_a_kill_a_pause_and_a_coordinator_kill() {
+    let c = Brokers::start_with_config(Some(
+        "[groups]\nmin_session_timeout_ms = 500\ninitial_rebalance_delay_ms = 300\noffsets_topic_num_partitions = 3\n",
+    ));
+    c.ok(&["topic", "create", "orders", "--partitions", "6", "--replication-factor", "3"], None);
+    let mut c = c;
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let groups = ferrolog_client::Groups::new(
+        ferrolog_client::MetadataCache::new(ferrolog_client::ClientConfig::from_list(&c.bootstrap))
+            .expect("meta"),
+    );
+
+    // Joins with bad timeouts are refused at once, and leave no group.
+    let bad = |session: i32, rebalance: i32| ferrolog_client::group::JoinParams {
+        member_id: String::new(),
+        instance_id: None,
+        client_id: "t".into(),
+        session_timeout_ms: session,
+        rebalance_timeout_ms: rebalance,
+        protocol_type: "consumer".into(),
+        protocols: vec![("range".into(), bytes::Bytes::new())],
+    };
+    for (session, rebalance, code) in [
+        (10, 1_000, "INVALID_SESSION_TIMEOUT"),
+        (2_000, 0, "INVALID_REQUEST"),
+        (2_000, -1, "INVALID_REQUEST"),
+    ] {
+        let e = rt.block_on(groups.join("bad", &bad(session, rebalance))).unwrap_err();
+        assert!(e.to_string().contains(code), "{session}/{rebalance}: {e}");
+    }
+    let err = c.fails(&["group", "describe", "bad"], None);
+    assert!(err.contains("GROUP_ID_NOT_FOUND"), "{err}");
+
+    let mut members: Vec<GroupMember> =
+        (1..=3).map(|i| GroupMember::start(&c, &format!("m{i}"), &[])).collect();
+    // Until the three share the six partitions in one generation.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let last: Vec<Option<(String, i32, Vec<String>)>> =
+            members.iter().map(|m| m.assignments().last().cloned()).collect();
+        let gens: std::collections::BTreeSet<i32> = last.iter().flatten().map(|a| a.1).collect();
+        let parts: usize = last.iter().flatten().map(|a| a.2.len()).sum();
+        if last.iter().all(Option::is_some) && gens.len() == 1 && parts == 6 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no stable generation: {last:?}\n{}", c.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // The producer runs throughout; an observer samples the committed offsets.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let bootstrap = c.bootstrap.clone();
+    let producer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut acked = Vec::new();
+            let mut batch = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let lines: String = (0..30).map(|i| format!("k{i}:v{batch}-{i}\n")).collect();
+                let mut child = Command::new(BIN)
+                    .args(["--bootstrap", &bootstrap, "produce", "orders", "--key-separator", ":"])
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("produce");
+                use std::io::Write;
+                child.stdin.take().expect("stdin").write_all(lines.as_bytes()).expect("write");
+                if child.wait().expect("wait").success() {
+                    acked.extend((0..30).map(|i| format!("v{batch}-{i}")));
+                }
+                batch += 1;
+                std::thread::sleep(Duration::from_millis(150));
+            }
+            acked
+        })
+    };
+    let observer = {
+        let stop = stop.clone();
+        let probe = Brokers::probe(&c);
+        std::thread::spawn(move || {
+            let mut seen: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
+            let mut samples = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(now) = probe() {
+                    for (p, o) in now {
+                        let before = seen.insert(p, o).unwrap_or(0);
+                        assert!(o >= before, "partition {p}'s committed offset went back: {before} -> {o}");
+                    }
+                    samples += 1;
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            (samples, seen)
+        })
+    };
+
+    // A member is SIGKILLed: its partitions move on after its session.
+    std::thread::sleep(Duration::from_millis(1_500));
+    members[0].child.kill().expect("kill");
+    std::thread::sleep(Duration::from_millis(3_000));
+    // A member joins, and the coordinator's broker is SIGKILLed during that rebalance.
+    let coordinator = rt.block_on(groups.find_coordinator("g")).expect("coordinator").broker;
+    members.push(GroupMember::start(&c, "m4", &[]));
+    std::thread::sleep(Duration::from_millis(200));
+    c.kill(coordinator);
+    std::thread::sleep(Duration::from_millis(3_000));
+    c.restart_founder(coordinator);
+    // A member is paused past its session timeout, then resumed.
+    let before_pause = members[1].assignments().last().cloned().expect("m2 had an assignment");
+    signal(&members[1].child, "-STOP");
+    std::thread::sleep(Duration::from_millis(4_000));
+    signal(&members[1].child, "-CONT");
+    std::thread::sleep(Duration::from_millis(3_000));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acked = producer.join().expect("producer");
+    let (samples, last_commits) = observer.join().expect("observer");
+    assert!(acked.len() >= 300, "only {} records acknowledged", acked.len());
+    assert!(samples >= 10 && last_commits.values().any(|o| *o > 0), "{samples} samples: {last_commits:?}");
+
+    // The paused member's generation is over: a commit in it is refused,
+    // and it joined again as a new member.
+    let (old_member, old_generation, _) = before_pause;
+    let old = ferrolog_client::group::MemberRef {
+        generation: old_generation,
+        member_id: old_member.clone(),
+        instance_id: None,
+    };
+    let offsets = [ferrolog_client::group::OffsetToCommit {
+        topic: "orders".into(),
+        partition: 0,
+        offset: 0,
+        metadata: String::new(),
+        topic_id: None,
+    }];
+    let e = rt.block_on(groups.commit_as("g", &old, &offsets, true)).unwrap_err();
+    assert!(
+        e.to_string().contains("UNKNOWN_MEMBER_ID") || e.to_string().contains("ILLEGAL_GENERATION"),
+        "{e}"
+    );
+    let m2 = members[1].stderr();
+    assert!(m2.contains("lost") || m2.contains("commit refused"), "m2 did not notice its eviction:\n{m2}");
+    assert!(members[1].assignments().iter().any(|a| a.0 != old_member), "m2 did not rejoin:\n{m2}");
+
+    // Every acknowledged record was processed by some member.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen: std::collections::BTreeSet<String> = members.iter().flat_map(GroupMember::values).collect();
+        let missing: Vec<&String> = acked.iter().filter(|v| !seen.contains(*v)).collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} acknowledged records never processed, e.g. {:?}\n{}",
+            missing.len(),
+            acked.len(),
+            &missing[..missing.len().min(5)],
+            members.iter().map(GroupMember::stderr).collect::<Vec<_>>().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // No partition was owned by two members in one generation.
+    let mut owners: std::collections::BTreeMap<(i32, String), String> = std::collections::BTreeMap::new();
+    let mut generations = std::collections::BTreeSet::new();
+    for m in &members {
+        for (member, generation, parts) in m.assignments() {
+            generations.insert(generation);
+            for p in parts {
+                if let Some(other) = owners.insert((generation, p.clone()), member.clone()) {
+                    assert_eq!(other, member, "{p} owned by two members in generation {generation}");
+                }
+            }
+        }
+    }
+    assert!(generations.len() >= 4, "rebalances seen: {generations:?}");
+    // Members stop cleanly on Ctrl-C, leaving the group.
+    for m in members.iter().skip(1) {
+        signal(&m.child, "-INT");
+    }
+    for m in members.iter_mut().skip(1) {
+        let status = m.child.wait().expect("wait");
+        assert!(status.success(), "a member exited with {status}:\n{}", m.stderr());
+    }
+}
+
+#[test]
+fn a_static_member_restarted_within_its_session_keeps_its_partitions_without_a_rebalance() {
+    let c = Brokers::start_with_config(Some(
+        "[groups]\nmin_session_timeout_ms = 500\ninitial_rebalance_delay_ms = 300\noffsets_topic_num_partitions = 3\n",
+    ));
+    c.ok(&["topic", "create", "orders", "--partitions", "4", "--replication-factor", "3"], None);
+    let statik = ["--group-instance-id", "host-a", "--session-timeout-ms", "8000"];
+    let mut a = GroupMember::start(&c, "a", &statik);
+    let b = GroupMember::start(&c, "b", &[]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (generation, a_parts) = loop {
+        let (la, lb) = (a.assignments().last().cloned(), b.assignments().last().cloned());
+        if let (Some(la), Some(lb)) = (&la, &lb)
+            && la.1 == lb.1
+            && la.2.len() + lb.2.len() == 4
+        {
+            break (la.1, la.2.clone());
+        }
+        assert!(Instant::now() < deadline, "no stable generation: {la:?} {lb:?}\n{}", c.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // SIGKILLed and started again at once with the same instance id.
+    a.child.kill().expect("kill");
+    let _ = a.child.wait();
+    let a2 = GroupMember::start(&c, "a2", &statik);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let back = loop {
+        if let Some(l) = a2.assignments().last().cloned() {
+            break l;
+        }
+        assert!(Instant::now() < deadline, "the restarted member got nothing:\n{}", a2.stderr());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!((back.1, back.2.clone()), (generation, a_parts), "same generation, same partitions");
+    std::thread::sleep(Duration::from_millis(2_000));
+    assert_eq!(b.assignments().len(), 1, "the other member saw a rebalance:\n{}", b.stderr());
+    let out = c.ok(&["group", "describe", "g"], None);
+    assert!(out.contains(&format!("Stable, generation {generation}, 2 members")), "{out}");
+    assert!(out.contains("host-a"), "{out}");
 }
