@@ -384,6 +384,12 @@ impl BrokerConfig {
             );
         }
         let g = &self.groups;
+        if g.initial_rebalance_delay_ms > 86_400_000 {
+            return bad(format!(
+                "groups.initial_rebalance_delay_ms ({}) must be at most a day (86400000)",
+                g.initial_rebalance_delay_ms
+            ));
+        }
         if g.min_session_timeout_ms == 0
             || g.min_session_timeout_ms > g.max_session_timeout_ms
             || g.max_session_timeout_ms > i32::MAX as u64

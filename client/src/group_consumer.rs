@@ -213,6 +213,9 @@ impl GroupConsumer {
     /// A member of `config.group_id` for `topics`; it joins at the first
     /// [`GroupConsumer::poll`].
     ///
+    /// # Panics
+    /// Outside a tokio runtime (it starts its heartbeat task).
+    ///
     /// # Errors
     /// A config without assignors, or with a heartbeat interval not below
     /// the session timeout.
@@ -347,11 +350,14 @@ impl GroupConsumer {
             && self.joined
             && self.last_commit.elapsed() >= Duration::from_millis(self.config.auto_commit_interval_ms)
         {
-            self.commit_quietly().await;
+            self.commit_quietly(true).await;
         }
         loop {
             let (lost, rejoin) = {
                 let mut s = lock(&self.shared);
+                // Still polling, however long this call waits (Kafka's poll
+                // timer restarts on every pass).
+                s.last_poll = Instant::now();
                 (s.lost.take(), std::mem::take(&mut s.rejoin))
             };
             if let Some(reason) = lost {
@@ -383,8 +389,23 @@ impl GroupConsumer {
         }
     }
 
+    /// Each owned partition's position: the offset after the records
+    /// returned so far, what [`GroupConsumer::commit`] commits.
+    pub fn positions(&self) -> Vec<(TopicPartition, u64)> {
+        self.to_commit(&self.owned).into_iter().map(|o| ((o.topic, o.partition), o.offset)).collect()
+    }
+
+    /// Moves an owned partition's position back (or on) to `offset`: the
+    /// next poll reads from there, and a commit commits it (e.g. records
+    /// returned but not processed). Partitions not owned are ignored.
+    pub fn seek(&mut self, topic: &str, partition: u32, offset: u64) {
+        if self.owned.contains(&(topic.to_owned(), partition)) {
+            self.consumer.seek(topic, partition, Seek::Offset(offset));
+        }
+    }
+
     /// The positions of the owned partitions, to commit.
-    fn positions(&self, of: &BTreeSet<TopicPartition>) -> Vec<OffsetToCommit> {
+    fn to_commit(&self, of: &BTreeSet<TopicPartition>) -> Vec<OffsetToCommit> {
         of.iter()
             .filter_map(|(t, p)| {
                 self.consumer.position(t, *p).map(|offset| OffsetToCommit {
@@ -412,11 +433,15 @@ impl GroupConsumer {
     /// seek back) is returned too.
     pub async fn commit(&mut self) -> Result<()> {
         let owned = self.owned.clone();
-        self.commit_partitions(&owned).await
+        self.commit_partitions(&owned, true).await
     }
 
-    async fn commit_partitions(&mut self, of: &BTreeSet<TopicPartition>) -> Result<()> {
-        let offsets = self.positions(of);
+    /// Commits `of`'s positions. With `signal`, a refusal that ends the
+    /// membership is passed to the next poll (which gives the partitions
+    /// up, or rejoins); inside [`GroupConsumer::lose`] and
+    /// [`GroupConsumer::rebalance`], which deal with it themselves, not.
+    async fn commit_partitions(&mut self, of: &BTreeSet<TopicPartition>, signal: bool) -> Result<()> {
+        let offsets = self.to_commit(of);
         if offsets.is_empty() || !self.joined {
             return Ok(());
         }
@@ -440,10 +465,10 @@ impl GroupConsumer {
                     let generation = self.member.generation;
                     self.event(RebalanceEvent::CommitRefused { generation, reason: e.to_string() });
                     let mut s = lock(&self.shared);
-                    if membership_lost(&e) {
+                    if signal && membership_lost(&e) {
                         s.member = None;
                         s.lost.get_or_insert_with(|| e.to_string());
-                    } else {
+                    } else if signal {
                         s.rejoin = true;
                     }
                 }
@@ -452,9 +477,11 @@ impl GroupConsumer {
         }
     }
 
-    /// Auto-commit: errors are logged and reported as events, not returned.
-    async fn commit_quietly(&mut self) {
-        if let Err(e) = self.commit().await {
+    /// Auto-commit: errors are logged and reported as events, not
+    /// returned; with `signal`, as [`GroupConsumer::commit_partitions`].
+    async fn commit_quietly(&mut self, signal: bool) {
+        let owned = self.owned.clone();
+        if let Err(e) = self.commit_partitions(&owned, signal).await {
             tracing::warn!(group = %self.config.group_id, "auto-commit: {e}");
         }
     }
@@ -464,7 +491,7 @@ impl GroupConsumer {
     /// unless this member's generation is still current.
     async fn lose(&mut self, reason: String) -> Result<()> {
         if self.config.enable_auto_commit {
-            self.commit_quietly().await;
+            self.commit_quietly(false).await;
         }
         let partitions: Vec<TopicPartition> = std::mem::take(&mut self.owned).into_iter().collect();
         for (t, p) in &partitions {
@@ -485,11 +512,34 @@ impl GroupConsumer {
         Ok(())
     }
 
-    /// Joins (or rejoins) the group and takes this member's assignment.
+    /// Joins (or rejoins) the group and takes this member's assignment. On
+    /// failure this member owns nothing and is not joined: the next poll
+    /// tries again (a member that keeps partitions without heartbeating
+    /// would be evicted while it still reads them).
     async fn rebalance(&mut self) -> Result<()> {
+        let r = self.rebalance_once().await;
+        if r.is_err() {
+            self.joined = false;
+            if !self.owned.is_empty() {
+                let partitions: Vec<TopicPartition> = std::mem::take(&mut self.owned).into_iter().collect();
+                for (t, p) in &partitions {
+                    self.consumer.unassign(t, *p);
+                }
+                let generation = self.member.generation;
+                let reason = format!(
+                    "the rebalance failed: {}",
+                    r.as_ref().err().map(ToString::to_string).unwrap_or_default()
+                );
+                self.event(RebalanceEvent::Lost { generation, partitions, reason });
+            }
+        }
+        r
+    }
+
+    async fn rebalance_once(&mut self) -> Result<()> {
         let cooperative = self.cooperative();
         if self.joined && self.config.enable_auto_commit {
-            self.commit_quietly().await;
+            self.commit_quietly(false).await;
         }
         if !cooperative && !self.owned.is_empty() {
             let partitions: Vec<TopicPartition> = std::mem::take(&mut self.owned).into_iter().collect();
@@ -522,7 +572,7 @@ impl GroupConsumer {
         let added: BTreeSet<TopicPartition> = assignment.difference(&self.owned).cloned().collect();
         if !revoked.is_empty() {
             if self.config.enable_auto_commit
-                && let Err(e) = self.commit_partitions(&revoked).await
+                && let Err(e) = self.commit_partitions(&revoked, false).await
             {
                 tracing::warn!(group = %self.config.group_id, "commit before revoking: {e}");
             }
@@ -571,6 +621,8 @@ impl GroupConsumer {
         let mut s = lock(&self.shared);
         s.member = Some(self.member.clone());
         s.last_poll = Instant::now();
+        // What was lost is the membership this rebalance replaced.
+        s.lost = None;
         Ok(())
     }
 
@@ -608,6 +660,9 @@ impl GroupConsumer {
         let joined = self.groups.join(&self.config.group_id, &params).await?;
         self.member.member_id.clone_from(&joined.member_id);
         self.member.generation = joined.generation;
+        // Heartbeats from the join's answer on, as Kafka's client: the
+        // session runs while the leader assigns.
+        lock(&self.shared).member = Some(self.member.clone());
         let assignments = if joined.leader == joined.member_id && !joined.members.is_empty() {
             self.compute_assignment(&joined.protocol, &joined.members).await?
         } else {

@@ -20,10 +20,16 @@
 //! | `replica-divergence` | a broker's committed copy disagrees with the history or another broker |
 //! | `stale-final-value` | compacted topic: the final read's latest record of a key is a value older than the key's latest known record (acknowledged, read, or in a committed copy) |
 //! | `lost-final-value` | compacted topic: the final read holds no record of a key at or after its latest known record, which was a value, and no unanswered tombstone can explain it |
+//! | `group-undelivered` | consumer group: an acknowledged value no member of the group read |
+//! | `group-commit-skip` | consumer group: an acknowledged commit of a position past an acknowledged record that no member had read when the commit was sent |
 //!
 //! **Compacted topics.** A history whose messages carry record keys is of
 //! the `compact` workload; [`compacted`] holds the rules that differ there
 //! (what compaction may remove, and the final state of every key).
+//!
+//! **Consumer groups.** Polls and commits of a group's members (`group`
+//! workload) are checked by [`group`]: at least once, and no commit past
+//! what was processed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -33,10 +39,11 @@ use serde_json::{Value as Json, json};
 use crate::history::{Key, Op, OpType, Outcome, Value};
 
 mod compacted;
+mod group;
 use compacted::Compaction;
 
 /// Every anomaly class the checker reports, in report order.
-pub const ANOMALIES: [&str; 15] = [
+pub const ANOMALIES: [&str; 17] = [
     LOST_WRITE,
     UNSEEN,
     DUPLICATE,
@@ -52,6 +59,8 @@ pub const ANOMALIES: [&str; 15] = [
     REPLICA_DIVERGENCE,
     STALE_FINAL_VALUE,
     LOST_FINAL_VALUE,
+    group::GROUP_UNDELIVERED,
+    group::GROUP_COMMIT_SKIP,
 ];
 
 /// Acknowledged, never read, below the highest offset read of its key.
@@ -169,6 +178,12 @@ pub struct Stats {
     /// ... of which absent or deleted although the last acknowledged write
     /// was a value, explained by a tombstone sent without an answer.
     pub final_keys_deleted_by_unacknowledged_tombstone: usize,
+    /// `group` workload: offset commits acknowledged, and not.
+    pub group_commits_ok: usize,
+    /// ...
+    pub group_commits_not_ok: usize,
+    /// `group` workload: distinct (partition, value) the group's members read.
+    pub group_values_delivered: usize,
 }
 
 /// The checker's verdict.
@@ -215,6 +230,7 @@ fn source(op: &Op) -> String {
         match op.op_type {
             OpType::Send => "send",
             OpType::Poll => "poll",
+            OpType::Commit => "commit",
         },
         op.index,
         op.process,
@@ -249,6 +265,8 @@ pub fn check(history: &[Op], replicas: &[ReplicaCopy], ends: &BTreeMap<Key, u64>
             (OpType::Send, Outcome::Info) => s.sends_info += 1,
             (OpType::Poll, Outcome::Ok) => s.polls_ok += 1,
             (OpType::Poll, _) => s.polls_not_ok += 1,
+            (OpType::Commit, Outcome::Ok) => s.group_commits_ok += 1,
+            (OpType::Commit, _) => s.group_commits_not_ok += 1,
         }
         if op.op_type != OpType::Send {
             continue;
@@ -447,6 +465,7 @@ pub fn check(history: &[Op], replicas: &[ReplicaCopy], ends: &BTreeMap<Key, u64>
     if let Some(c) = &compaction {
         c.check_final_state(&mut report, &ops);
     }
+    group::check(&ops, &mut report);
     report.valid = report.anomalies.values().all(|f| f.count == 0);
     report
 }
@@ -552,6 +571,7 @@ mod tests {
                 msgs,
                 reset: false,
                 final_read: false,
+                group: false,
                 error: None,
             });
             self.ops.last_mut().expect("pushed")

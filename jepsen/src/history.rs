@@ -30,6 +30,10 @@ pub enum OpType {
     Send,
     /// One consumer poll.
     Poll,
+    /// A consumer-group member's offset commit (`group` workload): each
+    /// msg is a partition (`key`) and the position committed (`offset`);
+    /// its `value` means nothing.
+    Commit,
 }
 
 /// How an operation ended.
@@ -108,6 +112,9 @@ pub struct Op {
     /// For a poll in the final phase (read every partition to its end).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub final_read: bool,
+    /// A poll or commit by a consumer-group member (`group` workload).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub group: bool,
     /// The error, for fail and info.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -206,6 +213,7 @@ impl Recorder {
             msgs,
             reset: false,
             final_read: false,
+            group: false,
             error,
         });
     }

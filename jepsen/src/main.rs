@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use ferrolog_client::assignor::Assignor;
 use ferrolog_jepsen::network::NetworkChoice;
 use ferrolog_jepsen::run::{self, Summary, TestOptions};
 use ferrolog_jepsen::workload::WorkloadConfig;
@@ -50,6 +51,11 @@ enum Cmd {
     Cleanup,
 }
 
+fn parse_assignor(name: &str) -> Result<Assignor, String> {
+    Assignor::from_name(name)
+        .ok_or_else(|| format!("unknown assignor {name:?} (range, roundrobin, cooperative-sticky)"))
+}
+
 /// What the clients do.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 enum Workload {
@@ -60,6 +66,11 @@ enum Workload {
     /// over a few record keys per partition; the final read must hold every
     /// key's last acknowledged write or a later one.
     Compact,
+    /// The queue, read by the members of one consumer group that commit
+    /// after each poll and leave and rejoin now and then: every
+    /// acknowledged value must reach the group, and no commit may pass a
+    /// record no member had read.
+    Group,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -73,6 +84,10 @@ struct TestArgs {
     /// Fraction of records that are tombstones (`compact` workload).
     #[arg(long, default_value_t = 0.15)]
     tombstone_ratio: f64,
+    /// The group members' assignors, most preferred first (`group`
+    /// workload): range, roundrobin, cooperative-sticky.
+    #[arg(long, value_delimiter = ',', default_value = "cooperative-sticky", value_parser = parse_assignor)]
+    assignors: Vec<Assignor>,
     /// Brokers.
     #[arg(long, default_value_t = 3)]
     nodes: u32,
@@ -170,6 +185,8 @@ impl TestArgs {
                 seed,
                 record_keys: if self.workload == Workload::Compact { self.record_keys.max(1) } else { 0 },
                 tombstone_ratio: self.tombstone_ratio,
+                group: (self.workload == Workload::Group)
+                    .then(|| ("jepsen".to_owned(), self.assignors.clone())),
             },
             broker_bin,
             keep_data: self.keep_data,
@@ -232,7 +249,11 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                         Err(e) => {
                             table.push_str(&format!(
                                 "| {} | {faults} | | {seed} | run failed: {e:#} |\n",
-                                if test.workload == Workload::Compact { "compact" } else { "queue" }
+                                match test.workload {
+                                    Workload::Compact => "compact",
+                                    Workload::Group => "group",
+                                    Workload::Queue => "queue",
+                                }
                             ));
                             continue;
                         }

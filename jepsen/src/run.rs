@@ -59,7 +59,7 @@ pub struct TestOptions {
 pub struct Summary {
     /// The run directory.
     pub dir: PathBuf,
-    /// `queue` or `compact`.
+    /// `queue`, `compact` or `group`.
     pub workload: &'static str,
     /// Faults asked for.
     pub faults: String,
@@ -127,7 +127,13 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
     let sites: Vec<Site> = (1..=opts.nodes)
         .map(|id| Site { ip: net.broker_ip(id), ns: net.namespace(id), peer_routes: net.peer_routes(id) })
         .collect();
-    let more_config = if opts.workload.compacted() { workload::COMPACT_BROKER_CONFIG } else { "" };
+    let more_config = if opts.workload.compacted() {
+        workload::COMPACT_BROKER_CONFIG
+    } else if opts.workload.group.is_some() {
+        workload::GROUP_BROKER_CONFIG
+    } else {
+        ""
+    };
     let mut cluster = Cluster::new(&opts.broker_bin, dir, &sites, opts.dormant_after_ms, more_config)?;
     for id in cluster.ids() {
         cluster.spawn(id)?;
@@ -187,15 +193,30 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
             stop_rx.clone(),
         ));
     }
+    // Group members run on until they have processed everything (after
+    // the faults), so they stop on a signal of their own.
+    let (group_stop_tx, group_stop_rx) = watch::channel(false);
+    let mut members = tokio::task::JoinSet::new();
     for slot in 0..cfg.consumers {
-        clients.spawn(workload::consumer(
-            cfg.clone(),
-            meta.clone(),
-            rec.clone(),
-            ids.clone(),
-            cfg.producers + slot,
-            stop_rx.clone(),
-        ));
+        if cfg.group.is_some() {
+            members.spawn(workload::group_consumer(
+                cfg.clone(),
+                meta.clone(),
+                rec.clone(),
+                ids.clone(),
+                cfg.producers + slot,
+                group_stop_rx.clone(),
+            ));
+        } else {
+            clients.spawn(workload::consumer(
+                cfg.clone(),
+                meta.clone(),
+                rec.clone(),
+                ids.clone(),
+                cfg.producers + slot,
+                stop_rx.clone(),
+            ));
+        }
     }
     let nemesis = tokio::spawn(nemesis::run(
         faults.clone(),
@@ -234,6 +255,21 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
     let mut problems = Vec::new();
     if let Err(e) = cluster::wait_ready(&bootstrap, opts.nodes as usize, Duration::from_secs(60)).await {
         problems.push(format!("cluster not ready after healing: {e:#}"));
+    }
+    if cfg.group.is_some() {
+        let behind = workload::group_caught_up(&cfg, meta.clone(), Duration::from_secs(120)).await;
+        if !behind.is_empty() {
+            problems.push(format!(
+                "the group did not process everything within 120 s of healing: (partition, committed, end) {behind:?}"
+            ));
+        }
+        let _ = group_stop_tx.send(true);
+        let left = tokio::time::timeout(Duration::from_secs(30), async {
+            while members.join_next().await.is_some() {}
+        });
+        if left.await.is_err() {
+            members.abort_all();
+        }
     }
 
     // Final read of every partition.
@@ -293,6 +329,10 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
             "the final read found no record removed by compaction: the compaction checks saw no work".into(),
         );
     }
+    if cfg.group.is_some() && (report.stats.group_commits_ok == 0 || report.stats.group_values_delivered == 0)
+    {
+        problems.push("the group acknowledged no commit or read nothing: its checks saw no work".into());
+    }
     if cfg.compacted() && report.stats.final_tombstones_removed == 0 {
         problems.push(
             "the final read found no tombstone removed: delete.retention.ms was never exercised".into(),
@@ -303,7 +343,7 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
         &dir.join("results.json"),
         &Results {
             valid,
-            workload: if cfg.compacted() { "compact" } else { "queue" },
+            workload: cfg.name(),
             faults: &opts.faults,
             seed: cfg.seed,
             nodes: opts.nodes,
@@ -330,7 +370,7 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
     let s = &report.stats;
     Ok(Summary {
         dir: dir.to_owned(),
-        workload: if cfg.compacted() { "compact" } else { "queue" },
+        workload: cfg.name(),
         faults: opts.faults.clone(),
         network: short_network,
         seed: cfg.seed,

@@ -12,6 +12,11 @@
 //! - The final read: one consumer per partition reads from the start until
 //!   it reaches the high watermark seen when it started.
 //!
+//! The `group` workload (`group` set): consumers are members of one
+//! consumer group ([`group_consumer`]) that commit the position after each
+//! poll (commit after processing), and every so often leave and join again
+//! as new members; the checker's group checks hold them to at least once.
+//!
 //! The `compact` workload (`record_keys > 0`) writes to a compacted topic
 //! (`cleanup.policy=compact`): each value goes to one of `record_keys`
 //! record keys of its partition, and a fraction `tombstone_ratio` of the
@@ -63,12 +68,26 @@ pub struct WorkloadConfig {
     /// In the `compact` workload, the fraction of records that are
     /// tombstones.
     pub tombstone_ratio: f64,
+    /// The `group` workload: consumers are members of this consumer group
+    /// (with these assignors), committing after each poll.
+    pub group: Option<(String, Vec<ferrolog_client::assignor::Assignor>)>,
 }
 
 impl WorkloadConfig {
     /// Whether this is the `compact` workload, on a compacted topic.
     pub fn compacted(&self) -> bool {
         self.record_keys > 0
+    }
+
+    /// The workload's name: `queue`, `compact` or `group`.
+    pub fn name(&self) -> &'static str {
+        if self.compacted() {
+            "compact"
+        } else if self.group.is_some() {
+            "group"
+        } else {
+            "queue"
+        }
     }
 }
 
@@ -301,6 +320,7 @@ pub async fn consumer(
             msgs,
             reset: std::mem::take(&mut reset),
             final_read: false,
+            group: false,
             error,
         });
     }
@@ -362,9 +382,143 @@ pub async fn final_read(
             msgs,
             reset: std::mem::take(&mut reset),
             final_read: true,
+            group: false,
             error,
         });
         reset = failed;
     }
     Ok((end, pass_started.elapsed()))
+}
+
+/// The brokers' extra configuration for the `group` workload: 8 partitions
+/// of `__consumer_offsets` (the default 50 only adds idle groups here).
+pub const GROUP_BROKER_CONFIG: &str = "[groups]\noffsets_topic_num_partitions = 8\n";
+
+/// One consumer-group member process (`group` workload): polls, records
+/// each poll, commits the positions after it and records the commit; after
+/// 20 to 150 polls it closes (leaving the group) and a new member (a new
+/// process) takes its place, until `stop` turns true.
+pub async fn group_consumer(
+    cfg: Arc<WorkloadConfig>,
+    meta: Arc<MetadataCache>,
+    rec: Recorder,
+    ids: Arc<Ids>,
+    slot: u32,
+    stop: watch::Receiver<bool>,
+) {
+    let Some((group, assignors)) = cfg.group.clone() else { return };
+    let mut rng = StdRng::seed_from_u64(cfg.seed ^ (u64::from(slot) << 32) ^ 0x6a0f);
+    while !*stop.borrow() {
+        let process = ids.process();
+        let mut config = ferrolog_client::GroupConsumerConfig::new(group.clone());
+        config.client_id = format!("jepsen-{process}");
+        config.session_timeout_ms = 6_000;
+        config.heartbeat_interval_ms = 500;
+        config.max_poll_interval_ms = 60_000;
+        config.assignors.clone_from(&assignors);
+        config.enable_auto_commit = false;
+        config.auto_offset_reset = ferrolog_client::AutoOffsetReset::Earliest;
+        config.consumer = consumer_config();
+        let Ok(mut member) = ferrolog_client::GroupConsumer::new(meta.clone(), config, &[cfg.topic.as_str()])
+        else {
+            return;
+        };
+        let mut polls_left = rng.gen_range(20..150u32);
+        while polls_left > 0 && !*stop.borrow() {
+            polls_left -= 1;
+            let inv = rec.invoke(process);
+            let result = member.poll(Duration::from_millis(500)).await;
+            // A rebalance inside the poll moved positions: not comparable
+            // with this process's earlier polls.
+            let reset = !member.take_events().is_empty();
+            let (outcome, msgs, error) = match result {
+                Ok(records) => (Outcome::Ok, to_msgs(&cfg, &records), None),
+                Err(e) => (Outcome::Fail, Vec::new(), Some(e.to_string())),
+            };
+            let processed = outcome == Outcome::Ok && !msgs.is_empty();
+            rec.push(Op {
+                index: 0,
+                process,
+                op_type: OpType::Poll,
+                outcome,
+                invoke_ns: inv.invoke_ns,
+                complete_ns: rec.now_ns(),
+                msgs,
+                reset,
+                final_read: false,
+                group: true,
+                error,
+            });
+            if !processed {
+                continue;
+            }
+            let positions: Vec<Msg> =
+                member.positions().into_iter().map(|((_, p), offset)| Msg::at(p, 0, offset)).collect();
+            let inv = rec.invoke(process);
+            let result = member.commit().await;
+            let (outcome, error) = match &result {
+                Ok(()) => (Outcome::Ok, None),
+                // Refused whole by the coordinator: nothing stored.
+                Err(e)
+                    if matches!(
+                        e.code(),
+                        Some(
+                            ferrolog_client::error::ErrorCode::IllegalGeneration
+                                | ferrolog_client::error::ErrorCode::UnknownMemberId
+                                | ferrolog_client::error::ErrorCode::FencedInstanceId
+                                | ferrolog_client::error::ErrorCode::RebalanceInProgress
+                        )
+                    ) =>
+                {
+                    (Outcome::Fail, Some(e.to_string()))
+                }
+                Err(e) => (Outcome::Info, Some(e.to_string())),
+            };
+            rec.push(Op {
+                index: 0,
+                process,
+                op_type: OpType::Commit,
+                outcome,
+                invoke_ns: inv.invoke_ns,
+                complete_ns: rec.now_ns(),
+                msgs: positions,
+                reset: false,
+                final_read: false,
+                group: true,
+                error,
+            });
+        }
+        // Leaves the group: its partitions move to the others.
+        let _ = member.close().await;
+    }
+}
+
+/// Waits until `group` has committed, for every partition of the topic,
+/// the high watermark (every record processed), or `timeout`; the
+/// partitions still behind, as (partition, committed, high watermark).
+pub async fn group_caught_up(
+    cfg: &WorkloadConfig,
+    meta: Arc<MetadataCache>,
+    timeout: Duration,
+) -> Vec<(u32, Option<u64>, u64)> {
+    let Some((group, _)) = &cfg.group else { return Vec::new() };
+    let groups = ferrolog_client::Groups::new(meta.clone()).with_timeout(Duration::from_secs(5));
+    let reader = Consumer::new(meta, consumer_config());
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut behind = Vec::new();
+        let asked: Vec<(String, u32)> = (0..cfg.partitions).map(|p| (cfg.topic.clone(), p)).collect();
+        let committed = groups.committed(group, &asked).await.unwrap_or_default();
+        for p in 0..cfg.partitions {
+            let end = reader.list_offset(&cfg.topic, p, Seek::Latest).await.unwrap_or(u64::MAX);
+            let c = committed.iter().find(|c| c.partition == p).and_then(|c| c.offset);
+            if end > 0 && c.is_none_or(|c| c < end) {
+                behind.push((p, c, end));
+            }
+        }
+        if behind.is_empty() || Instant::now() >= deadline {
+            return behind;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

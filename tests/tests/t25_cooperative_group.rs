@@ -102,7 +102,7 @@ async fn a_joining_member_takes_over_only_what_moves_and_never_while_it_is_owned
         })
     };
     let a = run(member(meta.clone(), "a", ledger.clone()));
-    let wait_until = |what: &str, ok: &dyn Fn(&Ledger) -> bool| {
+    let wait_until = async |what: &str, ok: &dyn Fn(&Ledger) -> bool| {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             {
@@ -114,12 +114,13 @@ async fn a_joining_member_takes_over_only_what_moves_and_never_while_it_is_owned
                     anyhow::bail!("{what} did not happen: {:?}\n{}", l.events, c.logs_tail(20));
                 }
             }
-            std::thread::sleep(Duration::from_millis(100));
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };
-    wait_until("a owning all six", &|l| owned_by(l, "a").len() == 6)?;
+    wait_until("a owning all six", &|l| owned_by(l, "a").len() == 6).await?;
     let b = run(member(meta.clone(), "b", ledger.clone()));
-    wait_until("a and b owning three each", &|l| owned_by(l, "a").len() == 3 && owned_by(l, "b").len() == 3)?;
+    wait_until("a and b owning three each", &|l| owned_by(l, "a").len() == 3 && owned_by(l, "b").len() == 3)
+        .await?;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let read_a = a.await??;
     b.await??;

@@ -332,6 +332,21 @@ impl Membership {
             .collect()
     }
 
+    /// Every member and its metadata for the chosen protocol (the leader's
+    /// JoinGroup answer).
+    fn join_members(&self) -> Vec<(String, Option<String>, Bytes)> {
+        self.members
+            .iter()
+            .map(|(id, m)| (id.clone(), m.instance_id.clone(), m.metadata(&self.protocol)))
+            .collect()
+    }
+
+    /// When the rebalance under way ends at the latest (a join's answer
+    /// comes by then, once stored); `None` when none is under way.
+    pub fn join_deadline(&self) -> Option<Instant> {
+        (self.phase == Phase::PreparingRebalance).then_some(self.join_deadline)
+    }
+
     /// Starts a rebalance at `now`: every member must rejoin; syncs
     /// waiting are told so.
     fn prepare(&mut self, now: Instant) {
@@ -409,6 +424,20 @@ impl Membership {
         now: Instant,
         bounds: &Bounds,
     ) -> Result<Waiting<JoinResult>, ApiError> {
+        self.join_with_id(req, now, bounds).map(|(_, w)| w)
+    }
+
+    /// [`Membership::join`], with the member id the join is for (given by
+    /// the coordinator on a first join).
+    ///
+    /// # Errors
+    /// As [`Membership::join`].
+    pub fn join_with_id(
+        &mut self,
+        req: JoinRequest,
+        now: Instant,
+        bounds: &Bounds,
+    ) -> Result<(String, Waiting<JoinResult>), ApiError> {
         let (session, rebalance) = Self::validate(&req, bounds)?;
         let others = self.members.iter().filter(|(id, _)| **id != req.member_id).map(|(_, m)| m);
         let mut others = others.peekable();
@@ -459,23 +488,19 @@ impl Membership {
                     if self.leader == old_id {
                         self.leader.clone_from(&id);
                     }
-                    let unchanged = old.metadata(&self.protocol) == member.metadata(&self.protocol)
-                        && member.supports(&self.protocol);
-                    if self.phase == Phase::Stable && unchanged {
-                        let result = JoinResult {
-                            generation: self.generation,
-                            protocol: self.protocol.clone(),
-                            leader: self.leader.clone(),
-                            member_id: id.clone(),
-                            // Its assignment stands: no one recomputes it.
-                            members: Vec::new(),
-                        };
+                    // Kafka's rule: the same assignor as the group's (its
+                    // subscription may name other owned partitions now).
+                    if self.phase == Phase::Stable && member.supports(&self.protocol) {
+                        // Answered once the new id is stored
+                        // ([`PersistKind::Replaced`]): a coordinator taking
+                        // over must not bring the fenced id back.
+                        member.join = Some(tx);
                         self.members.insert(id.clone(), member);
                         if let Some(i) = &req.instance_id {
-                            self.instances.insert(i.clone(), id);
+                            self.instances.insert(i.clone(), id.clone());
                         }
                         self.replaced = true;
-                        return Ok(Waiting::Now(result));
+                        return Ok((id, Waiting::Later(rx)));
                     }
                 }
             }
@@ -486,7 +511,7 @@ impl Membership {
             if self.members.is_empty() {
                 self.protocol_type.clone_from(&req.protocol_type);
             }
-            self.members.insert(id, member);
+            self.members.insert(id.clone(), member);
             match self.phase {
                 Phase::Empty => {
                     // The first rebalance of an empty group waits a little
@@ -496,9 +521,8 @@ impl Membership {
                     self.join_deadline = self.join_deadline.max(self.join_not_before);
                 }
                 Phase::CompletingRebalance | Phase::Stable => self.prepare(now),
-                Phase::PreparingRebalance => {
-                    self.join_deadline = self.join_deadline.max(now + rebalance);
-                }
+                // Kafka: the rebalance's deadline was set when it began.
+                Phase::PreparingRebalance => {}
             }
             // prepare() cleared every member's flag.
             for m in self.members.values_mut() {
@@ -506,21 +530,44 @@ impl Membership {
                     m.rejoined = true;
                 }
             }
-            return Ok(Waiting::Later(rx));
+            return Ok((id, Waiting::Later(rx)));
         }
         self.member_id_checked(&req.member_id, req.instance_id.as_deref())?;
+        let unchanged = self.members.get(&req.member_id).is_some_and(|m| m.protocols == req.protocols);
+        let is_leader = req.member_id == self.leader;
+        // Kafka: a member that lost the answer to its join asks again; with
+        // the same metadata it gets the generation under way (the leader,
+        // its members, while the assignment is awaited) without another
+        // rebalance.
+        let current = match self.phase {
+            Phase::CompletingRebalance if unchanged => Some(is_leader),
+            Phase::Stable if unchanged && !is_leader => Some(false),
+            _ => None,
+        };
+        if let Some(with_members) = current {
+            let m = self.members.get_mut(&req.member_id).expect("checked above");
+            m.expires = now + session;
+            let members = if with_members { self.join_members() } else { Vec::new() };
+            let result = JoinResult {
+                generation: self.generation,
+                protocol: self.protocol.clone(),
+                leader: self.leader.clone(),
+                member_id: req.member_id.clone(),
+                members,
+            };
+            return Ok((req.member_id, Waiting::Now(result)));
+        }
         if self.phase != Phase::PreparingRebalance {
             self.prepare(now);
         }
         let m = self.members.get_mut(&req.member_id).expect("checked above");
-        m.protocols = req.protocols;
+        m.protocols = req.protocols.clone();
         m.session = session;
         m.rebalance = rebalance;
         m.expires = now + session;
         m.rejoined = true;
         m.join = Some(tx);
-        self.join_deadline = self.join_deadline.max(now + rebalance);
-        Ok(Waiting::Later(rx))
+        Ok((req.member_id, Waiting::Later(rx)))
     }
 
     /// Handles a SyncGroup: the leader's carries every member's assignment.
@@ -590,14 +637,14 @@ impl Membership {
         now: Instant,
     ) -> Result<(), ApiError> {
         self.member_id_checked(member, instance)?;
-        let m = self.members.get_mut(member).expect("checked above");
-        m.expires = now + m.session;
         if generation != self.generation {
             return Err(ApiError::IllegalGeneration(format!(
                 "generation {generation} is not the group's {}",
                 self.generation
             )));
         }
+        let m = self.members.get_mut(member).expect("checked above");
+        m.expires = now + m.session;
         if self.phase == Phase::PreparingRebalance {
             return Err(ApiError::RebalanceInProgress("the group is rebalancing: rejoin".into()));
         }
@@ -687,7 +734,11 @@ impl Membership {
             .members
             .iter()
             .filter(|(_, m)| {
-                m.expires <= now && !(self.phase == Phase::PreparingRebalance && m.join.is_some())
+                // A member waiting for the rebalance (its join, or its sync
+                // while the leader assigns) is not silent.
+                m.expires <= now
+                    && !(self.phase == Phase::PreparingRebalance && m.join.is_some())
+                    && !(self.phase == Phase::CompletingRebalance && m.sync.is_some())
             })
             .map(|(id, _)| id.clone())
             .collect();
@@ -773,15 +824,14 @@ impl Membership {
 
     /// Answers the members waiting for what `kind` completed, once it is
     /// stored.
-    pub fn persisted(&mut self, kind: PersistKind) {
+    pub fn persisted(&mut self, kind: PersistKind, now: Instant) {
         match kind {
             PersistKind::Join => {
-                let members: Vec<(String, Option<String>, Bytes)> = self
-                    .members
-                    .iter()
-                    .map(|(id, m)| (id.clone(), m.instance_id.clone(), m.metadata(&self.protocol)))
-                    .collect();
+                let members = self.join_members();
                 for (id, m) in &mut self.members {
+                    // Kafka: every session starts again when the join
+                    // completes (a member waited in it, not heartbeating).
+                    m.expires = now + m.session;
                     if let Some(tx) = m.join.take() {
                         let _ = tx.send(Ok(JoinResult {
                             generation: self.generation,
@@ -805,7 +855,21 @@ impl Membership {
                     }
                 }
             }
-            PersistKind::Replaced => self.replaced = false,
+            PersistKind::Replaced => {
+                self.replaced = false;
+                for (id, m) in &mut self.members {
+                    if let Some(tx) = m.join.take() {
+                        // Its assignment stands: no one recomputes it.
+                        let _ = tx.send(Ok(JoinResult {
+                            generation: self.generation,
+                            protocol: self.protocol.clone(),
+                            leader: self.leader.clone(),
+                            member_id: id.clone(),
+                            members: Vec::new(),
+                        }));
+                    }
+                }
+            }
         }
     }
 }
@@ -847,7 +911,7 @@ mod tests {
         let mut kinds = Vec::new();
         while let Some(p) = m.step(now, 0) {
             kinds.push(p.kind);
-            m.persisted(p.kind);
+            m.persisted(p.kind, now);
         }
         kinds
     }
@@ -865,6 +929,15 @@ mod tests {
         assert_eq!(ja.leader, ja.member_id, "the first to join leads");
         assert_eq!(ja.members.len(), 2);
         assert!(jb.members.is_empty(), "only the leader gets the members");
+        // b asks again (its answer was lost): the same generation, no rebalance.
+        match m.join(
+            JoinRequest { member_id: jb.member_id.clone(), ..join_req("", &["roundrobin", "range"]) },
+            now,
+            &BOUNDS,
+        ) {
+            Ok(Waiting::Now(again)) => assert_eq!((again.generation, again.members.len()), (1, 0)),
+            other => panic!("a repeated join rebalanced: {other:?}"),
+        }
         let mut sb = later(m.sync(1, &jb.member_id, None, vec![], now).unwrap());
         let assignments =
             vec![(ja.member_id.clone(), Bytes::from("A")), (jb.member_id.clone(), Bytes::from("B"))];
@@ -885,7 +958,7 @@ mod tests {
         let p = m.step(now, 7).expect("a new generation to store");
         assert_eq!((p.meta.generation, p.meta.assignment_complete, p.meta.members.len()), (1, false, 1));
         assert!(rx.try_recv().is_err(), "nobody learns of a generation before it is stored");
-        m.persisted(p.kind);
+        m.persisted(p.kind, now);
         assert_eq!(rx.try_recv().unwrap().unwrap().generation, 1);
         let (_m, _, _) = two_stable(now);
     }
@@ -944,11 +1017,16 @@ mod tests {
             assert!(m.step(at, 0).is_none(), "at {ms} ms");
         }
         assert!(m.step(now + Duration::from_millis(4_900), 0).is_none());
-        let p =
-            m.step(now + Duration::from_millis(5_000), 0).expect("the join ends at the rebalance timeout");
-        m.persisted(p.kind);
+        let end = now + Duration::from_millis(5_000);
+        let p = m.step(end, 0).expect("the join ends at the rebalance timeout");
+        m.persisted(p.kind, end);
         assert_eq!(m.len(), 1);
         assert_eq!(ra.try_recv().unwrap().unwrap().generation, 2);
+        // a waited 5 s in its join, past its 1 s session: its session
+        // starts again with the new generation (it is not evicted).
+        assert!(m.step(end, 0).is_none());
+        assert_eq!(m.len(), 1);
+        assert!(m.heartbeat(2, &a, None, end + Duration::from_millis(900)).is_ok());
     }
 
     #[test]
@@ -977,18 +1055,17 @@ mod tests {
                 .unwrap(),
         );
         settle(&mut m, now);
-        // Restarted: a new process joins with the same instance id.
-        req.protocols = vec![("range".into(), Bytes::from(format!("{}:range", "")))];
-        match m.join(req, now, &BOUNDS).unwrap() {
-            Waiting::Now(r) => {
-                assert_eq!(r.generation, 1, "no rebalance");
-                assert_ne!(r.member_id, j.member_id);
-                let s = m.sync(1, &r.member_id, Some("host-1"), vec![], now).unwrap();
-                assert!(matches!(s, Waiting::Now(SyncResult { ref assignment, .. }) if assignment == "P"));
-            }
-            Waiting::Later(_) => panic!("a static member's restart rebalanced"),
-        }
+        // Restarted: a new process joins with the same instance id (and
+        // other metadata: only the assignor must match).
+        req.protocols = vec![("range".into(), Bytes::from("other metadata"))];
+        let mut rx = later(m.join(req, now, &BOUNDS).unwrap());
+        assert!(rx.try_recv().is_err(), "answered before the new member id is stored");
         assert_eq!(settle(&mut m, now), [PersistKind::Replaced]);
+        let r = rx.try_recv().unwrap().unwrap();
+        assert_eq!((r.generation, m.phase()), (1, Phase::Stable), "no rebalance");
+        assert_ne!(r.member_id, j.member_id);
+        let s = m.sync(1, &r.member_id, Some("host-1"), vec![], now).unwrap();
+        assert!(matches!(s, Waiting::Now(SyncResult { ref assignment, .. }) if assignment == "P"));
         // The old process is fenced.
         let e = m.heartbeat(1, &j.member_id, Some("host-1"), now).unwrap_err();
         assert!(matches!(e, ApiError::FencedInstanceId(_)), "{e}");

@@ -192,7 +192,8 @@ pub struct Coordinator {
 /// A coordinator partition held for one group call: its state loaded for
 /// the current term, and no other call on it until dropped.
 struct Session {
-    state: OwnedMutexGuard<Option<Loaded>>,
+    /// Taken while a write is under way ([`Session::append`]).
+    guard: Option<OwnedMutexGuard<Option<Loaded>>>,
     partition: Arc<Partition>,
     term: u64,
     image: Arc<MetadataImage>,
@@ -200,20 +201,24 @@ struct Session {
 
 impl Session {
     fn groups(&self) -> &Groups {
-        // A session is only made with its state loaded (Coordinator::session).
-        &self.state.as_ref().expect("a session holds loaded state").groups
+        // A session is only made with its state loaded (Coordinator::open),
+        // and not used after a failed write.
+        &self.guard.as_ref().and_then(|g| g.as_ref()).expect("a session holds loaded state").groups
     }
 
     fn groups_mut(&mut self) -> &mut Groups {
-        &mut self.state.as_mut().expect("a session holds loaded state").groups
+        &mut self.guard.as_mut().and_then(|g| g.as_mut()).expect("a session holds loaded state").groups
     }
 
     /// Appends `rows` in this session's term and applies them once a
-    /// majority stored them. Memory is put back only then: a call dropped
-    /// while it waits (its client went away), or a write whose fate is not
-    /// known (it may still commit), leaves none, and the next call reads
-    /// the partition back, after every entry of this leader is applied.
+    /// majority stored them. The write runs in a task of its own that holds
+    /// the partition until it is settled, so a call dropped while it waits
+    /// (its client went away) loses nothing; memory is put back only after
+    /// the write committed. On any failure (the write may still commit) no
+    /// state is left, and the next call reads the partition back, after
+    /// every entry of this leader is applied.
     async fn append(&mut self, rows: Vec<Record>, limits: &Limits) -> Result<(), ApiError> {
+        let mut guard = self.guard.take().expect("a session holds loaded state");
         let producer = ProducerFields { producer_id: NO_PRODUCER_ID, producer_epoch: 0, base_sequence: 0 };
         let built = batch::build_batch(
             rows.clone(),
@@ -225,17 +230,38 @@ impl Session {
         .map_err(|e| match e {
             BatchError::TooLarge(m) => ApiError::RecordTooLarge(m),
             BatchError::Invalid(m) => ApiError::Invalid(m),
-        })?;
-        let mut loaded = self.state.take().expect("a session holds loaded state");
-        self.partition.produce_in_term(built, self.term).await.map_err(coordinator_error)?;
-        for r in &rows {
-            // Encoded just now by records::*_record: they decode.
-            if let Ok(e) = records::decode(r) {
-                loaded.groups.apply(e);
+        });
+        let built = match built {
+            Ok(b) => b,
+            Err(e) => {
+                // Memory may hold what was to be stored (a new generation).
+                *guard = None;
+                return Err(e);
             }
+        };
+        let (partition, term) = (self.partition.clone(), self.term);
+        let task = tokio::spawn(async move {
+            let loaded = guard.take();
+            partition.produce_in_term(built, term).await.map_err(coordinator_error)?;
+            let mut loaded =
+                loaded.ok_or_else(|| ApiError::Unavailable("no state to apply a write to".into()))?;
+            for r in &rows {
+                // Encoded just now by records::*_record: they decode.
+                if let Ok(e) = records::decode(r) {
+                    loaded.groups.apply(e);
+                }
+            }
+            *guard = Some(loaded);
+            Ok(guard)
+        });
+        match task.await {
+            Ok(Ok(guard)) => {
+                self.guard = Some(guard);
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(ApiError::Unavailable(format!("the write's task failed: {e}"))),
         }
-        *self.state = Some(loaded);
-        Ok(())
     }
 }
 
@@ -400,7 +426,7 @@ impl Coordinator {
         {
             return Err(ApiError::NotCoordinator { coordinator: None });
         }
-        Ok(Session { state, partition, term, image })
+        Ok(Session { guard: Some(state), partition, term, image })
     }
 
     fn bounds(&self) -> Bounds {
@@ -421,7 +447,7 @@ impl Coordinator {
             let row = records::group_record(group, Some(&p.meta), now_ms());
             s.append(vec![row], &self.limits).await?;
             if let Some(l) = s.groups_mut().get_mut(group).and_then(|g| g.live.as_mut()) {
-                l.persisted(p.kind);
+                l.persisted(p.kind, Instant::now());
             }
             tracing::info!(
                 group,
@@ -490,28 +516,35 @@ impl Coordinator {
     /// See [`Membership::join`]; [`ApiError::NotCoordinator`] when the
     /// coordinator's state was dropped meanwhile (leadership lost).
     pub async fn join(&self, group: &str, req: JoinRequest) -> Result<JoinResult, ApiError> {
-        let wait = Duration::from_millis(u64::try_from(req.rebalance_timeout_ms).unwrap_or(0));
-        let waiting = {
+        let own = Duration::from_millis(u64::try_from(req.rebalance_timeout_ms).unwrap_or(0));
+        let (member, waiting, deadline) = {
             let mut s = self.session(group).await?;
             let bounds = self.bounds();
-            let joined =
-                s.groups_mut().entry(group).live_mut(Instant::now()).join(req, Instant::now(), &bounds);
-            let w = match joined {
-                Ok(w) => w,
+            let now = Instant::now();
+            let live = s.groups_mut().entry(group).live_mut(now);
+            match live.join_with_id(req, now, &bounds) {
+                // Answered by the time the group's rebalance ends (or, for
+                // a static member's return, once its id is stored).
+                Ok((member, w)) => {
+                    let deadline = live.join_deadline().unwrap_or(now + own).max(now + own);
+                    (member, w, deadline)
+                }
                 Err(e) => {
                     // A refused first join leaves no group behind.
                     s.groups_mut().forget_if_unused(group);
                     return Err(e);
                 }
-            };
-            if let Waiting::Now(_) = &w {
-                // A static member's new id: stored by the next round.
-                self.kick.notify_one();
             }
-            w
         };
         self.kick.notify_one();
-        self.wait(waiting, wait + Duration::from_millis(self.config.initial_rebalance_delay_ms)).await
+        let at_most = deadline.saturating_duration_since(Instant::now());
+        let r = self.wait(waiting, at_most).await;
+        if matches!(r, Err(ApiError::CoordinatorNotAvailable(_))) {
+            // Never answered: it is not left behind as a member that
+            // holds partitions nobody reads.
+            let _ = self.leave(group, &member, None).await;
+        }
+        r
     }
 
     /// Kafka's SyncGroup: the leader's carries the assignment; every

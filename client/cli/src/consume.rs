@@ -50,21 +50,22 @@ pub struct ConsumeArgs {
     /// topic ids): `fail` stops with an error (exit status 1); `restart`
     /// warns on stderr and reads the new topic from its beginning. An
     /// offset is never carried into the new topic.
-    #[arg(long, value_enum, default_value_t = OnRecreated::Fail)]
+    #[arg(long, value_enum, default_value_t = OnRecreated::Fail, conflicts_with = "group")]
     on_topic_recreated: OnRecreated,
     /// When the position is outside the partition's records, as after
     /// retention deleted the records before it (Kafka's
     /// `auto.offset.reset`): `none` stops with an error naming the log start
     /// and end (exit status 1); `earliest` warns on stderr and reads on
     /// from the log start; `latest` warns and reads on from the end.
-    #[arg(long, value_enum, default_value_t = OffsetReset::None)]
+    #[arg(long, value_enum, default_value_t = OffsetReset::None, conflicts_with = "group")]
     pub offset_reset: OffsetReset,
     /// Read as a member of this consumer group: the group's members share
     /// the topic's partitions, and the position after each batch printed
     /// is committed to the group (at least once: a batch printed and not
     /// committed when a member stops is printed again by the next owner).
-    /// Follows until Ctrl-C or --max-records; --from (earliest or latest)
-    /// applies to partitions without a committed offset.
+    /// Follows until Ctrl-C or --max-records (--follow is implied); --from
+    /// (earliest or latest) applies to partitions without a committed
+    /// offset and to a committed offset outside the partition's records.
     #[arg(long, conflicts_with = "partitions")]
     pub group: Option<String>,
     /// Static membership (Kafka's group.instance.id, KIP-345): a member

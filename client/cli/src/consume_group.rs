@@ -17,7 +17,7 @@ use anyhow::{Context, bail};
 use ferrolog_client::assignor::Assignor;
 use ferrolog_client::{AutoOffsetReset, GroupConsumer, GroupConsumerConfig, RebalanceEvent, Seek};
 
-use crate::consume::{ConsumeArgs, OffsetReset, OutputFormat};
+use crate::consume::{ConsumeArgs, OutputFormat};
 use crate::output::record_json;
 
 fn partitions(list: &[(String, u32)]) -> String {
@@ -98,30 +98,29 @@ pub async fn run(bootstrap: &str, args: ConsumeArgs) -> anyhow::Result<()> {
             _ = &mut ctrl_c => break,
         };
         report(&mut consumer);
-        let records = match polled {
-            Err(e @ ferrolog_client::Error::OffsetOutOfRange { .. })
-                if args.offset_reset == OffsetReset::None =>
-            {
-                return Err(anyhow::Error::new(e))
-                    .context("reading (a committed offset below the log start)");
-            }
-            r => r.with_context(|| format!("reading {} in group {group}", args.topic))?,
-        };
+        let records = polled.with_context(|| format!("reading {} in group {group}", args.topic))?;
         if records.is_empty() {
             continue;
         }
+        let mut unprinted: std::collections::BTreeMap<(String, u32), u64> = std::collections::BTreeMap::new();
         for r in &records {
+            if printed >= max {
+                // Not printed: it is not committed either (the partition's
+                // position goes back to it).
+                unprinted.entry((r.topic.clone(), r.partition)).or_insert(r.offset);
+                continue;
+            }
             let written = match args.output {
                 OutputFormat::Value => out.write_all(&r.value).and_then(|()| out.write_all(b"\n")),
                 OutputFormat::Json => writeln!(out, "{}", record_json(r)),
             };
             written.context("writing to stdout")?;
             printed += 1;
-            if printed >= max {
-                break;
-            }
         }
         out.flush().context("writing to stdout")?;
+        for ((topic, partition), offset) in unprinted {
+            consumer.seek(&topic, partition, offset);
+        }
         // Printed, so committed: a member that stops before this line has
         // its batch printed again by the partition's next owner.
         if let Err(e) = consumer.commit().await {

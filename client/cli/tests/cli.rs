@@ -1469,6 +1469,30 @@ fn group_offsets_are_reset_by_dry_run_then_execute_described_with_lag_and_delete
     let err = c.fails(&["group", "reset-offsets", "audit", "--topic", "events", "--to", "soon"], None);
     assert!(err.contains("not earliest, latest, an offset or a time"), "{err}");
 
+    // A member stopping at --max-records commits only what it printed: the
+    // next one prints the rest, each record once.
+    let first =
+        c.ok(&["consume", "events", "--group", "readers", "--output", "json", "--max-records", "4"], None);
+    let out = c.ok(&["group", "describe", "readers"], None);
+    let committed: u64 = ["0", "1"]
+        .iter()
+        .filter_map(|p| group_row(&out, "events", p.parse().ok()?))
+        .map(|r| r.0.parse::<u64>().unwrap_or(0))
+        .sum();
+    assert_eq!(committed, 4, "committed past the 4 records printed:\n{out}");
+    let second =
+        c.ok(&["consume", "events", "--group", "readers", "--output", "json", "--max-records", "9"], None);
+    let mut values: Vec<String> = json_lines(&first)
+        .into_iter()
+        .chain(json_lines(&second))
+        .filter_map(|v| v["value"].as_str().map(str::to_owned))
+        .collect();
+    values.sort();
+    let mut all: Vec<String> =
+        (0..10).map(|i| format!("e{i}")).chain((0..3).map(|i| format!("f{i}"))).collect();
+    all.sort();
+    assert_eq!(values, all, "each record printed once across the two members");
+
     // Listed; deleted; gone.
     let out = c.ok(&["group", "list"], None);
     assert!(out.lines().any(|l| l.starts_with("audit ") && l.contains("Empty")), "{out}");

@@ -220,6 +220,7 @@ mod tests {
             msgs,
             reset: final_read,
             final_read,
+            group: false,
             error: None,
         }
     }
