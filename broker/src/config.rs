@@ -152,6 +152,13 @@ pub struct GroupsConfig {
     /// How long the first rebalance of an empty group waits for more
     /// members, ms (Kafka's `group.initial.rebalance.delay.ms`, 3,000).
     pub initial_rebalance_delay_ms: u64,
+    /// How long an empty group keeps its committed offsets, minutes
+    /// (Kafka's `offsets.retention.minutes`, 10,080: 7 days; KIP-211).
+    pub offsets_retention_minutes: u64,
+    /// How often coordinators look for expired offsets, and for offsets of
+    /// deleted topics, ms (Kafka's `offsets.retention.check.interval.ms`,
+    /// 600,000).
+    pub offsets_retention_check_interval_ms: u64,
 }
 
 impl Default for GroupsConfig {
@@ -163,6 +170,8 @@ impl Default for GroupsConfig {
             min_session_timeout_ms: 6_000,
             max_session_timeout_ms: 1_800_000,
             initial_rebalance_delay_ms: 3_000,
+            offsets_retention_minutes: 10_080,
+            offsets_retention_check_interval_ms: 600_000,
         }
     }
 }
@@ -384,6 +393,12 @@ impl BrokerConfig {
             );
         }
         let g = &self.groups;
+        if g.offsets_retention_check_interval_ms == 0 || g.offsets_retention_minutes == 0 {
+            return bad(
+                "groups.offsets_retention_minutes and groups.offsets_retention_check_interval_ms must be ≥ 1"
+                    .into(),
+            );
+        }
         if g.initial_rebalance_delay_ms > 86_400_000 {
             return bad(format!(
                 "groups.initial_rebalance_delay_ms ({}) must be at most a day (86400000)",

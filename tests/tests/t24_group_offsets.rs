@@ -19,7 +19,8 @@ use ferrolog_tests::raw::{code, create_topic, produce, produce_once, record};
 use ferrolog_tests::{Cluster, connect};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
-const CONFIG: &str = "[groups]\noffsets_topic_num_partitions = 4\n";
+const CONFIG: &str =
+    "[groups]\noffsets_topic_num_partitions = 4\noffsets_retention_check_interval_ms = 500\n";
 
 fn at(topic: &str, partition: u32, offset: u64) -> OffsetToCommit {
     OffsetToCommit {
@@ -176,6 +177,32 @@ async fn offsets_are_committed_checked_kept_across_a_coordinator_kill_and_never_
     let r = groups.commit("g", &[stale], false).await?;
     assert_eq!(r[0].1.as_ref().err().and_then(wire_code), Some(ErrorCode::UnknownTopicId), "{r:?}");
     assert_eq!(committed(&groups, "g").await?[&("orders".into(), 1)], 0);
+
+    // A group whose only offsets are of a topic that is then deleted loses
+    // them (the coordinator's expiry removes offsets of deleted topics), and
+    // with them the group.
+    create_topic(&c, "brief", 1, 3).await?;
+    assert!(groups.commit("once", &[at("brief", 0, 0)], false).await?[0].1.is_ok());
+    assert!(groups.describe("once").await.is_ok());
+    let r = connect(c.broker(1).client_addr)
+        .await?
+        .delete_topic(DeleteTopicRequest { name: "brief".into() })
+        .await?
+        .into_inner();
+    assert!(r.error.is_none(), "{r:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match groups.describe("once").await {
+            Err(e) if wire_code(&e) == Some(ErrorCode::GroupIdNotFound) => break,
+            other => {
+                anyhow::ensure!(
+                    std::time::Instant::now() < deadline,
+                    "the deleted topic's offsets stayed: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
 
     // Listed on its coordinator; deleted with its offsets.
     let (listed, missing) = groups.list().await?;

@@ -18,7 +18,9 @@
 //! - `retention`: disk use and throughput of a topic with `retention.bytes`
 //!   beside one without, under pipelined produce;
 //! - `compaction`: each replica's compaction pass (MB/s on one core) and
-//!   another topic's one-in-flight produce latency before and during it.
+//!   another topic's one-in-flight produce latency before and during it;
+//! - `group`: a consumer group's rebalance after a member's death, and a
+//!   group of three reading a topic beside one consumer.
 //!
 //! Every figure printed is measured in that run; nothing is extrapolated.
 
@@ -27,6 +29,7 @@ mod cluster;
 mod compaction;
 mod contention;
 mod failover;
+mod group;
 mod idle;
 mod load;
 mod reassign;
@@ -69,6 +72,8 @@ enum Cmd {
     Retention(retention::RetentionArgs),
     /// Compaction passes and produce latency beside them.
     Compaction(compaction::CompactionArgs),
+    /// A consumer group's rebalance after a member dies; group read throughput.
+    Group(group::GroupArgs),
 }
 
 #[tokio::main]
@@ -90,5 +95,6 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Reassign(a) => reassign::run(a).await,
         Cmd::Retention(a) => retention::run(a).await,
         Cmd::Compaction(a) => compaction::run(a).await,
+        Cmd::Group(a) => group::run(a).await,
     }
 }

@@ -464,8 +464,14 @@ impl Coordinator {
     /// time is up, stores new generations and assignments and answers the
     /// members waiting for them. Runs until the process ends.
     pub async fn run(self) {
+        let every = Duration::from_millis(self.config.offsets_retention_check_interval_ms);
+        let mut next_expiry = Instant::now() + every;
         loop {
             let _ = tokio::time::timeout(Duration::from_millis(100), self.kick.notified()).await;
+            if Instant::now() >= next_expiry {
+                next_expiry = Instant::now() + every;
+                self.expire_offsets().await;
+            }
             let cells: Vec<(u64, Cell)> = {
                 let loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
                 loaded.iter().map(|(g, c)| (*g, c.clone())).collect()
@@ -505,6 +511,52 @@ impl Coordinator {
                         break;
                     }
                 }
+            }
+        }
+    }
+
+    /// Removes expired offsets ([`Groups::expired`]: empty groups past
+    /// `offsets_retention_minutes`, offsets of deleted topics) from every
+    /// coordinator partition led here, with tombstones. Judged on a
+    /// metadata image confirmed current with the controller (a topic this
+    /// broker has not heard of yet is not deleted); skipped when none.
+    async fn expire_offsets(&self) {
+        let Ok(confirmed) = self.controller.current_image().await else { return };
+        let image = confirmed.image;
+        let Some(topic) = image.topics.get(OFFSETS_TOPIC) else { return };
+        let retention_ms =
+            i64::try_from(self.config.offsets_retention_minutes.saturating_mul(60_000)).unwrap_or(i64::MAX);
+        for (index, a) in topic.partitions.iter().enumerate() {
+            if !self.groups.is_led(a.group) {
+                continue;
+            }
+            let Some(partition) = self.groups.partition_of(a.group) else { continue };
+            let Ok(mut s) = self.open(partition, index as u32, a.group, image.clone()).await else {
+                continue;
+            };
+            let now = now_ms();
+            let gone = s.groups().expired(now, retention_ms, |t| image.topics.get(t).map(|e| e.topic_id));
+            if gone.is_empty() {
+                continue;
+            }
+            let mut rows: Vec<Record> = gone
+                .iter()
+                .map(|(g, what)| match what {
+                    Some((t, p)) => records::offset_record(g, t, *p, None, now),
+                    None => records::group_record(g, None, now),
+                })
+                .collect();
+            let n = rows.len();
+            let mut failed = None;
+            while !rows.is_empty() && failed.is_none() {
+                let rest = rows.split_off(rows.len().min(1_000));
+                failed = s.append(std::mem::replace(&mut rows, rest), &self.limits).await.err();
+            }
+            match failed {
+                None => {
+                    tracing::info!("{OFFSETS_TOPIC}-{index}: removed {n} expired offsets and group records")
+                }
+                Some(e) => tracing::warn!("{OFFSETS_TOPIC}-{index}: removing expired offsets: {e}"),
             }
         }
     }

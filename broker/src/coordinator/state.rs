@@ -142,6 +142,59 @@ impl Groups {
         self.groups.iter()
     }
 
+    /// What offset expiry removes at `now_ms` (ms since the Unix epoch),
+    /// as (group, `None` for its membership record or `Some((topic,
+    /// partition))` for an offset): Kafka's rules (KIP-211) with
+    /// `retention_ms` (`offsets.retention.minutes`):
+    /// - offsets of a topic deleted or re-created since (`current_id` has
+    ///   no topic of that name with the offset's id) go at once, as Kafka
+    ///   removes the offsets of deleted partitions;
+    /// - a group without members that has a membership record loses all
+    ///   its offsets, and the record, `retention_ms` after it became empty
+    ///   (its record's state time) and after its last commit;
+    /// - a group that never had members (commits from outside, e.g. offset
+    ///   resets) loses each offset `retention_ms` after its commit.
+    ///
+    /// Groups with members keep everything else.
+    pub fn expired(
+        &self,
+        now_ms: i64,
+        retention_ms: i64,
+        current_id: impl Fn(&str) -> Option<TopicId>,
+    ) -> Vec<(String, Option<(String, u32)>)> {
+        let old = |t: i64| t.saturating_add(retention_ms) <= now_ms;
+        let mut out = Vec::new();
+        for (id, g) in &self.groups {
+            let mut gone: Vec<(String, u32)> = g
+                .offsets
+                .iter()
+                .filter(|((t, _), c)| c.topic_id.is_none_or(|i| current_id(t) != Some(i)))
+                .map(|(k, _)| k.clone())
+                .collect();
+            if g.members() == 0 {
+                match &g.meta {
+                    Some(m) => {
+                        let newest = g.offsets.values().map(|c| c.commit_timestamp_ms).max().unwrap_or(0);
+                        if old(m.state_timestamp_ms.max(newest)) {
+                            gone = g.offsets.keys().cloned().collect();
+                        }
+                    }
+                    None => gone.extend(
+                        g.offsets.iter().filter(|(_, c)| old(c.commit_timestamp_ms)).map(|(k, _)| k.clone()),
+                    ),
+                }
+            }
+            gone.sort();
+            gone.dedup();
+            let all_offsets = gone.len() == g.offsets.len();
+            out.extend(gone.into_iter().map(|k| (id.clone(), Some(k))));
+            if g.members() == 0 && all_offsets && g.meta.as_ref().is_some_and(|m| old(m.state_timestamp_ms)) {
+                out.push((id.clone(), None));
+            }
+        }
+        out
+    }
+
     /// Checks that a commit from `member` of `generation` may be made for
     /// group `id` at `now` ([`Membership::check_commit`]: Kafka's rules).
     ///
@@ -248,6 +301,87 @@ mod tests {
         assert!(matches!(e, ApiError::OffsetCommitBackwards(_)), "{e}");
         assert!(g.check_forward("a", "t", 0, TopicId(1), 0, true).is_ok());
         assert!(g.check_forward("other", "t", 0, TopicId(1), 0, false).is_ok());
+    }
+
+    #[test]
+    fn offsets_expire_by_kafkas_rules() {
+        let day = 86_400_000i64;
+        let committed = |at: i64| Committed {
+            offset: 1,
+            metadata: String::new(),
+            commit_timestamp_ms: at,
+            topic_id: Some(TopicId(1)),
+        };
+        let current = |t: &str| (t == "t").then_some(TopicId(1));
+        let mut g = Groups::default();
+        // Simple commits: each offset by its own age.
+        g.apply(Entry::Offset {
+            group: "simple".into(),
+            topic: "t".into(),
+            partition: 0,
+            value: Some(committed(0)),
+        });
+        g.apply(Entry::Offset {
+            group: "simple".into(),
+            topic: "t".into(),
+            partition: 1,
+            value: Some(committed(6 * day)),
+        });
+        // An empty group with a record: everything once it was empty long enough.
+        let empty_since = |at: i64| GroupMeta { state_timestamp_ms: at, ..GroupMeta::default() };
+        g.apply(Entry::Group { group: "quiet".into(), value: Some(empty_since(day)) });
+        g.apply(Entry::Offset {
+            group: "quiet".into(),
+            topic: "t".into(),
+            partition: 0,
+            value: Some(committed(day)),
+        });
+        // An offset of a deleted topic, in a group that is recent.
+        g.apply(Entry::Offset {
+            group: "fresh".into(),
+            topic: "gone".into(),
+            partition: 0,
+            value: Some(committed(7 * day)),
+        });
+        g.apply(Entry::Offset {
+            group: "fresh".into(),
+            topic: "t".into(),
+            partition: 0,
+            value: Some(committed(7 * day)),
+        });
+        let mut found = g.expired(7 * day, 2 * day, current);
+        found.sort();
+        let key = |g: &str, t: &str, p: u32| (g.to_owned(), Some((t.to_owned(), p)));
+        assert_eq!(
+            found,
+            [
+                key("fresh", "gone", 0),
+                ("quiet".to_owned(), None),
+                key("quiet", "t", 0),
+                key("simple", "t", 0)
+            ]
+        );
+        // Nothing is old enough yet: only the deleted topic's offset goes.
+        assert_eq!(g.expired(day, 2 * day, current), [key("fresh", "gone", 0)]);
+        // A group with members keeps its offsets (only a deleted topic's go).
+        let now = Instant::now();
+        let live = g.entry("quiet").live_mut(now);
+        let join = super::super::membership::JoinRequest {
+            member_id: String::new(),
+            instance_id: None,
+            client_id: "c".into(),
+            session_timeout_ms: 10_000,
+            rebalance_timeout_ms: 10_000,
+            protocol_type: "consumer".into(),
+            protocols: vec![("range".into(), bytes::Bytes::new())],
+        };
+        let bounds = super::super::membership::Bounds {
+            min_session: std::time::Duration::from_millis(1),
+            max_session: std::time::Duration::from_secs(60),
+            initial_delay: std::time::Duration::ZERO,
+        };
+        let _waiting = live.join(join, now, &bounds).unwrap();
+        assert!(g.expired(7 * day, 2 * day, current).iter().all(|(id, _)| id != "quiet"));
     }
 
     #[test]
