@@ -310,9 +310,12 @@ impl GroupConsumer {
                     );
                     let _ = tokio::time::timeout(interval * 2, groups.leave(&group, &member)).await;
                     let mut s = lock(&shared);
-                    s.member = None;
-                    s.lost =
-                        Some(format!("no poll within max.poll.interval.ms ({max_poll:?}): left the group"));
+                    if s.member.as_ref() == Some(&member) {
+                        s.member = None;
+                        s.lost = Some(format!(
+                            "no poll within max.poll.interval.ms ({max_poll:?}): left the group"
+                        ));
+                    }
                     continue;
                 }
                 let r = tokio::time::timeout(interval * 2, groups.heartbeat(&group, &member)).await;
@@ -520,6 +523,9 @@ impl GroupConsumer {
         let r = self.rebalance_once().await;
         if r.is_err() {
             self.joined = false;
+            // No heartbeats for a member that owns nothing here: the next
+            // poll joins again (with the same member id).
+            lock(&self.shared).member = None;
             if !self.owned.is_empty() {
                 let partitions: Vec<TopicPartition> = std::mem::take(&mut self.owned).into_iter().collect();
                 for (t, p) in &partitions {
@@ -568,6 +574,9 @@ impl GroupConsumer {
                 Err(e) => return Err(e),
             }
         };
+        // A rejoin asked for by a heartbeat of a generation this join
+        // replaced is done.
+        lock(&self.shared).rejoin = false;
         let revoked: BTreeSet<TopicPartition> = self.owned.difference(&assignment).cloned().collect();
         let added: BTreeSet<TopicPartition> = assignment.difference(&self.owned).cloned().collect();
         if !revoked.is_empty() {
@@ -740,7 +749,7 @@ impl GroupConsumer {
         if let Some(h) = self.heartbeat.take() {
             h.abort();
         }
-        if self.joined
+        if !self.member.member_id.is_empty()
             && self.config.group_instance_id.is_none()
             && let Err(e) = self.groups.leave(&self.config.group_id, &self.member).await
         {

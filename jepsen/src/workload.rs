@@ -424,6 +424,7 @@ pub async fn group_consumer(
             return;
         };
         let mut polls_left = rng.gen_range(20..150u32);
+        let mut last_committed: Vec<Msg> = Vec::new();
         while polls_left > 0 && !*stop.borrow() {
             polls_left -= 1;
             let inv = rec.invoke(process);
@@ -435,7 +436,7 @@ pub async fn group_consumer(
                 Ok(records) => (Outcome::Ok, to_msgs(&cfg, &records), None),
                 Err(e) => (Outcome::Fail, Vec::new(), Some(e.to_string())),
             };
-            let processed = outcome == Outcome::Ok && !msgs.is_empty();
+            let read_some = outcome == Outcome::Ok && !msgs.is_empty();
             rec.push(Op {
                 index: 0,
                 process,
@@ -449,15 +450,21 @@ pub async fn group_consumer(
                 group: true,
                 error,
             });
-            if !processed {
-                continue;
-            }
             let positions: Vec<Msg> =
                 member.positions().into_iter().map(|((_, p), offset)| Msg::at(p, 0, offset)).collect();
+            // After records were read, or when what was read before is not
+            // committed yet (a commit that failed): never past a record
+            // nobody read.
+            if !read_some && (outcome != Outcome::Ok || positions == last_committed) {
+                continue;
+            }
             let inv = rec.invoke(process);
             let result = member.commit().await;
             let (outcome, error) = match &result {
-                Ok(()) => (Outcome::Ok, None),
+                Ok(()) => {
+                    last_committed.clone_from(&positions);
+                    (Outcome::Ok, None)
+                }
                 // Refused whole by the coordinator: nothing stored.
                 Err(e)
                     if matches!(

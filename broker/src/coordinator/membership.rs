@@ -141,7 +141,7 @@ pub enum PersistKind {
     Join,
     /// The generation's assignment (answers the syncs).
     Sync,
-    /// A static member's new member id (answers nothing).
+    /// A static member's new member id (answers its join).
     Replaced,
 }
 
@@ -357,7 +357,8 @@ impl Membership {
         self.pending = None;
         let rebalancing = ApiError::RebalanceInProgress("the group is rebalancing: rejoin".into());
         for m in self.members.values_mut() {
-            m.rejoined = false;
+            // One waiting in a join (a static member's return) has rejoined.
+            m.rejoined = m.join.is_some();
             if let Some(tx) = m.sync.take() {
                 let _ = tx.send(Err(rebalancing.clone()));
             }
@@ -383,6 +384,20 @@ impl Membership {
             return Err(ApiError::UnknownMemberId(format!("{member:?} is not a member of the group")));
         }
         Ok(())
+    }
+
+    /// Checks that a member call is of the current generation.
+    ///
+    /// # Errors
+    /// [`ApiError::IllegalGeneration`].
+    fn generation_checked(&self, generation: i32) -> Result<(), ApiError> {
+        if generation == self.generation {
+            return Ok(());
+        }
+        Err(ApiError::IllegalGeneration(format!(
+            "generation {generation} is not the group's {}: the member was evicted or the group rebalanced",
+            self.generation
+        )))
     }
 
     /// Checks a JoinGroup's own fields.
@@ -584,12 +599,7 @@ impl Membership {
         now: Instant,
     ) -> Result<Waiting<SyncResult>, ApiError> {
         self.member_id_checked(member, instance)?;
-        if generation != self.generation {
-            return Err(ApiError::IllegalGeneration(format!(
-                "generation {generation} is not the group's {}",
-                self.generation
-            )));
-        }
+        self.generation_checked(generation)?;
         match self.phase {
             Phase::Empty => Err(ApiError::UnknownMemberId(format!("{member:?}: the group has no members"))),
             Phase::PreparingRebalance => {
@@ -623,7 +633,8 @@ impl Membership {
         }
     }
 
-    /// Handles a Heartbeat: the member's session starts again.
+    /// Handles a Heartbeat: the member's session starts again (when its
+    /// generation is the current one).
     ///
     /// # Errors
     /// [`ApiError::UnknownMemberId`], [`ApiError::FencedInstanceId`],
@@ -637,12 +648,7 @@ impl Membership {
         now: Instant,
     ) -> Result<(), ApiError> {
         self.member_id_checked(member, instance)?;
-        if generation != self.generation {
-            return Err(ApiError::IllegalGeneration(format!(
-                "generation {generation} is not the group's {}",
-                self.generation
-            )));
-        }
+        self.generation_checked(generation)?;
         let m = self.members.get_mut(member).expect("checked above");
         m.expires = now + m.session;
         if self.phase == Phase::PreparingRebalance {
@@ -710,12 +716,7 @@ impl Membership {
             )));
         }
         self.member_id_checked(member, instance)?;
-        if generation != self.generation {
-            return Err(ApiError::IllegalGeneration(format!(
-                "generation {generation} is not the group's {}: the member was evicted or the group rebalanced",
-                self.generation
-            )));
-        }
+        self.generation_checked(generation)?;
         if self.phase == Phase::CompletingRebalance {
             return Err(ApiError::RebalanceInProgress("the new generation waits for its assignment".into()));
         }
@@ -1069,6 +1070,29 @@ mod tests {
         // The old process is fenced.
         let e = m.heartbeat(1, &j.member_id, Some("host-1"), now).unwrap_err();
         assert!(matches!(e, ApiError::FencedInstanceId(_)), "{e}");
+    }
+
+    #[test]
+    fn a_returning_static_member_counts_as_rejoined_when_a_rebalance_starts() {
+        let now = Instant::now();
+        let mut m = Membership::empty(0, now);
+        let mut statik = join_req("", &["range"]);
+        statik.instance_id = Some("s".into());
+        let mut ra = later(m.join(statik.clone(), now, &BOUNDS).unwrap());
+        let mut rb = later(m.join(join_req("", &["range"]), now, &BOUNDS).unwrap());
+        settle(&mut m, now);
+        let (ja, jb) = (ra.try_recv().unwrap().unwrap(), rb.try_recv().unwrap().unwrap());
+        let leader = if ja.members.is_empty() { &jb } else { &ja };
+        let _s = m.sync(1, &leader.member_id, None, vec![], now).unwrap();
+        settle(&mut m, now);
+        assert_eq!(m.phase(), Phase::Stable);
+        // The static member returns; before its new id is stored the other
+        // member leaves: the rebalance that starts counts it as rejoined.
+        let mut back = later(m.join(statik, now, &BOUNDS).unwrap());
+        m.leave(&jb.member_id, None, now).unwrap();
+        assert!(settle(&mut m, now).contains(&PersistKind::Join), "the rebalance did not complete at once");
+        let r = back.try_recv().unwrap().unwrap();
+        assert_eq!((r.generation, m.len()), (2, 1));
     }
 
     #[test]

@@ -162,6 +162,29 @@ pub struct MemberDescription {
     pub assignment: Vec<(String, u32)>,
 }
 
+/// A first join's member, removed from the group (LeaveGroup, in a task of
+/// its own) when dropped still armed: its call ended without an answer, so
+/// no client knows the member id, and it would otherwise hold partitions
+/// nobody reads until its session ends (Kafka avoids this with KIP-394's
+/// MEMBER_ID_REQUIRED, not built here).
+struct UnansweredJoin {
+    coordinator: Coordinator,
+    group: String,
+    /// The member to remove; `None` once answered.
+    member: Option<String>,
+}
+
+impl Drop for UnansweredJoin {
+    fn drop(&mut self) {
+        if let Some(member) = self.member.take() {
+            let (c, group) = (self.coordinator.clone(), std::mem::take(&mut self.group));
+            tokio::spawn(async move {
+                let _ = c.leave(&group, &member, None).await;
+            });
+        }
+    }
+}
+
 /// The state loaded for one coordinator partition, for one term.
 #[derive(Debug)]
 struct Loaded {
@@ -210,6 +233,14 @@ impl Session {
         &mut self.guard.as_mut().and_then(|g| g.as_mut()).expect("a session holds loaded state").groups
     }
 
+    /// Drops the partition's state (read back by the next call): memory
+    /// holds what could not be stored (a new generation).
+    fn forget(&mut self) {
+        if let Some(g) = self.guard.as_mut() {
+            **g = None;
+        }
+    }
+
     /// Appends `rows` in this session's term and applies them once a
     /// majority stored them. The write runs in a task of its own that holds
     /// the partition until it is settled, so a call dropped while it waits
@@ -218,8 +249,9 @@ impl Session {
     /// state is left, and the next call reads the partition back, after
     /// every entry of this leader is applied.
     async fn append(&mut self, rows: Vec<Record>, limits: &Limits) -> Result<(), ApiError> {
-        let mut guard = self.guard.take().expect("a session holds loaded state");
         let producer = ProducerFields { producer_id: NO_PRODUCER_ID, producer_epoch: 0, base_sequence: 0 };
+        // Built before the state is touched: a commit too large for one
+        // batch is refused and every other group's state stays.
         let built = batch::build_batch(
             rows.clone(),
             producer,
@@ -230,15 +262,8 @@ impl Session {
         .map_err(|e| match e {
             BatchError::TooLarge(m) => ApiError::RecordTooLarge(m),
             BatchError::Invalid(m) => ApiError::Invalid(m),
-        });
-        let built = match built {
-            Ok(b) => b,
-            Err(e) => {
-                // Memory may hold what was to be stored (a new generation).
-                *guard = None;
-                return Err(e);
-            }
-        };
+        })?;
+        let mut guard = self.guard.take().expect("a session holds loaded state");
         let (partition, term) = (self.partition.clone(), self.term);
         let task = tokio::spawn(async move {
             let loaded = guard.take();
@@ -445,7 +470,11 @@ impl Coordinator {
             let Some(g) = s.groups_mut().get_mut(group) else { return Ok(()) };
             let Some(p) = g.live.as_mut().and_then(|l| l.step(now, now_ms())) else { return Ok(()) };
             let row = records::group_record(group, Some(&p.meta), now_ms());
-            s.append(vec![row], &self.limits).await?;
+            if let Err(e) = s.append(vec![row], &self.limits).await {
+                // The step changed memory already.
+                s.forget();
+                return Err(e);
+            }
             if let Some(l) = s.groups_mut().get_mut(group).and_then(|g| g.live.as_mut()) {
                 l.persisted(p.kind, Instant::now());
             }
@@ -462,15 +491,19 @@ impl Coordinator {
     /// Moves every group of the partitions led here on, every 100 ms and
     /// whenever a membership call asks: ends sessions and rebalances whose
     /// time is up, stores new generations and assignments and answers the
-    /// members waiting for them. Runs until the process ends.
+    /// members waiting for them; every `offsets_retention_check_interval_ms`
+    /// starts [`Coordinator::expire_offsets`]. Runs until the process ends.
     pub async fn run(self) {
         let every = Duration::from_millis(self.config.offsets_retention_check_interval_ms);
         let mut next_expiry = Instant::now() + every;
+        let mut expiry: Option<tokio::task::JoinHandle<()>> = None;
         loop {
             let _ = tokio::time::timeout(Duration::from_millis(100), self.kick.notified()).await;
-            if Instant::now() >= next_expiry {
+            // In a task of its own, one at a time: it waits for the
+            // controller and for partitions, which members must not.
+            if Instant::now() >= next_expiry && expiry.as_ref().is_none_or(|t| t.is_finished()) {
                 next_expiry = Instant::now() + every;
-                self.expire_offsets().await;
+                expiry = Some(tokio::spawn(self.clone().expire_offsets()));
             }
             let cells: Vec<(u64, Cell)> = {
                 let loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
@@ -517,12 +550,12 @@ impl Coordinator {
 
     /// Removes expired offsets ([`Groups::expired`]: empty groups past
     /// `offsets_retention_minutes`, offsets of deleted topics) from every
-    /// coordinator partition led here, with tombstones. Judged on a
-    /// metadata image confirmed current with the controller (a topic this
-    /// broker has not heard of yet is not deleted); skipped when none.
-    async fn expire_offsets(&self) {
-        let Ok(confirmed) = self.controller.current_image().await else { return };
-        let image = confirmed.image;
+    /// coordinator partition led here, with tombstones. Each partition is
+    /// judged on a metadata image confirmed current with the controller
+    /// while the partition is held (a topic created since an earlier look
+    /// is not taken for deleted); skipped when none can be had.
+    async fn expire_offsets(self) {
+        let image = self.controller.image();
         let Some(topic) = image.topics.get(OFFSETS_TOPIC) else { return };
         let retention_ms =
             i64::try_from(self.config.offsets_retention_minutes.saturating_mul(60_000)).unwrap_or(i64::MAX);
@@ -534,6 +567,10 @@ impl Coordinator {
             let Ok(mut s) = self.open(partition, index as u32, a.group, image.clone()).await else {
                 continue;
             };
+            // Confirmed while the partition is held: every commit made so
+            // far was made against metadata no newer than this.
+            let Ok(confirmed) = self.controller.current_image().await else { continue };
+            let image = confirmed.image;
             let now = now_ms();
             let gone = s.groups().expired(now, retention_ms, |t| image.topics.get(t).map(|e| e.topic_id));
             if gone.is_empty() {
@@ -562,13 +599,18 @@ impl Coordinator {
     }
 
     /// Kafka's JoinGroup: waits until the rebalance it joins (or starts)
-    /// has its new generation stored, then answers it.
+    /// has its new generation stored, then answers it. A first join that
+    /// ends unanswered (its wait timed out, or its caller went away) is
+    /// removed from the group again ([`UnansweredJoin`]).
     ///
     /// # Errors
     /// See [`Membership::join`]; [`ApiError::NotCoordinator`] when the
-    /// coordinator's state was dropped meanwhile (leadership lost).
+    /// coordinator's state was dropped meanwhile (leadership lost);
+    /// [`ApiError::CoordinatorNotAvailable`] when no answer came by the
+    /// group's rebalance deadline (and 5 s).
     pub async fn join(&self, group: &str, req: JoinRequest) -> Result<JoinResult, ApiError> {
         let own = Duration::from_millis(u64::try_from(req.rebalance_timeout_ms).unwrap_or(0));
+        let first = req.member_id.is_empty();
         let (member, waiting, deadline) = {
             let mut s = self.session(group).await?;
             let bounds = self.bounds();
@@ -589,12 +631,15 @@ impl Coordinator {
             }
         };
         self.kick.notify_one();
+        let mut unanswered = UnansweredJoin {
+            coordinator: self.clone(),
+            group: group.to_owned(),
+            member: first.then_some(member),
+        };
         let at_most = deadline.saturating_duration_since(Instant::now());
         let r = self.wait(waiting, at_most).await;
-        if matches!(r, Err(ApiError::CoordinatorNotAvailable(_))) {
-            // Never answered: it is not left behind as a member that
-            // holds partitions nobody reads.
-            let _ = self.leave(group, &member, None).await;
+        if r.is_ok() {
+            unanswered.member = None;
         }
         r
     }

@@ -171,8 +171,11 @@ impl Groups {
                 .filter(|((t, _), c)| c.topic_id.is_none_or(|i| current_id(t) != Some(i)))
                 .map(|(k, _)| k.clone())
                 .collect();
-            if g.members() == 0 {
+            // Empty as stored, too: a group whose last member has just left
+            // has its old record until its empty generation is stored.
+            if g.members() == 0 && g.phase() == Phase::Empty {
                 match &g.meta {
+                    Some(m) if !m.members.is_empty() => {}
                     Some(m) => {
                         let newest = g.offsets.values().map(|c| c.commit_timestamp_ms).max().unwrap_or(0);
                         if old(m.state_timestamp_ms.max(newest)) {
@@ -188,7 +191,9 @@ impl Groups {
             gone.dedup();
             let all_offsets = gone.len() == g.offsets.len();
             out.extend(gone.into_iter().map(|k| (id.clone(), Some(k))));
-            if g.members() == 0 && all_offsets && g.meta.as_ref().is_some_and(|m| old(m.state_timestamp_ms)) {
+            let stored_empty =
+                g.meta.as_ref().is_some_and(|m| m.members.is_empty() && old(m.state_timestamp_ms));
+            if g.members() == 0 && g.phase() == Phase::Empty && all_offsets && stored_empty {
                 out.push((id.clone(), None));
             }
         }
@@ -382,6 +387,27 @@ mod tests {
         };
         let _waiting = live.join(join, now, &bounds).unwrap();
         assert!(g.expired(7 * day, 2 * day, current).iter().all(|(id, _)| id != "quiet"));
+    }
+
+    #[test]
+    fn a_group_whose_record_still_lists_members_does_not_expire() {
+        let day = 86_400_000i64;
+        let mut g = Groups::default();
+        // Its last member left; the empty generation is not stored yet.
+        let stable = GroupMeta {
+            state_timestamp_ms: 0,
+            members: vec![super::super::records::MemberMeta::default()],
+            ..GroupMeta::default()
+        };
+        g.apply(Entry::Group { group: "left".into(), value: Some(stable) });
+        let old = Committed {
+            offset: 1,
+            metadata: String::new(),
+            commit_timestamp_ms: 0,
+            topic_id: Some(TopicId(1)),
+        };
+        g.apply(Entry::Offset { group: "left".into(), topic: "t".into(), partition: 0, value: Some(old) });
+        assert!(g.expired(30 * day, day, |_| Some(TopicId(1))).is_empty());
     }
 
     #[test]

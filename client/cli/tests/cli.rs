@@ -1811,4 +1811,10 @@ fn a_static_member_restarted_within_its_session_keeps_its_partitions_without_a_r
     let out = c.ok(&["group", "describe", "g"], None);
     assert!(out.contains(&format!("Stable, generation {generation}, 2 members")), "{out}");
     assert!(out.contains("host-a"), "{out}");
+    // A group with members: offsets are not reset, the group not deleted.
+    let err =
+        c.fails(&["group", "reset-offsets", "g", "--topic", "orders", "--to", "earliest", "--execute"], None);
+    assert!(err.contains("NON_EMPTY_GROUP") && err.contains("2 members"), "{err}");
+    let err = c.fails(&["group", "delete", "g"], None);
+    assert!(err.contains("NON_EMPTY_GROUP"), "{err}");
 }
