@@ -21,13 +21,17 @@
 //! `offsets.topic.num.partitions` and `offsets.topic.replication.factor`,
 //! `[groups]` in the broker config) and is key-compacted. Its state in
 //! memory is that of one Raft term: a leader reads the partition once per
-//! term (after it applied an entry of its own term, so everything committed
-//! before is in its log, Raft thesis §6.4), and from then on it is the only
-//! writer, so its memory stays exact while the term lasts. Its writes are
-//! proposed in that term only: a leadership lost and won again in between
-//! fails the write rather than appending from a stale view. One group call
-//! at a time per coordinator partition (a commit holds it until a majority
-//! stored it): the order of commits is the log's.
+//! term, after every entry of its log is applied (an entry of its own term
+//! among them, so everything committed before is there, Raft thesis §6.4),
+//! in a task of its own (`Coordinator::open`); from then on it is the
+//! only writer, so its memory stays exact while the term lasts. Its writes
+//! are proposed in that term only (a leadership lost and won again in
+//! between fails the write rather than appending from a stale view), run in
+//! a task that holds the partition until settled, and memory is put back
+//! only after they commit (`Session::append`). One group call at a time
+//! per coordinator partition (a commit holds it until a majority stored
+//! it): the order of commits is the log's. Expired offsets and those of
+//! deleted topics are removed with tombstones (`Coordinator::expire_offsets`).
 //!
 //! Membership calls (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) change
 //! the group's [`membership::Membership`] under the partition's lock and
