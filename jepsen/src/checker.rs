@@ -28,7 +28,7 @@
 //! (what compaction may remove, and the final state of every key).
 //!
 //! **Consumer groups.** Polls and commits of a group's members (`group`
-//! workload) are checked by [`group`]: at least once, and no commit past
+//! workload) are checked by `group`: at least once, and no commit past
 //! what was processed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
