@@ -253,7 +253,13 @@ async fn a_broker_of_another_major_version_is_refused_and_the_rest_carry_on() ->
         if why.contains("not answering: 3") {
             break;
         }
-        assert!(why.contains(&format!("peer protocol {MAJOR}.{MINOR} is not spoken here")), "{why}");
+        // Or, while the metadata group elects a 1.x leader, no controller
+        // at all (seen once in CI under load).
+        assert!(
+            why.contains(&format!("peer protocol {MAJOR}.{MINOR} is not spoken here"))
+                || why.contains("no controller elected yet"),
+            "{why}"
+        );
         anyhow::ensure!(Instant::now() < deadline, "still: {why}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
