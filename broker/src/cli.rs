@@ -23,6 +23,10 @@ pub struct BrokerArgs {
     /// Client API listen address, host:port.
     #[arg(long, env = "FERROLOG_CLIENT_ADDR")]
     pub client_addr: Option<SocketAddr>,
+    /// Kafka listener address, host:port (the address Kafka clients are
+    /// told to connect to).
+    #[arg(long, env = "FERROLOG_KAFKA_ADDR")]
+    pub kafka_addr: Option<SocketAddr>,
     /// Broker-to-broker listen address, host:port.
     #[arg(long, env = "FERROLOG_PEER_ADDR")]
     pub peer_addr: Option<SocketAddr>,
@@ -68,6 +72,9 @@ impl BrokerArgs {
         }
         if let Some(v) = self.peer_addr {
             c.peer_addr = v;
+        }
+        if let Some(v) = self.kafka_addr {
+            c.kafka_addr = v;
         }
         if let Some(v) = &self.data_dir {
             c.data_dir = v.clone();

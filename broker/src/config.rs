@@ -24,6 +24,12 @@ pub struct BrokerConfig {
     pub node_id: BrokerId,
     /// Address the client API listens on, `host:port`.
     pub client_addr: SocketAddr,
+    /// Address the Kafka listener listens on, `host:port` (Kafka's
+    /// `listeners`; clients are told it as given, so a wildcard address
+    /// will not do). Only with `kafka.enabled`.
+    pub kafka_addr: SocketAddr,
+    /// The Kafka listener (`crate::kafka`).
+    pub kafka: KafkaConfig,
     /// Address the broker-to-broker Raft transport listens on, `host:port`.
     /// Stored in Raft memberships: keep it stable across restarts.
     pub peer_addr: SocketAddr,
@@ -274,6 +280,36 @@ impl Default for RaftTimings {
     }
 }
 
+/// The Kafka listener (`crate::kafka`): framing and connection limits,
+/// by Kafka's names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Whether the broker listens for Kafka clients on `kafka_addr`.
+    pub enabled: bool,
+    /// Largest request frame, bytes (Kafka's `socket.request.max.bytes`,
+    /// 100 MiB): a larger size prefix closes the connection, with a log
+    /// line, before any of it is read.
+    pub socket_request_max_bytes: usize,
+    /// A connection with no request for this long is closed, ms (Kafka's
+    /// `connections.max.idle.ms`, 10 minutes).
+    pub connections_max_idle_ms: u64,
+    /// Most Kafka connections open at once; past that a new connection is
+    /// closed at once (Kafka's `max.connections`).
+    pub max_connections: usize,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            socket_request_max_bytes: 100 << 20,
+            connections_max_idle_ms: 600_000,
+            max_connections: 1024,
+        }
+    }
+}
+
 /// Limits on what clients may send and receive.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -313,6 +349,8 @@ impl Default for BrokerConfig {
         Self {
             node_id: 0,
             client_addr: SocketAddr::from(([127, 0, 0, 1], 9401)),
+            kafka_addr: SocketAddr::from(([127, 0, 0, 1], 9092)),
+            kafka: KafkaConfig::default(),
             peer_addr: SocketAddr::from(([127, 0, 0, 1], 9501)),
             data_dir: PathBuf::from("./ferrolog-data/broker-1"),
             initial_cluster: BTreeMap::new(),
@@ -457,6 +495,18 @@ impl BrokerConfig {
         }
         if self.client_addr == self.peer_addr {
             return bad(format!("client_addr and peer_addr are both {}", self.client_addr));
+        }
+        if self.kafka.enabled && (self.kafka_addr == self.client_addr || self.kafka_addr == self.peer_addr) {
+            return bad(format!("kafka_addr {} is also the client or peer address", self.kafka_addr));
+        }
+        if self.kafka.enabled && self.kafka_addr.ip().is_unspecified() {
+            return bad(format!(
+                "kafka_addr {} is a wildcard address: Kafka clients are told this address to connect to",
+                self.kafka_addr
+            ));
+        }
+        if self.kafka.socket_request_max_bytes < 1024 || self.kafka.max_connections == 0 {
+            return bad("kafka.socket_request_max_bytes must be ≥ 1024 and kafka.max_connections ≥ 1".into());
         }
         if self.data_dir.as_os_str().is_empty() {
             return bad("data_dir is empty".into());

@@ -111,6 +111,7 @@ pub fn dump_replica(
         for b in batches {
             let h = &b.header;
             let recs = records::decode(&b.records())
+                .map_err(anyhow::Error::msg)
                 .with_context(|| format!("{}: batch at offset {}", log_dir.display(), h.base_offset))?;
             let deltas = records::offset_deltas(&recs);
             for (rec, delta) in recs.iter().zip(deltas) {

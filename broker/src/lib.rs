@@ -26,6 +26,9 @@
 //! - [`server`]: wiring of one broker process: `Broker::start` on bound
 //!   listeners with a shutdown signal, `Broker::serve` until it fires.
 //! - [`grpc`]: the client API (thin handlers; errors to wire codes in one place).
+//! - [`kafka`]: the Kafka listener: Kafka's wire protocol on its own port, on
+//!   the same partitions, controller and coordinator as the gRPC API; Kafka
+//!   batches stored as they came (`partition::kafka_batch`).
 //! - [`partition`]: one hosted replica = one Raft group: produce, fetch, offsets.
 //! - [`partitions`]: the reconciler (starts and stops replicas to match the
 //!   metadata image, and restarts a group that stopped on an error).
@@ -57,6 +60,7 @@ pub mod error;
 pub mod groups;
 pub mod grpc;
 pub mod identity;
+pub mod kafka;
 pub mod listener;
 pub mod logging;
 pub mod metadata;

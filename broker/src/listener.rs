@@ -23,6 +23,13 @@ pub struct Conn {
     _permit: OwnedSemaphorePermit,
 }
 
+impl Conn {
+    /// The remote address, if the socket still knows it.
+    pub fn peer(&self) -> Option<std::net::SocketAddr> {
+        self.stream.peer_addr().ok()
+    }
+}
+
 impl Connected for Conn {
     type ConnectInfo = TcpConnectInfo;
 

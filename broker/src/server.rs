@@ -86,6 +86,8 @@ pub struct Listeners {
     pub peer: TcpListener,
     /// The client port (the client API).
     pub client: TcpListener,
+    /// The Kafka listener's port, when `kafka.enabled`.
+    pub kafka: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -97,6 +99,10 @@ impl Listeners {
         Ok(Self {
             peer: bind(config.peer_addr, "peer_addr").await?,
             client: bind(config.client_addr, "client_addr").await?,
+            kafka: match config.kafka.enabled {
+                true => Some(bind(config.kafka_addr, "kafka_addr").await?),
+                false => None,
+            },
         })
     }
 }
@@ -155,13 +161,19 @@ impl Broker {
         listeners: Listeners,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<Self> {
-        let Listeners { peer: peer_listener, client: client_listener } = listeners;
+        let Listeners { peer: peer_listener, client: client_listener, kafka: kafka_listener } = listeners;
         if config.peer_addr.port() == 0 {
             config.peer_addr = peer_listener.local_addr()?;
         }
         if config.client_addr.port() == 0 {
             config.client_addr = client_listener.local_addr()?;
         }
+        if let Some(l) = &kafka_listener
+            && config.kafka_addr.port() == 0
+        {
+            config.kafka_addr = l.local_addr()?;
+        }
+        config.kafka.enabled = kafka_listener.is_some();
         let (stopping, _) = watch::channel(false);
         crate::control::files::raise_limit();
         std::fs::create_dir_all(&config.data_dir)
@@ -478,11 +490,18 @@ impl Broker {
             hand_over: hand_over.clone(),
             topic_defaults: topic_defaults.clone(),
         };
+        if let Some(listener) = kafka_listener {
+            let kafka = crate::kafka::KafkaService { core: service.clone(), config: config.kafka.clone() };
+            let (tx, server) = crate::kafka::serve(kafka, listener);
+            stop.push(tx);
+            servers.push(server);
+        }
         let router = tonic::transport::Server::builder().add_service(service.into_service());
         let (tx, server) = serve(router, client_listener, max_connections, "client");
         stop.push(tx);
         servers.push(server);
-        tracing::info!(client = %config.client_addr, peer = %config.peer_addr, data = %config.data_dir.display(), "broker started");
+        let kafka = if config.kafka.enabled { config.kafka_addr.to_string() } else { "off".into() };
+        tracing::info!(client = %config.client_addr, peer = %config.peer_addr, %kafka, data = %config.data_dir.display(), "broker started");
         let shutdown =
             Some(Box::pin(shutdown) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>);
         Ok(Self {
@@ -619,10 +638,14 @@ async fn register(
     incarnation: u64,
 ) {
     let (client_addr, peer_addr) = (c.client_addr.to_string(), c.peer_addr.to_string());
+    let kafka = kafka_addr(&c);
     let mut failures = 0u64;
     loop {
         let registered = image.borrow().brokers.get(&c.node_id).is_some_and(|b| {
-            b.client_addr == client_addr && b.peer_addr == peer_addr && b.incarnation == incarnation
+            b.client_addr == client_addr
+                && b.peer_addr == peer_addr
+                && b.kafka_addr == kafka
+                && b.incarnation == incarnation
         });
         if !registered {
             let req = ControllerRequest::RegisterBroker {
@@ -630,6 +653,7 @@ async fn register(
                 client_addr: client_addr.clone(),
                 peer_addr: peer_addr.clone(),
                 incarnation,
+                kafka_addr: kafka.clone(),
             };
             match controller.handle_via_any(req).await {
                 Ok(_) => tracing::info!("registered with the controller"),
@@ -648,6 +672,11 @@ async fn register(
             return;
         }
     }
+}
+
+/// The Kafka listener address a broker registers: empty without one.
+fn kafka_addr(c: &BrokerConfig) -> String {
+    if c.kafka.enabled { c.kafka_addr.to_string() } else { String::new() }
 }
 
 /// How a new data directory enters the cluster.
@@ -747,6 +776,7 @@ async fn join(c: &BrokerConfig, incarnation: u64, peers: &PeerAddresses) -> anyh
         client_addr: c.client_addr.to_string(),
         peer_addr: c.peer_addr.to_string(),
         incarnation,
+        kafka_addr: kafka_addr(c),
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let mut last = String::new();

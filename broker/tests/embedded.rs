@@ -15,12 +15,15 @@ async fn an_embedded_broker_serves_on_its_listeners_and_stops_on_its_signal() ->
     let dir = tempfile::tempdir()?;
     let peer = TcpListener::bind("127.0.0.1:0").await?;
     let client = TcpListener::bind("127.0.0.1:0").await?;
+    let kafka = TcpListener::bind("127.0.0.1:0").await?;
+    let kafka_addr = kafka.local_addr()?;
     let peer_addr = peer.local_addr()?;
     let client_addr = client.local_addr()?;
     let config = BrokerConfig {
         node_id: 1,
         client_addr: "127.0.0.1:0".parse()?,
         peer_addr: "127.0.0.1:0".parse()?,
+        kafka_addr: "127.0.0.1:0".parse()?,
         data_dir: dir.path().to_owned(),
         initial_cluster: [(1, peer_addr)].into(),
         ..BrokerConfig::default()
@@ -29,9 +32,10 @@ async fn an_embedded_broker_serves_on_its_listeners_and_stops_on_its_signal() ->
     let signal = async move {
         let _ = stopped.await;
     };
-    let broker = Broker::start(config, Listeners { peer, client }, signal).await?;
+    let broker = Broker::start(config, Listeners { peer, client, kafka: Some(kafka) }, signal).await?;
     assert_eq!(broker.config().peer_addr, peer_addr, "port 0 is advertised as the port it got");
     assert_eq!(broker.config().client_addr, client_addr);
+    assert_eq!(broker.config().kafka_addr, kafka_addr);
     let serving = tokio::spawn(broker.serve());
 
     let mut api = FerrologClient::connect(format!("http://{client_addr}")).await?;

@@ -8,8 +8,11 @@ use ferrolog_proto::client as pb;
 pub struct Header {
     /// Header name.
     pub key: String,
-    /// Header value.
+    /// Header value (empty when `null_value`).
     pub value: Bytes,
+    /// The value is null, not empty: Kafka's headers may carry null values
+    /// (records produced through the Kafka listener).
+    pub null_value: bool,
 }
 
 /// A record to produce.
@@ -59,7 +62,7 @@ impl Record {
     /// Appends a header.
     #[must_use]
     pub fn with_header(mut self, key: impl Into<String>, value: impl Into<Bytes>) -> Self {
-        self.headers.push(Header { key: key.into(), value: value.into() });
+        self.headers.push(Header { key: key.into(), value: value.into(), null_value: false });
         self
     }
 
@@ -83,7 +86,11 @@ impl Record {
         pb::Record {
             key: self.key,
             value: self.value,
-            headers: self.headers.into_iter().map(|h| pb::Header { key: h.key, value: h.value }).collect(),
+            headers: self
+                .headers
+                .into_iter()
+                .map(|h| pb::Header { key: h.key, value: h.value, null_value: h.null_value })
+                .collect(),
             timestamp_ms: self.timestamp_ms,
             offset_delta: None,
             null_value: self.null_value,
@@ -132,7 +139,11 @@ impl ConsumerRecord {
             value: r.value,
             null_value: r.null_value,
             timestamp_ms: r.timestamp_ms,
-            headers: r.headers.into_iter().map(|h| Header { key: h.key, value: h.value }).collect(),
+            headers: r
+                .headers
+                .into_iter()
+                .map(|h| Header { key: h.key, value: h.value, null_value: h.null_value })
+                .collect(),
         }
     }
 }

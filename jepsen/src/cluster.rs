@@ -218,6 +218,9 @@ impl Cluster {
             .arg(b.client_addr().to_string())
             .arg("--peer-addr")
             .arg(b.peer_addr().to_string())
+            // No Kafka workload here: any free port on the broker's address.
+            .arg("--kafka-addr")
+            .arg(format!("{}:0", b.client_addr().ip()))
             .arg("--data-dir")
             .arg(&b.data_dir);
         if b.joined {

@@ -29,6 +29,8 @@ pub struct BrokerProc {
     pub client_addr: SocketAddr,
     /// Peer address.
     pub peer_addr: SocketAddr,
+    /// Kafka listener address.
+    pub kafka_addr: SocketAddr,
     /// Data directory.
     pub data_dir: PathBuf,
     /// Its log file.
@@ -135,6 +137,7 @@ impl Cluster {
                     id,
                     client_addr: format!("{ip}:{base}").parse().expect("addr"),
                     peer_addr: format!("{ip}:{}", base + 1).parse().expect("addr"),
+                    kafka_addr: format!("{ip}:{}", base + 2).parse().expect("addr"),
                     data_dir: root.path().join(format!("broker-{id}")),
                     log: root.path().join(format!("broker-{id}.log")),
                     child: None,
@@ -168,6 +171,12 @@ impl Cluster {
         self.wait_ready(n as usize, Duration::from_secs(30)).await
     }
 
+    /// Comma-separated Kafka listener addresses, for a Kafka client's
+    /// `bootstrap.servers`.
+    pub fn kafka_bootstrap(&self) -> String {
+        self.brokers.iter().map(|b| b.kafka_addr.to_string()).collect::<Vec<_>>().join(",")
+    }
+
     /// Comma-separated client addresses, for a client's bootstrap list.
     pub fn bootstrap(&self) -> String {
         self.brokers.iter().map(|b| b.client_addr.to_string()).collect::<Vec<_>>().join(",")
@@ -197,6 +206,8 @@ impl Cluster {
             .arg(b.client_addr.to_string())
             .arg("--peer-addr")
             .arg(b.peer_addr.to_string())
+            .arg("--kafka-addr")
+            .arg(b.kafka_addr.to_string())
             .arg("--data-dir")
             .arg(&b.data_dir)
             .arg("--initial-cluster")

@@ -121,7 +121,7 @@ impl ClientService {
     /// ([`Controller::current_image`]), and is `Unavailable` (retriable)
     /// when that cannot be confirmed. Only the way to an error pays for
     /// it: produce and fetch do not.
-    async fn partition(
+    pub(crate) async fn partition(
         &self,
         topic: &str,
         partition: u32,
@@ -131,7 +131,7 @@ impl ClientService {
     }
 
     /// [`ClientService::partition`], with the topic's produce limit.
-    async fn served(
+    pub(crate) async fn served(
         &self,
         topic: &str,
         partition: u32,
@@ -195,26 +195,37 @@ impl ClientService {
     }
 
     /// The partition's leader ([`GroupRegistry::leader_of`]); 0 when unknown.
-    fn leader_of(&self, a: &PartitionAssignment) -> BrokerId {
+    pub(crate) fn leader_of(&self, a: &PartitionAssignment) -> BrokerId {
         self.groups.leader_of(&self.liveness, self.broker, a)
     }
 
-    fn batches(out: &FetchOutcome) -> Vec<WireBatch> {
+    /// The batches as the gRPC API serves them: Ferrolog's encoding byte
+    /// for byte; batches produced through the Kafka listener decompressed
+    /// and re-encoded ([`records::as_record_set`]).
+    fn batches(out: &FetchOutcome) -> Result<Vec<WireBatch>, ApiError> {
         out.batches
             .iter()
-            .map(|b| WireBatch {
-                base_offset: b.header.base_offset,
-                record_count: b.header.record_count,
-                records: b.records(),
+            .map(|b| {
+                let records = records::as_record_set(b.records()).map_err(|e| {
+                    ApiError::Storage(format!(
+                        "batch at offset {} does not decode: {e}",
+                        b.header.base_offset
+                    ))
+                })?;
+                Ok(WireBatch {
+                    base_offset: b.header.base_offset,
+                    record_count: b.header.record_count,
+                    records,
+                })
             })
             .collect()
     }
 
     fn fetch_response(&self, r: Result<FetchOutcome, ApiError>) -> FetchResponse {
-        match r {
-            Ok(out) => FetchResponse {
+        match r.and_then(|out| Ok((Self::batches(&out)?, out))) {
+            Ok((batches, out)) => FetchResponse {
                 error: None,
-                batches: Self::batches(&out),
+                batches,
                 high_watermark: out.high_watermark,
                 log_start_offset: out.log_start_offset,
             },
@@ -227,8 +238,91 @@ impl ClientService {
         asked.min(self.limits.max_fetch_bytes)
     }
 
-    async fn admin(&self, req: ControllerRequest) -> Result<ControllerReply, ApiError> {
+    /// Hands `req` to the controller (this broker's, or forwarded).
+    ///
+    /// # Errors
+    /// The controller's answer.
+    pub(crate) async fn admin(&self, req: ControllerRequest) -> Result<ControllerReply, ApiError> {
         self.controller.handle(req).await
+    }
+
+    /// Creates a topic (both listeners). A bad name is refused here,
+    /// whether or not a controller is reachable (the controller checks it
+    /// again); `__consumer_offsets` is created by the coordinator only.
+    ///
+    /// # Errors
+    /// As the controller's `CreateTopic`.
+    pub(crate) async fn create_topic_op(
+        &self,
+        name: String,
+        partitions: u32,
+        replication_factor: u32,
+        config: std::collections::BTreeMap<String, String>,
+    ) -> Result<(), ApiError> {
+        crate::metadata::controller::validate_topic_name(&name)?;
+        if name == OFFSETS_TOPIC {
+            return Err(ApiError::Invalid(format!(
+                "{OFFSETS_TOPIC} is internal: it is created on the first group call"
+            )));
+        }
+        self.admin(ControllerRequest::CreateTopic { name, partitions, replication_factor, config })
+            .await
+            .map(|_| ())
+    }
+
+    /// Deletes a topic (both listeners); never `__consumer_offsets`.
+    ///
+    /// # Errors
+    /// As the controller's `DeleteTopic`.
+    pub(crate) async fn delete_topic_op(&self, name: String) -> Result<(), ApiError> {
+        if name == OFFSETS_TOPIC {
+            return Err(ApiError::Invalid(format!(
+                "{OFFSETS_TOPIC} is internal: deleting it would lose every group's offsets"
+            )));
+        }
+        self.admin(ControllerRequest::DeleteTopic { name }).await.map(|_| ())
+    }
+
+    /// Grows a topic to `count` partitions (both listeners); never
+    /// `__consumer_offsets`, whose count places every group's coordinator.
+    ///
+    /// # Errors
+    /// As the controller's `CreatePartitions`.
+    pub(crate) async fn create_partitions_op(&self, name: String, count: u32) -> Result<(), ApiError> {
+        if name == OFFSETS_TOPIC {
+            return Err(ApiError::InvalidPartitions(format!(
+                "{OFFSETS_TOPIC} keeps its partition count: every group's coordinator would move"
+            )));
+        }
+        self.admin(ControllerRequest::CreatePartitions { name, count }).await.map(|_| ())
+    }
+
+    /// A topic's configuration overrides, from an image confirmed current
+    /// with the controller, so that a describe after an alter shows it
+    /// whichever broker answers; when the controller cannot be reached,
+    /// from this broker's own image, which then does not say that a topic
+    /// does not exist.
+    ///
+    /// # Errors
+    /// `UnknownTopic`; `Unavailable` when the topic is not in this broker's
+    /// image and the controller cannot confirm.
+    pub(crate) async fn topic_overrides(
+        &self,
+        topic: String,
+    ) -> Result<std::collections::BTreeMap<String, String>, ApiError> {
+        match self.controller.current_image().await {
+            Ok(confirmed) => confirmed
+                .image
+                .topics
+                .get(&topic)
+                .map(|t| t.config.clone())
+                .ok_or(ApiError::UnknownTopic(topic)),
+            Err(e) => {
+                self.controller.image().topics.get(&topic).map(|t| t.config.clone()).ok_or_else(|| {
+                    ApiError::Unavailable(format!("this broker's metadata may be behind: {e}"))
+                })
+            }
+        }
     }
 
     /// An admin request whose answer is only its error, if any.
@@ -239,17 +333,17 @@ impl ClientService {
 }
 
 /// A hosted replica found for a request ([`ClientService::served`]).
-struct Served {
+pub(crate) struct Served {
     /// The replica.
-    partition: Arc<Partition>,
+    pub(crate) partition: Arc<Partition>,
     /// Largest produce batch its topic takes here, bytes: the topic's
     /// `max.message.bytes`, capped by the broker's `limits.max_batch_bytes`.
-    max_batch_bytes: usize,
+    pub(crate) max_batch_bytes: usize,
     /// The topic's `message.timestamp.type` is `LogAppendTime`: records are
     /// stamped with the leader's clock when appended, whatever the producer set.
-    log_append_time: bool,
+    pub(crate) log_append_time: bool,
     /// The topic's `cleanup.policy` compacts: every record needs a key.
-    compacted: bool,
+    pub(crate) compacted: bool,
 }
 
 type SubscribeStream = Pin<Box<dyn Stream<Item = Result<FetchResponse, Status>> + Send>>;
@@ -693,24 +787,10 @@ impl Ferrolog for ClientService {
         request: Request<CreateTopicRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
         let r = request.into_inner();
-        // A bad name is refused here, whether or not a controller is
-        // reachable (the controller checks it again).
-        if let Err(e) = crate::metadata::controller::validate_topic_name(&r.name) {
-            return Ok(Response::new(AdminResponse { error: self.wire(&e) }));
-        }
-        if r.name == OFFSETS_TOPIC {
-            let e = ApiError::Invalid(format!(
-                "{OFFSETS_TOPIC} is internal: it is created on the first group call"
-            ));
-            return Ok(Response::new(AdminResponse { error: self.wire(&e) }));
-        }
-        let req = ControllerRequest::CreateTopic {
-            name: r.name,
-            partitions: r.partitions,
-            replication_factor: r.replication_factor,
-            config: r.configs.into_iter().collect(),
-        };
-        self.admin_response(req).await
+        let result = self
+            .create_topic_op(r.name, r.partitions, r.replication_factor, r.configs.into_iter().collect())
+            .await;
+        Ok(Response::new(AdminResponse { error: result.err().and_then(|e| self.wire(&e)) }))
     }
 
     async fn alter_topic_config(
@@ -740,23 +820,7 @@ impl Ferrolog for ClientService {
         request: Request<DescribeTopicConfigRequest>,
     ) -> Result<Response<DescribeTopicConfigResponse>, Status> {
         let topic = request.into_inner().topic;
-        // From an image confirmed current with the controller, so that a
-        // describe after an alter shows it whichever broker answers; when
-        // the controller cannot be reached, from this broker's own image,
-        // which then does not say that a topic does not exist.
-        let result = match self.controller.current_image().await {
-            Ok(confirmed) => confirmed
-                .image
-                .topics
-                .get(&topic)
-                .map(|t| t.config.clone())
-                .ok_or(ApiError::UnknownTopic(topic)),
-            Err(e) => {
-                self.controller.image().topics.get(&topic).map(|t| t.config.clone()).ok_or_else(|| {
-                    ApiError::Unavailable(format!("this broker's metadata may be behind: {e}"))
-                })
-            }
-        };
+        let result = self.topic_overrides(topic).await;
         Ok(Response::new(match result {
             Ok(overrides) => DescribeTopicConfigResponse {
                 error: None,
@@ -809,15 +873,8 @@ impl Ferrolog for ClientService {
         request: Request<CreatePartitionsRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
         let r = request.into_inner();
-        if r.topic == OFFSETS_TOPIC {
-            // A group's partition is its id's hash modulo the count.
-            let e = ApiError::InvalidPartitions(format!(
-                "{OFFSETS_TOPIC} keeps its partition count: every group's coordinator would move"
-            ));
-            return Ok(Response::new(AdminResponse { error: self.wire(&e) }));
-        }
-        let req = ControllerRequest::CreatePartitions { name: r.topic, count: r.count };
-        self.admin_response(req).await
+        let result = self.create_partitions_op(r.topic, r.count).await;
+        Ok(Response::new(AdminResponse { error: result.err().and_then(|e| self.wire(&e)) }))
     }
 
     async fn delete_topic(
@@ -825,14 +882,8 @@ impl Ferrolog for ClientService {
         request: Request<DeleteTopicRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
         let name = request.into_inner().name;
-        if name == OFFSETS_TOPIC {
-            let e = ApiError::Invalid(format!(
-                "{OFFSETS_TOPIC} is internal: deleting it would lose every group's offsets"
-            ));
-            return Ok(Response::new(AdminResponse { error: self.wire(&e) }));
-        }
-        let req = ControllerRequest::DeleteTopic { name };
-        self.admin_response(req).await
+        let result = self.delete_topic_op(name).await;
+        Ok(Response::new(AdminResponse { error: result.err().and_then(|e| self.wire(&e)) }))
     }
 
     async fn init_producer_id(

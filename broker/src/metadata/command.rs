@@ -103,6 +103,10 @@ pub enum MetadataCommand {
         /// The data directory's incarnation (`crate::identity`).
         #[serde(default)]
         incarnation: u64,
+        /// Kafka listener address, `host:port`; empty when the broker runs
+        /// none (or predates it).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        kafka_addr: String,
     },
     /// A broker came back with a new data directory: it gets a new node id
     /// in the metadata group and in every partition it hosts; leaders then
@@ -245,6 +249,10 @@ pub enum ControllerRequest {
         /// The data directory's incarnation.
         #[serde(default)]
         incarnation: u64,
+        /// Kafka listener address, `host:port`; empty when the broker runs
+        /// none (or predates it).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        kafka_addr: String,
     },
     /// A broker that is not one of the founders joins the cluster (its
     /// `--join`): as [`ControllerRequest::RegisterBroker`], and with `id`
@@ -519,6 +527,7 @@ mod tests {
                     client_addr: "10.0.0.2:9092".into(),
                     peer_addr: "10.0.0.2:9093".into(),
                     incarnation: 77,
+                    kafka_addr: String::new(),
                 },
                 r#"{"type":"register_broker","id":2,"client_addr":"10.0.0.2:9092","peer_addr":"10.0.0.2:9093","incarnation":77}"#,
             ),

@@ -653,6 +653,7 @@ mod tests {
             client_addr: format!("127.0.0.{id}:1"),
             peer_addr: format!("127.0.0.{id}:2"),
             incarnation: 1,
+            kafka_addr: String::new(),
         })
         .expect("json")
     }

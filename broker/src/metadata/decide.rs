@@ -88,7 +88,7 @@ pub enum Decision {
 /// unavailable while brokers are missing or silent).
 pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> Result<Decision, ApiError> {
     match req {
-        ControllerRequest::RegisterBroker { id, client_addr, peer_addr, incarnation } => {
+        ControllerRequest::RegisterBroker { id, client_addr, peer_addr, incarnation, kafka_addr } => {
             replaced(image, incarnation)?;
             let known = image.brokers.get(&id);
             if known.is_some_and(|b| b.decommissioned && b.incarnation != incarnation) {
@@ -131,12 +131,14 @@ pub fn decide(image: &MetadataImage, req: ControllerRequest, f: &Facts<'_>) -> R
             let same = known.is_some_and(|b| {
                 b.client_addr == client_addr
                     && b.peer_addr == peer_addr
+                    && b.kafka_addr == kafka_addr
                     && (b.incarnation != 0 || incarnation == 0)
             });
             if same {
                 return Ok(Decision::Answer(reply));
             }
-            let command = MetadataCommand::BrokerRegistered { id, client_addr, peer_addr, incarnation };
+            let command =
+                MetadataCommand::BrokerRegistered { id, client_addr, peer_addr, incarnation, kafka_addr };
             Ok(Decision::Commit { command, reply })
         }
         ControllerRequest::JoinBroker { id, client_addr, peer_addr, incarnation } => {
@@ -513,7 +515,13 @@ fn join(
     } else {
         id
     };
-    let command = MetadataCommand::BrokerRegistered { id, client_addr, peer_addr, incarnation };
+    let command = MetadataCommand::BrokerRegistered {
+        id,
+        client_addr,
+        peer_addr,
+        incarnation,
+        kafka_addr: String::new(),
+    };
     Ok(Decision::Commit {
         command,
         reply: ControllerReply::Joined { broker_id: id, metadata_node: NodeId::from(id) },
@@ -698,6 +706,7 @@ mod tests {
                 client_addr: format!("c{id}"),
                 peer_addr: format!("p{id}"),
                 incarnation: *incarnation,
+                kafka_addr: String::new(),
             };
             image.apply(i as u64, &cmd);
         }
@@ -722,6 +731,7 @@ mod tests {
             client_addr: format!("c{id}"),
             peer_addr: format!("p{id}"),
             incarnation,
+            kafka_addr: String::new(),
         }
     }
 
@@ -843,6 +853,7 @@ mod tests {
             client_addr: "c2".into(),
             peer_addr: "new".into(),
             incarnation: 9,
+            kafka_addr: String::new(),
         };
         assert!(
             matches!(decide(&image, moved, &f).unwrap(), Decision::Commit { .. }),

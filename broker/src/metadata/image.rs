@@ -17,6 +17,9 @@ pub struct BrokerEntry {
     pub client_addr: String,
     /// Peer (Raft) address, `host:port`.
     pub peer_addr: String,
+    /// Kafka listener address, `host:port`; empty when the broker runs none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kafka_addr: String,
     /// Incarnation of its data directory (0: not reported).
     #[serde(default)]
     pub incarnation: u64,
@@ -130,7 +133,7 @@ impl MetadataImage {
                     self.apply_one(offset, c);
                 }
             }
-            MetadataCommand::BrokerRegistered { id, client_addr, peer_addr, incarnation } => {
+            MetadataCommand::BrokerRegistered { id, client_addr, peer_addr, incarnation, kafka_addr } => {
                 let metadata_node = self.brokers.get(id).map_or(NodeId::from(*id), |b| b.metadata_node);
                 let known = self.brokers.get(id).map_or(0, |b| b.incarnation);
                 self.brokers.insert(
@@ -138,6 +141,7 @@ impl MetadataImage {
                     BrokerEntry {
                         client_addr: client_addr.clone(),
                         peer_addr: peer_addr.clone(),
+                        kafka_addr: kafka_addr.clone(),
                         incarnation: if known == 0 { *incarnation } else { known },
                         metadata_node,
                         decommissioned: self.brokers.get(id).is_some_and(|b| b.decommissioned),
@@ -167,6 +171,7 @@ impl MetadataImage {
                         BrokerEntry {
                             client_addr: client_addr.clone(),
                             peer_addr: peer_addr.clone(),
+                            kafka_addr: String::new(),
                             incarnation: *incarnation,
                             metadata_node: *metadata_node,
                             decommissioned: self.brokers.get(id).is_some_and(|b| b.decommissioned),
@@ -521,6 +526,7 @@ mod tests {
             client_addr: format!("c{id}"),
             peer_addr: peer.into(),
             incarnation: 1,
+            kafka_addr: String::new(),
         }
     }
 

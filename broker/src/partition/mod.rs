@@ -9,6 +9,7 @@
 //! by earlier leaders is applied, so its high watermark and producer state
 //! are complete (Raft paper §5.4.2, §8).
 
+pub mod kafka_batch;
 pub mod records;
 pub mod sequencer;
 
@@ -541,6 +542,13 @@ impl Partition {
             let _ = tokio::time::timeout(max_wait, hw_rx.wait_for(|hw| *hw > offset)).await;
         }
         self.read_committed(offset, max_bytes).await
+    }
+
+    /// Waits up to `max_wait` until the high watermark passes `offset` (a
+    /// long-polling fetch of several partitions waits on all of them).
+    pub async fn wait_past(&self, offset: u64, max_wait: Duration) {
+        let mut hw_rx = self.replica.watch_high_watermark();
+        let _ = tokio::time::timeout(max_wait, hw_rx.wait_for(|hw| *hw > offset)).await;
     }
 
     /// Reads committed records without waiting, on the blocking pool (file

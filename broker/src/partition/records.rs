@@ -1,14 +1,18 @@
 //! Turns a produce request's records into the stored batch, enforcing the
 //! size limits, and decodes stored batches back into records.
 //!
-//! The stored payload of a batch is a protobuf `RecordSet`
-//! (`proto/ferrolog/client/v1/client.proto`), so a fetch returns it to the
-//! client byte for byte.
+//! The stored payload of a batch produced through gRPC is a protobuf
+//! `RecordSet` (`proto/ferrolog/client/v1/client.proto`), so a gRPC fetch
+//! returns it to the client byte for byte; one produced through the Kafka
+//! listener is the Kafka batch as it came ([`kafka_batch`]). Every reader
+//! here takes both.
 
 use bytes::Bytes;
 use ferrolog_proto::client::{Record, RecordSet};
 use ferrolog_raft_store::{KeyedRecord, NO_PRODUCER_ID, RecordBatch, RecordCodec};
 use prost::Message;
+
+use super::kafka_batch;
 
 /// Why a batch was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -147,13 +151,30 @@ pub fn too_large_record(index: usize, size: usize, max_record_bytes: usize) -> S
     )
 }
 
-/// Decodes a stored batch payload.
+/// Decodes a stored batch payload, in either encoding: Ferrolog's
+/// `RecordSet`, or a Kafka batch produced through the Kafka listener
+/// ([`kafka_batch::decode_payload`]).
 ///
 /// # Errors
-/// The protobuf decode error (the payload passed its CRC, so this means a
-/// bug or a batch written by something else).
-pub fn decode(records: &[u8]) -> Result<Vec<Record>, prost::DecodeError> {
-    Ok(RecordSet::decode(records)?.records)
+/// A message saying why it does not decode (the payload passed its CRC, so
+/// this means a bug or a batch written by something else).
+pub fn decode(records: &Bytes) -> Result<Vec<Record>, String> {
+    if kafka_batch::is_kafka_payload(records) {
+        return kafka_batch::decode_payload(records);
+    }
+    Ok(RecordSet::decode(records.clone()).map_err(|e| e.to_string())?.records)
+}
+
+/// A stored payload in Ferrolog's own encoding: itself when it is one, else
+/// its records re-encoded as a `RecordSet` (what the gRPC API serves).
+///
+/// # Errors
+/// As [`decode`].
+pub fn as_record_set(records: Bytes) -> Result<Bytes, String> {
+    if !kafka_batch::is_kafka_payload(&records) {
+        return Ok(records);
+    }
+    Ok(Bytes::from(RecordSet { records: decode(&records)? }.encode_to_vec()))
 }
 
 /// Each record's offset delta in its batch, in order: the one it carries
@@ -179,9 +200,9 @@ pub fn offset_deltas(records: &[Record]) -> Vec<u32> {
 ///
 /// # Errors
 /// As [`decode`].
-pub fn timestamps(records: Bytes) -> Result<Vec<(u32, i64)>, prost::DecodeError> {
-    let set = RecordSet::decode(records)?;
-    Ok(offset_deltas(&set.records).into_iter().zip(set.records.iter().map(|r| r.timestamp_ms)).collect())
+pub fn timestamps(records: Bytes) -> Result<Vec<(u32, i64)>, String> {
+    let records = decode(&records)?;
+    Ok(offset_deltas(&records).into_iter().zip(records.iter().map(|r| r.timestamp_ms)).collect())
 }
 
 /// The broker's record encoding as compaction sees it
@@ -193,10 +214,9 @@ pub struct Codec;
 
 impl RecordCodec for Codec {
     fn keyed(&self, records: &Bytes) -> Result<Vec<KeyedRecord>, String> {
-        let set = RecordSet::decode(records.clone()).map_err(|e| e.to_string())?;
-        let deltas = offset_deltas(&set.records);
-        Ok(set
-            .records
+        let records = decode(records)?;
+        let deltas = offset_deltas(&records);
+        Ok(records
             .into_iter()
             .zip(deltas)
             .map(|(r, offset_delta)| KeyedRecord { offset_delta, key: r.key, tombstone: r.null_value })
@@ -207,14 +227,14 @@ impl RecordCodec for Codec {
     /// records, so a thinned batch is never larger than the original (a
     /// delta field is at most 6 bytes, a removed record at least 12).
     fn retain(&self, records: &Bytes, keep: &[bool]) -> Result<Bytes, String> {
-        let set = RecordSet::decode(records.clone()).map_err(|e| e.to_string())?;
-        if set.records.len() != keep.len() {
-            return Err(format!("{} records, {} keep flags", set.records.len(), keep.len()));
+        let records = decode(records)?;
+        if records.len() != keep.len() {
+            return Err(format!("{} records, {} keep flags", records.len(), keep.len()));
         }
-        let deltas = offset_deltas(&set.records);
+        let deltas = offset_deltas(&records);
         let mut next = 0u32;
-        let mut out = Vec::with_capacity(set.records.len());
-        for ((mut r, d), k) in set.records.into_iter().zip(deltas).zip(keep) {
+        let mut out = Vec::with_capacity(records.len());
+        for ((mut r, d), k) in records.into_iter().zip(deltas).zip(keep) {
             if !*k {
                 continue;
             }
@@ -264,7 +284,11 @@ mod tests {
         let mut full = bare(MIB - 290);
         full.key = Some(vec![b'k'; 100].into());
         full.headers = (0..10)
-            .map(|i| ferrolog_proto::client::Header { key: format!("h{i:08}"), value: vec![b'x'; 10].into() })
+            .map(|i| ferrolog_proto::client::Header {
+                key: format!("h{i:08}"),
+                value: vec![b'x'; 10].into(),
+                null_value: false,
+            })
             .collect();
         assert_eq!(record_size_bytes(&full), MIB);
         build_batch(vec![full], NONE, 1, MIB, MIB).expect("key, value and headers at the limit");

@@ -56,6 +56,10 @@ pub struct DevArgs {
     /// Broker i's peer port is this plus i (for tests; new configs only).
     #[arg(long, default_value_t = 9500, hide = true)]
     peer_port_base: u16,
+    /// Broker i's Kafka port is this plus i - 1: 9092, 9093, 9094 (for
+    /// tests; new configs only).
+    #[arg(long, default_value_t = 9092, hide = true)]
+    kafka_port_base: u16,
 }
 
 /// Where broker i listens: `client_base + i` and `peer_base + i` on 127.0.0.1.
@@ -63,6 +67,7 @@ pub struct DevArgs {
 struct Ports {
     client_base: u16,
     peer_base: u16,
+    kafka_base: u16,
 }
 
 impl Ports {
@@ -73,6 +78,10 @@ impl Ports {
     fn peer(self, id: u32) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.peer_base.saturating_add(id as u16)))
     }
+
+    fn kafka(self, id: u32) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.kafka_base.saturating_add(id as u16 - 1)))
+    }
 }
 
 /// One broker of the dev cluster.
@@ -80,6 +89,7 @@ struct Slot {
     id: u32,
     client_addr: SocketAddr,
     peer_addr: SocketAddr,
+    kafka_addr: SocketAddr,
     config_path: PathBuf,
     log_path: PathBuf,
 }
@@ -90,6 +100,7 @@ fn broker_config(id: u32, dir: &Path, ports: Ports) -> BrokerConfig {
         node_id: id,
         client_addr: ports.client(id),
         peer_addr: ports.peer(id),
+        kafka_addr: ports.kafka(id),
         data_dir: dir.join(format!("broker-{id}")),
         ..BrokerConfig::default()
     };
@@ -105,13 +116,13 @@ fn prepare(dir: &Path, ports: Ports) -> anyhow::Result<Vec<Slot>> {
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating {}", config.data_dir.display()))?;
         let config_path = config.data_dir.join("broker.toml");
-        let (client_addr, peer_addr) = if config_path.exists() {
+        let (client_addr, peer_addr, kafka_addr) = if config_path.exists() {
             // Reuse, and report, what the existing file says.
             let text = std::fs::read_to_string(&config_path)
                 .with_context(|| format!("reading {}", config_path.display()))?;
             let existing =
                 BrokerConfig::from_toml(&text).with_context(|| format!("in {}", config_path.display()))?;
-            (existing.client_addr, existing.peer_addr)
+            (existing.client_addr, existing.peer_addr, existing.kafka_addr)
         } else {
             let text = format!(
                 "# Written by `ferrolog dev` for broker {id}; edit freely, it is not rewritten.\n{}",
@@ -119,12 +130,13 @@ fn prepare(dir: &Path, ports: Ports) -> anyhow::Result<Vec<Slot>> {
             );
             std::fs::write(&config_path, text)
                 .with_context(|| format!("writing {}", config_path.display()))?;
-            (config.client_addr, config.peer_addr)
+            (config.client_addr, config.peer_addr, config.kafka_addr)
         };
         slots.push(Slot {
             id,
             client_addr,
             peer_addr,
+            kafka_addr,
             config_path,
             log_path: config.data_dir.join("broker.log"),
         });
@@ -136,7 +148,7 @@ fn prepare(dir: &Path, ports: Ports) -> anyhow::Result<Vec<Slot>> {
 /// the brokers of an earlier `ferrolog dev` that is still running).
 fn check_ports(slots: &[Slot]) -> anyhow::Result<()> {
     for s in slots {
-        for addr in [s.client_addr, s.peer_addr] {
+        for addr in [s.client_addr, s.peer_addr, s.kafka_addr] {
             if let Err(e) = TcpListener::bind(addr) {
                 bail!(
                     "cannot use {addr} for broker {}: {e}. Is another `ferrolog dev` (or a broker) still running? \
@@ -233,7 +245,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
     let dir = args.dir.canonicalize().with_context(|| format!("resolving {}", args.dir.display()))?;
     let exe = std::env::current_exe().context("finding this executable")?;
-    let slots = prepare(&dir, Ports { client_base: args.client_port_base, peer_base: args.peer_port_base })?;
+    let slots = prepare(
+        &dir,
+        Ports {
+            client_base: args.client_port_base,
+            peer_base: args.peer_port_base,
+            kafka_base: args.kafka_port_base,
+        },
+    )?;
     check_ports(&slots)?;
 
     let (exits_tx, mut exits) = mpsc::unbounded_channel::<(u32, std::io::Result<ExitStatus>)>();
@@ -258,12 +277,15 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     };
     println!("ferrolog dev: {BROKERS} brokers on 127.0.0.1, data in {}", dir.display());
     println!("  bootstrap: {}", bootstrap.join(","));
+    let kafka: Vec<String> = slots.iter().map(|s| s.kafka_addr.to_string()).collect();
+    println!("  Kafka clients: bootstrap.servers={}", kafka.join(","));
     for s in &slots {
         println!(
-            "  broker {}: pid {:<7} client {}  peer {}  log {}",
+            "  broker {}: pid {:<7} client {}  kafka {}  peer {}  log {}",
             s.id,
             running.get(&s.id).copied().unwrap_or(0),
             s.client_addr,
+            s.kafka_addr,
             s.peer_addr,
             s.log_path.display()
         );
@@ -572,7 +594,7 @@ mod tests {
     fn configs_follow_the_port_plan_and_validate() {
         let dir = Path::new("/tmp/x");
         for id in 1..=BROKERS {
-            let c = broker_config(id, dir, Ports { client_base: 9400, peer_base: 9500 });
+            let c = broker_config(id, dir, Ports { client_base: 9400, peer_base: 9500, kafka_base: 9092 });
             c.validate().expect("valid");
             assert_eq!(c.client_addr.port(), 9400 + id as u16);
             assert_eq!(c.peer_addr.port(), 9500 + id as u16);

@@ -63,7 +63,7 @@ mod tests {
             value: Bytes::from_static(b"{\"a\":1}"),
             null_value: false,
             timestamp_ms: 1_357_034_400_000,
-            headers: vec![Header { key: "h".into(), value: Bytes::from_static(b"v") }],
+            headers: vec![Header { key: "h".into(), value: Bytes::from_static(b"v"), null_value: false }],
         };
         assert_eq!(
             record_json(&r),

@@ -67,6 +67,8 @@ impl Brokers {
                 format!("{ip}:{}", client[i]),
                 "--peer-addr".into(),
                 format!("{ip}:{}", peer[i]),
+                "--kafka-addr".into(),
+                format!("{ip}:0"),
                 "--data-dir".into(),
                 dir.path().join(format!("broker-{}", i + 1)).display().to_string(),
                 "--initial-cluster".into(),
@@ -109,12 +111,21 @@ impl Brokers {
         let log = std::fs::File::create(self.dir.path().join(format!("broker-{n}.log"))).expect("log");
         let (client, peer) = (format!("{ip}:{}", ports[0]), format!("{ip}:{}", ports[1]));
         let data = self.dir.path().join(format!("broker-{n}")).display().to_string();
-        let args: Vec<String> =
-            ["broker", "run", "--client-addr", &client, "--peer-addr", &peer, "--data-dir", &data]
-                .into_iter()
-                .map(str::to_owned)
-                .chain(["--join".to_owned(), self.peers.join(",")])
-                .collect();
+        let args: Vec<String> = [
+            "broker",
+            "run",
+            "--client-addr",
+            &client,
+            "--peer-addr",
+            &peer,
+            "--data-dir",
+            &data,
+            "--kafka-addr",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .chain([format!("{ip}:0"), "--join".to_owned(), self.peers.join(",")])
+        .collect();
         let child = Self::spawn_broker(&args, log);
         self.joined_args.push((n as u32, args));
         self.children.push(child);

@@ -24,20 +24,21 @@ fn ephemeral_low() -> u16 {
         .unwrap_or(32_768)
 }
 
-/// A base such that base+1..=base+3 are free, for client and peer ports,
+/// Bases such that base+1..=base+3 are free, for client, peer and Kafka
+/// ports (Kafka's base+0..=base+2 of its own base),
 /// below the ephemeral range: `ferrolog dev` binds them after this check,
 /// and a port in that range could meanwhile become some outgoing
 /// connection's source port (CI failed that way once in another test).
-fn port_bases() -> (u16, u16) {
+fn port_bases() -> (u16, u16, u16) {
     const LOW: u16 = 10_000;
-    let high = ephemeral_low().saturating_sub(10).max(LOW + 10);
-    let span = (high - LOW) / 10;
-    let mut candidate = LOW + (std::process::id() % u32::from(span)) as u16 * 10;
+    let high = ephemeral_low().saturating_sub(20).max(LOW + 20);
+    let span = (high - LOW) / 20;
+    let mut candidate = LOW + (std::process::id() % u32::from(span)) as u16 * 20;
     loop {
-        if free_run(candidate) && free_run(candidate + 5) {
-            return (candidate, candidate + 5);
+        if free_run(candidate) && free_run(candidate + 5) && free_run(candidate + 9) {
+            return (candidate, candidate + 5, candidate + 10);
         }
-        candidate = if candidate + 20 >= high { LOW } else { candidate + 10 };
+        candidate = if candidate + 40 >= high { LOW } else { candidate + 20 };
     }
 }
 
@@ -104,11 +105,12 @@ fn consumed(line: &str) -> u64 {
 #[test]
 fn dev_cluster_shows_records_flowing_and_survives_a_kill() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let (client_base, peer_base) = port_bases();
+    let (client_base, peer_base, kafka_base) = port_bases();
     let mut child = Command::new(BIN)
         .args(["dev", "--dir"])
         .arg(dir.path())
         .args(["--client-port-base", &client_base.to_string(), "--peer-port-base", &peer_base.to_string()])
+        .args(["--kafka-port-base", &kafka_base.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -68,6 +68,7 @@ impl Slots {
             .args(["broker", "run", "--node-id", &id.to_string()])
             .args(["--client-addr", &format!("{}:{}", self.ip, self.client[id - 1])])
             .args(["--peer-addr", &format!("{}:{}", self.ip, self.peer[id - 1])])
+            .args(["--kafka-addr", &format!("{}:0", self.ip)])
             .arg("--data-dir")
             .arg(self.dir.path().join(format!("broker-{id}")))
             .args(["--initial-cluster", &initial])

@@ -1,0 +1,202 @@
+//! CreateTopics, DeleteTopics, CreatePartitions and DescribeConfigs: the
+//! same controller operations as the gRPC API's.
+
+use kafka_protocol::ResponseError;
+use kafka_protocol::messages::TopicName;
+use kafka_protocol::messages::create_partitions_request::CreatePartitionsRequest;
+use kafka_protocol::messages::create_partitions_response::{
+    CreatePartitionsResponse, CreatePartitionsTopicResult,
+};
+use kafka_protocol::messages::create_topics_request::CreateTopicsRequest;
+use kafka_protocol::messages::create_topics_response::{CreatableTopicResult, CreateTopicsResponse};
+use kafka_protocol::messages::delete_topics_request::DeleteTopicsRequest;
+use kafka_protocol::messages::delete_topics_response::{DeletableTopicResult, DeleteTopicsResponse};
+use kafka_protocol::messages::describe_configs_request::DescribeConfigsRequest;
+use kafka_protocol::messages::describe_configs_response::{
+    DescribeConfigsResourceResult, DescribeConfigsResponse, DescribeConfigsResult,
+};
+use kafka_protocol::protocol::StrBytes;
+use uuid::Uuid;
+
+use super::{KafkaService, errors};
+use crate::error::ApiError;
+use crate::metadata::topic_config::{self, ConfigSource};
+
+/// Replication factor of a topic created with -1 (Kafka's
+/// `default.replication.factor`): 3, or every broker of a smaller cluster.
+const DEFAULT_REPLICATION_FACTOR: u32 = 3;
+
+/// Kafka's resource type of a topic in DescribeConfigs.
+const TOPIC_RESOURCE: i8 = 2;
+
+fn message(e: &ApiError) -> Option<StrBytes> {
+    Some(StrBytes::from_string(e.to_string()))
+}
+
+/// Answers CreateTopics. `num_partitions` -1 is 1 (Kafka's
+/// `num.partitions`); `replication_factor` -1 is 3, or the number of
+/// brokers when fewer. Explicit replica assignments are refused
+/// (`INVALID_REPLICA_ASSIGNMENT`): placement is the controller's.
+pub async fn create_topics(s: &KafkaService, r: CreateTopicsRequest) -> CreateTopicsResponse {
+    let mut out = Vec::with_capacity(r.topics.len());
+    for t in r.topics {
+        let name = t.name.0.to_string();
+        let result: Result<(), ApiError> = async {
+            if !t.assignments.is_empty() {
+                return Err(ApiError::InvalidReplicaAssignment(
+                    "explicit replica assignments are not taken: the controller places replicas".into(),
+                ));
+            }
+            let partitions = match t.num_partitions {
+                -1 => 1,
+                n => u32::try_from(n).map_err(|_| ApiError::InvalidPartitions(format!("{n} partitions")))?,
+            };
+            let replication_factor = match t.replication_factor {
+                -1 => {
+                    let brokers =
+                        s.core.controller.image().brokers.values().filter(|b| !b.decommissioned).count();
+                    DEFAULT_REPLICATION_FACTOR.min(u32::try_from(brokers).unwrap_or(1).max(1))
+                }
+                n => u32::try_from(n)
+                    .map_err(|_| ApiError::InvalidReplicationFactor(format!("replication factor {n}")))?,
+            };
+            let mut config = std::collections::BTreeMap::new();
+            for c in &t.configs {
+                let Some(v) = &c.value else {
+                    return Err(ApiError::InvalidConfig(format!("{} has a null value", &*c.name)));
+                };
+                config.insert(c.name.to_string(), v.to_string());
+            }
+            if r.validate_only {
+                crate::metadata::controller::validate_topic_name(&name)?;
+                topic_config::check_overrides(&config).map_err(ApiError::InvalidConfig)?;
+                return Ok(());
+            }
+            s.core.create_topic_op(name.clone(), partitions, replication_factor, config).await
+        }
+        .await;
+        let mut res = CreatableTopicResult::default()
+            .with_name(t.name)
+            .with_num_partitions(-1)
+            .with_replication_factor(-1);
+        match result {
+            Ok(()) => {
+                if let Some(e) = s.core.controller.image().topics.get(&name) {
+                    res = res
+                        .with_topic_id(Uuid::from_u128(e.topic_id.0))
+                        .with_num_partitions(e.partitions.len() as i32)
+                        .with_replication_factor(i16::try_from(e.replication_factor).unwrap_or(-1));
+                }
+            }
+            Err(e) => res = res.with_error_code(errors::code(&e)).with_error_message(message(&e)),
+        }
+        out.push(res);
+    }
+    CreateTopicsResponse::default().with_topics(out)
+}
+
+/// Answers DeleteTopics, by name (v0–v5 names; v6 names or topic ids).
+pub async fn delete_topics(s: &KafkaService, r: DeleteTopicsRequest) -> DeleteTopicsResponse {
+    let mut targets: Vec<(Option<String>, Uuid)> =
+        r.topic_names.iter().map(|n| (Some(n.0.to_string()), Uuid::nil())).collect();
+    targets.extend(r.topics.iter().map(|t| (t.name.as_ref().map(|n| n.0.to_string()), t.topic_id)));
+    let mut out = Vec::with_capacity(targets.len());
+    for (name, id) in targets {
+        let image = s.core.controller.image();
+        let name = name.or_else(|| {
+            image.topics.iter().find(|(_, t)| Uuid::from_u128(t.topic_id.0) == id).map(|(n, _)| n.clone())
+        });
+        let res = DeletableTopicResult::default()
+            .with_name(name.clone().map(|n| TopicName(StrBytes::from_string(n))))
+            .with_topic_id(id);
+        let result = match name {
+            Some(n) => s.core.delete_topic_op(n).await,
+            None => Err(ApiError::UnknownTopicId { topic: String::new(), id: id.to_string(), current: None }),
+        };
+        out.push(match result {
+            Ok(()) => res,
+            Err(e) => res.with_error_code(errors::code(&e)).with_error_message(message(&e)),
+        });
+    }
+    DeleteTopicsResponse::default().with_responses(out)
+}
+
+/// Answers CreatePartitions. Explicit assignments are refused, as for
+/// CreateTopics.
+pub async fn create_partitions(s: &KafkaService, r: CreatePartitionsRequest) -> CreatePartitionsResponse {
+    let mut out = Vec::with_capacity(r.topics.len());
+    for t in r.topics {
+        let result = async {
+            if t.assignments.is_some() {
+                return Err(ApiError::InvalidReplicaAssignment(
+                    "explicit replica assignments are not taken: the controller places replicas".into(),
+                ));
+            }
+            let count = u32::try_from(t.count)
+                .map_err(|_| ApiError::InvalidPartitions(format!("{} partitions", t.count)))?;
+            if r.validate_only {
+                return Ok(());
+            }
+            s.core.create_partitions_op(t.name.0.to_string(), count).await
+        }
+        .await;
+        let res = CreatePartitionsTopicResult::default().with_name(t.name);
+        out.push(match result {
+            Ok(()) => res,
+            Err(e) => res.with_error_code(errors::code(&e)).with_error_message(message(&e)),
+        });
+    }
+    CreatePartitionsResponse::default().with_results(out)
+}
+
+/// Answers DescribeConfigs for topics: every key Ferrolog knows, with its
+/// effective value and source. Other resource types (brokers, loggers) get
+/// `INVALID_REQUEST`.
+pub async fn describe_configs(s: &KafkaService, r: DescribeConfigsRequest) -> DescribeConfigsResponse {
+    let mut out = Vec::with_capacity(r.resources.len());
+    for res in r.resources {
+        let result = DescribeConfigsResult::default()
+            .with_resource_type(res.resource_type)
+            .with_resource_name(res.resource_name.clone());
+        if res.resource_type != TOPIC_RESOURCE {
+            out.push(
+                result
+                    .with_error_code(ResponseError::InvalidRequest.code())
+                    .with_error_message(Some(StrBytes::from_static_str("only topic configs are described"))),
+            );
+            continue;
+        }
+        match s.core.topic_overrides(res.resource_name.to_string()).await {
+            Ok(overrides) => {
+                let wanted = res.configuration_keys.as_ref();
+                let configs = s
+                    .core
+                    .topic_defaults
+                    .effective(&overrides)
+                    .into_iter()
+                    .filter(|e| wanted.is_none_or(|w| w.iter().any(|k| &**k == e.name)))
+                    .map(|e| {
+                        let mut c = DescribeConfigsResourceResult::default()
+                            .with_name(StrBytes::from_static_str(e.name))
+                            .with_value(Some(StrBytes::from_string(e.value)))
+                            // Kafka's ConfigSource: 1 topic, 4 static broker, 5 default.
+                            .with_config_source(match e.source {
+                                ConfigSource::Topic => 1,
+                                ConfigSource::Broker => 4,
+                                ConfigSource::Default => 5,
+                            });
+                        if r.include_documentation {
+                            c = c.with_documentation(
+                                topic_config::spec(e.name).map(|s| StrBytes::from_static_str(s.doc)),
+                            );
+                        }
+                        c
+                    })
+                    .collect();
+                out.push(result.with_configs(configs));
+            }
+            Err(e) => out.push(result.with_error_code(errors::code(&e)).with_error_message(message(&e))),
+        }
+    }
+    DescribeConfigsResponse::default().with_results(out)
+}

@@ -1,0 +1,118 @@
+//! Metadata: brokers (their Kafka listeners), topics, partition leaders,
+//! replicas and in-sync replicas, the controller.
+
+use kafka_protocol::ResponseError;
+use kafka_protocol::messages::metadata_request::MetadataRequest;
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponse, MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::{BrokerId, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use uuid::Uuid;
+
+use super::KafkaService;
+use super::errors;
+use crate::coordinator::OFFSETS_TOPIC;
+use crate::metadata::command::PartitionAssignment;
+
+/// Cluster id reported to clients (Ferrolog has one cluster per metadata
+/// group and no id of its own yet).
+const CLUSTER_ID: &str = "ferrolog";
+
+/// Answers Metadata. Topics not found are `UNKNOWN_TOPIC_OR_PARTITION`:
+/// topics are not created by a Metadata request (Kafka's
+/// `auto.create.topics.enable=false`). Brokers without a Kafka listener are
+/// left out. A partition's leader epoch is -1 (not reported), so clients
+/// skip the epoch checks of KIP-320.
+pub async fn metadata(s: &KafkaService, r: MetadataRequest, version: i16) -> MetadataResponse {
+    let core = &s.core;
+    let image = core.controller.image();
+    let brokers = image
+        .brokers
+        .iter()
+        .filter_map(|(id, b)| {
+            let addr: std::net::SocketAddr = b.kafka_addr.parse().ok()?;
+            Some(
+                MetadataResponseBroker::default()
+                    .with_node_id(BrokerId(i32::try_from(*id).ok()?))
+                    .with_host(StrBytes::from_string(addr.ip().to_string()))
+                    .with_port(i32::from(addr.port())),
+            )
+        })
+        .collect();
+    // v0: an empty list means all topics; v1+: null means all, empty none.
+    let asked: Option<Vec<String>> = match r.topics {
+        None => None,
+        Some(t) if t.is_empty() && version == 0 => None,
+        Some(t) => Some(t.into_iter().filter_map(|t| t.name.map(|n| n.0.to_string())).collect()),
+    };
+    let names: Vec<String> = match &asked {
+        None => image.topics.keys().cloned().collect(),
+        Some(a) => a.clone(),
+    };
+    let mut topics = Vec::with_capacity(names.len());
+    for name in names {
+        let mut t = MetadataResponseTopic::default()
+            .with_name(Some(TopicName(StrBytes::from_string(name.clone()))))
+            .with_is_internal(name == OFFSETS_TOPIC);
+        match image.topics.get(&name) {
+            None => {
+                t.error_code = ResponseError::UnknownTopicOrPartition.code();
+            }
+            Some(entry) => {
+                t.topic_id = Uuid::from_u128(entry.topic_id.0);
+                t.partitions = entry.partitions.iter().enumerate().map(|(i, a)| partition(s, i, a)).collect();
+            }
+        }
+        topics.push(t);
+    }
+    let controller = core.controller.leader().map_or(-1, |c| i32::try_from(c).unwrap_or(-1));
+    MetadataResponse::default()
+        .with_brokers(brokers)
+        .with_cluster_id(Some(StrBytes::from_static_str(CLUSTER_ID)))
+        .with_controller_id(BrokerId(controller))
+        .with_topics(topics)
+}
+
+/// One partition: leader (-1 and `LEADER_NOT_AVAILABLE` when none is
+/// known), replicas, and in-sync replicas. This broker, when it leads,
+/// counts a replica in sync when its log matches up to the commit index;
+/// for a partition led elsewhere it lists the replicas whose brokers are
+/// alive (the leader's own view is on the leader).
+fn partition(s: &KafkaService, index: usize, a: &PartitionAssignment) -> MetadataResponsePartition {
+    let core = &s.core;
+    let leader = core.leader_of(a);
+    let replicas: Vec<BrokerId> = a.replicas.iter().map(|r| BrokerId(r.broker as i32)).collect();
+    let isr: Vec<BrokerId> =
+        match core.groups.partition_of(a.group).filter(|p| p.leader_broker() == Some(core.broker)) {
+            Some(p) => {
+                let st = p.status();
+                let mut isr = vec![BrokerId(core.broker as i32)];
+                isr.extend(
+                    st.followers
+                        .iter()
+                        .filter(|f| !f.learner && f.matched.is_some_and(|m| m >= st.commit_index))
+                        .map(|f| BrokerId(f.broker as i32)),
+                );
+                isr
+            }
+            None => a
+                .replicas
+                .iter()
+                .filter(|r| r.broker == core.broker || core.liveness.is_alive(r.broker))
+                .map(|r| BrokerId(r.broker as i32))
+                .collect(),
+        };
+    let mut p = MetadataResponsePartition::default()
+        .with_partition_index(index as i32)
+        .with_leader_id(BrokerId(if leader == 0 { -1 } else { leader as i32 }))
+        .with_leader_epoch(-1)
+        .with_replica_nodes(replicas)
+        .with_isr_nodes(isr);
+    if leader == 0 {
+        p.error_code = ResponseError::LeaderNotAvailable.code();
+    } else {
+        p.error_code = errors::NONE;
+    }
+    p
+}

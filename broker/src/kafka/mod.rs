@@ -1,0 +1,120 @@
+//! The Kafka listener: Kafka's wire protocol over TCP on its own port, so
+//! existing Kafka clients and tools work against Ferrolog unchanged.
+//!
+//! ```text
+//!  TCP ──> listener::incoming (connection limit, first-bytes timeout)
+//!      ──> conn: size-prefixed frames (socket_request_max_bytes, idle timeout),
+//!          one request at a time per connection, answered in order (as Kafka does)
+//!      ──> guard: array lengths checked against the frame before decoding
+//!      ──> versions: only what ApiVersions advertises is decoded
+//!      ──> handlers, on the same ClientService the gRPC API uses:
+//!            metadata  Metadata
+//!            produce   Produce, InitProducerId   (batches stored as they came)
+//!            fetch     Fetch, ListOffsets        (stored Kafka batches served as stored)
+//!            admin     CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs
+//!            groups    FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, OffsetCommit/Fetch/Delete,
+//!                      ListGroups, DescribeGroups, DeleteGroups (the coordinator of crate::coordinator)
+//! ```
+//!
+//! A request the listener cannot decode (a malformed frame, an API or
+//! version not advertised) closes its connection with a log line; nothing
+//! else is affected. ApiVersions at a version not served is answered
+//! `UNSUPPORTED_VERSION` at version 0 (KIP-511).
+
+mod admin;
+mod conn;
+mod errors;
+mod fetch;
+mod groups;
+pub mod guard;
+mod metadata;
+mod produce;
+pub mod versions;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::config::KafkaConfig;
+use crate::grpc::service::ClientService;
+
+/// What the Kafka handlers need: the client API's core (partitions,
+/// controller, coordinator) and the listener's limits.
+#[derive(Clone, Debug)]
+pub struct KafkaService {
+    /// The client API core, shared with the gRPC listener.
+    pub core: ClientService,
+    /// Framing and connection limits.
+    pub config: KafkaConfig,
+}
+
+/// Serves Kafka clients on `listener` in a task, until the returned sender
+/// fires or is dropped. Open connections end with the broker.
+pub fn serve(service: KafkaService, listener: TcpListener) -> (oneshot::Sender<()>, JoinHandle<()>) {
+    let (tx, mut rx) = oneshot::channel::<()>();
+    let service = Arc::new(service);
+    let task = tokio::spawn(async move {
+        let mut incoming =
+            Box::pin(crate::listener::incoming(listener, service.config.max_connections, "kafka"));
+        loop {
+            tokio::select! {
+                _ = &mut rx => return,
+                next = incoming.next() => match next {
+                    Some(Ok(c)) => {
+                        tokio::spawn(conn::run(c, service.clone()));
+                    }
+                    Some(Err(e)) => tracing::warn!(listener = "kafka", "accept: {e}"),
+                    None => return,
+                },
+            }
+        }
+    });
+    (tx, task)
+}
+
+/// How long a connection may go without a request before it is closed.
+fn idle_timeout(c: &KafkaConfig) -> Duration {
+    Duration::from_millis(c.connections_max_idle_ms.max(1))
+}
+
+/// Answers one decoded request; `None` when it wants no response (a
+/// produce with `acks=0` that succeeded). A request of an API not served
+/// never gets here ([`versions::supported`] is checked first).
+async fn dispatch(
+    s: &KafkaService,
+    request: kafka_protocol::messages::RequestKind,
+    version: i16,
+    client_id: &str,
+) -> Result<Option<kafka_protocol::messages::ResponseKind>, String> {
+    use kafka_protocol::messages::{RequestKind as Q, ResponseKind as A};
+    Ok(Some(match request {
+        Q::ApiVersions(_) => A::ApiVersions(versions::api_versions_ok()),
+        Q::Metadata(r) => A::Metadata(metadata::metadata(s, r, version).await),
+        Q::Produce(r) => match produce::produce(s, r).await? {
+            Some(r) => A::Produce(r),
+            None => return Ok(None),
+        },
+        Q::InitProducerId(r) => A::InitProducerId(produce::init_producer_id(s, r).await),
+        Q::Fetch(r) => A::Fetch(fetch::fetch(s, r).await),
+        Q::ListOffsets(r) => A::ListOffsets(fetch::list_offsets(s, r).await),
+        Q::CreateTopics(r) => A::CreateTopics(admin::create_topics(s, r).await),
+        Q::DeleteTopics(r) => A::DeleteTopics(admin::delete_topics(s, r).await),
+        Q::CreatePartitions(r) => A::CreatePartitions(admin::create_partitions(s, r).await),
+        Q::DescribeConfigs(r) => A::DescribeConfigs(admin::describe_configs(s, r).await),
+        Q::FindCoordinator(r) => A::FindCoordinator(groups::find_coordinator(s, r, version).await),
+        Q::JoinGroup(r) => A::JoinGroup(groups::join_group(s, r, client_id).await),
+        Q::SyncGroup(r) => A::SyncGroup(groups::sync_group(s, r).await),
+        Q::Heartbeat(r) => A::Heartbeat(groups::heartbeat(s, r).await),
+        Q::LeaveGroup(r) => A::LeaveGroup(groups::leave_group(s, r, version).await),
+        Q::OffsetCommit(r) => A::OffsetCommit(groups::offset_commit(s, r).await),
+        Q::OffsetFetch(r) => A::OffsetFetch(groups::offset_fetch(s, r, version).await),
+        Q::ListGroups(r) => A::ListGroups(groups::list_groups(s, r).await),
+        Q::DescribeGroups(r) => A::DescribeGroups(groups::describe_groups(s, r).await),
+        Q::DeleteGroups(r) => A::DeleteGroups(groups::delete_groups(s, r).await),
+        other => return Err(format!("no handler for {other:?}")),
+    }))
+}
