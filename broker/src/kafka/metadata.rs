@@ -22,14 +22,18 @@ const CLUSTER_ID: &str = "ferrolog";
 /// Answers Metadata. Topics not found are `UNKNOWN_TOPIC_OR_PARTITION`:
 /// topics are not created by a Metadata request (Kafka's
 /// `auto.create.topics.enable=false`). Brokers without a Kafka listener are
-/// left out. A partition's leader epoch is -1 (not reported), so clients
+/// left out, and so are brokers this one does not hear from (Kafka lists
+/// live brokers only; their replicas show as offline). A partition's leader epoch is -1 (not reported), so clients
 /// skip the epoch checks of KIP-320.
 pub async fn metadata(s: &KafkaService, r: MetadataRequest, version: i16) -> MetadataResponse {
     let core = &s.core;
     let image = core.controller.image();
-    let brokers = image
+    // Live brokers only, as Kafka lists them: a client must not pick a dead
+    // one to bootstrap from or to ask for a coordinator.
+    let brokers: Vec<MetadataResponseBroker> = image
         .brokers
         .iter()
+        .filter(|(id, _)| **id == core.broker || core.liveness.is_alive(**id))
         .filter_map(|(id, b)| {
             let addr: std::net::SocketAddr = b.kafka_addr.parse().ok()?;
             Some(
@@ -50,6 +54,9 @@ pub async fn metadata(s: &KafkaService, r: MetadataRequest, version: i16) -> Met
         None => image.topics.keys().cloned().collect(),
         Some(a) => a.clone(),
     };
+    // A leader is named only if it is listed: clients look the id up among
+    // the brokers (kafka-python's sender stops on one it cannot find).
+    let listed: Vec<i32> = brokers.iter().map(|b| b.node_id.0).collect();
     let mut topics = Vec::with_capacity(names.len());
     for name in names {
         let mut t = MetadataResponseTopic::default()
@@ -61,7 +68,8 @@ pub async fn metadata(s: &KafkaService, r: MetadataRequest, version: i16) -> Met
             }
             Some(entry) => {
                 t.topic_id = Uuid::from_u128(entry.topic_id.0);
-                t.partitions = entry.partitions.iter().enumerate().map(|(i, a)| partition(s, i, a)).collect();
+                t.partitions =
+                    entry.partitions.iter().enumerate().map(|(i, a)| partition(s, i, a, &listed)).collect();
             }
         }
         topics.push(t);
@@ -75,13 +83,21 @@ pub async fn metadata(s: &KafkaService, r: MetadataRequest, version: i16) -> Met
 }
 
 /// One partition: leader (-1 and `LEADER_NOT_AVAILABLE` when none is
-/// known), replicas, and in-sync replicas. This broker, when it leads,
+/// known or it is not among the `listed` brokers), replicas, and in-sync replicas. This broker, when it leads,
 /// counts a replica in sync when its log matches up to the commit index;
 /// for a partition led elsewhere it lists the replicas whose brokers are
 /// alive (the leader's own view is on the leader).
-fn partition(s: &KafkaService, index: usize, a: &PartitionAssignment) -> MetadataResponsePartition {
+fn partition(
+    s: &KafkaService,
+    index: usize,
+    a: &PartitionAssignment,
+    listed: &[i32],
+) -> MetadataResponsePartition {
     let core = &s.core;
     let leader = core.leader_of(a);
+    // A leader this broker does not hear from (its own view not updated yet
+    // after the leader died) is no leader to send to.
+    let leader = if listed.contains(&(leader as i32)) { leader } else { 0 };
     let replicas: Vec<BrokerId> = a.replicas.iter().map(|r| BrokerId(r.broker as i32)).collect();
     let isr: Vec<BrokerId> =
         match core.groups.partition_of(a.group).filter(|p| p.leader_broker() == Some(core.broker)) {
@@ -103,12 +119,19 @@ fn partition(s: &KafkaService, index: usize, a: &PartitionAssignment) -> Metadat
                 .map(|r| BrokerId(r.broker as i32))
                 .collect(),
         };
+    let offline: Vec<BrokerId> = a
+        .replicas
+        .iter()
+        .filter(|r| r.broker != core.broker && !core.liveness.is_alive(r.broker))
+        .map(|r| BrokerId(r.broker as i32))
+        .collect();
     let mut p = MetadataResponsePartition::default()
         .with_partition_index(index as i32)
         .with_leader_id(BrokerId(if leader == 0 { -1 } else { leader as i32 }))
         .with_leader_epoch(-1)
         .with_replica_nodes(replicas)
-        .with_isr_nodes(isr);
+        .with_isr_nodes(isr)
+        .with_offline_replicas(offline);
     if leader == 0 {
         p.error_code = ResponseError::LeaderNotAvailable.code();
     } else {

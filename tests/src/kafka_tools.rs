@@ -1,0 +1,71 @@
+//! Real Kafka clients for the tests of the Kafka listener: `kcat`
+//! (librdkafka) and `kafka-python` in a virtual environment. Installed
+//! here when missing (Debian's `kcat`; PyPI's `kafka-python` into
+//! `target/kafka-venv`), so `cargo test --workspace` needs nothing set up
+//! by hand; a test that cannot get them fails, it never skips.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Mutex;
+
+use anyhow::{Context, bail};
+
+static INSTALL: Mutex<()> = Mutex::new(());
+
+fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// The `kcat` binary, installed with apt-get if missing.
+///
+/// # Errors
+/// When it is missing and cannot be installed.
+pub fn kcat() -> anyhow::Result<PathBuf> {
+    let _g = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
+    let found = || Command::new("kcat").arg("-V").output().is_ok_and(|o| o.status.success());
+    if !found() {
+        let _ = run(Command::new("apt-get").args(["update", "-qq"]));
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-qq", "kcat"])
+            .env("DEBIAN_FRONTEND", "noninteractive"))
+        .context("kcat is not installed and `apt-get install kcat` failed")?;
+    }
+    if !found() {
+        bail!("kcat is still not on PATH after installing it");
+    }
+    Ok(PathBuf::from("kcat"))
+}
+
+/// A Python interpreter with `kafka-python` importable: a virtual
+/// environment in the workspace's `target/kafka-venv`, made if missing.
+///
+/// # Errors
+/// When it cannot be made.
+pub fn kafka_python() -> anyhow::Result<PathBuf> {
+    let _g = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let venv = target.join("kafka-venv");
+    let python = venv.join("bin/python");
+    let ready =
+        || Command::new(&python).args(["-c", "import kafka"]).output().is_ok_and(|o| o.status.success());
+    if !ready() {
+        run(Command::new("python3").args(["-m", "venv"]).arg(&venv))
+            .context("making the virtual environment")?;
+        run(Command::new(&python).args(["-m", "pip", "install", "-q", "kafka-python>=2.2"]))
+            .context("pip install kafka-python")?;
+    }
+    if !ready() {
+        bail!("{} cannot import kafka after installing it", python.display());
+    }
+    Ok(python)
+}

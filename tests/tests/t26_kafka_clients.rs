@@ -1,0 +1,191 @@
+//! The Kafka listener (issue 14) with real Kafka clients against 3 broker
+//! processes: kcat (librdkafka) and kafka-python, installed by the test
+//! set-up when missing (`ferrolog_tests::kafka_tools`).
+//!
+//! - kcat lists the brokers; records it produces with keys, headers, a null
+//!   value and zstd compression are read through the gRPC API as they were
+//!   written, and records produced through gRPC are read by kcat.
+//! - kafka-python's idempotent producer (acks=all) writes 100,000 records
+//!   while the partition's leader is SIGKILLed; a kafka-python consumer
+//!   group reads them back and commits: every acknowledged record exactly
+//!   once and in order, and the group's committed offset is the end.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use ferrolog_proto::client::{FetchRequest, ProduceRequest, RecordSet};
+use ferrolog_tests::kafka_tools::{kafka_python, kcat};
+use ferrolog_tests::raw::{create_topic, leader, produce, record};
+use ferrolog_tests::{Cluster, connect};
+use prost::Message;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
+
+/// Every record of partition 0 of `topic` through the gRPC API.
+async fn grpc_records(c: &Cluster, topic: &str) -> anyhow::Result<Vec<ferrolog_proto::client::Record>> {
+    let l = leader(c, topic, 0, Duration::from_secs(30)).await?;
+    let req = FetchRequest {
+        topic: topic.into(),
+        partition: 0,
+        offset: 0,
+        max_bytes: 1 << 20,
+        ..Default::default()
+    };
+    let f = connect(c.broker(l).client_addr).await?.fetch(req).await?.into_inner();
+    anyhow::ensure!(f.error.is_none(), "fetch: {:?}", f.error);
+    let mut out = Vec::new();
+    for b in f.batches {
+        out.extend(RecordSet::decode(b.records)?.records);
+    }
+    Ok(out)
+}
+
+fn kcat_out(args: &[&str], input: Option<&str>) -> anyhow::Result<String> {
+    let mut child = Command::new(kcat()?)
+        .args(args)
+        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    if let Some(text) = input {
+        child.stdin.take().expect("stdin").write_all(text.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(out.status.success(), "kcat {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kcat_and_grpc_read_what_the_other_wrote() -> anyhow::Result<()> {
+    let c = Cluster::start("kafka-kcat", BIN, 3, &[]).await?;
+    let bs = c.kafka_bootstrap();
+    let listing = tokio::task::spawn_blocking({
+        let bs = bs.clone();
+        move || kcat_out(&["-b", &bs, "-L", "-J"], None)
+    })
+    .await??;
+    let meta: serde_json::Value = serde_json::from_str(&listing)?;
+    assert_eq!(meta["brokers"].as_array().map(Vec::len), Some(3), "{listing}");
+
+    create_topic(&c, "cat", 1, 3).await?;
+    let bs2 = bs.clone();
+    tokio::task::spawn_blocking(move || {
+        kcat_out(
+            &[
+                "-b",
+                &bs2,
+                "-P",
+                "-t",
+                "cat",
+                "-p",
+                "0",
+                "-K:",
+                "-Z",
+                "-H",
+                "trace=abc",
+                "-X",
+                "compression.codec=zstd",
+            ],
+            Some("k1:v1\nk2:\n:v3\n"),
+        )
+    })
+    .await??;
+    let got = grpc_records(&c, "cat").await?;
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got[0].key.as_deref(), Some(&b"k1"[..]));
+    assert_eq!(&got[0].value[..], b"v1");
+    assert!(!got[0].null_value);
+    assert!(got[1].null_value, "-Z makes an empty value null: {:?}", got[1]);
+    assert_eq!(got[2].key, None, "-Z makes an empty key null");
+    for r in &got {
+        assert_eq!(r.headers.len(), 1);
+        assert_eq!((r.headers[0].key.as_str(), &r.headers[0].value[..]), ("trace", &b"abc"[..]));
+        assert!(r.timestamp_ms > 1_600_000_000_000, "producer timestamps kept: {}", r.timestamp_ms);
+    }
+
+    // gRPC → kcat.
+    let req = ProduceRequest {
+        topic: "cat".into(),
+        partition: 0,
+        records: vec![record("g1", "from-grpc")],
+        producer_id: -1,
+        ..ProduceRequest::default()
+    };
+    produce(&c, req, Duration::from_secs(30)).await?;
+    let read = tokio::task::spawn_blocking(move || {
+        kcat_out(
+            &[
+                "-b",
+                &bs,
+                "-C",
+                "-t",
+                "cat",
+                "-p",
+                "0",
+                "-o",
+                "beginning",
+                "-e",
+                "-q",
+                "-Z",
+                "-f",
+                "%o %k=%s|%h\n",
+            ],
+            None,
+        )
+    })
+    .await??;
+    let lines: Vec<&str> = read.lines().collect();
+    assert_eq!(
+        lines,
+        vec!["0 k1=v1|trace=abc", "1 k2=NULL|trace=abc", "2 NULL=v3|trace=abc", "3 g1=from-grpc|"],
+        "{read}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idempotent_kafka_python_producer_loses_and_repeats_nothing_across_a_leader_kill()
+-> anyhow::Result<()> {
+    const N: usize = 100_000;
+    let python = tokio::task::spawn_blocking(kafka_python).await??;
+    let mut c = Cluster::start("kafka-python", BIN, 3, &[]).await?;
+    create_topic(&c, "py", 1, 3).await?;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/kafka/idempotent_kill.py");
+    let mut child = Command::new(python)
+        .args([script, &c.kafka_bootstrap(), "py", &N.to_string(), "pyg"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let half = tokio::time::timeout(Duration::from_secs(300), rx.recv()).await?;
+    assert_eq!(half.as_deref(), Some("half"));
+    let l = leader(&c, "py", 0, Duration::from_secs(30)).await?;
+    c.kill(l);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.spawn(l)?;
+    let report = tokio::time::timeout(Duration::from_secs(600), rx.recv()).await?.expect("a report");
+    let status = tokio::task::spawn_blocking(move || child.wait()).await??;
+    assert!(status.success(), "the script failed: {report}");
+    let v: serde_json::Value = serde_json::from_str(&report)?;
+    assert!(v["error"].is_null(), "the script failed: {}", v["error"]);
+    let at_half = v["acked_at_half"].as_u64().unwrap_or(0) as usize;
+    assert!(at_half < N, "the leader died with records still to acknowledge ({at_half} of {N} were)");
+    let ints = |k: &str| -> Vec<u64> {
+        v[k].as_array().map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default()
+    };
+    let (acked, read) = (ints("acked"), ints("read"));
+    assert_eq!(acked.len(), N, "every record acknowledged after retries; failures: {}", v["failed"]);
+    assert!(read.windows(2).all(|w| w[0] < w[1]), "read back in order, without repeats");
+    let read_set: std::collections::BTreeSet<u64> = read.iter().copied().collect();
+    let lost: Vec<&u64> = acked.iter().filter(|a| !read_set.contains(a)).take(10).collect();
+    assert!(lost.is_empty(), "acknowledged but not read: {lost:?}");
+    assert_eq!(v["committed"].as_u64(), Some(read.len() as u64), "the group committed the end");
+    Ok(())
+}
