@@ -300,7 +300,7 @@ impl Walk<'_> {
 mod tests {
     use bytes::{Bytes, BytesMut};
     use kafka_protocol::messages::*;
-    use kafka_protocol::protocol::{Encodable, StrBytes};
+    use kafka_protocol::protocol::StrBytes;
 
     use super::*;
     use crate::kafka::versions::SUPPORTED;
@@ -461,6 +461,38 @@ mod tests {
             }
         }
         assert!(walked_any > 100, "{walked_any} API versions walked");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// Arbitrary bytes, and served requests with bytes changed: the walk
+        /// never panics, and what it lets through the codec decodes or
+        /// fails without panicking.
+        #[test]
+        fn no_bytes_make_the_walk_or_the_codec_panic(
+            which in 0usize..SUPPORTED.len(),
+            at in 0usize..1000,
+            version_pick in 0u8..=255,
+            flips in proptest::collection::vec((0usize..512, 0u8..=255), 0..6),
+            random in proptest::collection::vec(0u8..=255, 0..64),
+        ) {
+            let (api, lo, hi) = SUPPORTED[which];
+            let v = lo + (version_pick as i16 % (hi - lo + 1));
+            let mut mutated = BytesMut::from(&encoded(api, v)[..]);
+            for (i, x) in flips {
+                if !mutated.is_empty() {
+                    let n = mutated.len();
+                    mutated[i % n] = x;
+                }
+            }
+            let cut = at.min(mutated.len());
+            for body in [mutated.split_to(cut).freeze(), Bytes::from(random)] {
+                if check(api, v, &body).is_ok() {
+                    let _ = RequestKind::decode(api, &mut body.clone(), v);
+                }
+            }
+        }
     }
 
     #[test]

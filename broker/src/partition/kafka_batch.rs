@@ -823,6 +823,37 @@ mod tests {
         assert_eq!(decode_payload(&again.payload()).expect("decode")[0].timestamp_ms, 99);
     }
 
+    proptest::proptest! {
+        /// Batches with bytes changed (the CRC then recomputed, so the
+        /// record decoding is reached) never panic the checks or the
+        /// readers of stored payloads.
+        #[test]
+        fn no_batch_bytes_panic(
+            flips in proptest::collection::vec((0usize..400, 0u8..=255), 1..8),
+            cut in 0usize..400,
+            fix_crc in proptest::bool::ANY,
+        ) {
+            let mut b = BytesMut::from(&batch_of(&[rec(Some("k"), Some("v"), 5), rec(None, None, 9)])[..]);
+            for (i, x) in flips {
+                let n = b.len();
+                b[i % n] = x;
+            }
+            b.truncate(cut.max(1).min(b.len()));
+            if fix_crc && b.len() > CRC_START {
+                let crc = crc32c::crc32c(&b[CRC_START..]);
+                b[PREFIX_BYTES..CRC_START].copy_from_slice(&crc.to_be_bytes());
+            }
+            let b = b.freeze();
+            if let Ok(mut checked) = check_produced(b.clone(), 1 << 16) {
+                checked.stamp_log_append_time(1);
+                let _ = decode_payload(&checked.payload());
+            }
+            let mut tagged = BytesMut::from(&[PAYLOAD_TAG][..]);
+            tagged.extend_from_slice(&b[b.len().min(PREFIX_BYTES)..]);
+            let _ = decode_payload(&tagged.freeze());
+        }
+    }
+
     #[test]
     fn bad_records_are_refused() {
         let mut r = rec(Some("k"), Some("v"), 1);
