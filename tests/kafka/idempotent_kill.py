@@ -1,6 +1,7 @@
 """Produces N records with kafka-python's idempotent producer (acks=all) to
-partition 0 of a topic, printing "half" once half are acknowledged (the test
-then SIGKILLs the partition's leader), then reads the partition back in a
+partition 0 of a topic; once half are sent and a quarter acknowledged it
+prints "half" and waits for a line on stdin (the test SIGKILLs the
+partition's leader, then answers), sends the rest, then reads the partition back in a
 consumer group that commits after each poll. Prints one JSON line:
 {"acked": [...], "failed": [...], "read": [...], "committed": offset,
 "acked_at_half": count}.
@@ -43,8 +44,10 @@ def main():
             # with records in flight and half still to send.
             while len(acked) < n // 4 and time.time() - t0 < 120:
                 time.sleep(0.01)
-            acked_at_half = len(acked)
             print("half", flush=True)
+            # Wait until the test has killed the leader, then send the rest.
+            sys.stdin.readline()
+            acked_at_half = len(acked)
             said_half = True
     producer.flush(timeout=180)
     print(f"produce: {len(acked)} acked, {len(failed)} failed in {time.time() - t0:.1f} s", file=sys.stderr)

@@ -108,6 +108,109 @@ fn minimal(api: ApiKey) -> RequestKind {
     }
 }
 
+/// A request of `api` at version `v` naming one topic that does not exist
+/// (or one group, on a cluster too small for `__consumer_offsets`), so the
+/// handler answers each element with an error: the error paths of every
+/// response encode at every served version.
+fn failing(api: ApiKey, v: i16) -> RequestKind {
+    let t = || TopicName(StrBytes::from_static_str("nope"));
+    let g = || GroupId(StrBytes::from_static_str("g"));
+    let name = || StrBytes::from_static_str("nope");
+    match api {
+        ApiKey::Produce => {
+            RequestKind::Produce(ProduceRequest::default().with_acks(-1).with_topic_data(vec![
+                produce_request::TopicProduceData::default().with_name(t()).with_partition_data(vec![
+                    produce_request::PartitionProduceData::default()
+                        .with_records(Some(Bytes::from_static(b"junk"))),
+                ]),
+            ]))
+        }
+        ApiKey::Fetch => RequestKind::Fetch(
+            FetchRequest::default().with_replica_id(BrokerId(-1)).with_max_bytes(1 << 20).with_topics(vec![
+                fetch_request::FetchTopic::default().with_topic(t()).with_partitions(vec![
+                    fetch_request::FetchPartition::default().with_partition_max_bytes(1 << 20),
+                ]),
+            ]),
+        ),
+        ApiKey::ListOffsets => {
+            RequestKind::ListOffsets(ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(
+                vec![list_offsets_request::ListOffsetsTopic::default().with_name(t()).with_partitions(vec![
+                    list_offsets_request::ListOffsetsPartition::default().with_timestamp(-1),
+                ])],
+            ))
+        }
+        ApiKey::OffsetCommit => {
+            RequestKind::OffsetCommit(OffsetCommitRequest::default().with_group_id(g()).with_topics(vec![
+            offset_commit_request::OffsetCommitRequestTopic::default()
+                .with_name(t())
+                .with_partitions(vec![offset_commit_request::OffsetCommitRequestPartition::default()]),
+        ]))
+        }
+        ApiKey::OffsetFetch => RequestKind::OffsetFetch(
+            OffsetFetchRequest::default().with_group_id(g()).with_topics(Some(vec![
+                offset_fetch_request::OffsetFetchRequestTopic::default()
+                    .with_name(t())
+                    .with_partition_indexes(vec![0]),
+            ])),
+        ),
+        ApiKey::FindCoordinator => RequestKind::FindCoordinator(if v >= 4 {
+            FindCoordinatorRequest::default().with_coordinator_keys(vec![StrBytes::from_static_str("g")])
+        } else {
+            FindCoordinatorRequest::default().with_key(StrBytes::from_static_str("g"))
+        }),
+        ApiKey::JoinGroup => RequestKind::JoinGroup(
+            JoinGroupRequest::default()
+                .with_group_id(g())
+                .with_session_timeout_ms(10_000)
+                .with_protocol_type(StrBytes::from_static_str("consumer"))
+                .with_protocols(vec![
+                    join_group_request::JoinGroupRequestProtocol::default()
+                        .with_name(StrBytes::from_static_str("range")),
+                ]),
+        ),
+        ApiKey::Heartbeat => RequestKind::Heartbeat(HeartbeatRequest::default().with_group_id(g())),
+        ApiKey::LeaveGroup => RequestKind::LeaveGroup(if v >= 3 {
+            LeaveGroupRequest::default()
+                .with_group_id(g())
+                .with_members(vec![leave_group_request::MemberIdentity::default().with_member_id(name())])
+        } else {
+            LeaveGroupRequest::default().with_group_id(g()).with_member_id(name())
+        }),
+        ApiKey::SyncGroup => RequestKind::SyncGroup(SyncGroupRequest::default().with_group_id(g())),
+        ApiKey::DescribeGroups => {
+            RequestKind::DescribeGroups(DescribeGroupsRequest::default().with_groups(vec![g()]))
+        }
+        ApiKey::DeleteGroups => {
+            RequestKind::DeleteGroups(DeleteGroupsRequest::default().with_groups_names(vec![g()]))
+        }
+        ApiKey::CreateTopics => RequestKind::CreateTopics(CreateTopicsRequest::default().with_topics(vec![
+            create_topics_request::CreatableTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str("bad/name")))
+                .with_num_partitions(1)
+                .with_replication_factor(1),
+        ])),
+        ApiKey::DeleteTopics => RequestKind::DeleteTopics(if v >= 6 {
+            DeleteTopicsRequest::default()
+                .with_topics(vec![delete_topics_request::DeleteTopicState::default().with_name(Some(t()))])
+        } else {
+            DeleteTopicsRequest::default().with_topic_names(vec![t()])
+        }),
+        ApiKey::DescribeConfigs => {
+            RequestKind::DescribeConfigs(DescribeConfigsRequest::default().with_resources(vec![
+                describe_configs_request::DescribeConfigsResource::default()
+                    .with_resource_type(2)
+                    .with_resource_name(name()),
+            ]))
+        }
+        ApiKey::CreatePartitions => {
+            RequestKind::CreatePartitions(CreatePartitionsRequest::default().with_topics(vec![
+                create_partitions_request::CreatePartitionsTopic::default().with_name(t()).with_count(5),
+            ]))
+        }
+        other => minimal(other),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_advertised_api_answers_and_bad_frames_close_only_their_connection() -> anyhow::Result<()> {
     let c = Cluster::start("kafka-protocol", BIN, 1, &[]).await?;
@@ -147,6 +250,31 @@ async fn every_advertised_api_answers_and_bad_frames_close_only_their_connection
         }
     }
     assert_eq!(answered as usize, served.len() * 2);
+
+    // And with one element each that fails: every error path encodes.
+    let mut errors_seen = 0;
+    for (api, lo, hi) in &served {
+        for v in [*lo, *hi] {
+            let resp = exchange(addr, &frame(*api, v, 77, &failing(*api, v))).await?;
+            let resp =
+                resp.unwrap_or_else(|| panic!("{api:?} v{v}: the connection was closed on an error path"));
+            let mut b = resp.clone();
+            assert_eq!(b.get_i32(), 77);
+            if api.response_header_version(v) >= 1 {
+                b.get_u8();
+            }
+            let decoded =
+                ResponseKind::decode(*api, &mut b, v).unwrap_or_else(|e| panic!("{api:?} v{v}: {e}"));
+            if format!("{decoded:?}")
+                .split("error_code: ")
+                .skip(1)
+                .any(|rest| !rest.starts_with("0,") && !rest.starts_with("0 "))
+            {
+                errors_seen += 1;
+            }
+        }
+    }
+    assert!(errors_seen >= 30, "{errors_seen} responses carried an error code");
 
     // ApiVersions at a version not served: UNSUPPORTED_VERSION, at v0 (KIP-511).
     let mut future = BytesMut::from(&ok[..]);

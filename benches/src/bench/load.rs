@@ -105,7 +105,7 @@ impl ProduceResult {
     }
 }
 
-async fn topic(meta: &Arc<MetadataCache>, name: &str, partitions: u32) -> anyhow::Result<()> {
+pub async fn topic(meta: &Arc<MetadataCache>, name: &str, partitions: u32) -> anyhow::Result<()> {
     let admin = Admin::new(meta.clone()).with_timeout(Duration::from_secs(60));
     admin.create_topic(name, partitions, 3).await.context("creating the topic")?;
     admin.wait_for_leaders(name, Duration::from_secs(60)).await?;

@@ -20,7 +20,9 @@
 //! - `compaction`: each replica's compaction pass (MB/s on one core) and
 //!   another topic's one-in-flight produce latency before and during it;
 //! - `group`: a consumer group's rebalance after a member's death, and a
-//!   group of three reading a topic beside one consumer.
+//!   group of three reading a topic beside one consumer;
+//! - `kafka`: produce and consume through the Kafka listener (kcat,
+//!   librdkafka) beside the native gRPC client, 100 B and 1 KiB records.
 //!
 //! Every figure printed is measured in that run; nothing is extrapolated.
 
@@ -31,6 +33,7 @@ mod contention;
 mod failover;
 mod group;
 mod idle;
+mod kafka;
 mod load;
 mod reassign;
 mod restart;
@@ -74,6 +77,8 @@ enum Cmd {
     Compaction(compaction::CompactionArgs),
     /// A consumer group's rebalance after a member dies; group read throughput.
     Group(group::GroupArgs),
+    /// Produce and consume through the Kafka listener (kcat) beside gRPC.
+    Kafka(kafka::KafkaArgs),
 }
 
 #[tokio::main]
@@ -96,5 +101,6 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Retention(a) => retention::run(a).await,
         Cmd::Compaction(a) => compaction::run(a).await,
         Cmd::Group(a) => group::run(a).await,
+        Cmd::Kafka(a) => kafka::kafka(a).await,
     }
 }

@@ -202,27 +202,30 @@ impl ClientService {
     /// The batches as the gRPC API serves them: Ferrolog's encoding byte
     /// for byte; batches produced through the Kafka listener decompressed
     /// and re-encoded ([`records::as_record_set`]).
-    fn batches(out: &FetchOutcome) -> Result<Vec<WireBatch>, ApiError> {
-        out.batches
-            .iter()
-            .map(|b| {
-                let records = records::as_record_set(b.records()).map_err(|e| {
-                    ApiError::Storage(format!(
-                        "batch at offset {} does not decode: {e}",
-                        b.header.base_offset
-                    ))
-                })?;
-                Ok(WireBatch {
-                    base_offset: b.header.base_offset,
-                    record_count: b.header.record_count,
-                    records,
-                })
-            })
-            .collect()
+    /// Stops once the served bytes pass `max_bytes` (at least one batch,
+    /// KIP-74): a compressed Kafka batch may grow many times when decoded.
+    fn batches(out: &FetchOutcome, max_bytes: usize) -> Result<Vec<WireBatch>, ApiError> {
+        let mut served = Vec::with_capacity(out.batches.len());
+        let mut total = 0usize;
+        for b in &out.batches {
+            let records = records::as_record_set(b.records()).map_err(|e| {
+                ApiError::Storage(format!("batch at offset {} does not decode: {e}", b.header.base_offset))
+            })?;
+            total = total.saturating_add(records.len());
+            if !served.is_empty() && total > max_bytes {
+                break;
+            }
+            served.push(WireBatch {
+                base_offset: b.header.base_offset,
+                record_count: b.header.record_count,
+                records,
+            });
+        }
+        Ok(served)
     }
 
-    fn fetch_response(&self, r: Result<FetchOutcome, ApiError>) -> FetchResponse {
-        match r.and_then(|out| Ok((Self::batches(&out)?, out))) {
+    fn fetch_response(&self, r: Result<FetchOutcome, ApiError>, max_bytes: usize) -> FetchResponse {
+        match r.and_then(|out| Ok((Self::batches(&out, max_bytes)?, out))) {
             Ok((batches, out)) => FetchResponse {
                 error: None,
                 batches,
@@ -612,11 +615,12 @@ impl Ferrolog for ClientService {
             Ok(id) => self.partition(&req.topic, req.partition, id).await,
             Err(e) => Err(e),
         };
+        let max_bytes = self.max_bytes(req.max_bytes);
         let result = match partition {
-            Ok(p) => p.fetch(req.offset, self.max_bytes(req.max_bytes), wait).instrument(span).await,
+            Ok(p) => p.fetch(req.offset, max_bytes, wait).instrument(span).await,
             Err(e) => Err(e),
         };
-        Ok(Response::new(self.fetch_response(result)))
+        Ok(Response::new(self.fetch_response(result, max_bytes)))
     }
 
     type SubscribeStream = SubscribeStream;
@@ -650,10 +654,6 @@ impl Ferrolog for ClientService {
                     };
                     let failed = result.is_err();
                     if let Ok(out) = &result
-                        && let Some(last) = out.batches.last()
-                    {
-                        offset = last.header.base_offset + u64::from(last.header.record_count);
-                    } else if let Ok(out) = &result
                         && out.batches.is_empty()
                     {
                         if tx.is_closed() {
@@ -661,7 +661,13 @@ impl Ferrolog for ClientService {
                         }
                         continue;
                     }
-                    if tx.send(Ok(this.fetch_response(result))).await.is_err() || failed {
+                    let response = this.fetch_response(result, max_bytes);
+                    // Past what was sent (the decoded batches may have been cut short).
+                    if let Some(last) = response.batches.last() {
+                        offset = last.base_offset + u64::from(last.record_count);
+                    }
+                    let failed = failed || response.error.is_some();
+                    if tx.send(Ok(response)).await.is_err() || failed {
                         return;
                     }
                 }

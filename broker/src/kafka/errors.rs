@@ -59,6 +59,23 @@ pub fn code(e: &ApiError) -> i16 {
     k.code()
 }
 
+/// The Kafka error code for `e` answered by a group API: as Kafka's group
+/// coordinator answers, so clients retry rather than fail. A write to
+/// `__consumer_offsets` that cannot commit now (no quorum, leader moving,
+/// storage) is `COORDINATOR_NOT_AVAILABLE` (clients look the coordinator
+/// up again); the partition's leadership gone is `NOT_COORDINATOR`; a
+/// commit record over the size limit is `INVALID_COMMIT_OFFSET_SIZE`.
+pub fn group_code(e: &ApiError) -> i16 {
+    match e {
+        ApiError::Unavailable(_) | ApiError::DuplicateInFlight | ApiError::Storage(_) => {
+            K::CoordinatorNotAvailable.code()
+        }
+        ApiError::NotLeader { .. } => K::NotCoordinator.code(),
+        ApiError::RecordTooLarge(_) => K::InvalidCommitOffsetSize.code(),
+        other => code(other),
+    }
+}
+
 /// The Kafka error code for a refused produce batch.
 pub fn batch_code(e: &BatchError) -> i16 {
     match e {

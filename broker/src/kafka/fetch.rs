@@ -63,21 +63,33 @@ pub async fn fetch(s: &KafkaService, r: FetchRequest) -> FetchResponse {
     let min_bytes = usize::try_from(r.min_bytes).unwrap_or(0);
     let wait =
         Duration::from_millis(u64::try_from(r.max_wait_ms).unwrap_or(0).min(s.core.limits.max_fetch_wait_ms));
+    let deadline = tokio::time::Instant::now() + wait;
     let mut answer = read_all(&wants, max_total).await;
-    if answer.bytes < min_bytes.max(1) && !wait.is_zero() {
-        // Long poll: until any partition passes its fetch offset, or the wait ends.
+    // Long poll: until `min_bytes` are there, a partition has an error to
+    // tell (a moved leader, an offset out of range: answered at once), or
+    // the wait ends. Each round waits for a partition's high watermark to
+    // pass what the last read saw, so no round spins.
+    loop {
+        let erred = answer.partitions.iter().any(|d| d.error_code != errors::NONE);
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if answer.bytes >= min_bytes.max(1) || erred || left.is_zero() {
+            break;
+        }
         let mut waits: FuturesUnordered<_> = wants
             .iter()
-            .filter_map(|w| {
+            .zip(&answer.partitions)
+            .filter_map(|(w, d)| {
                 let p = w.partition.as_ref().ok()?.clone();
-                let offset = u64::try_from(w.offset).ok()?;
-                Some(async move { p.wait_past(offset, wait).await })
+                let seen = u64::try_from(w.offset.max(d.high_watermark)).ok()?;
+                Some(async move { p.wait_past(seen, left).await })
             })
             .collect();
-        if !waits.is_empty() {
-            let _ = tokio::time::timeout(wait, waits.next()).await;
-            answer = read_all(&wants, max_total).await;
+        if waits.is_empty() {
+            break;
         }
+        let _ = tokio::time::timeout(left, waits.next()).await;
+        drop(waits);
+        answer = read_all(&wants, max_total).await;
     }
     let mut topics: Vec<FetchableTopicResponse> = r
         .topics

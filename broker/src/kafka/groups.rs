@@ -78,7 +78,7 @@ pub async fn find_coordinator(
                     .with_port(i32::from(addr.port()));
             }
             Err(e) => {
-                c = c.with_error_code(errors::code(&e)).with_error_message(Some(s(e.to_string())));
+                c = c.with_error_code(errors::group_code(&e)).with_error_message(Some(s(e.to_string())));
             }
         }
         found.push(c);
@@ -130,7 +130,7 @@ pub async fn join_group(k: &KafkaService, r: JoinGroupRequest, client_id: &str) 
                     .collect(),
             ),
         Err(e) => JoinGroupResponse::default()
-            .with_error_code(errors::code(&e))
+            .with_error_code(errors::group_code(&e))
             .with_generation_id(-1)
             .with_member_id(r.member_id),
     }
@@ -150,7 +150,7 @@ pub async fn sync_group(k: &KafkaService, r: SyncGroupRequest) -> SyncGroupRespo
             .with_protocol_type(r.protocol_type)
             .with_protocol_name(Some(s(x.protocol)))
             .with_assignment(x.assignment),
-        Err(e) => SyncGroupResponse::default().with_error_code(errors::code(&e)),
+        Err(e) => SyncGroupResponse::default().with_error_code(errors::group_code(&e)),
     }
 }
 
@@ -159,7 +159,8 @@ pub async fn heartbeat(k: &KafkaService, r: HeartbeatRequest) -> HeartbeatRespon
     let instance = r.group_instance_id.as_ref().map(|i| i.to_string());
     let result =
         k.core.coordinator.heartbeat(&r.group_id, r.generation_id, &r.member_id, instance.as_deref()).await;
-    HeartbeatResponse::default().with_error_code(result.err().map_or(errors::NONE, |e| errors::code(&e)))
+    HeartbeatResponse::default()
+        .with_error_code(result.err().map_or(errors::NONE, |e| errors::group_code(&e)))
 }
 
 /// Answers LeaveGroup: one member (v0–v2) or several (v3+, KIP-345).
@@ -167,7 +168,7 @@ pub async fn leave_group(k: &KafkaService, r: LeaveGroupRequest, version: i16) -
     if version < 3 {
         let result = k.core.coordinator.leave(&r.group_id, &r.member_id, None).await;
         return LeaveGroupResponse::default()
-            .with_error_code(result.err().map_or(errors::NONE, |e| errors::code(&e)));
+            .with_error_code(result.err().map_or(errors::NONE, |e| errors::group_code(&e)));
     }
     let mut members = Vec::with_capacity(r.members.len());
     for m in r.members {
@@ -177,7 +178,7 @@ pub async fn leave_group(k: &KafkaService, r: LeaveGroupRequest, version: i16) -
             MemberResponse::default()
                 .with_member_id(m.member_id)
                 .with_group_instance_id(m.group_instance_id)
-                .with_error_code(result.err().map_or(errors::NONE, |e| errors::code(&e))),
+                .with_error_code(result.err().map_or(errors::NONE, |e| errors::group_code(&e))),
         );
     }
     LeaveGroupResponse::default().with_members(members)
@@ -217,12 +218,12 @@ pub async fn offset_commit(k: &KafkaService, r: OffsetCommitRequest) -> OffsetCo
                 topics[ti].partitions.push(
                     OffsetCommitResponsePartition::default()
                         .with_partition_index(c.partition as i32)
-                        .with_error_code(e.map_or(errors::NONE, |e| errors::code(&e))),
+                        .with_error_code(e.map_or(errors::NONE, |e| errors::group_code(&e))),
                 );
             }
         }
         Err(e) => {
-            let code = errors::code(&e);
+            let code = errors::group_code(&e);
             for (ti, t) in r.topics.iter().enumerate() {
                 for p in &t.partitions {
                     topics[ti].partitions.push(
@@ -258,6 +259,10 @@ pub async fn offset_fetch(k: &KafkaService, r: OffsetFetchRequest, version: i16)
                 .map(|p| (t.name.0.to_string(), p, None))
         })
         .collect();
+    if r.topics.as_ref().is_some_and(Vec::is_empty) {
+        // An empty list asks for nothing (null asks for everything).
+        return OffsetFetchResponse::default();
+    }
     match k.core.coordinator.fetch(&r.group_id, asked).await {
         Ok(offsets) => {
             let mut topics: Vec<OffsetFetchResponseTopic> = Vec::new();
@@ -282,7 +287,7 @@ pub async fn offset_fetch(k: &KafkaService, r: OffsetFetchRequest, version: i16)
             OffsetFetchResponse::default().with_topics(topics)
         }
         Err(e) => {
-            let code = errors::code(&e);
+            let code = errors::group_code(&e);
             if version >= 2 {
                 return OffsetFetchResponse::default().with_error_code(code);
             }
@@ -326,7 +331,7 @@ pub async fn list_groups(k: &KafkaService, r: ListGroupsRequest) -> ListGroupsRe
         })
         .collect();
     ListGroupsResponse::default()
-        .with_error_code(error.map_or(errors::NONE, |e| errors::code(&e)))
+        .with_error_code(error.map_or(errors::NONE, |e| errors::group_code(&e)))
         .with_groups(groups)
 }
 
@@ -353,7 +358,8 @@ pub async fn describe_groups(k: &KafkaService, r: DescribeGroupsRequest) -> Desc
                         .collect(),
                 ),
             Err(ApiError::GroupIdNotFound(_)) => d.with_group_state(StrBytes::from_static_str("Dead")),
-            Err(e) => d.with_error_code(errors::code(&e)).with_error_message(Some(s(e.to_string()))),
+            // (error_message exists from v6 only; v0–v5 are served.)
+            Err(e) => d.with_error_code(errors::group_code(&e)),
         });
     }
     DescribeGroupsResponse::default().with_groups(out)
@@ -367,7 +373,7 @@ pub async fn delete_groups(k: &KafkaService, r: DeleteGroupsRequest) -> DeleteGr
         out.push(
             DeletableGroupResult::default()
                 .with_group_id(g)
-                .with_error_code(result.err().map_or(errors::NONE, |e| errors::code(&e))),
+                .with_error_code(result.err().map_or(errors::NONE, |e| errors::group_code(&e))),
         );
     }
     DeleteGroupsResponse::default().with_results(out)

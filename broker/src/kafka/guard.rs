@@ -180,7 +180,7 @@ fn walked(api: ApiKey, version: i16, body: &[u8]) -> Result<usize, String> {
     // The request header is v2 exactly when the body is in the flexible
     // (compact, tagged) encoding (KIP-482).
     let flexible = api.request_header_version(version) >= 2;
-    let mut w = Walk { b: body, at: 0, version, flexible };
+    let mut w = Walk { b: body, at: 0, version, flexible, elements: 0 };
     w.fields(fields)?;
     Ok(w.at)
 }
@@ -190,7 +190,16 @@ struct Walk<'a> {
     at: usize,
     version: i16,
     flexible: bool,
+    /// Array elements seen so far, over every array of the request.
+    elements: usize,
 }
+
+/// Most array elements one request may hold, over all its arrays: a
+/// decoded element takes up to a few hundred bytes where its encoding may
+/// take one, so the frame limit alone would let a 100 MiB request of empty
+/// strings decode into tens of GB. 200,000 is far above what a client
+/// sends (a fetch of every partition of a broker hosting 10,000).
+pub const MAX_ELEMENTS: usize = 200_000;
 
 impl Walk<'_> {
     fn left(&self) -> usize {
@@ -260,7 +269,12 @@ impl Walk<'_> {
                 self.skip(n, "a bytes field")
             }
             I32s | Strs | Arr(_) => {
-                for _ in 0..self.len(true)?.unwrap_or(0) {
+                let n = self.len(true)?.unwrap_or(0);
+                self.elements = self.elements.saturating_add(n);
+                if self.elements > MAX_ELEMENTS {
+                    return Err(format!("more than {MAX_ELEMENTS} array elements in one request"));
+                }
+                for _ in 0..n {
                     match t {
                         I32s => self.field(I32)?,
                         Strs => self.field(Str)?,
@@ -503,5 +517,20 @@ mod tests {
         assert!(e.contains("54266880"), "{e}");
         assert!(check(ApiKey::Metadata, 9, &[0x80, 0x80, 0x80, 0x80, 0x01, 0]).is_err());
         assert!(check(ApiKey::Produce, 3, &[0xff, 0xff, 0, 1, 0, 0, 0, 0, 0x7f, 0xff, 0xff, 0xff]).is_err());
+        // Many elements that each take one byte: refused past the cap, so
+        // a request's decoded size stays proportionate.
+        let mut groups = vec![0u8; 0];
+        let n = MAX_ELEMENTS as i32 + 1;
+        groups.extend_from_slice(&n.to_be_bytes());
+        groups.extend(std::iter::repeat_n([0u8, 0u8], MAX_ELEMENTS + 1).flatten());
+        groups.push(0);
+        let e = check(ApiKey::DescribeGroups, 3, &groups).expect_err("refused");
+        assert!(e.contains("array elements"), "{e}");
+        let ok = {
+            let mut b = 2i32.to_be_bytes().to_vec();
+            b.extend_from_slice(&[0, 0, 0, 0, 0]);
+            b
+        };
+        check(ApiKey::DescribeGroups, 3, &ok).expect("two empty names and the flag");
     }
 }

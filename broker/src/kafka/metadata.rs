@@ -74,7 +74,14 @@ pub async fn metadata(s: &KafkaService, r: MetadataRequest, version: i16) -> Met
         }
         topics.push(t);
     }
-    let controller = core.controller.leader().map_or(-1, |c| i32::try_from(c).unwrap_or(-1));
+    // Only a listed broker can be named (the Java admin client sends
+    // controller calls to it).
+    let controller = core
+        .controller
+        .leader()
+        .and_then(|c| i32::try_from(c).ok())
+        .filter(|c| listed.contains(c))
+        .unwrap_or(-1);
     MetadataResponse::default()
         .with_brokers(brokers)
         .with_cluster_id(Some(StrBytes::from_static_str(CLUSTER_ID)))

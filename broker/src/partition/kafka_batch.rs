@@ -252,6 +252,18 @@ impl CheckedBatch {
         self.bytes = b.freeze();
     }
 
+    /// Makes it a `CreateTime` batch (a producer set the bit on a topic
+    /// whose timestamps are the producers'): clears the attribute bit and
+    /// recomputes the CRC; the timestamps are then the records' own.
+    pub fn clear_log_append_time(&mut self) {
+        let mut b = BytesMut::from(&self.bytes[..]);
+        self.header.attributes &= !LOG_APPEND_TIME;
+        b[CRC_START..CRC_START + 2].copy_from_slice(&self.header.attributes.to_be_bytes());
+        let crc = crc32c::crc32c(&b[CRC_START..]);
+        b[PREFIX_BYTES..CRC_START].copy_from_slice(&crc.to_be_bytes());
+        self.bytes = b.freeze();
+    }
+
     /// The stored payload: [`PAYLOAD_TAG`], then the batch from its CRC on.
     pub fn payload(&self) -> Bytes {
         let mut p = BytesMut::with_capacity(1 + self.bytes.len() - PREFIX_BYTES);
@@ -263,7 +275,8 @@ impl CheckedBatch {
 
 /// Checks a batch as a producer sent it (one batch: Kafka's produce
 /// request v3 and later carry exactly one per partition) and decodes its
-/// records, decompressing at most `decompressed_max` bytes.
+/// records, decompressing at most `decompressed_max` bytes (also the most
+/// a batch may take as it came).
 ///
 /// Checked: the length, magic 2, the CRC-32C, a known codec, neither
 /// control nor transactional, at least one record, `last offset delta` =
@@ -276,6 +289,12 @@ pub fn check_produced(bytes: Bytes, decompressed_max: usize) -> Result<CheckedBa
     if bytes.len() < BATCH_OVERHEAD_BYTES {
         return Err(BatchError::Corrupt(format!(
             "{} bytes is shorter than a record batch header ({BATCH_OVERHEAD_BYTES} bytes)",
+            bytes.len()
+        )));
+    }
+    if bytes.len() > decompressed_max {
+        return Err(BatchError::TooLarge(format!(
+            "a batch of {} bytes; at most {decompressed_max} are taken",
             bytes.len()
         )));
     }
@@ -408,7 +427,9 @@ pub fn decompress(codec: Codec, data: &[u8], max: usize) -> Result<Vec<u8>, Batc
                 .map_err(|e| corrupt(&e))?;
         }
         Codec::Zstd => {
-            let d = zstd::stream::read::Decoder::new(data).map_err(|e| corrupt(&e))?;
+            let mut d = zstd::stream::read::Decoder::new(data).map_err(|e| corrupt(&e))?;
+            // A window of at most 16 MiB (2^24): zstd's default cap is 128 MiB.
+            d.window_log_max(24).map_err(|e| corrupt(&e))?;
             d.take(limit).read_to_end(&mut out).map_err(|e| corrupt(&e))?;
         }
         Codec::Lz4 => {

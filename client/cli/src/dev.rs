@@ -122,7 +122,14 @@ fn prepare(dir: &Path, ports: Ports) -> anyhow::Result<Vec<Slot>> {
                 .with_context(|| format!("reading {}", config_path.display()))?;
             let existing =
                 BrokerConfig::from_toml(&text).with_context(|| format!("in {}", config_path.display()))?;
-            (existing.client_addr, existing.peer_addr, existing.kafka_addr)
+            // A file written before the Kafka listener existed has the
+            // default Kafka address for every broker: give each its own.
+            let kafka = if existing.kafka_addr == BrokerConfig::default().kafka_addr && id != 1 {
+                ports.kafka(id)
+            } else {
+                existing.kafka_addr
+            };
+            (existing.client_addr, existing.peer_addr, kafka)
         } else {
             let text = format!(
                 "# Written by `ferrolog dev` for broker {id}; edit freely, it is not rewritten.\n{}",
@@ -188,6 +195,8 @@ fn spawn_broker(exe: &Path, slot: &Slot) -> anyhow::Result<tokio::process::Child
         .arg("run")
         .arg("--config")
         .arg(&slot.config_path)
+        .arg("--kafka-addr")
+        .arg(slot.kafka_addr.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::from(log))
         .stderr(Stdio::from(stderr))
@@ -390,7 +399,12 @@ async fn deadline_kill_wait(
 }
 
 fn restart_command(exe: &Path, slot: &Slot) -> String {
-    format!("{} broker run --config {}", exe.display(), slot.config_path.display())
+    format!(
+        "{} broker run --config {} --kafka-addr {}",
+        exe.display(),
+        slot.config_path.display(),
+        slot.kafka_addr
+    )
 }
 
 fn report_exit(exe: &Path, slots: &[Slot], id: u32, status: &std::io::Result<ExitStatus>) {
