@@ -1,13 +1,25 @@
 //! One Kafka connection: size-prefixed request frames in, responses out in
-//! the same order, one request at a time (Kafka's own broker mutes a
-//! connection while a request is in progress, so clients expect no more).
+//! the same order.
+//!
+//! Requests are taken in order. Every request but Produce is answered
+//! before the next is read (as Kafka's own broker does); a Produce's
+//! batches are proposed before the next request is read, and its answer
+//! waits for their commits while the connection goes on, so a client that
+//! pipelines produce requests (librdkafka's `max.in.flight`) keeps several
+//! commits under way, in the order it sent them. At most
+//! [`MAX_PIPELINED`] answers wait at once; answers are written strictly in
+//! request order.
 
 use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesOrdered;
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use super::{KafkaService, guard, versions};
@@ -17,30 +29,83 @@ use crate::listener::Conn;
 /// client actually sends, not with the size it announces.
 const READ_STEP_BYTES: usize = 64 << 10;
 
+/// Most answers of one connection waiting at once (produce commits under
+/// way); the next request is read when one is written.
+pub const MAX_PIPELINED: usize = 16;
+
+/// A framed answer still to come (`None`: the request wants none).
+type Answer = BoxFuture<'static, Result<Option<Bytes>, String>>;
+
 /// Serves one connection until the client closes it, goes idle, or sends
 /// something that cannot be a request (logged, then closed).
 pub async fn run(conn: Conn, service: Arc<KafkaService>) {
     let peer = conn.peer().map(|p| p.to_string()).unwrap_or_default();
     let (rd, wr) = tokio::io::split(conn);
-    let (mut rd, mut wr) = (BufReader::new(rd), BufWriter::new(wr));
+    let mut wr = BufWriter::new(wr);
+    // Frames are read by their own task, so reading is never cut short by
+    // an answer becoming ready (a cancelled read would lose bytes).
+    let (tx, mut frames) = mpsc::channel::<Result<Bytes, String>>(1);
+    let reader = tokio::spawn(read_frames(BufReader::new(rd), service.clone(), tx));
+    let mut answers: FuturesOrdered<Answer> = FuturesOrdered::new();
+    let outcome: Result<(), String> = async {
+        loop {
+            tokio::select! {
+                biased;
+                Some(done) = answers.next(), if !answers.is_empty() => {
+                    if let Some(out) = done? {
+                        wr.write_all(&out).await.map_err(|_| String::new())?;
+                        wr.flush().await.map_err(|_| String::new())?;
+                    }
+                }
+                frame = frames.recv(), if answers.len() < MAX_PIPELINED => {
+                    let Some(frame) = frame else {
+                        // The client is done: finish what it asked, then close.
+                        while let Some(done) = answers.next().await {
+                            if let Some(out) = done? {
+                                wr.write_all(&out).await.map_err(|_| String::new())?;
+                            }
+                        }
+                        let _ = wr.flush().await;
+                        return Ok(());
+                    };
+                    answers.push_back(respond(&service, frame?).await?);
+                }
+            }
+        }
+    }
+    .await;
+    reader.abort();
+    if let Err(why) = outcome
+        && !why.is_empty()
+    {
+        tracing::warn!(%peer, "kafka: {why}; closing the connection");
+    }
+}
+
+/// Reads frames into `tx` until the client closes, goes idle, or sends a
+/// size out of bounds (sent as an error, to be logged).
+async fn read_frames(
+    mut rd: BufReader<impl AsyncRead + Unpin>,
+    service: Arc<KafkaService>,
+    tx: mpsc::Sender<Result<Bytes, String>>,
+) {
     let idle = super::idle_timeout(&service.config);
     let max = service.config.socket_request_max_bytes;
     loop {
         let size = match tokio::time::timeout(idle, rd.read_i32()).await {
             Err(_) => {
-                tracing::debug!(%peer, "kafka: closing an idle connection");
+                tracing::debug!("kafka: closing an idle connection");
                 return;
             }
             Ok(Err(_)) => return, // closed by the client
             Ok(Ok(n)) => n,
         };
         let Some(size) = usize::try_from(size).ok().filter(|s| (8..=max).contains(s)) else {
-            tracing::warn!(
-                %peer,
-                size,
-                socket_request_max_bytes = max,
-                "kafka: closing a connection whose request size is out of bounds"
-            );
+            let _ = tx
+                .send(Err(format!(
+                    "a request size of {size} bytes is out of bounds (8 to socket_request_max_bytes = {max})"
+                )))
+                .await;
             return;
         };
         let mut buf = BytesMut::new();
@@ -51,39 +116,36 @@ pub async fn run(conn: Conn, service: Arc<KafkaService>) {
             match read {
                 Ok(Ok(n)) if n > 0 => {}
                 _ => {
-                    tracing::warn!(%peer, size, got = buf.len(), "kafka: connection ended mid-request");
+                    let _ = tx
+                        .send(Err(format!(
+                            "the connection ended {} bytes into a {size}-byte request",
+                            buf.len()
+                        )))
+                        .await;
                     return;
                 }
             }
         }
-        match respond(&service, buf.freeze()).await {
-            Ok(Some(out)) => {
-                if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
-                    return;
-                }
-            }
-            Ok(None) => {}
-            Err(why) => {
-                tracing::warn!(%peer, "kafka: {why}; closing the connection");
-                return;
-            }
+        if tx.send(Ok(buf.freeze())).await.is_err() {
+            return;
         }
     }
 }
 
-/// The framed response to one request frame; `None` when the request
-/// wants none (a produce with `acks=0`).
+/// The framed answer to one request frame, to come; `None` when the
+/// request wants none (a produce with `acks=0`).
 ///
 /// # Errors
 /// Why the frame cannot be answered (the connection is then closed).
-pub async fn respond(service: &KafkaService, frame: Bytes) -> Result<Option<Bytes>, String> {
+pub async fn respond(service: &KafkaService, frame: Bytes) -> Result<Answer, String> {
     let mut peek = &frame[..];
     let (key, version, correlation_id) = (peek.get_i16(), peek.get_i16(), peek.get_i32());
     let api = ApiKey::try_from(key).map_err(|_| format!("unknown API key {key}"))?;
     if api == ApiKey::ApiVersions && !versions::supported(api, version) {
         // KIP-511: answered at version 0, which every client reads.
         let body = versions::api_versions(kafka_protocol::ResponseError::UnsupportedVersion.code());
-        return encode(correlation_id, api, 0, ResponseKind::ApiVersions(body)).map(Some);
+        let out = encode(correlation_id, api, 0, ResponseKind::ApiVersions(body))?;
+        return Ok(Box::pin(futures::future::ready(Ok(Some(out)))));
     }
     if !versions::supported(api, version) {
         return Err(format!(
@@ -99,10 +161,13 @@ pub async fn respond(service: &KafkaService, frame: Bytes) -> Result<Option<Byte
         .map_err(|e| format!("{api:?} v{version}: malformed request: {e}"))?;
     let client = header.client_id.as_ref().map(|c| c.to_string()).unwrap_or_default();
     let span = tracing::debug_span!("kafka", api = ?api, version, client = %client);
-    match super::dispatch(service, request, version, &client).instrument(span).await? {
-        Some(response) => encode(correlation_id, api, version, response).map(Some),
-        None => Ok(None),
-    }
+    let pending = super::dispatch(service, request, version, &client).instrument(span).await?;
+    Ok(Box::pin(async move {
+        match pending.await? {
+            Some(response) => encode(correlation_id, api, version, response).map(Some),
+            None => Ok(None),
+        }
+    }))
 }
 
 /// A response frame: size, header, body.

@@ -81,40 +81,47 @@ fn idle_timeout(c: &KafkaConfig) -> Duration {
     Duration::from_millis(c.connections_max_idle_ms.max(1))
 }
 
-/// Answers one decoded request; `None` when it wants no response (a
-/// produce with `acks=0` that succeeded). A request of an API not served
-/// never gets here ([`versions::supported`] is checked first).
+/// An answer still to come ([`dispatch`]); `None` when the request wants
+/// none (a produce with `acks=0` that succeeded).
+type Pending =
+    futures::future::BoxFuture<'static, Result<Option<kafka_protocol::messages::ResponseKind>, String>>;
+
+/// Answers one decoded request. Everything but Produce is answered before
+/// this returns; a Produce's batches are proposed before it returns and
+/// its answer waits for their commits, so a connection can go on to its
+/// next request meanwhile (answers still go out in request order). A
+/// request of an API not served never gets here ([`versions::supported`]
+/// is checked first).
 async fn dispatch(
     s: &KafkaService,
     request: kafka_protocol::messages::RequestKind,
     version: i16,
     client_id: &str,
-) -> Result<Option<kafka_protocol::messages::ResponseKind>, String> {
+) -> Result<Pending, String> {
+    use futures::FutureExt;
     use kafka_protocol::messages::{RequestKind as Q, ResponseKind as A};
-    Ok(Some(match request {
-        Q::ApiVersions(_) => A::ApiVersions(versions::api_versions_ok()),
-        Q::Metadata(r) => A::Metadata(metadata::metadata(s, r, version).await),
-        Q::Produce(r) => match produce::produce(s, r).await? {
-            Some(r) => A::Produce(r),
-            None => return Ok(None),
-        },
-        Q::InitProducerId(r) => A::InitProducerId(produce::init_producer_id(s, r).await),
-        Q::Fetch(r) => A::Fetch(fetch::fetch(s, r).await),
-        Q::ListOffsets(r) => A::ListOffsets(fetch::list_offsets(s, r).await),
-        Q::CreateTopics(r) => A::CreateTopics(admin::create_topics(s, r).await),
-        Q::DeleteTopics(r) => A::DeleteTopics(admin::delete_topics(s, r).await),
-        Q::CreatePartitions(r) => A::CreatePartitions(admin::create_partitions(s, r).await),
-        Q::DescribeConfigs(r) => A::DescribeConfigs(admin::describe_configs(s, r).await),
-        Q::FindCoordinator(r) => A::FindCoordinator(groups::find_coordinator(s, r, version).await),
-        Q::JoinGroup(r) => A::JoinGroup(groups::join_group(s, r, client_id).await),
-        Q::SyncGroup(r) => A::SyncGroup(groups::sync_group(s, r).await),
-        Q::Heartbeat(r) => A::Heartbeat(groups::heartbeat(s, r).await),
-        Q::LeaveGroup(r) => A::LeaveGroup(groups::leave_group(s, r, version).await),
-        Q::OffsetCommit(r) => A::OffsetCommit(groups::offset_commit(s, r).await),
-        Q::OffsetFetch(r) => A::OffsetFetch(groups::offset_fetch(s, r, version).await),
-        Q::ListGroups(r) => A::ListGroups(groups::list_groups(s, r).await),
-        Q::DescribeGroups(r) => A::DescribeGroups(groups::describe_groups(s, r).await),
-        Q::DeleteGroups(r) => A::DeleteGroups(groups::delete_groups(s, r).await),
+    let now = |a: A| -> Pending { Box::pin(futures::future::ready(Ok(Some(a)))) };
+    Ok(match request {
+        Q::Produce(r) => produce::produce(s, r).await.map(|r| r.map(|o| o.map(A::Produce))).boxed(),
+        Q::ApiVersions(_) => now(A::ApiVersions(versions::api_versions_ok())),
+        Q::Metadata(r) => now(A::Metadata(metadata::metadata(s, r, version).await)),
+        Q::InitProducerId(r) => now(A::InitProducerId(produce::init_producer_id(s, r).await)),
+        Q::Fetch(r) => now(A::Fetch(fetch::fetch(s, r).await)),
+        Q::ListOffsets(r) => now(A::ListOffsets(fetch::list_offsets(s, r).await)),
+        Q::CreateTopics(r) => now(A::CreateTopics(admin::create_topics(s, r).await)),
+        Q::DeleteTopics(r) => now(A::DeleteTopics(admin::delete_topics(s, r).await)),
+        Q::CreatePartitions(r) => now(A::CreatePartitions(admin::create_partitions(s, r).await)),
+        Q::DescribeConfigs(r) => now(A::DescribeConfigs(admin::describe_configs(s, r).await)),
+        Q::FindCoordinator(r) => now(A::FindCoordinator(groups::find_coordinator(s, r, version).await)),
+        Q::JoinGroup(r) => now(A::JoinGroup(groups::join_group(s, r, client_id).await)),
+        Q::SyncGroup(r) => now(A::SyncGroup(groups::sync_group(s, r).await)),
+        Q::Heartbeat(r) => now(A::Heartbeat(groups::heartbeat(s, r).await)),
+        Q::LeaveGroup(r) => now(A::LeaveGroup(groups::leave_group(s, r, version).await)),
+        Q::OffsetCommit(r) => now(A::OffsetCommit(groups::offset_commit(s, r).await)),
+        Q::OffsetFetch(r) => now(A::OffsetFetch(groups::offset_fetch(s, r, version).await)),
+        Q::ListGroups(r) => now(A::ListGroups(groups::list_groups(s, r).await)),
+        Q::DescribeGroups(r) => now(A::DescribeGroups(groups::describe_groups(s, r).await)),
+        Q::DeleteGroups(r) => now(A::DeleteGroups(groups::delete_groups(s, r).await)),
         other => return Err(format!("no handler for {other:?}")),
-    }))
+    })
 }

@@ -10,7 +10,10 @@
 
 use bytes::Bytes;
 use ferrolog_raft_store::RecordBatch;
+use std::sync::Arc;
+
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::ProducerId;
 use kafka_protocol::messages::init_producer_id_request::InitProducerIdRequest;
@@ -28,6 +31,7 @@ use crate::metadata::command::{ControllerReply, ControllerRequest};
 use crate::metadata::controller::now_ms;
 use crate::partition::kafka_batch::{self, BatchError};
 use crate::partition::records;
+use crate::partition::{Partition, Produced};
 
 /// Partitions of one produce request stored at once.
 const PARTITIONS_AT_ONCE: usize = 8;
@@ -53,11 +57,16 @@ impl Outcome {
     }
 }
 
-/// Answers Produce; `None` for `acks=0` when every batch was stored.
-///
-/// # Errors
-/// For `acks=0`, the first failure (the connection is then closed).
-pub async fn produce(s: &KafkaService, r: ProduceRequest) -> Result<Option<ProduceResponse>, String> {
+/// A produce answer still to come: `None` for `acks=0` when every batch
+/// was stored; for `acks=0`, the first failure is an error (the connection
+/// is then closed).
+pub type PendingProduce = BoxFuture<'static, Result<Option<ProduceResponse>, String>>;
+
+/// Answers Produce in two steps: every batch is checked and proposed before
+/// this returns (so requests that follow on the connection are proposed
+/// after it, in order); the returned future waits for the commits and
+/// builds the answer.
+pub async fn produce(s: &KafkaService, r: ProduceRequest) -> PendingProduce {
     if r.transactional_id.is_some() {
         let mut resp = ProduceResponse::default();
         for t in r.topic_data {
@@ -74,7 +83,7 @@ pub async fn produce(s: &KafkaService, r: ProduceRequest) -> Result<Option<Produ
             resp.responses
                 .push(TopicProduceResponse::default().with_name(t.name).with_partition_responses(parts));
         }
-        return Ok(Some(resp));
+        return Box::pin(futures::future::ready(Ok(Some(resp))));
     }
     let acks = r.acks;
     let mut work = Vec::new();
@@ -87,17 +96,25 @@ pub async fn produce(s: &KafkaService, r: ProduceRequest) -> Result<Option<Produ
     }
     // A few partitions at a time, in order: each holds at most one batch's
     // decoding, so a request's memory stays within a few batches.
-    let outcomes: Vec<Outcome> = futures::stream::iter(work)
+    let begun: Vec<Begun> = futures::stream::iter(work)
         .map(|(topic, index, records, twice)| async move {
             if twice {
                 let e = ApiError::Invalid(format!("{topic}-{index} is named twice in one produce request"));
-                return Outcome::failed(errors::code(&e), e.to_string());
+                return Begun::Done(Outcome::failed(errors::code(&e), e.to_string()));
             }
-            one(s, &topic, index, records).await
+            begin(s, &topic, index, records).await
         })
         .buffered(PARTITIONS_AT_ONCE)
         .collect()
         .await;
+    Box::pin(async move {
+        let outcomes = futures::future::join_all(begun.into_iter().map(Begun::outcome)).await;
+        answer(r, acks, outcomes)
+    })
+}
+
+/// The answer once every batch's outcome is known.
+fn answer(r: ProduceRequest, acks: i16, outcomes: Vec<Outcome>) -> Result<Option<ProduceResponse>, String> {
     if acks == 0 {
         if let Some(o) = outcomes.iter().find(|o| o.error != errors::NONE) {
             return Err(format!(
@@ -137,40 +154,60 @@ pub async fn produce(s: &KafkaService, r: ProduceRequest) -> Result<Option<Produ
     Ok(Some(resp))
 }
 
-async fn one(s: &KafkaService, topic: &str, index: i32, records: Option<Bytes>) -> Outcome {
+/// One partition's batch: refused, or proposed.
+enum Begun {
+    /// Refused (or answered) before any proposal.
+    Done(Outcome),
+    /// Proposed; its commit to await.
+    Proposed { ticket: Produced, partition: Arc<Partition>, log_append_time: bool, now: i64 },
+}
+
+impl Begun {
+    async fn outcome(self) -> Outcome {
+        match self {
+            Begun::Done(o) => o,
+            // A duplicate (KIP-98) is answered as Kafka does: no error, the
+            // original batch's offset.
+            Begun::Proposed { ticket, partition, log_append_time, now } => match ticket.wait().await {
+                Ok((base_offset, _duplicate)) => Outcome {
+                    error: errors::NONE,
+                    message: None,
+                    base_offset: i64::try_from(base_offset).unwrap_or(-1),
+                    log_append_time_ms: if log_append_time { now } else { -1 },
+                    log_start_offset: i64::try_from(partition.replica.log_start_offset()).unwrap_or(-1),
+                },
+                Err(e) => Outcome::failed(errors::code(&e), e.to_string()),
+            },
+        }
+    }
+}
+
+async fn begin(s: &KafkaService, topic: &str, index: i32, records: Option<Bytes>) -> Begun {
+    match one(s, topic, index, records).await {
+        Ok(b) => b,
+        Err(o) => Begun::Done(o),
+    }
+}
+
+#[allow(clippy::result_large_err)]
+async fn one(s: &KafkaService, topic: &str, index: i32, records: Option<Bytes>) -> Result<Begun, Outcome> {
     let failed = Outcome::failed;
     let api = |e: ApiError| failed(errors::code(&e), e.to_string());
     if topic == OFFSETS_TOPIC {
-        return api(ApiError::InternalTopic(topic.to_owned()));
+        return Err(api(ApiError::InternalTopic(topic.to_owned())));
     }
     let Ok(partition) = u32::try_from(index) else {
-        return api(ApiError::UnknownTopic(format!("{topic} has no partition {index}")));
+        return Err(api(ApiError::UnknownTopic(format!("{topic} has no partition {index}"))));
     };
-    let served = match s.core.served(topic, partition, None).await {
-        Ok(served) => served,
-        Err(e) => return api(e),
-    };
+    let served = s.core.served(topic, partition, None).await.map_err(api)?;
     let Some(bytes) = records.filter(|b| !b.is_empty()) else {
-        return failed(ResponseError::CorruptMessage.code(), "no record batch".into());
+        return Err(failed(ResponseError::CorruptMessage.code(), "no record batch".into()));
     };
     let now = now_ms();
     // Decoded records are dropped before the write is awaited.
-    let stored = match checked(s, &served, topic, bytes, now) {
-        Ok(stored) => stored,
-        Err(o) => return o,
-    };
-    match served.partition.produce(stored).await {
-        // A duplicate (KIP-98) is answered as Kafka does: no error, the
-        // original batch's offset.
-        Ok((base_offset, _duplicate)) => Outcome {
-            error: errors::NONE,
-            message: None,
-            base_offset: i64::try_from(base_offset).unwrap_or(-1),
-            log_append_time_ms: if served.log_append_time { now } else { -1 },
-            log_start_offset: i64::try_from(served.partition.replica.log_start_offset()).unwrap_or(-1),
-        },
-        Err(e) => api(e),
-    }
+    let stored = checked(s, &served, topic, bytes, now)?;
+    let ticket = served.partition.produce_begin(stored).await.map_err(api)?;
+    Ok(Begun::Proposed { ticket, partition: served.partition, log_append_time: served.log_append_time, now })
 }
 
 /// The stored batch for a produced one, or the refusal: the batch's checks

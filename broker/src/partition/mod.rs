@@ -97,6 +97,50 @@ impl Drop for Partition {
     }
 }
 
+/// A proposed batch ([`Partition::produce_begin`]): [`Produced::wait`]
+/// gives its base offset once committed.
+#[derive(Debug)]
+pub struct Produced {
+    state: ProducedState,
+}
+
+#[derive(Debug)]
+enum ProducedState {
+    /// A duplicate of an applied batch (KIP-98): its base offset.
+    Duplicate(u64),
+    /// Proposed; its settling task, and CheckQuorum's verdict.
+    Settling {
+        settled: tokio::task::JoinHandle<Result<(u64, bool), ApiError>>,
+        lost: tokio::sync::watch::Receiver<bool>,
+    },
+}
+
+impl Produced {
+    /// The batch's base offset once a majority has committed it, and
+    /// whether it was a duplicate of an applied batch. Waiting on a leader
+    /// that has lost its quorum would last until the partition heals; this
+    /// answers once that is known (the batch may still commit: an
+    /// idempotent retry then gets its offset). Told by CheckQuorum's
+    /// verdict, without a timer per request.
+    ///
+    /// # Errors
+    /// Not leader, unavailable, storage errors.
+    pub async fn wait(self) -> Result<(u64, bool), ApiError> {
+        match self.state {
+            ProducedState::Duplicate(offset) => Ok((offset, true)),
+            ProducedState::Settling { settled, mut lost } => tokio::select! {
+                biased;
+                r = settled => {
+                    r.unwrap_or_else(|e| Err(ApiError::Unavailable(format!("produce task failed: {e}"))))
+                }
+                _ = lost.wait_for(|l| *l) => Err(ApiError::Unavailable(
+                    "this leader lost its quorum and is handing over; the batch may still commit".into(),
+                )),
+            },
+        }
+    }
+}
+
 /// Committed records read by a fetch.
 #[derive(Debug)]
 pub struct FetchOutcome {
@@ -401,6 +445,26 @@ impl Partition {
         batch: RecordBatch,
         in_term: Option<u64>,
     ) -> Result<(u64, bool), ApiError> {
+        self.begin_checked(batch, in_term).await?.wait().await
+    }
+
+    /// [`Partition::produce`] in two steps: this one returns once the batch
+    /// is proposed (or known a duplicate), in the order of the calls; the
+    /// returned [`Produced`] then waits for the commit. A connection that
+    /// pipelines requests (the Kafka listener) proposes them in the order
+    /// they arrived and awaits their commits together.
+    ///
+    /// # Errors
+    /// As [`Partition::produce`], for what is known before the proposal.
+    pub async fn produce_begin(self: &Arc<Self>, batch: RecordBatch) -> Result<Produced, ApiError> {
+        self.begin_checked(batch, None).await
+    }
+
+    async fn begin_checked(
+        self: &Arc<Self>,
+        batch: RecordBatch,
+        in_term: Option<u64>,
+    ) -> Result<Produced, ApiError> {
         let term = self.ready_leader().await?;
         if in_term.is_some_and(|t| t != term) {
             return Err(self.not_leader());
@@ -426,7 +490,9 @@ impl Partition {
             match seq.check(&self.replica, pid, epoch, first, count) {
                 Verdict::Append => {}
                 Verdict::InFlight => return Err(ApiError::DuplicateInFlight),
-                Verdict::Applied(SequenceCheck::Duplicate(r)) => return Ok((r.base_offset, true)),
+                Verdict::Applied(SequenceCheck::Duplicate(r)) => {
+                    return Ok(Produced { state: ProducedState::Duplicate(r.base_offset) });
+                }
                 Verdict::Applied(SequenceCheck::Fenced { current }) => {
                     return Err(ApiError::ProducerFenced { current, got: epoch });
                 }
@@ -481,16 +547,7 @@ impl Partition {
         // partition heals; answer once it is known lost (the batch may still
         // commit: an idempotent retry then gets its offset). Told by
         // CheckQuorum's verdict, without a timer per request.
-        let mut lost = self.quorum_lost.subscribe();
-        tokio::select! {
-            biased;
-            r = settled => {
-                r.unwrap_or_else(|e| Err(ApiError::Unavailable(format!("produce task failed: {e}"))))
-            }
-            _ = lost.wait_for(|l| *l) => Err(ApiError::Unavailable(
-                "this leader lost its quorum and is handing over; the batch may still commit".into(),
-            )),
-        }
+        Ok(Produced { state: ProducedState::Settling { settled, lost: self.quorum_lost.subscribe() } })
     }
 
     /// Waits (up to [`LEADER_READY_WAIT`]) until every entry in the local
