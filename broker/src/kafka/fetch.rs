@@ -107,10 +107,45 @@ struct Answer {
     bytes: usize,
 }
 
+/// Partitions of one fetch read at once.
+const READS_AT_ONCE: usize = 4;
+
+/// One partition's read: its batches (none past the response's limit),
+/// high watermark and log start offset.
+type Read = Result<(Vec<ferrolog_raft_store::StoredBatch>, u64, u64), ApiError>;
+
 async fn read_all(wants: &[Want], max_total: usize) -> Answer {
+    // Read a few partitions at a time, in order; the response is assembled
+    // in order, within the limits. A read that starts once the response
+    // is full only answers the offsets.
+    let used = std::sync::atomic::AtomicUsize::new(0);
+    let used = &used;
+    let futures: Vec<futures::future::BoxFuture<'_, Option<Read>>> = wants
+        .iter()
+        .map(|w| -> futures::future::BoxFuture<'_, Option<Read>> {
+            Box::pin(async move {
+                let (Ok(p), Ok(offset)) = (&w.partition, u64::try_from(w.offset)) else {
+                    return None;
+                };
+                let room = max_total
+                    .saturating_sub(used.load(std::sync::atomic::Ordering::Relaxed))
+                    .min(w.max_bytes);
+                let read: Read = if room == 0 {
+                    p.offsets().await.map(|(start, hw)| (Vec::new(), hw, start))
+                } else {
+                    p.fetch(offset, room, Duration::ZERO)
+                        .await
+                        .map(|o| (o.batches, o.high_watermark, o.log_start_offset))
+                };
+                Some(read)
+            })
+        })
+        .collect();
+    let mut reads = futures::stream::iter(futures).buffered(READS_AT_ONCE);
     let mut partitions = Vec::with_capacity(wants.len());
     let mut total = 0usize;
     for w in wants {
+        let read = reads.next().await.flatten();
         let mut d = PartitionData::default()
             .with_partition_index(w.index)
             .with_high_watermark(-1)
@@ -125,19 +160,11 @@ async fn read_all(wants: &[Want], max_total: usize) -> Answer {
                 continue;
             }
         };
-        let Ok(offset) = u64::try_from(w.offset) else {
+        let Some(read) = read else {
             partitions.push(d.with_error_code(ResponseError::OffsetOutOfRange.code()));
             continue;
         };
-        // Past the response's limit, only the offsets are answered.
         let room = max_total.saturating_sub(total).min(w.max_bytes);
-        let read = if room == 0 {
-            p.offsets().await.map(|(start, hw)| (Vec::new(), hw, start))
-        } else {
-            p.fetch(offset, room, Duration::ZERO)
-                .await
-                .map(|o| (o.batches, o.high_watermark, o.log_start_offset))
-        };
         match read {
             Ok((batches, hw, start)) => {
                 let mut out = BytesMut::new();
@@ -155,6 +182,7 @@ async fn read_all(wants: &[Want], max_total: usize) -> Answer {
                     }
                 }
                 total += out.len();
+                used.store(total, std::sync::atomic::Ordering::Relaxed);
                 let hw = i64::try_from(hw).unwrap_or(-1);
                 d = d
                     .with_high_watermark(hw)
