@@ -68,22 +68,15 @@ pub type PendingProduce = BoxFuture<'static, Result<Option<ProduceResponse>, Str
 /// builds the answer.
 pub async fn produce(s: &KafkaService, r: ProduceRequest) -> PendingProduce {
     if r.transactional_id.is_some() {
-        let mut resp = ProduceResponse::default();
-        for t in r.topic_data {
-            let parts = t
-                .partition_data
-                .iter()
-                .map(|p| {
-                    PartitionProduceResponse::default()
-                        .with_index(p.index)
-                        .with_error_code(ResponseError::TransactionalIdAuthorizationFailed.code())
-                        .with_error_message(Some(StrBytes::from_static_str("transactions are not supported")))
-                })
-                .collect();
-            resp.responses
-                .push(TopicProduceResponse::default().with_name(t.name).with_partition_responses(parts));
-        }
-        return Box::pin(futures::future::ready(Ok(Some(resp))));
+        let refused = || {
+            Outcome::failed(
+                ResponseError::TransactionalIdAuthorizationFailed.code(),
+                "transactions are not supported".into(),
+            )
+        };
+        let outcomes = r.topic_data.iter().flat_map(|t| t.partition_data.iter().map(|_| refused())).collect();
+        let acks = r.acks.max(1); // a refusal is always answered
+        return Box::pin(futures::future::ready(answer(r, acks, outcomes)));
     }
     let acks = r.acks;
     let mut work = Vec::new();
