@@ -324,6 +324,94 @@ async fn every_advertised_api_answers_and_bad_frames_close_only_their_connection
     drop(s);
     assert!(exchange(addr, &ok).await?.is_some(), "after a half request, the broker answers");
 
+    // Pipelined produces are proposed and answered in order, and a request
+    // after them sees their effects (ListOffsets latest = all of them).
+    let create = CreateTopicsRequest::default().with_timeout_ms(10_000).with_topics(vec![
+        create_topics_request::CreatableTopic::default()
+            .with_name(TopicName(StrBytes::from_static_str("pipe")))
+            .with_num_partitions(1)
+            .with_replication_factor(-1),
+    ]);
+    exchange(addr, &frame(ApiKey::CreateTopics, 7, 1, &RequestKind::CreateTopics(create)))
+        .await?
+        .expect("created");
+    let latest = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![
+        list_offsets_request::ListOffsetsTopic::default()
+            .with_name(TopicName(StrBytes::from_static_str("pipe")))
+            .with_partitions(vec![list_offsets_request::ListOffsetsPartition::default().with_timestamp(-1)]),
+    ]);
+    let list = frame(ApiKey::ListOffsets, 6, 605, &RequestKind::ListOffsets(latest));
+    // Until the new partition has a leader.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut r = exchange(addr, &list).await?.expect("answered");
+        r.get_i32();
+        r.get_u8();
+        let ResponseKind::ListOffsets(l) = ResponseKind::decode(ApiKey::ListOffsets, &mut r, 6)? else {
+            panic!("list")
+        };
+        if l.topics[0].partitions[0].error_code == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no leader for pipe-0");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut pipelined = BytesMut::new();
+    for i in 0..5 {
+        let record = kafka_protocol::records::Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: -1,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: kafka_protocol::records::TimestampType::Creation,
+            offset: 0,
+            sequence: -1,
+            timestamp: 1_700_000_000_000,
+            key: None,
+            value: Some(Bytes::from(format!("v{i}"))),
+            headers: Default::default(),
+        };
+        let mut batch = BytesMut::new();
+        kafka_protocol::records::RecordBatchEncoder::encode(
+            &mut batch,
+            [&record],
+            &kafka_protocol::records::RecordEncodeOptions {
+                version: 2,
+                compression: kafka_protocol::records::Compression::None,
+            },
+        )?;
+        let produce = ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(vec![
+            produce_request::TopicProduceData::default()
+                .with_name(TopicName(StrBytes::from_static_str("pipe")))
+                .with_partition_data(vec![
+                    produce_request::PartitionProduceData::default().with_records(Some(batch.freeze())),
+                ]),
+        ]);
+        pipelined.put_slice(&frame(ApiKey::Produce, 9, 600 + i, &RequestKind::Produce(produce)));
+    }
+    pipelined.put_slice(&list);
+    let mut s = TcpStream::connect(addr).await?;
+    s.write_all(&pipelined).await?;
+    for i in 0..5 {
+        let mut r = read_frame(&mut s).await?.expect("a produce answer");
+        assert_eq!(r.get_i32(), 600 + i, "answers in request order");
+        r.get_u8();
+        let ResponseKind::Produce(p) = ResponseKind::decode(ApiKey::Produce, &mut r, 9)? else {
+            panic!("produce")
+        };
+        let part = &p.responses[0].partition_responses[0];
+        assert_eq!((part.error_code, part.base_offset), (0, i64::from(i)), "proposed in request order");
+    }
+    let mut r = read_frame(&mut s).await?.expect("the list answer");
+    assert_eq!(r.get_i32(), 605);
+    r.get_u8();
+    let ResponseKind::ListOffsets(l) = ResponseKind::decode(ApiKey::ListOffsets, &mut r, 6)? else {
+        panic!("list")
+    };
+    assert_eq!(l.topics[0].partitions[0].offset, 5, "the request after the produces sees all of them");
+
     // Several requests on one connection are answered in order.
     let mut s = TcpStream::connect(addr).await?;
     let mut many = BytesMut::new();

@@ -1,24 +1,26 @@
 //! One Kafka connection: size-prefixed request frames in, responses out in
 //! the same order.
 //!
-//! Requests are taken in order. Every request but Produce is answered
-//! before the next is read (as Kafka's own broker does); a Produce's
-//! batches are proposed before the next request is read, and its answer
-//! waits for their commits while the connection goes on, so a client that
-//! pipelines produce requests (librdkafka's `max.in.flight`) keeps several
-//! commits under way, in the order it sent them. At most
-//! [`MAX_PIPELINED`] answers wait at once; answers are written strictly in
-//! request order.
+//! Requests are taken in order. A Produce's batches are proposed before
+//! the next request is taken, and its answer waits for their commits while
+//! the connection goes on, so a client that pipelines produce requests
+//! (librdkafka's `max.in.flight`) keeps several commits under way, proposed
+//! in the order it sent them. Any other request is taken only once every
+//! earlier answer is written, and is answered before the next is taken, so
+//! it sees the effects of the requests before it, as on Kafka's
+//! one-request-at-a-time connections. At most [`MAX_PIPELINED`] answers
+//! wait at once; answers are written strictly in request order, and a
+//! connection closed for a bad frame first writes the answers owed.
 
 use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;
+use futures::{FutureExt, StreamExt};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
@@ -53,22 +55,41 @@ pub async fn run(conn: Conn, service: Arc<KafkaService>) {
                 biased;
                 Some(done) = answers.next(), if !answers.is_empty() => {
                     if let Some(out) = done? {
-                        wr.write_all(&out).await.map_err(|_| String::new())?;
-                        wr.flush().await.map_err(|_| String::new())?;
+                        write(&mut wr, &out).await?;
                     }
                 }
                 frame = frames.recv(), if answers.len() < MAX_PIPELINED => {
-                    let Some(frame) = frame else {
-                        // The client is done: finish what it asked, then close.
-                        while let Some(done) = answers.next().await {
+                    // The client is done, or sent what cannot be a request:
+                    // what it asked before is answered first, then the
+                    // connection closes.
+                    let frame = match frame {
+                        None => return drain(&mut answers, &mut wr).await,
+                        Some(Err(why)) => {
+                            drain(&mut answers, &mut wr).await?;
+                            return Err(why);
+                        }
+                        Some(Ok(frame)) => frame,
+                    };
+                    if frame.get(..2) == Some(&(ApiKey::Produce as i16).to_be_bytes()[..]) {
+                        // Produces pipeline; answers already there go out first.
+                        while let Some(Some(done)) = answers.next().now_or_never() {
                             if let Some(out) = done? {
-                                wr.write_all(&out).await.map_err(|_| String::new())?;
+                                write(&mut wr, &out).await?;
                             }
                         }
-                        let _ = wr.flush().await;
-                        return Ok(());
-                    };
-                    answers.push_back(respond(&service, frame?).await?);
+                    } else {
+                        // Anything else sees the effects of every request
+                        // before it (Kafka's connections run one request at
+                        // a time): earlier produces are answered first.
+                        drain(&mut answers, &mut wr).await?;
+                    }
+                    match respond(&service, frame).await {
+                        Ok(answer) => answers.push_back(answer),
+                        Err(why) => {
+                            drain(&mut answers, &mut wr).await?;
+                            return Err(why);
+                        }
+                    }
                 }
             }
         }
@@ -80,6 +101,30 @@ pub async fn run(conn: Conn, service: Arc<KafkaService>) {
     {
         tracing::warn!(%peer, "kafka: {why}; closing the connection");
     }
+}
+
+/// Writes and flushes one answer; an error (the client gone) is empty:
+/// nothing to log.
+async fn write(wr: &mut (impl AsyncWrite + Unpin), out: &[u8]) -> Result<(), String> {
+    wr.write_all(out).await.map_err(|_| String::new())?;
+    wr.flush().await.map_err(|_| String::new())
+}
+
+/// Writes every pending answer, in order.
+///
+/// # Errors
+/// The first answer that fails (an `acks=0` produce's failure, an encoding
+/// error), after the answers before it were written; or the client gone.
+async fn drain(
+    answers: &mut FuturesOrdered<Answer>,
+    wr: &mut (impl AsyncWrite + Unpin),
+) -> Result<(), String> {
+    while let Some(done) = answers.next().await {
+        if let Some(out) = done? {
+            write(wr, &out).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Reads frames into `tx` until the client closes, goes idle, or sends a

@@ -4,7 +4,8 @@
 //! ```text
 //!  TCP ──> listener::incoming (connection limit, first-bytes timeout)
 //!      ──> conn: size-prefixed frames (socket_request_max_bytes, idle timeout),
-//!          one request at a time per connection, answered in order (as Kafka does)
+//!          answered in order; produces pipelined (proposed in order, commits
+//!          awaited together), anything else after every earlier answer
 //!      ──> guard: array lengths checked against the frame before decoding
 //!      ──> versions: only what ApiVersions advertises is decoded
 //!      ──> handlers, on the same ClientService the gRPC API uses:
