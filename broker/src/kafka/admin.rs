@@ -26,6 +26,9 @@ use crate::metadata::topic_config::{self, ConfigSource};
 /// `default.replication.factor`): 3, or every broker of a smaller cluster.
 const DEFAULT_REPLICATION_FACTOR: u32 = 3;
 
+/// Why CreateTopics and CreatePartitions refuse explicit assignments.
+const NO_ASSIGNMENTS: &str = "explicit replica assignments are not taken: the controller places replicas";
+
 /// Kafka's resource type of a topic in DescribeConfigs.
 const TOPIC_RESOURCE: i8 = 2;
 
@@ -43,9 +46,7 @@ pub async fn create_topics(s: &KafkaService, r: CreateTopicsRequest) -> CreateTo
         let name = t.name.0.to_string();
         let result: Result<(), ApiError> = async {
             if !t.assignments.is_empty() {
-                return Err(ApiError::InvalidReplicaAssignment(
-                    "explicit replica assignments are not taken: the controller places replicas".into(),
-                ));
+                return Err(ApiError::InvalidReplicaAssignment(NO_ASSIGNMENTS.into()));
             }
             let partitions = match t.num_partitions {
                 -1 => 1,
@@ -128,9 +129,7 @@ pub async fn create_partitions(s: &KafkaService, r: CreatePartitionsRequest) -> 
     for t in r.topics {
         let result = async {
             if t.assignments.is_some() {
-                return Err(ApiError::InvalidReplicaAssignment(
-                    "explicit replica assignments are not taken: the controller places replicas".into(),
-                ));
+                return Err(ApiError::InvalidReplicaAssignment(NO_ASSIGNMENTS.into()));
             }
             let count = u32::try_from(t.count)
                 .map_err(|_| ApiError::InvalidPartitions(format!("{} partitions", t.count)))?;
