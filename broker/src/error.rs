@@ -163,6 +163,10 @@ pub enum ApiError {
     /// `INCONSISTENT_GROUP_PROTOCOL`).
     #[error("inconsistent group protocol: {0}")]
     InconsistentGroupProtocol(String),
+    /// OffsetDelete of a topic that a member of the group subscribes to
+    /// (Kafka's `GROUP_SUBSCRIBED_TO_TOPIC`, KIP-496): the offset is kept.
+    #[error("group subscribed to topic: {0}")]
+    GroupSubscribedToTopic(String),
     /// A produce to an internal topic (`__consumer_offsets`).
     #[error("topic {0:?} is internal: only its coordinators write it")]
     InternalTopic(String),

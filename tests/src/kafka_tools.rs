@@ -61,7 +61,7 @@ pub fn kafka_python() -> anyhow::Result<PathBuf> {
     if !ready() {
         run(Command::new("python3").args(["-m", "venv"]).arg(&venv))
             .context("making the virtual environment")?;
-        run(Command::new(&python).args(["-m", "pip", "install", "-q", "kafka-python>=2.2"]))
+        run(Command::new(&python).args(["-m", "pip", "install", "-q", "kafka-python>=3.0,<4"]))
             .context("pip install kafka-python")?;
     }
     if !ready() {

@@ -9,6 +9,11 @@
 //!   while the partition's leader is SIGKILLed; a kafka-python consumer
 //!   group reads them back and commits: every acknowledged record exactly
 //!   once and in order, and the group's committed offset is the end.
+//! - kafka-python's admin client describes a live group (its member's
+//!   subscription and assignment as the member sent them) and deletes
+//!   offsets (KIP-496): a topic the member subscribes to keeps its offset
+//!   (`GROUP_SUBSCRIBED_TO_TOPIC`) until the member leaves; another topic's
+//!   goes at once.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -195,5 +200,57 @@ async fn an_idempotent_kafka_python_producer_loses_and_repeats_nothing_across_a_
     let lost: Vec<&u64> = acked.iter().filter(|a| !read_set.contains(a)).take(10).collect();
     assert!(lost.is_empty(), "acknowledged but not read: {lost:?}");
     assert_eq!(v["committed"].as_u64(), Some(read.len() as u64), "the group committed the end");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_python_admin_describes_a_live_group_and_deletes_offsets_it_may() -> anyhow::Result<()> {
+    let python = tokio::task::spawn_blocking(kafka_python).await??;
+    let c = Cluster::start("kafka-group-admin", BIN, 3, &[]).await?;
+    create_topic(&c, "subscribed", 1, 3).await?;
+    create_topic(&c, "other", 1, 3).await?;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/kafka/group_admin.py");
+    let bootstrap = c.kafka_bootstrap();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python)
+            .args([script, &bootstrap, "subscribed", "other", "admin-g"])
+            .stderr(Stdio::inherit())
+            .output()
+    })
+    .await??;
+    assert!(out.status.success(), "the script failed");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+
+    // DescribeGroups: the member's subscription and assignment, decoded by
+    // kafka-python from the bytes the coordinator passed on.
+    let d = &v["describe"];
+    assert_eq!(d["group_state"], "Stable", "{d}");
+    assert_eq!(d["protocol_type"], "consumer", "{d}");
+    let members = d["members"].as_array().expect("members");
+    assert_eq!(members.len(), 1, "{d}");
+    let text = members[0].to_string();
+    assert!(
+        members[0]["member_metadata"].to_string().contains("subscribed"),
+        "the subscription names the topic: {text}"
+    );
+    assert!(
+        members[0]["member_assignment"].to_string().contains("subscribed"),
+        "the assignment names the topic: {text}"
+    );
+
+    // OffsetDelete while the member is in the group.
+    assert_eq!(v["first"]["subscribed-0"], "GroupSubscribedToTopicError", "{}", v["first"]);
+    assert_eq!(v["first"]["other-0"], "NoError", "{}", v["first"]);
+    assert_eq!(v["after_first"]["subscribed"], 10, "kept: {}", v["after_first"]);
+    assert!(v["after_first"]["other"].is_null(), "deleted: {}", v["after_first"]);
+    assert_eq!(
+        v["unknown_topic"]["no-such-topic-0"], "UnknownTopicOrPartitionError",
+        "{}",
+        v["unknown_topic"]
+    );
+    // And after it left.
+    assert_eq!(v["second"]["subscribed-0"], "NoError", "{}", v["second"]);
+    assert!(v["after_second"]["subscribed"].is_null(), "deleted: {}", v["after_second"]);
+    assert_eq!(v["unknown_group"], "GroupIdNotFoundError");
     Ok(())
 }

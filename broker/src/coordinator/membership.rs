@@ -21,12 +21,13 @@
 //! could not read back: generations only grow, and a commit from an evicted
 //! member's generation is refused (`ILLEGAL_GENERATION`, `UNKNOWN_MEMBER_ID`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
+use super::consumer_protocol;
 use super::records::{GroupMeta, MemberMeta};
 use crate::error::ApiError;
 
@@ -143,6 +144,21 @@ pub enum PersistKind {
     Sync,
     /// A static member's new member id (answers its join).
     Replaced,
+}
+
+/// One member as DescribeGroups shows it.
+#[derive(Clone, Debug)]
+pub struct DescribedMember {
+    /// Member id.
+    pub id: String,
+    /// The client's self-given name.
+    pub client_id: String,
+    /// Static membership's instance id (KIP-345).
+    pub instance_id: Option<String>,
+    /// Its metadata for the group's chosen protocol, as it sent it.
+    pub metadata: Bytes,
+    /// Its assignment, as the leader sent it (empty until then).
+    pub assignment: Bytes,
 }
 
 #[derive(Debug)]
@@ -324,12 +340,34 @@ impl Membership {
         self.members.is_empty()
     }
 
-    /// Each member: (id, client id, instance id, assignment).
-    pub fn describe(&self) -> Vec<(String, String, Option<String>, Bytes)> {
+    /// Each member as DescribeGroups shows it.
+    pub fn describe(&self) -> Vec<DescribedMember> {
         self.members
             .iter()
-            .map(|(id, m)| (id.clone(), m.client_id.clone(), m.instance_id.clone(), m.assignment.clone()))
+            .map(|(id, m)| DescribedMember {
+                id: id.clone(),
+                client_id: m.client_id.clone(),
+                instance_id: m.instance_id.clone(),
+                metadata: m.metadata(&self.protocol),
+                assignment: m.assignment.clone(),
+            })
             .collect()
+    }
+
+    /// The topics the members subscribe to (the union), for a group of
+    /// protocol type "consumer" whose protocol is chosen and whose every
+    /// member's metadata decodes ([`consumer_protocol`]); `None` otherwise,
+    /// which callers take as "may be subscribed to anything", as Kafka's
+    /// `GroupMetadata.isSubscribedToTopic` does.
+    pub fn subscribed_topics(&self) -> Option<BTreeSet<String>> {
+        if self.protocol_type != "consumer" || self.protocol.is_empty() {
+            return None;
+        }
+        let mut topics = BTreeSet::new();
+        for m in self.members.values() {
+            topics.extend(consumer_protocol::subscribed_topics(&m.metadata(&self.protocol))?);
+        }
+        Some(topics)
     }
 
     /// Every member and its metadata for the chosen protocol (the leader's
@@ -1130,7 +1168,7 @@ mod tests {
         let meta = stable.to_meta(true, 0);
         let back = Membership::from_meta(&meta, now);
         assert_eq!((back.phase(), back.generation(), back.len()), (Phase::Stable, 1, 2));
-        let mut assignments: Vec<Bytes> = back.describe().into_iter().map(|d| d.3).collect();
+        let mut assignments: Vec<Bytes> = back.describe().into_iter().map(|d| d.assignment).collect();
         assignments.sort();
         assert_eq!(assignments, ["A", "B"].map(Bytes::from));
     }

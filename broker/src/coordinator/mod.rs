@@ -47,6 +47,7 @@
 //! whose time is up, and then answered. The assignment itself is computed
 //! by the leader member (the client library's assignors), as in Kafka.
 
+pub mod consumer_protocol;
 mod members;
 pub mod membership;
 mod offsets;
@@ -140,8 +141,10 @@ pub struct GroupDescription {
     pub generation: i32,
     /// The assignor in use.
     pub protocol: String,
-    /// Its members: (member id, client id, instance id, assigned
-    /// partitions as far as the assignment decodes as a consumer's).
+    /// The members' protocol type ("consumer" for consumers; "" when it
+    /// has no members).
+    pub protocol_type: String,
+    /// Its members.
     pub members: Vec<MemberDescription>,
     /// Its committed offsets (current topic incarnations only).
     pub offsets: Vec<CommittedOffset>,
@@ -156,8 +159,15 @@ pub struct MemberDescription {
     pub client_id: String,
     /// Static membership's instance id.
     pub instance_id: Option<String>,
-    /// Its partitions, when the group's protocol type is "consumer".
+    /// Its partitions, when the group's protocol type is "consumer" and
+    /// the assignment decodes ([`consumer_protocol::assigned_partitions`]).
     pub assignment: Vec<(String, u32)>,
+    /// Its metadata for the chosen protocol, as it sent it (Kafka's
+    /// DescribeGroups `member_metadata`).
+    pub metadata: bytes::Bytes,
+    /// Its assignment, as the leader sent it (Kafka's DescribeGroups
+    /// `member_assignment`).
+    pub assignment_bytes: bytes::Bytes,
 }
 
 /// The group coordinator of one broker: serves the groups of the

@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use ferrolog_proto::TopicId;
 use ferrolog_proto::client::Record;
-use prost::Message;
 
+use super::consumer_protocol;
 use super::membership::Membership;
 use super::records::{self, Committed};
 use super::session::Session;
@@ -234,6 +234,66 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Deletes `group`'s committed offsets of `partitions` (Kafka's
+    /// OffsetDelete, KIP-496), with tombstones, as Kafka's coordinator
+    /// does: a group without members loses the offsets asked; a "consumer"
+    /// group with members keeps those of topics a member subscribes to
+    /// ([`ApiError::GroupSubscribedToTopic`] for them) and loses the rest;
+    /// a group with members of another protocol type keeps all
+    /// ([`ApiError::NonEmptyGroup`]). A partition with no committed offset
+    /// is answered as deleted. Returns each partition's outcome, `None`
+    /// when deleted.
+    ///
+    /// # Errors
+    /// [`ApiError::GroupIdNotFound`]; [`ApiError::NonEmptyGroup`]; as
+    /// [`Coordinator::commit`]'s group-level errors.
+    pub async fn delete_offsets(
+        &self,
+        group: &str,
+        partitions: Vec<(String, u32)>,
+    ) -> Result<Vec<((String, u32), Option<ApiError>)>, ApiError> {
+        let mut s = self.session(group).await?;
+        let g = s
+            .groups()
+            .get(group)
+            .filter(|g| !g.is_unused())
+            .ok_or_else(|| ApiError::GroupIdNotFound(group.to_owned()))?;
+        // `None`: every topic may be deleted; `Some(set)`: those in the set may not.
+        let kept: Option<std::collections::BTreeSet<String>> = match g.live.as_ref() {
+            Some(live) if !live.is_empty() => {
+                if live.protocol_type() != "consumer" {
+                    return Err(ApiError::NonEmptyGroup(group.to_owned()));
+                }
+                // Metadata that does not decode: every topic may be subscribed.
+                Some(
+                    live.subscribed_topics()
+                        .unwrap_or_else(|| partitions.iter().map(|(t, _)| t.clone()).collect()),
+                )
+            }
+            _ => None,
+        };
+        let now = now_ms();
+        let mut rows = Vec::new();
+        let mut results = Vec::with_capacity(partitions.len());
+        for (topic, partition) in partitions {
+            if kept.as_ref().is_some_and(|k| k.contains(&topic)) {
+                let e =
+                    ApiError::GroupSubscribedToTopic(format!("group {group:?} is subscribed to {topic:?}"));
+                results.push(((topic, partition), Some(e)));
+                continue;
+            }
+            if g.offsets.contains_key(&(topic.clone(), partition)) {
+                rows.push(records::offset_record(group, &topic, partition, None, now));
+            }
+            results.push(((topic, partition), None));
+        }
+        while !rows.is_empty() {
+            let rest = rows.split_off(rows.len().min(1_000));
+            s.append(std::mem::replace(&mut rows, rest), &self.limits).await?;
+        }
+        Ok(results)
+    }
+
     /// The groups of every [`OFFSETS_TOPIC`] partition this broker leads
     /// (Kafka's ListGroups: a client asks every broker), and an error
     /// naming the partitions led here that could not be read now (their
@@ -285,11 +345,17 @@ fn describe(id: &str, g: &state::Group, image: &MetadataImage) -> GroupDescripti
         .map(Membership::describe)
         .unwrap_or_default()
         .into_iter()
-        .map(|(id, client_id, instance_id, assignment)| MemberDescription {
-            id,
-            client_id,
-            instance_id,
-            assignment: if consumer { consumer_partitions(&assignment) } else { Vec::new() },
+        .map(|m| MemberDescription {
+            assignment: if consumer {
+                consumer_protocol::assigned_partitions(&m.assignment).unwrap_or_default()
+            } else {
+                Vec::new()
+            },
+            id: m.id,
+            client_id: m.client_id,
+            instance_id: m.instance_id,
+            metadata: m.metadata,
+            assignment_bytes: m.assignment,
         })
         .collect();
     GroupDescription {
@@ -297,15 +363,12 @@ fn describe(id: &str, g: &state::Group, image: &MetadataImage) -> GroupDescripti
         state: g.phase().name(),
         generation: g.generation(),
         protocol: live.map(|l| l.protocol().to_owned()).unwrap_or_default(),
+        protocol_type: live
+            .map(|l| l.protocol_type())
+            .or_else(|| g.meta.as_ref().map(|m| m.protocol_type.as_str()))
+            .unwrap_or_default()
+            .to_owned(),
         members,
         offsets: current_offsets(g, image),
     }
-}
-
-/// The partitions of a "consumer" assignment (`ConsumerAssignment`);
-/// none when it does not decode (another client's format).
-fn consumer_partitions(assignment: &[u8]) -> Vec<(String, u32)> {
-    ferrolog_proto::client::ConsumerAssignment::decode(assignment)
-        .map(|a| a.partitions.into_iter().map(|p| (p.topic, p.partition)).collect())
-        .unwrap_or_default()
 }

@@ -45,6 +45,7 @@ pub fn to_wire(e: &ApiError, image: &MetadataImage) -> Error {
         ApiError::InvalidSessionTimeout(_) => ErrorCode::InvalidSessionTimeout,
         ApiError::FencedInstanceId(_) => ErrorCode::FencedInstanceId,
         ApiError::InconsistentGroupProtocol(_) => ErrorCode::InconsistentGroupProtocol,
+        ApiError::GroupSubscribedToTopic(_) => ErrorCode::GroupSubscribedToTopic,
     };
     let mut wire = Error { code: code as i32, message: e.to_string(), ..Error::default() };
     match e {

@@ -41,6 +41,7 @@ use crate::metadata::command::{ControllerReply, ControllerRequest, PartitionAssi
 use crate::metadata::controller::{Controller, now_ms};
 use crate::metadata::image::MetadataImage;
 use crate::metadata::topic_config::{self, ConfigSource, TopicDefaults};
+use crate::partition::kafka_batch;
 use crate::partition::records::{self, BatchError, ProducerFields};
 use crate::partition::{FetchOutcome, Partition};
 use crate::partitions::Failures;
@@ -187,7 +188,8 @@ impl ClientService {
                 });
             let log_append_time = self.topic_defaults.log_append_time(&t.config);
             let compacted = self.topic_defaults.compacts(&t.config);
-            return Ok(Served { partition: p, max_batch_bytes, log_append_time, compacted });
+            let compression = kafka_batch::Codec::for_topic(self.topic_defaults.compression_type(&t.config));
+            return Ok(Served { partition: p, max_batch_bytes, log_append_time, compacted, compression });
         }
         // Not hosted here (or not started yet): point at a replica.
         let other = a.replicas.iter().map(|r| r.broker).find(|b| *b != self.broker);
@@ -347,6 +349,9 @@ pub(crate) struct Served {
     pub(crate) log_append_time: bool,
     /// The topic's `cleanup.policy` compacts: every record needs a key.
     pub(crate) compacted: bool,
+    /// The codec its `compression.type` stores batches with; `None` for
+    /// `producer` (as the producer sent them).
+    pub(crate) compression: Option<kafka_batch::Codec>,
 }
 
 type SubscribeStream = Pin<Box<dyn Stream<Item = Result<FetchResponse, Status>> + Send>>;
@@ -561,7 +566,7 @@ impl Ferrolog for ClientService {
                 return Err(ApiError::InternalTopic(req.topic));
             }
             let topic_id = TopicId::from_wire(&req.topic_id).map_err(ApiError::Invalid)?;
-            let Served { partition, max_batch_bytes, log_append_time, compacted } =
+            let Served { partition, max_batch_bytes, log_append_time, compacted, compression } =
                 self.served(&req.topic, req.partition, topic_id).await?;
             let mut rows = req.records;
             if compacted && let Some(i) = rows.iter().position(|r| r.key.is_none()) {
@@ -586,7 +591,7 @@ impl Ferrolog for ClientService {
                 producer_epoch: epoch,
                 base_sequence: req.base_sequence,
             };
-            let batch = records::build_batch(
+            let mut batch = records::build_batch(
                 rows,
                 producer,
                 now_ms(),
@@ -597,6 +602,20 @@ impl Ferrolog for ClientService {
                 BatchError::TooLarge(m) => ApiError::RecordTooLarge(m),
                 BatchError::Invalid(m) => ApiError::Invalid(m),
             })?;
+            if let Some(codec) = compression {
+                // The topic's codec: stored as a Kafka batch of that codec.
+                batch.records = records::decode(&batch.records)
+                    .and_then(|rows| {
+                        kafka_batch::payload_of(
+                            &rows,
+                            batch.producer_id,
+                            batch.producer_epoch,
+                            batch.base_sequence,
+                            codec,
+                        )
+                    })
+                    .map_err(|e| ApiError::Invalid(format!("compression.type={}: {e}", codec.name())))?;
+            }
             partition.produce(batch).await
         }
         .instrument(span)

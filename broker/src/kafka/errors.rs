@@ -55,6 +55,7 @@ pub fn code(e: &ApiError) -> i16 {
         ApiError::InvalidSessionTimeout(_) => K::InvalidSessionTimeout,
         ApiError::FencedInstanceId(_) => K::FencedInstanceId,
         ApiError::InconsistentGroupProtocol(_) => K::InconsistentGroupProtocol,
+        ApiError::GroupSubscribedToTopic(_) => K::GroupSubscribedToTopic,
     };
     k.code()
 }

@@ -4,7 +4,9 @@
 //! Commits through this listener may move an offset backwards, as Kafka's
 //! do (a consumer that seeks back and commits). A simple commit (no
 //! member, generation -1) is taken, as Kafka takes it. Member metadata and
-//! assignments are opaque bytes here; DescribeGroups answers them empty.
+//! assignments are passed on as the members sent them (DescribeGroups
+//! answers them so); the coordinator reads the subscribed topics out of
+//! them for OffsetDelete only.
 
 use std::net::SocketAddr;
 
@@ -28,6 +30,10 @@ use kafka_protocol::messages::list_groups_response::{ListGroupsResponse, ListedG
 use kafka_protocol::messages::offset_commit_request::OffsetCommitRequest;
 use kafka_protocol::messages::offset_commit_response::{
     OffsetCommitResponse, OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::offset_delete_request::OffsetDeleteRequest;
+use kafka_protocol::messages::offset_delete_response::{
+    OffsetDeleteResponse, OffsetDeleteResponsePartition, OffsetDeleteResponseTopic,
 };
 use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequest;
 use kafka_protocol::messages::offset_fetch_response::{
@@ -326,7 +332,7 @@ pub async fn list_groups(k: &KafkaService, r: ListGroupsRequest) -> ListGroupsRe
         .map(|g| {
             ListedGroup::default()
                 .with_group_id(GroupId(s(g.group)))
-                .with_protocol_type(StrBytes::from_static_str("consumer"))
+                .with_protocol_type(s(g.protocol_type))
                 .with_group_state(StrBytes::from_static_str(g.state))
         })
         .collect();
@@ -344,7 +350,7 @@ pub async fn describe_groups(k: &KafkaService, r: DescribeGroupsRequest) -> Desc
         out.push(match k.core.coordinator.describe(&g).await {
             Ok(desc) => d
                 .with_group_state(StrBytes::from_static_str(desc.state))
-                .with_protocol_type(StrBytes::from_static_str("consumer"))
+                .with_protocol_type(s(desc.protocol_type))
                 .with_protocol_data(s(desc.protocol))
                 .with_members(
                     desc.members
@@ -354,6 +360,8 @@ pub async fn describe_groups(k: &KafkaService, r: DescribeGroupsRequest) -> Desc
                                 .with_member_id(s(m.id))
                                 .with_group_instance_id(m.instance_id.map(s))
                                 .with_client_id(s(m.client_id))
+                                .with_member_metadata(m.metadata)
+                                .with_member_assignment(m.assignment_bytes)
                         })
                         .collect(),
                 ),
@@ -377,4 +385,62 @@ pub async fn delete_groups(k: &KafkaService, r: DeleteGroupsRequest) -> DeleteGr
         );
     }
     DeleteGroupsResponse::default().with_results(out)
+}
+
+/// Answers OffsetDelete (KIP-496). A topic this broker's metadata does not
+/// know is answered `UNKNOWN_TOPIC_OR_PARTITION` without asking the
+/// coordinator, as Kafka answers it; offsets of such a topic are removed by
+/// offset expiry once the topic is gone.
+pub async fn offset_delete(k: &KafkaService, r: OffsetDeleteRequest) -> OffsetDeleteResponse {
+    let image = k.core.controller.image();
+    let mut asked = Vec::new();
+    let mut unknown = Vec::new();
+    for t in &r.topics {
+        for p in &t.partitions {
+            let known = image.topics.get(t.name.as_str()).is_some_and(|e| {
+                u32::try_from(p.partition_index).is_ok_and(|i| (i as usize) < e.partitions.len())
+            });
+            if known {
+                asked.push((t.name.to_string(), p.partition_index as u32));
+            } else {
+                unknown.push((t.name.to_string(), p.partition_index));
+            }
+        }
+    }
+    let mut answers: Vec<(String, i32, i16)> =
+        unknown.into_iter().map(|(t, p)| (t, p, ResponseError::UnknownTopicOrPartition.code())).collect();
+    let group_error =
+        if asked.is_empty() {
+            errors::NONE
+        } else {
+            match k.core.coordinator.delete_offsets(&r.group_id, asked).await {
+                Ok(results) => {
+                    answers.extend(results.into_iter().map(|((t, p), e)| {
+                        (t, p as i32, e.map_or(errors::NONE, |e| errors::group_code(&e)))
+                    }));
+                    errors::NONE
+                }
+                Err(e) => errors::group_code(&e),
+            }
+        };
+    // One entry per topic, partitions in the order asked.
+    let mut topics: Vec<OffsetDeleteResponseTopic> = Vec::new();
+    for t in &r.topics {
+        if topics.iter().any(|x| x.name == t.name) {
+            continue;
+        }
+        let partitions = answers
+            .iter()
+            .filter(|(name, _, _)| name.as_str() == t.name.as_str())
+            .map(|(_, p, code)| {
+                OffsetDeleteResponsePartition::default().with_partition_index(*p).with_error_code(*code)
+            })
+            .collect();
+        topics
+            .push(OffsetDeleteResponseTopic::default().with_name(t.name.clone()).with_partitions(partitions));
+    }
+    if group_error != errors::NONE {
+        topics.clear();
+    }
+    OffsetDeleteResponse::default().with_error_code(group_error).with_topics(topics)
 }

@@ -136,6 +136,7 @@ const DESCRIBE_CONFIGS: &[F] = &[f(Arr(&[f(I8, 0), f(Str, 0), f(Strs, 0)]), 0), 
 const CREATE_PARTITIONS: &[F] =
     &[f(Arr(&[f(Str, 0), f(I32, 0), f(Arr(&[f(I32s, 0)]), 0)]), 0), f(I32, 0), f(Bool, 0)];
 const DELETE_GROUPS: &[F] = &[f(Strs, 0)];
+const OFFSET_DELETE: &[F] = &[f(Str, 0), f(Arr(&[f(Str, 0), f(Arr(&[f(I32, 0)]), 0)]), 0)];
 
 /// The request schema of `api`, if it is served.
 fn schema(api: ApiKey) -> Option<&'static [F]> {
@@ -160,6 +161,7 @@ fn schema(api: ApiKey) -> Option<&'static [F]> {
         ApiKey::DescribeConfigs => DESCRIBE_CONFIGS,
         ApiKey::CreatePartitions => CREATE_PARTITIONS,
         ApiKey::DeleteGroups => DELETE_GROUPS,
+        ApiKey::OffsetDelete => OFFSET_DELETE,
         _ => return None,
     })
 }
@@ -447,6 +449,14 @@ mod tests {
                     ));
                     2
                 ]))
+            }
+            ApiKey::OffsetDelete => {
+                use offset_delete_request as od;
+                RequestKind::OffsetDelete(
+                    OffsetDeleteRequest::default().with_topics(two(od::OffsetDeleteRequestTopic::default()
+                        .with_name(t())
+                        .with_partitions(two(od::OffsetDeleteRequestPartition::default())))),
+                )
             }
             other => panic!("no sample for {other:?}"),
         }

@@ -123,6 +123,7 @@ async fn dispatch(
         Q::ListGroups(r) => now(A::ListGroups(groups::list_groups(s, r).await)),
         Q::DescribeGroups(r) => now(A::DescribeGroups(groups::describe_groups(s, r).await)),
         Q::DeleteGroups(r) => now(A::DeleteGroups(groups::delete_groups(s, r).await)),
+        Q::OffsetDelete(r) => now(A::OffsetDelete(groups::offset_delete(s, r).await)),
         other => return Err(format!("no handler for {other:?}")),
     })
 }

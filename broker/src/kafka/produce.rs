@@ -240,8 +240,11 @@ fn checked(
         ));
         return Err(failed(errors::batch_code(&e), e.to_string()));
     }
-    // The topic's timestamp type rules, whatever the producer's attributes
-    // say (as Kafka's broker does).
+    // The topic's codec and timestamp type rule, whatever the producer's
+    // attributes say (as Kafka's broker does).
+    if let Some(codec) = served.compression {
+        batch.recompress(codec).map_err(|e| failed(errors::batch_code(&e), e.to_string()))?;
+    }
     if served.log_append_time {
         batch.stamp_log_append_time(now);
     } else if batch.header.log_append_time() {

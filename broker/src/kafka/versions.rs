@@ -35,6 +35,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::OffsetDelete, 0, 0),
 ];
 
 /// The versions of `key` served, if any.

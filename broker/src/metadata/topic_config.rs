@@ -49,6 +49,8 @@ enum Kind {
     CleanupPolicy,
     /// `CreateTime` or `LogAppendTime`.
     TimestampType,
+    /// `producer`, `uncompressed`, `gzip`, `snappy`, `lz4` or `zstd`.
+    CompressionType,
 }
 
 /// One topic-level key: its name, the values it takes and its built-in
@@ -138,6 +140,12 @@ pub const KEYS: &[KeySpec] = &[
         default: "CreateTime",
         doc: "record timestamps as the producer set them (CreateTime) or as the leader appended them (LogAppendTime)",
     },
+    KeySpec {
+        name: "compression.type",
+        kind: Kind::CompressionType,
+        default: "producer",
+        doc: "codec of stored batches: as the producer compressed them (producer), or recompressed by the leader (uncompressed, gzip, snappy, lz4, zstd)",
+    },
 ];
 
 /// The spec of `name`, if Ferrolog knows the key.
@@ -186,6 +194,10 @@ pub fn check_value(key: &str, value: &str) -> Result<String, String> {
         Kind::TimestampType => match v {
             "CreateTime" | "LogAppendTime" => Ok(v.to_owned()),
             _ => bad("must be CreateTime or LogAppendTime"),
+        },
+        Kind::CompressionType => match v {
+            "producer" | "uncompressed" | "gzip" | "snappy" | "lz4" | "zstd" => Ok(v.to_owned()),
+            _ => bad("must be producer, uncompressed, gzip, snappy, lz4 or zstd"),
         },
     }
 }
@@ -309,6 +321,13 @@ impl TopicDefaults {
         overrides.get(KEY).or_else(|| self.set.get(KEY)).is_some_and(|v| v == "LogAppendTime")
     }
 
+    /// A topic's `compression.type` with `overrides` (`producer` unless
+    /// set). Two map lookups: this is asked on every produce.
+    pub fn compression_type<'a>(&'a self, overrides: &'a BTreeMap<String, String>) -> &'a str {
+        const KEY: &str = "compression.type";
+        overrides.get(KEY).or_else(|| self.set.get(KEY)).map_or("producer", String::as_str)
+    }
+
     /// Whether a topic with `overrides` is compacted (its `cleanup.policy`
     /// holds `compact`). Two map lookups: this is asked on every produce.
     pub fn compacts(&self, overrides: &BTreeMap<String, String>) -> bool {
@@ -377,6 +396,8 @@ mod tests {
             ("cleanup.policy", ""),
             ("message.timestamp.type", "createtime"),
             ("max.message.bytes", "-1"),
+            ("compression.type", "none"),
+            ("compression.type", "ZSTD"),
         ] {
             let e = check_value(k, v).unwrap_err();
             assert!(e.starts_with(&format!("{k}=")), "{k}={v}: {e}");
@@ -449,6 +470,8 @@ mod tests {
         assert_eq!(defaults.value(&topic, "message.timestamp.type"), "CreateTime");
         assert_eq!(defaults.value(&topic, "no.such.key"), "");
         assert!(!defaults.log_append_time(&topic));
+        assert_eq!(defaults.compression_type(&topic), "producer");
+        assert_eq!(defaults.compression_type(&map(&[("compression.type", "lz4")])), "lz4");
         assert!(defaults.log_append_time(&map(&[("message.timestamp.type", "LogAppendTime")])));
         let stamping =
             TopicDefaults::from_broker(&map(&[("message.timestamp.type", "LogAppendTime")]), 1 << 30, 1, 1)

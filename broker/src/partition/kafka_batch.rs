@@ -27,11 +27,11 @@
 //! count varint, headers (key: varint length and UTF-8 bytes; value: varint
 //! length, -1 for null).
 
-use std::io::Read;
-
 use bytes::{BufMut, Bytes, BytesMut};
 use ferrolog_proto::client::{Header, Record};
 use ferrolog_raft_store::StoredBatch;
+
+pub use super::kafka_codec::{Codec, compress, decompress};
 
 /// First byte of a stored payload that holds a Kafka batch (see the module
 /// comment).
@@ -58,45 +58,6 @@ const CONTROL: i16 = 1 << 5;
 /// bytes: produce checked them against the limits of the day, so this only
 /// bounds memory against a damaged or foreign payload.
 pub const STORED_DECOMPRESSED_MAX: usize = 256 << 20;
-
-/// A compression codec of the attributes (Kafka's `compression.type`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Codec {
-    /// Not compressed.
-    None,
-    /// gzip (RFC 1952).
-    Gzip,
-    /// Snappy, raw or in snappy-java's ("xerial") framing.
-    Snappy,
-    /// LZ4 frame format (KIP-57).
-    Lz4,
-    /// Zstandard (KIP-110).
-    Zstd,
-}
-
-impl Codec {
-    fn from_attributes(attributes: i16) -> Result<Self, String> {
-        Ok(match attributes & COMPRESSION_MASK {
-            0 => Codec::None,
-            1 => Codec::Gzip,
-            2 => Codec::Snappy,
-            3 => Codec::Lz4,
-            4 => Codec::Zstd,
-            other => return Err(format!("unknown compression codec {other} in the batch attributes")),
-        })
-    }
-
-    /// Kafka's name of the codec (`compression.type`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Codec::None => "none",
-            Codec::Gzip => "gzip",
-            Codec::Snappy => "snappy",
-            Codec::Lz4 => "lz4",
-            Codec::Zstd => "zstd",
-        }
-    }
-}
 
 /// Why a produced batch was refused, by the Kafka error it maps to.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -146,7 +107,7 @@ impl BatchHeader {
     /// # Errors
     /// An unknown codec number.
     pub fn codec(&self) -> Result<Codec, String> {
-        Codec::from_attributes(self.attributes)
+        Codec::from_id(self.attributes & COMPRESSION_MASK)
     }
 
     /// Whether the records' timestamps are the broker's append time.
@@ -207,7 +168,9 @@ pub struct CheckedBatch {
     pub header: BatchHeader,
     /// Its records, decoded.
     pub records: Vec<KafkaRecord>,
-    /// The whole batch as it came.
+    /// The records' bytes, decompressed (the records above slice them).
+    pub plain: Bytes,
+    /// The whole batch as it came (or as [`CheckedBatch::recompress`] made it).
     pub bytes: Bytes,
 }
 
@@ -262,6 +225,35 @@ impl CheckedBatch {
         let crc = crc32c::crc32c(&b[CRC_START..]);
         b[PREFIX_BYTES..CRC_START].copy_from_slice(&crc.to_be_bytes());
         self.bytes = b.freeze();
+    }
+
+    /// Makes its records compressed with `codec` (a topic's
+    /// `compression.type` other than `producer`, as Kafka's broker
+    /// recompresses): the header is kept but for the codec bits; the CRC is
+    /// recomputed. Nothing is done when the batch already has that codec.
+    ///
+    /// # Errors
+    /// [`BatchError::Invalid`] if the codec's library fails.
+    pub fn recompress(&mut self, codec: Codec) -> Result<(), BatchError> {
+        if self.header.codec() == Ok(codec) {
+            return Ok(());
+        }
+        let body = compress(codec, &self.plain).map_err(BatchError::Invalid)?;
+        self.header.attributes = (self.header.attributes & !COMPRESSION_MASK) | codec.id();
+        let mut b = BytesMut::with_capacity(BATCH_OVERHEAD_BYTES + body.len());
+        b.extend_from_slice(&self.bytes[..8]); // base offset
+        let length = i32::try_from(BATCH_OVERHEAD_BYTES - 12 + body.len())
+            .map_err(|_| BatchError::TooLarge("a recompressed batch over 2 GiB".into()))?;
+        b.put_i32(length);
+        b.extend_from_slice(&self.bytes[12..PREFIX_BYTES]); // leader epoch, magic
+        b.put_u32(0); // the CRC, below
+        b.put_i16(self.header.attributes);
+        b.extend_from_slice(&self.bytes[CRC_START + 2..BATCH_OVERHEAD_BYTES]);
+        b.extend_from_slice(&body);
+        let crc = crc32c::crc32c(&b[CRC_START..]);
+        b[PREFIX_BYTES..CRC_START].copy_from_slice(&crc.to_be_bytes());
+        self.bytes = b.freeze();
+        Ok(())
     }
 
     /// The stored payload: [`PAYLOAD_TAG`], then the batch from its CRC on.
@@ -333,22 +325,23 @@ pub fn check_produced(bytes: Bytes, decompressed_max: usize) -> Result<CheckedBa
             header.last_offset_delta, header.record_count
         )));
     }
-    let records = records_of(&header, bytes.slice(BATCH_OVERHEAD_BYTES..), decompressed_max)?;
+    let (records, plain) = records_of(&header, bytes.slice(BATCH_OVERHEAD_BYTES..), decompressed_max)?;
     for (i, r) in records.iter().enumerate() {
         if usize::try_from(r.offset_delta).ok() != Some(i) {
             return Err(BatchError::Invalid(format!("record {i} has offset delta {}", r.offset_delta)));
         }
     }
-    Ok(CheckedBatch { header, records, bytes })
+    Ok(CheckedBatch { header, records, plain, bytes })
 }
 
 /// Decodes the records of a batch whose header is `header` from `body`
-/// (the bytes after the header), decompressing at most `decompressed_max`.
+/// (the bytes after the header), decompressing at most `decompressed_max`;
+/// returns them and the decompressed bytes they slice.
 fn records_of(
     header: &BatchHeader,
     body: Bytes,
     decompressed_max: usize,
-) -> Result<Vec<KafkaRecord>, BatchError> {
+) -> Result<(Vec<KafkaRecord>, Bytes), BatchError> {
     let codec = header.codec().map_err(BatchError::Invalid)?;
     let count = usize::try_from(header.record_count).unwrap_or(0);
     let plain = match codec {
@@ -374,7 +367,7 @@ fn records_of(
             plain.len() - r.at
         )));
     }
-    Ok(out)
+    Ok((out, plain))
 }
 
 fn read_record(r: &mut Reader<'_>, all: &Bytes) -> Result<KafkaRecord, String> {
@@ -403,97 +396,6 @@ fn read_record(r: &mut Reader<'_>, all: &Bytes) -> Result<KafkaRecord, String> {
     Ok(KafkaRecord { timestamp_delta, offset_delta, key, value, headers })
 }
 
-/// Decompresses `data` of `codec`, at most `max` bytes out.
-///
-/// # Errors
-/// [`BatchError::Corrupt`] when the data does not decompress;
-/// [`BatchError::TooLarge`] past `max`.
-pub fn decompress(codec: Codec, data: &[u8], max: usize) -> Result<Vec<u8>, BatchError> {
-    let corrupt = |e: &dyn std::fmt::Display| BatchError::Corrupt(format!("{} data: {e}", codec.name()));
-    let too_large = || {
-        BatchError::TooLarge(format!(
-            "the batch's records decompress ({}) to more than {max} bytes",
-            codec.name()
-        ))
-    };
-    let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
-    let mut out = Vec::new();
-    match codec {
-        Codec::None => out.extend_from_slice(data),
-        Codec::Gzip => {
-            flate2::read::MultiGzDecoder::new(data)
-                .take(limit)
-                .read_to_end(&mut out)
-                .map_err(|e| corrupt(&e))?;
-        }
-        Codec::Zstd => {
-            let mut d = zstd::stream::read::Decoder::new(data).map_err(|e| corrupt(&e))?;
-            // A window of at most 16 MiB (2^24): zstd's default cap is 128 MiB.
-            d.window_log_max(24).map_err(|e| corrupt(&e))?;
-            d.take(limit).read_to_end(&mut out).map_err(|e| corrupt(&e))?;
-        }
-        Codec::Lz4 => {
-            lz4_flex::frame::FrameDecoder::new(data)
-                .take(limit)
-                .read_to_end(&mut out)
-                .map_err(|e| corrupt(&e))?;
-        }
-        Codec::Snappy => snappy(data, max, &mut out).map_err(|e| match e {
-            SnappyError::TooLarge => too_large(),
-            SnappyError::Corrupt(m) => corrupt(&m),
-        })?,
-    }
-    if out.len() > max {
-        return Err(too_large());
-    }
-    Ok(out)
-}
-
-/// The header of snappy-java's framing ("xerial"), which the Java client
-/// and librdkafka write: magic, then version 1 and compatible version 1.
-const XERIAL_MAGIC: &[u8; 8] = b"\x82SNAPPY\x00";
-
-enum SnappyError {
-    TooLarge,
-    Corrupt(String),
-}
-
-/// Snappy: xerial-framed (16-byte header, then blocks each preceded by its
-/// big-endian i32 length) or one raw block.
-fn snappy(data: &[u8], max: usize, out: &mut Vec<u8>) -> Result<(), SnappyError> {
-    let block = |b: &[u8], out: &mut Vec<u8>| -> Result<(), SnappyError> {
-        let n = snap::raw::decompress_len(b).map_err(|e| SnappyError::Corrupt(e.to_string()))?;
-        if out.len().saturating_add(n) > max {
-            return Err(SnappyError::TooLarge);
-        }
-        let at = out.len();
-        out.resize(at + n, 0);
-        snap::raw::Decoder::new()
-            .decompress(b, &mut out[at..])
-            .map_err(|e| SnappyError::Corrupt(e.to_string()))?;
-        Ok(())
-    };
-    if data.len() >= 16 && &data[..8] == XERIAL_MAGIC {
-        let mut at = 16;
-        while at < data.len() {
-            let len_bytes: [u8; 4] = data
-                .get(at..at + 4)
-                .and_then(|s| s.try_into().ok())
-                .ok_or_else(|| SnappyError::Corrupt("a block length is cut short".into()))?;
-            let len = usize::try_from(i32::from_be_bytes(len_bytes))
-                .map_err(|_| SnappyError::Corrupt("a negative block length".into()))?;
-            let b = data
-                .get(at + 4..at + 4 + len)
-                .ok_or_else(|| SnappyError::Corrupt("a block is cut short".into()))?;
-            block(b, out)?;
-            at += 4 + len;
-        }
-        Ok(())
-    } else {
-        block(data, out)
-    }
-}
-
 /// Whether a stored payload holds a Kafka batch.
 pub fn is_kafka_payload(payload: &[u8]) -> bool {
     payload.first() == Some(&PAYLOAD_TAG)
@@ -514,7 +416,7 @@ pub fn decode_payload(payload: &Bytes) -> Result<Vec<Record>, String> {
     }
     let header = BatchHeader::parse(&payload[1 + 4..])?;
     let body = payload.slice(1 + BATCH_OVERHEAD_BYTES - PREFIX_BYTES..);
-    let records = records_of(&header, body, STORED_DECOMPRESSED_MAX).map_err(|e| e.to_string())?;
+    let (records, _) = records_of(&header, body, STORED_DECOMPRESSED_MAX).map_err(|e| e.to_string())?;
     let mut next = 0i64;
     Ok(records
         .into_iter()
@@ -579,9 +481,40 @@ pub fn serve(
             producer_id: h.producer_id,
             producer_epoch: h.producer_epoch,
             base_sequence: h.base_sequence,
+            codec: Codec::None,
         },
         out,
     )
+}
+
+/// The stored payload ([`PAYLOAD_TAG`], then the batch from its CRC on) of
+/// Ferrolog records as one Kafka batch compressed with `codec`: how a
+/// topic whose `compression.type` names a codec stores batches produced
+/// through the gRPC API. Idempotence fields as the request carried them.
+///
+/// # Errors
+/// As [`encode_batch`].
+pub fn payload_of(
+    records: &[Record],
+    producer_id: i64,
+    producer_epoch: i16,
+    base_sequence: i32,
+    codec: Codec,
+) -> Result<Bytes, String> {
+    let offsets = u32::try_from(records.len()).map_err(|_| "too many records")?;
+    let fields = BatchFields {
+        base_offset: 0,
+        offsets,
+        leader_epoch: -1,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        codec,
+    };
+    let mut b = BytesMut::new();
+    encode_batch(records, &fields, &mut b)?;
+    b[PREFIX_BYTES - 1] = PAYLOAD_TAG;
+    Ok(b.freeze().slice(PREFIX_BYTES - 1..))
 }
 
 /// Batch-level fields of [`encode_batch`].
@@ -600,13 +533,15 @@ pub struct BatchFields {
     pub producer_epoch: i16,
     /// Base sequence, or -1.
     pub base_sequence: i32,
+    /// Codec the records are compressed with.
+    pub codec: Codec,
 }
 
-/// Encodes Ferrolog records as one uncompressed Kafka batch (CreateTime
-/// timestamps), appended to `out`.
+/// Encodes Ferrolog records as one Kafka batch (CreateTime timestamps),
+/// its records compressed with `f.codec`, appended to `out`.
 ///
 /// # Errors
-/// A record's offset delta outside the batch's span.
+/// A record's offset delta outside the batch's span; a codec failure.
 pub fn encode_batch(records: &[Record], f: &BatchFields, out: &mut BytesMut) -> Result<(), String> {
     let deltas = super::records::offset_deltas(records);
     if let Some(d) = deltas.iter().find(|d| **d >= f.offsets.max(1)) {
@@ -616,20 +551,19 @@ pub fn encode_batch(records: &[Record], f: &BatchFields, out: &mut BytesMut) -> 
     let max_timestamp = records.iter().map(|r| r.timestamp_ms).max().unwrap_or(base_timestamp);
     let mut body = BytesMut::new();
     for (r, d) in records.iter().zip(&deltas) {
-        let mut rec = BytesMut::new();
-        rec.put_i8(0);
-        put_varlong(&mut rec, r.timestamp_ms.wrapping_sub(base_timestamp));
-        put_varlong(&mut rec, i64::from(*d));
-        put_nullable(&mut rec, r.key.as_deref());
-        put_nullable(&mut rec, (!r.null_value).then_some(&r.value[..]));
-        put_varlong(&mut rec, r.headers.len() as i64);
-        for h in &r.headers {
-            put_nullable(&mut rec, Some(h.key.as_bytes()));
-            put_nullable(&mut rec, (!h.null_value).then_some(&h.value[..]));
-        }
-        put_varlong(&mut body, rec.len() as i64);
-        body.extend_from_slice(&rec);
+        put_record(
+            &mut body,
+            r.timestamp_ms.wrapping_sub(base_timestamp),
+            i64::from(*d),
+            r.key.as_deref(),
+            (!r.null_value).then_some(&r.value[..]),
+            r.headers.iter().map(|h| (h.key.as_bytes(), (!h.null_value).then_some(&h.value[..]))),
+        );
     }
+    let body = match f.codec {
+        Codec::None => body,
+        codec => BytesMut::from(&compress(codec, &body)?[..]),
+    };
     let start = out.len();
     out.reserve(BATCH_OVERHEAD_BYTES + body.len());
     out.put_i64(i64::try_from(f.base_offset).unwrap_or(i64::MAX));
@@ -637,7 +571,7 @@ pub fn encode_batch(records: &[Record], f: &BatchFields, out: &mut BytesMut) -> 
     out.put_i32(f.leader_epoch);
     out.put_i8(2);
     out.put_u32(0); // the CRC, below
-    out.put_i16(0);
+    out.put_i16(f.codec.id());
     out.put_i32(i32::try_from(f.offsets.max(1) - 1).unwrap_or(i32::MAX));
     out.put_i64(base_timestamp);
     out.put_i64(max_timestamp);
@@ -649,6 +583,82 @@ pub fn encode_batch(records: &[Record], f: &BatchFields, out: &mut BytesMut) -> 
     let crc = crc32c::crc32c(&out[start + CRC_START..]);
     out[start + PREFIX_BYTES..start + CRC_START].copy_from_slice(&crc.to_be_bytes());
     Ok(())
+}
+
+/// One record (see the module comment), appended to `body`.
+fn put_record<'a>(
+    body: &mut BytesMut,
+    timestamp_delta: i64,
+    offset_delta: i64,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+    headers: impl ExactSizeIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+) {
+    let mut rec = BytesMut::new();
+    rec.put_i8(0);
+    put_varlong(&mut rec, timestamp_delta);
+    put_varlong(&mut rec, offset_delta);
+    put_nullable(&mut rec, key);
+    put_nullable(&mut rec, value);
+    put_varlong(&mut rec, headers.len() as i64);
+    for (k, v) in headers {
+        put_nullable(&mut rec, Some(k));
+        put_nullable(&mut rec, v);
+    }
+    put_varlong(body, rec.len() as i64);
+    body.extend_from_slice(&rec);
+}
+
+/// A stored Kafka payload holding only the records whose `keep` flag is
+/// set, in order (`keep` parallels the records): what compaction writes,
+/// as Kafka's log cleaner rewrites a batch. The header is kept (codec,
+/// timestamp type, producer fields, and the last offset delta: the batch
+/// still spans its offsets), survivors keep their offset and timestamp
+/// deltas, the records are compressed again with the batch's codec and the
+/// CRC is recomputed.
+///
+/// # Errors
+/// A message when the payload is not a well-formed Kafka batch, or `keep`
+/// does not match its records.
+pub fn retain_payload(payload: &Bytes, keep: &[bool]) -> Result<Bytes, String> {
+    if !is_kafka_payload(payload) || payload.len() < 1 + BATCH_OVERHEAD_BYTES - PREFIX_BYTES {
+        return Err(format!("a payload of {} bytes is not a stored Kafka batch", payload.len()));
+    }
+    let head = 1 + BATCH_OVERHEAD_BYTES - PREFIX_BYTES;
+    let header = BatchHeader::parse(&payload[1 + 4..])?;
+    let (records, _) =
+        records_of(&header, payload.slice(head..), STORED_DECOMPRESSED_MAX).map_err(|e| e.to_string())?;
+    if records.len() != keep.len() {
+        return Err(format!("{} records, {} keep flags", records.len(), keep.len()));
+    }
+    let mut body = BytesMut::new();
+    let mut kept = 0i32;
+    for r in records.iter().zip(keep).filter(|(_, k)| **k).map(|(r, _)| r) {
+        put_record(
+            &mut body,
+            r.timestamp_delta,
+            i64::from(r.offset_delta),
+            r.key.as_deref(),
+            r.value.as_deref(),
+            r.headers.iter().map(|(k, v)| (k.as_bytes(), v.as_deref())),
+        );
+        kept += 1;
+    }
+    let codec = header.codec()?;
+    let body = match codec {
+        Codec::None => body.freeze(),
+        c => Bytes::from(compress(c, &body)?),
+    };
+    let mut out = BytesMut::with_capacity(head + body.len());
+    out.put_u8(PAYLOAD_TAG);
+    out.put_u32(0); // the CRC, below
+    // The header from the attributes to the base sequence, unchanged.
+    out.extend_from_slice(&payload[1 + 4..head - 4]);
+    out.put_i32(kept);
+    out.extend_from_slice(&body);
+    let crc = crc32c::crc32c(&out[5..]);
+    out[1..5].copy_from_slice(&crc.to_be_bytes());
+    Ok(out.freeze())
 }
 
 fn put_varlong(b: &mut BytesMut, v: i64) {
@@ -750,6 +760,7 @@ mod tests {
             producer_id: 7,
             producer_epoch: 1,
             base_sequence: 3,
+            codec: Codec::None,
         }
     }
 
@@ -831,6 +842,66 @@ mod tests {
                 matches!(check_produced(b, 500), Err(BatchError::TooLarge(_))),
                 "codec {codec}: the bound holds"
             );
+        }
+    }
+
+    const CODECS: [Codec; 5] = [Codec::None, Codec::Gzip, Codec::Snappy, Codec::Lz4, Codec::Zstd];
+
+    #[test]
+    fn a_topic_codec_recompresses_any_produced_codec_and_keeps_the_records() {
+        let records: Vec<Record> = (0..50)
+            .map(|i| {
+                rec(Some(&format!("k{i}")), (i % 7 != 0).then_some("a value that compresses well"), 1000 + i)
+            })
+            .collect();
+        let expected = {
+            let c = check_produced(batch_of(&records), 1 << 20).expect("valid");
+            decode_payload(&c.payload()).expect("decode")
+        };
+        for from in CODECS {
+            let mut out = BytesMut::new();
+            encode_batch(&records, &BatchFields { codec: from, ..fields(50) }, &mut out).expect("encode");
+            for to in CODECS {
+                let mut c = check_produced(out.clone().freeze(), 1 << 20).expect("valid");
+                assert_eq!(c.header.codec(), Ok(from));
+                c.recompress(to).expect("recompress");
+                // What is stored passes the produce checks again: CRC, length, codec.
+                let again = check_produced(c.bytes.clone(), 1 << 20).expect("a valid batch");
+                assert_eq!(again.header.codec(), Ok(to), "{from:?} -> {to:?}");
+                assert_eq!((again.header.producer_id, again.header.base_sequence), (7, 3));
+                assert_eq!(decode_payload(&again.payload()).expect("decode"), expected, "{from:?} -> {to:?}");
+            }
+        }
+        // gRPC-produced records stored with a topic's codec.
+        for codec in CODECS {
+            let p = payload_of(&records, 7, 1, 3, codec).expect("payload");
+            assert!(is_kafka_payload(&p));
+            assert_eq!(decode_payload(&p).expect("decode"), expected, "{codec:?}");
+        }
+    }
+
+    #[test]
+    fn compaction_thins_a_kafka_batch_in_its_codec_keeping_offsets_and_timestamps() {
+        let records: Vec<Record> = (0..6).map(|i| rec(Some(&format!("k{i}")), Some("v"), 5000 + i)).collect();
+        let keep = [false, true, false, false, true, true];
+        for codec in CODECS {
+            let mut out = BytesMut::new();
+            encode_batch(&records, &BatchFields { codec, ..fields(6) }, &mut out).expect("encode");
+            let payload = check_produced(out.freeze(), 1 << 20).expect("valid").payload();
+            let thinned = retain_payload(&payload, &keep).expect("retain");
+            let header = BatchHeader::parse(&thinned[5..]).expect("header");
+            assert_eq!(header.codec(), Ok(codec), "the codec is kept");
+            assert_eq!(
+                (header.last_offset_delta, header.record_count),
+                (5, 3),
+                "the batch spans its offsets"
+            );
+            assert_eq!(u32::from_be_bytes(thinned[1..5].try_into().unwrap()), crc32c::crc32c(&thinned[5..]));
+            let left = decode_payload(&thinned).expect("decode");
+            let got: Vec<(Option<u32>, i64)> =
+                left.iter().map(|r| (r.offset_delta, r.timestamp_ms)).collect();
+            assert_eq!(got, vec![(Some(1), 5001), (Some(4), 5004), (None, 5005)], "{codec:?}");
+            assert_eq!(retain_payload(&payload, &[true]).unwrap_err(), "6 records, 1 keep flags");
         }
     }
 

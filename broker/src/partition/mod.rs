@@ -3,6 +3,8 @@
 //!
 //! - [`records`]: request records ⇄ stored batch, size limits.
 //! - [`sequencer`]: idempotent producer checks before proposing (KIP-98).
+//! - [`kafka_batch`]: Kafka's record batch as stored and served (issue 14).
+//! - [`kafka_codec`]: Kafka's compression codecs, bounded decompression.
 //!
 //! A request for a partition is served only by its leader, and only once the
 //! leader has applied an entry of its own term: then everything committed
@@ -10,6 +12,7 @@
 //! are complete (Raft paper §5.4.2, §8).
 
 pub mod kafka_batch;
+pub mod kafka_codec;
 pub mod records;
 pub mod sequencer;
 

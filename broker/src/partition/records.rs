@@ -226,7 +226,12 @@ impl RecordCodec for Codec {
     /// Each survivor carries its delta only when it follows removed
     /// records, so a thinned batch is never larger than the original (a
     /// delta field is at most 6 bytes, a removed record at least 12).
+    /// A Kafka batch stays a Kafka batch of its codec
+    /// ([`kafka_batch::retain_payload`]).
     fn retain(&self, records: &Bytes, keep: &[bool]) -> Result<Bytes, String> {
+        if kafka_batch::is_kafka_payload(records) {
+            return kafka_batch::retain_payload(records, keep);
+        }
         let records = decode(records)?;
         if records.len() != keep.len() {
             return Err(format!("{} records, {} keep flags", records.len(), keep.len()));
