@@ -10,7 +10,9 @@ subscribed topic's offset. Also asks for a group that does not exist and
 a topic that does not exist. Prints one JSON line:
 {"describe": {...}, "first": {...}, "after_first": {...}, "second": {...},
 "after_second": {...}, "unknown_group": "...", "unknown_topic": {...}}.
-Usage: group_admin.py BOOTSTRAP SUBSCRIBED OTHER GROUP"""
+Usage: group_admin.py BOOTSTRAP SUBSCRIBED OTHER GROUP
+   or: group_admin.py describe BOOTSTRAP GROUP   (prints the group's
+       description as JSON, nothing else)"""
 import json
 import logging
 import sys
@@ -54,7 +56,16 @@ def plain(value):
     return plain(vars(value)) if hasattr(value, "__dict__") else str(value)
 
 
+def describe(bootstrap, group):
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    print(json.dumps(plain(admin.describe_groups([group])[group])), flush=True)
+    admin.close()
+
+
 def main():
+    if sys.argv[1] == "describe":
+        describe(sys.argv[2], sys.argv[3])
+        return
     bootstrap, subscribed, other, group = sys.argv[1:5]
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
     for t in (subscribed, other):

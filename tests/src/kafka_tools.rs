@@ -56,12 +56,14 @@ pub fn kafka_python() -> anyhow::Result<PathBuf> {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
     let venv = target.join("kafka-venv");
     let python = venv.join("bin/python");
-    let ready =
-        || Command::new(&python).args(["-c", "import kafka"]).output().is_ok_and(|o| o.status.success());
+    // kafka-python 3 (its admin client's group calls); an older cached
+    // environment is upgraded.
+    let check = "import kafka, sys; sys.exit(int(kafka.__version__.split('.')[0]) < 3)";
+    let ready = || Command::new(&python).args(["-c", check]).output().is_ok_and(|o| o.status.success());
     if !ready() {
         run(Command::new("python3").args(["-m", "venv"]).arg(&venv))
             .context("making the virtual environment")?;
-        run(Command::new(&python).args(["-m", "pip", "install", "-q", "kafka-python>=3.0,<4"]))
+        run(Command::new(&python).args(["-m", "pip", "install", "-q", "--upgrade", "kafka-python>=3.0,<4"]))
             .context("pip install kafka-python")?;
     }
     if !ready() {

@@ -13,7 +13,8 @@
 //!   subscription and assignment as the member sent them) and deletes
 //!   offsets (KIP-496): a topic the member subscribes to keeps its offset
 //!   (`GROUP_SUBSCRIBED_TO_TOPIC`) until the member leaves; another topic's
-//!   goes at once.
+//!   goes at once; a group of the client library's consumers is described
+//!   to it in Kafka's encoding.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -146,6 +147,38 @@ async fn kcat_and_grpc_read_what_the_other_wrote() -> anyhow::Result<()> {
         vec!["0 k1=v1|trace=abc", "1 k2=NULL|trace=abc", "2 NULL=v3|trace=abc", "3 g1=from-grpc|"],
         "{read}"
     );
+
+    // compression.type: librdkafka reads what the brokers compressed with
+    // each codec, from kcat (sending zstd, or nothing compressed) and from
+    // the gRPC API alike.
+    for (codec, sent) in [("gzip", "zstd"), ("snappy", "none"), ("lz4", "gzip"), ("zstd", "none")] {
+        let topic = format!("codec-{codec}");
+        let config = [("compression.type".to_owned(), codec.to_owned())].into_iter().collect();
+        ferrolog_tests::raw::create_topic_with_config(&c, &topic, 1, 3, &config).await?;
+        let (bs, t) = (c.kafka_bootstrap(), topic.clone());
+        tokio::task::spawn_blocking(move || {
+            let codec = format!("compression.codec={sent}");
+            kcat_out(&["-b", &bs, "-P", "-t", &t, "-p", "0", "-K:", "-X", &codec], Some("a:1\nb:2\n"))
+        })
+        .await??;
+        let req = ProduceRequest {
+            topic: topic.clone(),
+            partition: 0,
+            records: vec![record("c", "3")],
+            producer_id: -1,
+            ..ProduceRequest::default()
+        };
+        produce(&c, req, Duration::from_secs(30)).await?;
+        let (bs, t) = (c.kafka_bootstrap(), topic.clone());
+        let read = tokio::task::spawn_blocking(move || {
+            kcat_out(
+                &["-b", &bs, "-C", "-t", &t, "-p", "0", "-o", "beginning", "-e", "-q", "-f", "%o %k=%s\n"],
+                None,
+            )
+        })
+        .await??;
+        assert_eq!(read.lines().collect::<Vec<_>>(), vec!["0 a=1", "1 b=2", "2 c=3"], "{codec}: {read}");
+    }
     Ok(())
 }
 
@@ -252,5 +285,53 @@ async fn kafka_python_admin_describes_a_live_group_and_deletes_offsets_it_may() 
     assert_eq!(v["second"]["subscribed-0"], "NoError", "{}", v["second"]);
     assert!(v["after_second"]["subscribed"].is_null(), "deleted: {}", v["after_second"]);
     assert_eq!(v["unknown_group"], "GroupIdNotFoundError");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_python_admin_reads_a_group_of_the_client_library() -> anyhow::Result<()> {
+    use ferrolog_client::{ClientConfig, GroupConsumer, GroupConsumerConfig, MetadataCache};
+    let python = tokio::task::spawn_blocking(kafka_python).await??;
+    let c = Cluster::start("kafka-native-group", BIN, 3, &[]).await?;
+    create_topic(&c, "lib", 2, 3).await?;
+    let meta = MetadataCache::new(ClientConfig::from_list(&c.bootstrap()))?;
+    let mut member = GroupConsumer::new(meta, GroupConsumerConfig::new("lib-g"), &["lib"])?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while member.assignment().len() < 2 {
+        member.poll(Duration::from_millis(200)).await?;
+        anyhow::ensure!(std::time::Instant::now() < deadline, "never assigned: {:?}", member.assignment());
+    }
+    // Keep the member's session alive while kafka-python describes it.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let polling = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                member.poll(Duration::from_millis(100)).await?;
+            }
+            member.close().await
+        }
+    });
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/kafka/group_admin.py");
+    let bootstrap = c.kafka_bootstrap();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python).args([script, "describe", &bootstrap, "lib-g"]).stderr(Stdio::inherit()).output()
+    })
+    .await??;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    polling.await??;
+    assert!(out.status.success(), "the script failed");
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(
+        (d["group_state"].as_str(), d["protocol_type"].as_str()),
+        (Some("Stable"), Some("consumer")),
+        "{d}"
+    );
+    let m = &d["members"][0];
+    // Decoded by kafka-python as Kafka's ConsumerProtocol: the topic name
+    // appears in the decoded fields, not as hex of protobuf bytes.
+    let (metadata, assignment) = (m["member_metadata"].to_string(), m["member_assignment"].to_string());
+    assert!(metadata.contains("\"lib\""), "subscription: {metadata}");
+    assert!(assignment.contains("\"lib\""), "assignment: {assignment}");
     Ok(())
 }

@@ -159,15 +159,13 @@ pub struct MemberDescription {
     pub client_id: String,
     /// Static membership's instance id.
     pub instance_id: Option<String>,
-    /// Its partitions, when the group's protocol type is "consumer" and
-    /// the assignment decodes ([`consumer_protocol::assigned_partitions`]).
-    pub assignment: Vec<(String, u32)>,
     /// Its metadata for the chosen protocol, as it sent it (Kafka's
     /// DescribeGroups `member_metadata`).
     pub metadata: bytes::Bytes,
     /// Its assignment, as the leader sent it (Kafka's DescribeGroups
-    /// `member_assignment`).
-    pub assignment_bytes: bytes::Bytes,
+    /// `member_assignment`); for a "consumer" group,
+    /// [`consumer_protocol::assigned_partitions`] reads it.
+    pub assignment: bytes::Bytes,
 }
 
 /// The group coordinator of one broker: serves the groups of the

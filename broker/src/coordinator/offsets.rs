@@ -6,7 +6,6 @@ use std::time::Instant;
 use ferrolog_proto::TopicId;
 use ferrolog_proto::client::Record;
 
-use super::consumer_protocol;
 use super::membership::Membership;
 use super::records::{self, Committed};
 use super::session::Session;
@@ -234,15 +233,17 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Deletes `group`'s committed offsets of `partitions` (Kafka's
-    /// OffsetDelete, KIP-496), with tombstones, as Kafka's coordinator
-    /// does: a group without members loses the offsets asked; a "consumer"
-    /// group with members keeps those of topics a member subscribes to
-    /// ([`ApiError::GroupSubscribedToTopic`] for them) and loses the rest;
-    /// a group with members of another protocol type keeps all
-    /// ([`ApiError::NonEmptyGroup`]). A partition with no committed offset
-    /// is answered as deleted. Returns each partition's outcome, `None`
-    /// when deleted.
+    /// Deletes `group`'s committed offsets of `topics` (each with its
+    /// partitions; Kafka's OffsetDelete, KIP-496), with tombstones, as
+    /// Kafka's coordinator does: a group without members loses the offsets
+    /// asked; a "consumer" group with members keeps those of topics a
+    /// member subscribes to ([`ApiError::GroupSubscribedToTopic`] for them)
+    /// and loses the rest; a group with members of another protocol type
+    /// keeps all ([`ApiError::NonEmptyGroup`]). A partition with no
+    /// committed offset is answered as deleted. A group without members
+    /// left with no offsets is deleted too (its group record tombstoned, as
+    /// Kafka's `cleanupGroupMetadata` does). Returns the outcome of each
+    /// partition asked, parallel to `topics` (`None`: deleted).
     ///
     /// # Errors
     /// [`ApiError::GroupIdNotFound`]; [`ApiError::NonEmptyGroup`]; as
@@ -250,42 +251,54 @@ impl Coordinator {
     pub async fn delete_offsets(
         &self,
         group: &str,
-        partitions: Vec<(String, u32)>,
-    ) -> Result<Vec<((String, u32), Option<ApiError>)>, ApiError> {
+        topics: &[(String, Vec<u32>)],
+    ) -> Result<Vec<Vec<Option<ApiError>>>, ApiError> {
         let mut s = self.session(group).await?;
         let g = s
             .groups()
             .get(group)
             .filter(|g| !g.is_unused())
             .ok_or_else(|| ApiError::GroupIdNotFound(group.to_owned()))?;
-        // `None`: every topic may be deleted; `Some(set)`: those in the set may not.
-        let kept: Option<std::collections::BTreeSet<String>> = match g.live.as_ref() {
+        // `Some(set)`: the topics members subscribe to, whose offsets stay;
+        // `None`: the group has no members and every offset may go.
+        let subscribed: Option<std::collections::BTreeSet<String>> = match g.live.as_ref() {
             Some(live) if !live.is_empty() => {
                 if live.protocol_type() != "consumer" {
                     return Err(ApiError::NonEmptyGroup(group.to_owned()));
                 }
-                // Metadata that does not decode: every topic may be subscribed.
+                // Metadata that does not decode: any topic may be subscribed.
                 Some(
                     live.subscribed_topics()
-                        .unwrap_or_else(|| partitions.iter().map(|(t, _)| t.clone()).collect()),
+                        .unwrap_or_else(|| topics.iter().map(|(t, _)| t.clone()).collect()),
                 )
             }
             _ => None,
         };
         let now = now_ms();
         let mut rows = Vec::new();
-        let mut results = Vec::with_capacity(partitions.len());
-        for (topic, partition) in partitions {
-            if kept.as_ref().is_some_and(|k| k.contains(&topic)) {
-                let e =
-                    ApiError::GroupSubscribedToTopic(format!("group {group:?} is subscribed to {topic:?}"));
-                results.push(((topic, partition), Some(e)));
+        let mut gone = std::collections::HashSet::new();
+        let mut results = Vec::with_capacity(topics.len());
+        for (topic, partitions) in topics {
+            if subscribed.as_ref().is_some_and(|t| t.contains(topic)) {
+                let why = format!("a member of group {group:?} subscribes to {topic:?}");
+                results.push(vec![Some(ApiError::GroupSubscribedToTopic(why)); partitions.len()]);
                 continue;
             }
-            if g.offsets.contains_key(&(topic.clone(), partition)) {
-                rows.push(records::offset_record(group, &topic, partition, None, now));
+            // The partitions of `topic` the group has an offset for.
+            let committed: std::collections::HashSet<u32> = g
+                .offsets
+                .range((topic.clone(), 0)..=(topic.clone(), u32::MAX))
+                .map(|((_, p), _)| *p)
+                .collect();
+            for p in partitions {
+                if committed.contains(p) && gone.insert((topic.as_str(), *p)) {
+                    rows.push(records::offset_record(group, topic, *p, None, now));
+                }
             }
-            results.push(((topic, partition), None));
+            results.push(vec![None; partitions.len()]);
+        }
+        if subscribed.is_none() && !rows.is_empty() && gone.len() == g.offsets.len() {
+            rows.push(records::group_record(group, None, now));
         }
         while !rows.is_empty() {
             let rest = rows.split_off(rows.len().min(1_000));
@@ -340,22 +353,16 @@ fn current_offsets(g: &state::Group, image: &MetadataImage) -> Vec<CommittedOffs
 
 fn describe(id: &str, g: &state::Group, image: &MetadataImage) -> GroupDescription {
     let live = g.live.as_ref();
-    let consumer = live.is_some_and(|l| l.protocol_type() == "consumer");
     let members = live
         .map(Membership::describe)
         .unwrap_or_default()
         .into_iter()
         .map(|m| MemberDescription {
-            assignment: if consumer {
-                consumer_protocol::assigned_partitions(&m.assignment).unwrap_or_default()
-            } else {
-                Vec::new()
-            },
             id: m.id,
             client_id: m.client_id,
             instance_id: m.instance_id,
             metadata: m.metadata,
-            assignment_bytes: m.assignment,
+            assignment: m.assignment,
         })
         .collect();
     GroupDescription {

@@ -612,9 +612,19 @@ impl Ferrolog for ClientService {
                             batch.producer_epoch,
                             batch.base_sequence,
                             codec,
+                            log_append_time,
                         )
                     })
                     .map_err(|e| ApiError::Invalid(format!("compression.type={}: {e}", codec.name())))?;
+                let max = records::batch_encoded_bytes_max(max_batch_bytes);
+                if batch.records.len() > max {
+                    return Err(ApiError::RecordTooLarge(format!(
+                        "the batch is {} bytes compressed with the topic's compression.type={}; at most {max} \
+                         are stored",
+                        batch.records.len(),
+                        codec.name()
+                    )));
+                }
             }
             partition.produce(batch).await
         }
@@ -1119,6 +1129,7 @@ fn wire_committed(c: coordinator::CommittedOffset) -> WireCommitted {
 
 /// A group's description on the wire, as answered by `coordinator`.
 fn wire_description(d: GroupDescription, coordinator: BrokerId) -> DescribeGroupResponse {
+    let consumer = d.protocol_type == "consumer";
     DescribeGroupResponse {
         error: None,
         group_id: d.group,
@@ -1132,13 +1143,18 @@ fn wire_description(d: GroupDescription, coordinator: BrokerId) -> DescribeGroup
                 member_id: m.id,
                 client_id: m.client_id,
                 group_instance_id: m.instance_id.unwrap_or_default(),
-                assignment: m
-                    .assignment
+                // A consumer's partitions, as far as its assignment decodes.
+                assignment: consumer
+                    .then(|| coordinator::consumer_protocol::assigned_partitions(&m.assignment))
+                    .flatten()
+                    .unwrap_or_default()
                     .into_iter()
-                    .map(|(topic, partition)| TopicPartition {
-                        topic,
-                        partition,
-                        topic_id: Default::default(),
+                    .flat_map(|(topic, partitions)| {
+                        partitions.into_iter().map(move |partition| TopicPartition {
+                            topic: topic.clone(),
+                            partition,
+                            topic_id: Default::default(),
+                        })
                     })
                     .collect(),
             })

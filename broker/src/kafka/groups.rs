@@ -8,7 +8,10 @@
 //! answers them so); the coordinator reads the subscribed topics out of
 //! them for OffsetDelete only.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
+
+use bytes::Bytes;
 
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::delete_groups_request::DeleteGroupsRequest;
@@ -46,6 +49,7 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::{KafkaService, errors};
 use crate::coordinator::CommitRequest;
+use crate::coordinator::consumer_protocol;
 use crate::coordinator::membership::JoinRequest;
 use crate::error::ApiError;
 
@@ -348,23 +352,37 @@ pub async fn describe_groups(k: &KafkaService, r: DescribeGroupsRequest) -> Desc
     for g in r.groups {
         let d = DescribedGroup::default().with_group_id(g.clone()).with_authorized_operations(i32::MIN);
         out.push(match k.core.coordinator.describe(&g).await {
-            Ok(desc) => d
-                .with_group_state(StrBytes::from_static_str(desc.state))
-                .with_protocol_type(s(desc.protocol_type))
-                .with_protocol_data(s(desc.protocol))
-                .with_members(
-                    desc.members
-                        .into_iter()
-                        .map(|m| {
-                            DescribedGroupMember::default()
-                                .with_member_id(s(m.id))
-                                .with_group_instance_id(m.instance_id.map(s))
-                                .with_client_id(s(m.client_id))
-                                .with_member_metadata(m.metadata)
-                                .with_member_assignment(m.assignment_bytes)
-                        })
-                        .collect(),
-                ),
+            Ok(desc) => {
+                // As Kafka's GroupMetadata.summary: the protocol, metadata
+                // and assignments only of a Stable group; a consumer group's
+                // in Kafka's encoding (the client library's converted).
+                let stable = desc.state == "Stable";
+                let consumer = desc.protocol_type == "consumer";
+                let members = desc
+                    .members
+                    .into_iter()
+                    .map(|m| {
+                        let (metadata, assignment) = match (stable, consumer) {
+                            (false, _) => (Bytes::new(), Bytes::new()),
+                            (true, true) => (
+                                consumer_protocol::kafka_subscription(&m.metadata),
+                                consumer_protocol::kafka_assignment(&m.assignment),
+                            ),
+                            (true, false) => (m.metadata, m.assignment),
+                        };
+                        DescribedGroupMember::default()
+                            .with_member_id(s(m.id))
+                            .with_group_instance_id(m.instance_id.map(s))
+                            .with_client_id(s(m.client_id))
+                            .with_member_metadata(metadata)
+                            .with_member_assignment(assignment)
+                    })
+                    .collect();
+                d.with_group_state(StrBytes::from_static_str(desc.state))
+                    .with_protocol_type(s(desc.protocol_type))
+                    .with_protocol_data(if stable { s(desc.protocol) } else { StrBytes::default() })
+                    .with_members(members)
+            }
             Err(ApiError::GroupIdNotFound(_)) => d.with_group_state(StrBytes::from_static_str("Dead")),
             // (error_message exists from v6 only; v0–v5 are served.)
             Err(e) => d.with_error_code(errors::group_code(&e)),
@@ -387,60 +405,50 @@ pub async fn delete_groups(k: &KafkaService, r: DeleteGroupsRequest) -> DeleteGr
     DeleteGroupsResponse::default().with_results(out)
 }
 
-/// Answers OffsetDelete (KIP-496). A topic this broker's metadata does not
-/// know is answered `UNKNOWN_TOPIC_OR_PARTITION` without asking the
-/// coordinator, as Kafka answers it; offsets of such a topic are removed by
-/// offset expiry once the topic is gone.
+/// Answers OffsetDelete (KIP-496). A topic or partition this broker's
+/// metadata does not know is answered `UNKNOWN_TOPIC_OR_PARTITION`; the
+/// coordinator is asked for the rest (even none, so group-level errors
+/// come back as Kafka gives them). A topic named twice is answered once,
+/// its partitions in the order asked.
 pub async fn offset_delete(k: &KafkaService, r: OffsetDeleteRequest) -> OffsetDeleteResponse {
+    /// A partition's code until the coordinator has answered.
+    const ASKED: i16 = i16::MIN;
     let image = k.core.controller.image();
-    let mut asked = Vec::new();
-    let mut unknown = Vec::new();
-    for t in &r.topics {
-        for p in &t.partitions {
-            let known = image.topics.get(t.name.as_str()).is_some_and(|e| {
-                u32::try_from(p.partition_index).is_ok_and(|i| (i as usize) < e.partitions.len())
-            });
-            if known {
-                asked.push((t.name.to_string(), p.partition_index as u32));
-            } else {
-                unknown.push((t.name.to_string(), p.partition_index));
-            }
-        }
-    }
-    let mut answers: Vec<(String, i32, i16)> =
-        unknown.into_iter().map(|(t, p)| (t, p, ResponseError::UnknownTopicOrPartition.code())).collect();
-    let group_error =
-        if asked.is_empty() {
-            errors::NONE
-        } else {
-            match k.core.coordinator.delete_offsets(&r.group_id, asked).await {
-                Ok(results) => {
-                    answers.extend(results.into_iter().map(|((t, p), e)| {
-                        (t, p as i32, e.map_or(errors::NONE, |e| errors::group_code(&e)))
-                    }));
-                    errors::NONE
-                }
-                Err(e) => errors::group_code(&e),
-            }
-        };
-    // One entry per topic, partitions in the order asked.
     let mut topics: Vec<OffsetDeleteResponseTopic> = Vec::new();
+    // Parallel to `topics`: the partitions the coordinator is asked about.
+    let mut asked: Vec<(String, Vec<u32>)> = Vec::new();
+    let mut at: HashMap<&str, usize> = HashMap::new();
     for t in &r.topics {
-        if topics.iter().any(|x| x.name == t.name) {
-            continue;
+        let i = *at.entry(t.name.as_str()).or_insert_with(|| {
+            topics.push(OffsetDeleteResponseTopic::default().with_name(t.name.clone()));
+            asked.push((t.name.to_string(), Vec::new()));
+            topics.len() - 1
+        });
+        let count = image.topics.get(t.name.as_str()).map_or(0, |e| e.partitions.len());
+        for p in &t.partitions {
+            let code = match u32::try_from(p.partition_index) {
+                Ok(index) if (index as usize) < count => {
+                    asked[i].1.push(index);
+                    ASKED
+                }
+                _ => ResponseError::UnknownTopicOrPartition.code(),
+            };
+            topics[i].partitions.push(
+                OffsetDeleteResponsePartition::default()
+                    .with_partition_index(p.partition_index)
+                    .with_error_code(code),
+            );
         }
-        let partitions = answers
-            .iter()
-            .filter(|(name, _, _)| name.as_str() == t.name.as_str())
-            .map(|(_, p, code)| {
-                OffsetDeleteResponsePartition::default().with_partition_index(*p).with_error_code(*code)
-            })
-            .collect();
-        topics
-            .push(OffsetDeleteResponseTopic::default().with_name(t.name.clone()).with_partitions(partitions));
     }
-    if group_error != errors::NONE {
-        topics.clear();
+    let results = match k.core.coordinator.delete_offsets(&r.group_id, &asked).await {
+        Ok(results) => results,
+        Err(e) => return OffsetDeleteResponse::default().with_error_code(errors::group_code(&e)),
+    };
+    for (topic, codes) in topics.iter_mut().zip(results) {
+        let mut codes = codes.into_iter();
+        for p in topic.partitions.iter_mut().filter(|p| p.error_code == ASKED) {
+            p.error_code = codes.next().flatten().map_or(errors::NONE, |e| errors::group_code(&e));
+        }
     }
-    OffsetDeleteResponse::default().with_error_code(group_error).with_topics(topics)
+    OffsetDeleteResponse::default().with_topics(topics)
 }

@@ -244,6 +244,17 @@ fn checked(
     // attributes say (as Kafka's broker does).
     if let Some(codec) = served.compression {
         batch.recompress(codec).map_err(|e| failed(errors::batch_code(&e), e.to_string()))?;
+        // Kafka checks the size again after recompressing (an incompressible
+        // batch may grow).
+        let max = records::batch_encoded_bytes_max(max_batch);
+        if batch.bytes.len() > max {
+            let e = BatchError::TooLarge(format!(
+                "the batch is {} bytes recompressed with the topic's compression.type={}; at most {max} are stored",
+                batch.bytes.len(),
+                codec.name()
+            ));
+            return Err(failed(errors::batch_code(&e), e.to_string()));
+        }
     }
     if served.log_append_time {
         batch.stamp_log_append_time(now);

@@ -182,7 +182,7 @@ impl CheckedBatch {
             return self.header.max_timestamp;
         }
         self.records.first().map_or(self.header.base_timestamp, |r| {
-            self.header.base_timestamp.saturating_add(r.timestamp_delta)
+            self.header.base_timestamp.wrapping_add(r.timestamp_delta)
         })
     }
 
@@ -195,7 +195,7 @@ impl CheckedBatch {
         }
         self.records
             .iter()
-            .map(|r| self.header.base_timestamp.saturating_add(r.timestamp_delta))
+            .map(|r| self.header.base_timestamp.wrapping_add(r.timestamp_delta))
             .max()
             .unwrap_or(self.header.base_timestamp)
     }
@@ -427,7 +427,7 @@ pub fn decode_payload(payload: &Bytes) -> Result<Vec<Record>, String> {
             let timestamp_ms = if header.log_append_time() {
                 header.max_timestamp
             } else {
-                header.base_timestamp.saturating_add(r.timestamp_delta)
+                header.base_timestamp.wrapping_add(r.timestamp_delta)
             };
             Record {
                 key: r.key,
@@ -490,7 +490,9 @@ pub fn serve(
 /// The stored payload ([`PAYLOAD_TAG`], then the batch from its CRC on) of
 /// Ferrolog records as one Kafka batch compressed with `codec`: how a
 /// topic whose `compression.type` names a codec stores batches produced
-/// through the gRPC API. Idempotence fields as the request carried them.
+/// through the gRPC API. Idempotence fields as the request carried them;
+/// `log_append_time` marks the batch so (its records were stamped with
+/// the append time; the max timestamp is theirs).
 ///
 /// # Errors
 /// As [`encode_batch`].
@@ -500,6 +502,7 @@ pub fn payload_of(
     producer_epoch: i16,
     base_sequence: i32,
     codec: Codec,
+    log_append_time: bool,
 ) -> Result<Bytes, String> {
     let offsets = u32::try_from(records.len()).map_err(|_| "too many records")?;
     let fields = BatchFields {
@@ -513,6 +516,12 @@ pub fn payload_of(
     };
     let mut b = BytesMut::new();
     encode_batch(records, &fields, &mut b)?;
+    if log_append_time {
+        let attributes = codec.id() | LOG_APPEND_TIME;
+        b[CRC_START..CRC_START + 2].copy_from_slice(&attributes.to_be_bytes());
+        let crc = crc32c::crc32c(&b[CRC_START..]);
+        b[PREFIX_BYTES..CRC_START].copy_from_slice(&crc.to_be_bytes());
+    }
     b[PREFIX_BYTES - 1] = PAYLOAD_TAG;
     Ok(b.freeze().slice(PREFIX_BYTES - 1..))
 }
@@ -644,7 +653,9 @@ pub fn retain_payload(payload: &Bytes, keep: &[bool]) -> Result<Bytes, String> {
         );
         kept += 1;
     }
-    let codec = header.codec()?;
+    // A batch left empty is written uncompressed with no records, as
+    // Kafka's cleaner writes one (`DefaultRecordBatch.writeEmptyHeader`).
+    let codec = if kept == 0 { Codec::None } else { header.codec()? };
     let body = match codec {
         Codec::None => body.freeze(),
         c => Bytes::from(compress(c, &body)?),
@@ -652,8 +663,9 @@ pub fn retain_payload(payload: &Bytes, keep: &[bool]) -> Result<Bytes, String> {
     let mut out = BytesMut::with_capacity(head + body.len());
     out.put_u8(PAYLOAD_TAG);
     out.put_u32(0); // the CRC, below
-    // The header from the attributes to the base sequence, unchanged.
-    out.extend_from_slice(&payload[1 + 4..head - 4]);
+    out.put_i16((header.attributes & !COMPRESSION_MASK) | codec.id());
+    // The header from the last offset delta to the base sequence, unchanged.
+    out.extend_from_slice(&payload[1 + 4 + 2..head - 4]);
     out.put_i32(kept);
     out.extend_from_slice(&body);
     let crc = crc32c::crc32c(&out[5..]);
@@ -874,7 +886,7 @@ mod tests {
         }
         // gRPC-produced records stored with a topic's codec.
         for codec in CODECS {
-            let p = payload_of(&records, 7, 1, 3, codec).expect("payload");
+            let p = payload_of(&records, 7, 1, 3, codec, false).expect("payload");
             assert!(is_kafka_payload(&p));
             assert_eq!(decode_payload(&p).expect("decode"), expected, "{codec:?}");
         }
@@ -902,6 +914,15 @@ mod tests {
                 left.iter().map(|r| (r.offset_delta, r.timestamp_ms)).collect();
             assert_eq!(got, vec![(Some(1), 5001), (Some(4), 5004), (None, 5005)], "{codec:?}");
             assert_eq!(retain_payload(&payload, &[true]).unwrap_err(), "6 records, 1 keep flags");
+            // Emptied: no records, uncompressed, still spanning its offsets.
+            let empty = retain_payload(&payload, &[false; 6]).expect("retain");
+            let header = BatchHeader::parse(&empty[5..]).expect("header");
+            assert_eq!(
+                (header.codec(), header.record_count, header.last_offset_delta),
+                (Ok(Codec::None), 0, 5)
+            );
+            assert_eq!(empty.len(), 1 + BATCH_OVERHEAD_BYTES - PREFIX_BYTES, "no body");
+            assert!(decode_payload(&empty).expect("decode").is_empty());
         }
     }
 

@@ -224,8 +224,10 @@ impl RecordCodec for Codec {
     }
 
     /// Each survivor carries its delta only when it follows removed
-    /// records, so a thinned batch is never larger than the original (a
-    /// delta field is at most 6 bytes, a removed record at least 12).
+    /// records, so a thinned `RecordSet` is never larger than the original
+    /// (a delta field is at most 6 bytes, a removed record at least 12); a
+    /// thinned Kafka batch, recompressed, may come out a little larger than
+    /// it was when its producer compressed harder.
     /// A Kafka batch stays a Kafka batch of its codec
     /// ([`kafka_batch::retain_payload`]).
     fn retain(&self, records: &Bytes, keep: &[bool]) -> Result<Bytes, String> {
