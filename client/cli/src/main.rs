@@ -96,7 +96,7 @@ enum Command {
 enum BrokerGroup {
     /// Run a broker in this process (as the `ferrolog-broker` binary does;
     /// what `ferrolog dev` starts).
-    Run(ferrolog_broker::cli::BrokerArgs),
+    Run(Box<ferrolog_broker::cli::BrokerArgs>),
     #[command(flatten)]
     Admin(brokers::BrokerCommand),
 }
@@ -133,7 +133,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Broker(BrokerGroup::Run(args)) => {
             ferrolog_broker::cli::init_tracing();
-            ferrolog_broker::cli::run(args).await
+            ferrolog_broker::cli::run(*args).await
         }
         Command::Broker(BrokerGroup::Admin(c)) => {
             init_client_tracing();
