@@ -5,7 +5,9 @@
 //! version not advertised, an empty, oversized or negative-size frame, a
 //! frame that claims 54 million topics, and a client that disconnects
 //! mid-request each close only their own connection, and the broker goes on
-//! answering.
+//! answering. A topic's `compression.type` recompresses batches from both
+//! APIs. The idle timeout closes a connection that owes nothing, never one
+//! waiting for a long answer (a JoinGroup through a rebalance delay).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -531,5 +533,81 @@ async fn a_topic_compression_type_recompresses_what_either_api_writes() -> anyho
     // And the gRPC API reads both back decompressed.
     let values = ferrolog_tests::raw::read_values(c.broker(1).client_addr, "zt").await?;
     assert_eq!(values, vec!["from-grpc", "from-kafka"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_connection_with_nothing_owed_goes_idle() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("broker.toml");
+    std::fs::write(
+        &config,
+        "[kafka]\nconnections_max_idle_ms = 1000\n[groups]\noffsets_topic_num_partitions = 1\n\
+         offsets_topic_replication_factor = 1\ninitial_rebalance_delay_ms = 3000\n",
+    )?;
+    let c = Cluster::start("kafka-idle", BIN, 1, &[("FERROLOG_CONFIG", &config.to_string_lossy())]).await?;
+    let addr = c.broker(1).kafka_addr;
+    let versions = frame(ApiKey::ApiVersions, 3, 9, &RequestKind::ApiVersions(ApiVersionsRequest::default()));
+
+    // A connection that asks nothing for longer than the idle timeout is closed.
+    let mut quiet = TcpStream::connect(addr).await?;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(10), quiet.read(&mut byte)).await?;
+    assert!(matches!(read, Ok(0) | Err(_)), "an idle connection is closed: {read:?}");
+
+    // The group's coordinator is ready (the first group call creates
+    // __consumer_offsets).
+    let find = frame(
+        ApiKey::FindCoordinator,
+        4,
+        1,
+        &RequestKind::FindCoordinator(
+            FindCoordinatorRequest::default()
+                .with_coordinator_keys(vec![StrBytes::from_static_str("idle-g")]),
+        ),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut r = exchange(addr, &find).await?.expect("answered");
+        r.get_i32();
+        r.get_u8();
+        let ResponseKind::FindCoordinator(f) = ResponseKind::decode(ApiKey::FindCoordinator, &mut r, 4)?
+        else {
+            panic!("find")
+        };
+        if f.coordinators[0].error_code == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no coordinator: {f:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // A JoinGroup waits out the 3 s rebalance delay, three idle timeouts:
+    // its connection stays open, answers it, and answers the next request.
+    let join = JoinGroupRequest::default()
+        .with_group_id(GroupId(StrBytes::from_static_str("idle-g")))
+        .with_session_timeout_ms(10_000)
+        .with_rebalance_timeout_ms(10_000)
+        .with_protocol_type(StrBytes::from_static_str("consumer"))
+        .with_protocols(vec![
+            join_group_request::JoinGroupRequestProtocol::default()
+                .with_name(StrBytes::from_static_str("range"))
+                .with_metadata(Bytes::from_static(&[0, 0, 0, 0, 0, 0, 255, 255, 255, 255])),
+        ]);
+    let mut s = TcpStream::connect(addr).await?;
+    let started = std::time::Instant::now();
+    s.write_all(&frame(ApiKey::JoinGroup, 9, 2, &RequestKind::JoinGroup(join))).await?;
+    let mut r = read_frame(&mut s).await?.expect("the join is answered");
+    assert!(started.elapsed() >= Duration::from_millis(2500), "the join waited for the rebalance delay");
+    assert_eq!(r.get_i32(), 2);
+    r.get_u8();
+    let ResponseKind::JoinGroup(j) = ResponseKind::decode(ApiKey::JoinGroup, &mut r, 9)? else {
+        panic!("join")
+    };
+    assert_eq!((j.error_code, j.generation_id), (0, 1), "{j:?}");
+    s.write_all(&versions).await?;
+    let r = read_frame(&mut s).await?.expect("the connection still answers after a long request");
+    assert_eq!(r.clone().get_i32(), 9);
     Ok(())
 }

@@ -9,10 +9,19 @@
 //! earlier answer is written, and is answered before the next is taken, so
 //! it sees the effects of the requests before it, as on Kafka's
 //! one-request-at-a-time connections. At most [`MAX_PIPELINED`] answers
-//! wait at once; answers are written strictly in request order, and a
-//! connection closed for a bad frame first writes the answers owed.
+//! wait at once, and no further request is read while the requests
+//! waiting for answers hold `socket_request_max_bytes` or more (a
+//! pending produce may hold its request's bytes), so a connection pins at
+//! most about three requests' worth of memory however a client pipelines;
+//! answers are written strictly in request order, and a connection closed
+//! for a bad frame first writes the answers owed. The idle timeout
+//! (`connections_max_idle_ms`) runs only while nothing is owed: a request
+//! that waits long (a JoinGroup during a rebalance) does not make its
+//! connection idle.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::future::BoxFuture;
@@ -20,7 +29,7 @@ use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
@@ -47,8 +56,12 @@ pub async fn run(conn: Conn, service: Arc<KafkaService>) {
     // Frames are read by their own task, so reading is never cut short by
     // an answer becoming ready (a cancelled read would lose bytes).
     let (tx, mut frames) = mpsc::channel::<Result<Bytes, String>>(1);
-    let reader = tokio::spawn(read_frames(BufReader::new(rd), service.clone(), tx));
-    let mut answers: FuturesOrdered<Answer> = FuturesOrdered::new();
+    // Requests taken and not yet answered: the reader's idle timer waits
+    // while there are any.
+    let owed = Arc::new(AtomicUsize::new(0));
+    let reader = tokio::spawn(read_frames(BufReader::new(rd), service.clone(), tx, owed.clone()));
+    let mut answers = Pending { answers: FuturesOrdered::new(), sizes: VecDeque::new(), bytes: 0, owed };
+    let budget = service.config.socket_request_max_bytes;
     let outcome: Result<(), String> = async {
         loop {
             tokio::select! {
@@ -58,7 +71,7 @@ pub async fn run(conn: Conn, service: Arc<KafkaService>) {
                         write(&mut wr, &out).await?;
                     }
                 }
-                frame = frames.recv(), if answers.len() < MAX_PIPELINED => {
+                frame = frames.recv(), if answers.len() < MAX_PIPELINED && answers.bytes < budget => {
                     // The client is done, or sent what cannot be a request:
                     // what it asked before is answered first, then the
                     // connection closes.
@@ -72,7 +85,7 @@ pub async fn run(conn: Conn, service: Arc<KafkaService>) {
                     };
                     if frame.get(..2) == Some(&(ApiKey::Produce as i16).to_be_bytes()[..]) {
                         // Produces pipeline; answers already there go out first.
-                        while let Some(Some(done)) = answers.next().now_or_never() {
+                        while let Some(done) = answers.next_now() {
                             if let Some(out) = done? {
                                 write(&mut wr, &out).await?;
                             }
@@ -83,8 +96,10 @@ pub async fn run(conn: Conn, service: Arc<KafkaService>) {
                         // a time): earlier produces are answered first.
                         drain(&mut answers, &mut wr).await?;
                     }
+                    let size = frame.len();
+                    answers.owed.fetch_add(1, Ordering::Relaxed);
                     match respond(&service, frame).await {
-                        Ok(answer) => answers.push_back(answer),
+                        Ok(answer) => answers.push_back(answer, size),
                         Err(why) => {
                             drain(&mut answers, &mut wr).await?;
                             return Err(why);
@@ -103,6 +118,53 @@ pub async fn run(conn: Conn, service: Arc<KafkaService>) {
     }
 }
 
+/// The answers a connection owes, in request order, with the sizes of
+/// their requests.
+struct Pending {
+    answers: FuturesOrdered<Answer>,
+    /// The request size of each answer, in the same order.
+    sizes: VecDeque<usize>,
+    /// Sum of `sizes`, bytes.
+    bytes: usize,
+    /// Requests taken and not yet answered (shared with the reader).
+    owed: Arc<AtomicUsize>,
+}
+
+impl Pending {
+    fn push_back(&mut self, answer: Answer, size: usize) {
+        self.answers.push_back(answer);
+        self.sizes.push_back(size);
+        self.bytes += size;
+    }
+
+    fn len(&self) -> usize {
+        self.answers.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.answers.is_empty()
+    }
+
+    /// The next answer in order, once ready; `None` when none is owed.
+    async fn next(&mut self) -> Option<Result<Option<Bytes>, String>> {
+        let done = self.answers.next().await?;
+        self.settle();
+        Some(done)
+    }
+
+    /// The next answer if it is ready now.
+    fn next_now(&mut self) -> Option<Result<Option<Bytes>, String>> {
+        let done = self.answers.next().now_or_never()??;
+        self.settle();
+        Some(done)
+    }
+
+    fn settle(&mut self) {
+        self.bytes -= self.sizes.pop_front().unwrap_or(0);
+        self.owed.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Writes and flushes one answer; an error (the client gone) is empty:
 /// nothing to log.
 async fn write(wr: &mut (impl AsyncWrite + Unpin), out: &[u8]) -> Result<(), String> {
@@ -115,10 +177,7 @@ async fn write(wr: &mut (impl AsyncWrite + Unpin), out: &[u8]) -> Result<(), Str
 /// # Errors
 /// The first answer that fails (an `acks=0` produce's failure, an encoding
 /// error), after the answers before it were written; or the client gone.
-async fn drain(
-    answers: &mut FuturesOrdered<Answer>,
-    wr: &mut (impl AsyncWrite + Unpin),
-) -> Result<(), String> {
+async fn drain(answers: &mut Pending, wr: &mut (impl AsyncWrite + Unpin)) -> Result<(), String> {
     while let Some(done) = answers.next().await {
         if let Some(out) = done? {
             write(wr, &out).await?;
@@ -127,23 +186,35 @@ async fn drain(
     Ok(())
 }
 
-/// Reads frames into `tx` until the client closes, goes idle, or sends a
-/// size out of bounds (sent as an error, to be logged).
+/// Reads frames into `tx` until the client closes, goes idle (no request
+/// for the idle timeout while nothing is `owed`), or sends a size out of
+/// bounds (sent as an error, to be logged).
 async fn read_frames(
     mut rd: BufReader<impl AsyncRead + Unpin>,
     service: Arc<KafkaService>,
     tx: mpsc::Sender<Result<Bytes, String>>,
+    owed: Arc<AtomicUsize>,
 ) {
     let idle = super::idle_timeout(&service.config);
     let max = service.config.socket_request_max_bytes;
     loop {
-        let size = match tokio::time::timeout(idle, rd.read_i32()).await {
-            Err(_) => {
-                tracing::debug!("kafka: closing an idle connection");
-                return;
+        // Wait for the next request's first bytes: `fill_buf` keeps what
+        // it reads in the buffer, so a wait cut by the timer loses nothing
+        // and is taken again while answers are owed.
+        loop {
+            match tokio::time::timeout(idle, rd.fill_buf()).await {
+                Err(_) if owed.load(Ordering::Relaxed) > 0 => continue,
+                Err(_) => {
+                    tracing::debug!("kafka: closing an idle connection");
+                    return;
+                }
+                Ok(Ok(b)) if !b.is_empty() => break,
+                Ok(_) => return, // closed by the client
             }
-            Ok(Err(_)) => return, // closed by the client
+        }
+        let size = match tokio::time::timeout(idle, rd.read_i32()).await {
             Ok(Ok(n)) => n,
+            _ => return, // closed, or stalled inside the size
         };
         let Some(size) = usize::try_from(size).ok().filter(|s| (8..=max).contains(s)) else {
             let _ = tx
