@@ -123,12 +123,41 @@ fn init_client_tracing() {
         .try_init();
 }
 
+/// Exit status of a command whose standard output was closed under it:
+/// 128 + SIGPIPE, what a shell reports for a Unix tool that signal ended.
+const CLOSED_STDOUT_EXIT: i32 = 128 + libc::SIGPIPE;
+
+/// Makes a closed standard output (`ferrolog topic describe t | head -1`)
+/// end the command quietly with [`CLOSED_STDOUT_EXIT`], as it ends other
+/// Unix tools, rather than with a panic. Rust ignores SIGPIPE (a socket
+/// closed under a write must be an error, not the end of the process), so
+/// `println!` to a closed pipe panics instead; this catches exactly that
+/// panic. Not for brokers, which print nothing to standard output.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let text = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if text.starts_with("failed printing to stdout") && text.contains("Broken pipe") {
+            std::process::exit(CLOSED_STDOUT_EXIT);
+        }
+        default(info);
+    }));
+}
+
 // `ferrolog dev` spawns its brokers from this thread (the main thread, which
 // lives as long as the process) so that their parent-death signal fires only
 // when this process exits; see `dev::spawn_broker`.
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Broker(BrokerGroup::Run(_))) {
+        quiet_on_closed_stdout();
+    }
     let bootstrap = cli.bootstrap.as_str();
     let result = match cli.command {
         Command::Broker(BrokerGroup::Run(args)) => {

@@ -394,6 +394,21 @@ fn topics_produce_and_consume_through_the_command_line() {
     let err = c.fails(&["produce", "nothing-here"], Some("x\n"));
     assert!(err.contains("does not exist"), "{err}");
     assert!(!c.ok(&["topic", "list"], None).contains("readings"));
+    // A reader that stops reading (`| head`): the command ends quietly
+    // with 141 (128 + SIGPIPE), as Unix tools do, not with a panic.
+    c.ok(&["topic", "create", "piped", "--partitions", "3", "--replication-factor", "3"], None);
+    let mut child = Command::new(BIN)
+        .args(["--bootstrap", &c.bootstrap, "topic", "describe", "piped"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ferrolog");
+    drop(child.stdout.take()); // the pipe's reader is gone before anything is written
+    let out = child.wait_with_output().expect("wait for ferrolog");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(141), "{err}");
 }
 
 /// Values of partition 0 of `topic`, in order, exactly as stored.
