@@ -457,82 +457,84 @@ fn batch_codecs(mut records: Bytes) -> Vec<i16> {
 async fn a_topic_compression_type_recompresses_what_either_api_writes() -> anyhow::Result<()> {
     let c = Cluster::start("kafka-compression", BIN, 1, &[]).await?;
     let addr = c.broker(1).kafka_addr;
-    let config = [("compression.type".to_owned(), "zstd".to_owned())].into_iter().collect();
-    ferrolog_tests::raw::create_topic_with_config(&c, "zt", 1, 1, &config).await?;
-    // Through gRPC, then an uncompressed Kafka batch.
-    ferrolog_tests::raw::produce(
-        &c,
-        ferrolog_tests::raw::batch("zt", -1, 0, "from-grpc"),
-        Duration::from_secs(30),
-    )
-    .await?;
-    let record = kafka_protocol::records::Record {
-        transactional: false,
-        control: false,
-        delete_horizon: false,
-        partition_leader_epoch: -1,
-        producer_id: -1,
-        producer_epoch: -1,
-        timestamp_type: kafka_protocol::records::TimestampType::Creation,
-        offset: 0,
-        sequence: -1,
-        timestamp: 1_700_000_000_000,
-        key: Some(Bytes::from_static(b"k")),
-        value: Some(Bytes::from_static(b"from-kafka")),
-        headers: Default::default(),
-    };
-    let mut batch = BytesMut::new();
-    kafka_protocol::records::RecordBatchEncoder::encode(
-        &mut batch,
-        [&record],
-        &kafka_protocol::records::RecordEncodeOptions {
-            version: 2,
-            compression: kafka_protocol::records::Compression::None,
-        },
-    )?;
-    assert_eq!(batch_codecs(batch.clone().freeze()), vec![0], "the producer's batch is uncompressed");
-    let produce = ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(vec![
-        produce_request::TopicProduceData::default()
-            .with_name(TopicName(StrBytes::from_static_str("zt")))
-            .with_partition_data(vec![
+    // (compression.type, the codec's id in the batch attributes)
+    for (codec, id) in [("gzip", 1i16), ("snappy", 2), ("lz4", 3), ("zstd", 4)] {
+        let topic = format!("z-{codec}");
+        let name = || TopicName(StrBytes::from_string(topic.clone()));
+        let config = [("compression.type".to_owned(), codec.to_owned())].into_iter().collect();
+        ferrolog_tests::raw::create_topic_with_config(&c, &topic, 1, 1, &config).await?;
+        // Through gRPC, then an uncompressed Kafka batch.
+        ferrolog_tests::raw::produce(
+            &c,
+            ferrolog_tests::raw::batch(&topic, -1, 0, "from-grpc"),
+            Duration::from_secs(30),
+        )
+        .await?;
+        let record = kafka_protocol::records::Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: -1,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: kafka_protocol::records::TimestampType::Creation,
+            offset: 0,
+            sequence: -1,
+            timestamp: 1_700_000_000_000,
+            key: Some(Bytes::from_static(b"k")),
+            value: Some(Bytes::from_static(b"from-kafka")),
+            headers: Default::default(),
+        };
+        let mut batch = BytesMut::new();
+        kafka_protocol::records::RecordBatchEncoder::encode(
+            &mut batch,
+            [&record],
+            &kafka_protocol::records::RecordEncodeOptions {
+                version: 2,
+                compression: kafka_protocol::records::Compression::None,
+            },
+        )?;
+        assert_eq!(batch_codecs(batch.clone().freeze()), vec![0], "the producer's batch is uncompressed");
+        let produce = ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(vec![
+            produce_request::TopicProduceData::default().with_name(name()).with_partition_data(vec![
                 produce_request::PartitionProduceData::default().with_records(Some(batch.freeze())),
             ]),
-    ]);
-    let mut r =
-        exchange(addr, &frame(ApiKey::Produce, 9, 1, &RequestKind::Produce(produce))).await?.expect("answer");
-    r.get_i32();
-    r.get_u8();
-    let ResponseKind::Produce(p) = ResponseKind::decode(ApiKey::Produce, &mut r, 9)? else {
-        panic!("produce")
-    };
-    let part = &p.responses[0].partition_responses[0];
-    assert_eq!((part.error_code, part.base_offset), (0, 1), "{part:?}");
-
-    // A Kafka fetch serves both as zstd batches.
-    let fetch = FetchRequest::default()
-        .with_replica_id(BrokerId(-1))
-        .with_max_bytes(1 << 20)
-        .with_min_bytes(1)
-        .with_topics(vec![
-            fetch_request::FetchTopic::default()
-                .with_topic(TopicName(StrBytes::from_static_str("zt")))
-                .with_partitions(vec![
-                    fetch_request::FetchPartition::default().with_partition_max_bytes(1 << 20),
-                ]),
         ]);
-    let mut r =
-        exchange(addr, &frame(ApiKey::Fetch, 12, 2, &RequestKind::Fetch(fetch))).await?.expect("answer");
-    r.get_i32();
-    r.get_u8();
-    let ResponseKind::Fetch(f) = ResponseKind::decode(ApiKey::Fetch, &mut r, 12)? else { panic!("fetch") };
-    let part = &f.responses[0].partitions[0];
-    assert_eq!((part.error_code, part.high_watermark), (0, 2), "{part:?}");
-    let codecs = batch_codecs(part.records.clone().expect("records"));
-    assert_eq!(codecs, vec![4, 4], "both batches stored as zstd (codec 4)");
+        let mut r = exchange(addr, &frame(ApiKey::Produce, 9, 1, &RequestKind::Produce(produce)))
+            .await?
+            .expect("answer");
+        r.get_i32();
+        r.get_u8();
+        let ResponseKind::Produce(p) = ResponseKind::decode(ApiKey::Produce, &mut r, 9)? else {
+            panic!("produce")
+        };
+        let part = &p.responses[0].partition_responses[0];
+        assert_eq!((part.error_code, part.base_offset), (0, 1), "{codec}: {part:?}");
 
-    // And the gRPC API reads both back decompressed.
-    let values = ferrolog_tests::raw::read_values(c.broker(1).client_addr, "zt").await?;
-    assert_eq!(values, vec!["from-grpc", "from-kafka"]);
+        // A Kafka fetch serves both batches in the topic's codec.
+        let fetch = FetchRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_max_bytes(1 << 20)
+            .with_min_bytes(1)
+            .with_topics(vec![fetch_request::FetchTopic::default().with_topic(name()).with_partitions(
+                vec![fetch_request::FetchPartition::default().with_partition_max_bytes(1 << 20)],
+            )]);
+        let mut r =
+            exchange(addr, &frame(ApiKey::Fetch, 12, 2, &RequestKind::Fetch(fetch))).await?.expect("answer");
+        r.get_i32();
+        r.get_u8();
+        let ResponseKind::Fetch(f) = ResponseKind::decode(ApiKey::Fetch, &mut r, 12)? else {
+            panic!("fetch")
+        };
+        let part = &f.responses[0].partitions[0];
+        assert_eq!((part.error_code, part.high_watermark), (0, 2), "{codec}: {part:?}");
+        let codecs = batch_codecs(part.records.clone().expect("records"));
+        assert_eq!(codecs, vec![id, id], "{codec}: both batches stored in the topic's codec");
+
+        // And the gRPC API reads both back decompressed.
+        let values = ferrolog_tests::raw::read_values(c.broker(1).client_addr, &topic).await?;
+        assert_eq!(values, vec!["from-grpc", "from-kafka"], "{codec}");
+    }
     Ok(())
 }
 

@@ -46,12 +46,36 @@ pub struct KafkaArgs {
     /// Rounds per record size (each path once per round, order alternating).
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// The Kafka client: kcat, or librdkafka in this process (`rdkafka`,
+    /// needs the bench built with `--features rdkafka`).
+    #[arg(long, value_enum, default_value_t = KafkaClient::Kcat)]
+    client: KafkaClient,
+}
+
+/// The Kafka client a round uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KafkaClient {
+    /// kcat, a process of its own reading a file (librdkafka inside).
+    Kcat,
+    /// librdkafka in this process (the `rdkafka` crate).
+    Rdkafka,
+}
+
+/// kcat's path, looked up (installed if missing) on the first call only:
+/// the look-up runs `kcat -V`, which must not count in a measured phase.
+fn kcat_path() -> anyhow::Result<std::path::PathBuf> {
+    static PATH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    if let Some(p) = PATH.get() {
+        return Ok(p.clone());
+    }
+    let p = kcat()?;
+    Ok(PATH.get_or_init(|| p).clone())
 }
 
 /// Runs kcat with `args`, `input` on its stdin (a file); returns its wall
 /// time, seconds, and the bytes it wrote to stdout.
 fn timed_kcat(args: &[String], input: Option<&std::path::Path>) -> anyhow::Result<(f64, usize)> {
-    let mut cmd = Command::new(kcat()?);
+    let mut cmd = Command::new(kcat_path()?);
     cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
     match input {
         Some(path) => cmd.stdin(std::fs::File::open(path)?),
@@ -138,12 +162,20 @@ fn brokers_cpu(c: &ferrolog_tests::Cluster) -> f64 {
 /// Cluster, client or kcat failures.
 pub async fn kafka(a: KafkaArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.runs >= 1, "--runs must be at least 1");
+    if a.client == KafkaClient::Kcat {
+        // Found (or installed) now, not inside a measured phase.
+        tokio::task::spawn_blocking(kcat_path).await??;
+    }
     let c = cluster::start("bench-kafka").await?;
     let meta: Arc<MetadataCache> = MetadataCache::new(ClientConfig::from_list(&c.bootstrap()))?;
     let admin = Admin::new(meta.clone()).with_timeout(Duration::from_secs(60));
     let bootstrap = c.kafka_bootstrap();
     let dir = tempfile::tempdir()?;
     let mut summary = Vec::new();
+    let kafka_label = match a.client {
+        KafkaClient::Kcat => "Kafka (kcat)",
+        KafkaClient::Rdkafka => "Kafka (rdkafka)",
+    };
     println!(
         "| record | round | path | produce records/s | produce MB/s | produce CPU µs/record, brokers + \
          client | consume records/s | consume MB/s | consume CPU µs/record, brokers + client |"
@@ -159,8 +191,15 @@ pub async fn kafka(a: KafkaArgs) -> anyhow::Result<()> {
                 load::topic(&meta, &topic, a.partitions).await?;
                 let r = if kafka_path {
                     let n = records.context("the record count comes from the first native run")?;
-                    let input = input_file(dir.path(), n, bytes)?;
-                    kcat_round(&c, &bootstrap, &topic, n, &input).await?
+                    match a.client {
+                        KafkaClient::Kcat => {
+                            let input = input_file(dir.path(), n, bytes)?;
+                            kcat_round(&c, &bootstrap, &topic, n, &input).await?
+                        }
+                        KafkaClient::Rdkafka => {
+                            rdkafka_round(&c, &bootstrap, &topic, n, bytes, a.partitions).await?
+                        }
+                    }
                 } else {
                     let m = Meter::start(&c, libc::RUSAGE_SELF);
                     let args = ProduceArgs::pipelined(bytes, a.seconds, a.partitions);
@@ -168,8 +207,10 @@ pub async fn kafka(a: KafkaArgs) -> anyhow::Result<()> {
                     let produce = m.stop(p.records, p.seconds);
                     if records.is_none() {
                         records = Some(p.records);
-                        // kcat's input, before any kcat run, synced.
-                        input_file(dir.path(), p.records, bytes)?;
+                        if a.client == KafkaClient::Kcat {
+                            // kcat's input, before any kcat run, synced.
+                            input_file(dir.path(), p.records, bytes)?;
+                        }
                     }
                     let m = Meter::start(&c, libc::RUSAGE_SELF);
                     let start = Instant::now();
@@ -180,7 +221,7 @@ pub async fn kafka(a: KafkaArgs) -> anyhow::Result<()> {
                 let us = |x: f64| x * 1e6;
                 println!(
                     "| {bytes} B | {round} | {} | {:.0} | {:.1} | {:.2} + {:.2} | {:.0} | {:.1} | {:.2} + {:.2} |",
-                    if kafka_path { "Kafka (kcat)" } else { "native gRPC" },
+                    if kafka_path { kafka_label } else { "native gRPC" },
                     r.produce.rate,
                     mb(r.produce.rate),
                     us(r.produce.broker_cpu),
@@ -208,7 +249,7 @@ pub async fn kafka(a: KafkaArgs) -> anyhow::Result<()> {
     println!("|---|---|---|---|---|---|");
     for (bytes, native, kafka) in summary {
         let mut medians = Vec::new();
-        for (label, rates) in [("native gRPC", &native), ("Kafka (kcat)", &kafka)] {
+        for (label, rates) in [("native gRPC", &native), (kafka_label, &kafka)] {
             let phase = |of: fn(&Rates) -> Phase| {
                 let rate = spread(rates.iter().map(|r| of(r).rate).collect());
                 let broker = spread(rates.iter().map(|r| of(r).broker_cpu * 1e6).collect()).1;
@@ -249,6 +290,43 @@ fn input_file(dir: &std::path::Path, n: u64, bytes: usize) -> anyhow::Result<std
         file.sync_all()?;
     }
     Ok(path)
+}
+
+/// librdkafka in this process produces `n` records of `bytes` to `topic`,
+/// then reads them back ([`super::kafka_rdkafka`]).
+#[cfg(feature = "rdkafka")]
+async fn rdkafka_round(
+    c: &ferrolog_tests::Cluster,
+    bootstrap: &str,
+    topic: &str,
+    n: u64,
+    bytes: usize,
+    partitions: u32,
+) -> anyhow::Result<Rates> {
+    let (b, t) = (bootstrap.to_owned(), topic.to_owned());
+    let m = Meter::start(c, libc::RUSAGE_SELF);
+    let ps = tokio::task::spawn_blocking(move || super::kafka_rdkafka::produce(&b, &t, n, bytes)).await??;
+    let produce = m.stop(n, ps);
+    let (b, t) = (bootstrap.to_owned(), topic.to_owned());
+    let m = Meter::start(c, libc::RUSAGE_SELF);
+    let cs =
+        tokio::task::spawn_blocking(move || super::kafka_rdkafka::consume(&b, &t, partitions, n)).await??;
+    Ok(Rates { produce, consume: m.stop(n, cs) })
+}
+
+/// Without the `rdkafka` feature: says how to build it.
+#[cfg(not(feature = "rdkafka"))]
+async fn rdkafka_round(
+    _: &ferrolog_tests::Cluster,
+    _: &str,
+    _: &str,
+    _: u64,
+    _: usize,
+    _: u32,
+) -> anyhow::Result<Rates> {
+    anyhow::bail!(
+        "--client rdkafka needs the bench built with it: cargo build --release -p ferrolog-benches --features rdkafka"
+    )
 }
 
 /// kcat produces the `n` lines of `input` to `topic`, then reads them back.

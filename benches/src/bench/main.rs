@@ -34,6 +34,8 @@ mod failover;
 mod group;
 mod idle;
 mod kafka;
+#[cfg(feature = "rdkafka")]
+mod kafka_rdkafka;
 mod load;
 mod reassign;
 mod restart;

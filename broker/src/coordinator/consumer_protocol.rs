@@ -75,6 +75,9 @@ pub fn kafka_subscription(metadata: &Bytes) -> Bytes {
         return metadata.clone();
     }
     let Ok(s) = ConsumerSubscription::decode(metadata.as_ref()) else { return Bytes::new() };
+    if s.topics.iter().any(|t| t.len() > TOPIC_NAME_MAX_BYTES) {
+        return Bytes::new();
+    }
     let mut b = BytesMut::new();
     b.put_i16(0);
     b.put_i32(s.topics.len() as i32);
@@ -93,6 +96,9 @@ pub fn kafka_assignment(assignment: &Bytes) -> Bytes {
         return assignment.clone();
     }
     let Some(topics) = assigned_partitions(assignment) else { return Bytes::new() };
+    if topics.iter().any(|(t, _)| t.len() > TOPIC_NAME_MAX_BYTES) {
+        return Bytes::new();
+    }
     let mut b = BytesMut::new();
     b.put_i16(0);
     b.put_i32(topics.len() as i32);
@@ -107,12 +113,10 @@ pub fn kafka_assignment(assignment: &Bytes) -> Bytes {
     b.freeze()
 }
 
-/// A Kafka STRING; names longer than an i16 length are cut (topic names
-/// are at most 249 bytes).
+/// A Kafka STRING of at most [`TOPIC_NAME_MAX_BYTES`] (callers check).
 fn put_string(b: &mut BytesMut, s: &str) {
-    let bytes = &s.as_bytes()[..s.len().min(i16::MAX as usize)];
-    b.put_i16(bytes.len() as i16);
-    b.put_slice(bytes);
+    b.put_i16(s.len() as i16);
+    b.put_slice(s.as_bytes());
 }
 
 fn is_kafka(b: &[u8]) -> bool {

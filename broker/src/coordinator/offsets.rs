@@ -297,7 +297,10 @@ impl Coordinator {
             }
             results.push(vec![None; partitions.len()]);
         }
-        if subscribed.is_none() && !rows.is_empty() && gone.len() == g.offsets.len() {
+        // Kafka writes the group tombstone only for a group it had a record
+        // of; offsets of deleted topics still held (until expiry removes
+        // them) keep the group, as they are still offsets.
+        if subscribed.is_none() && g.meta.is_some() && !rows.is_empty() && gone.len() == g.offsets.len() {
             rows.push(records::group_record(group, None, now));
         }
         while !rows.is_empty() {

@@ -444,11 +444,21 @@ pub async fn offset_delete(k: &KafkaService, r: OffsetDeleteRequest) -> OffsetDe
         Ok(results) => results,
         Err(e) => return OffsetDeleteResponse::default().with_error_code(errors::group_code(&e)),
     };
+    debug_assert_eq!(results.len(), topics.len(), "one answer list per topic asked");
     for (topic, codes) in topics.iter_mut().zip(results) {
         let mut codes = codes.into_iter();
         for p in topic.partitions.iter_mut().filter(|p| p.error_code == ASKED) {
-            p.error_code = codes.next().flatten().map_or(errors::NONE, |e| errors::group_code(&e));
+            p.error_code = match codes.next() {
+                Some(None) => errors::NONE,
+                Some(Some(e)) => errors::group_code(&e),
+                // Never: the coordinator answers every partition asked.
+                None => ResponseError::UnknownServerError.code(),
+            };
         }
+    }
+    // Never: every topic was answered above.
+    for p in topics.iter_mut().flat_map(|t| t.partitions.iter_mut()).filter(|p| p.error_code == ASKED) {
+        p.error_code = ResponseError::UnknownServerError.code();
     }
     OffsetDeleteResponse::default().with_topics(topics)
 }
