@@ -62,6 +62,48 @@ async fn closed(addr: SocketAddr, bytes: &[u8]) -> anyhow::Result<bool> {
     Ok(exchange(addr, bytes).await?.is_none())
 }
 
+/// One uncompressed Kafka batch (magic 2, CreateTime) of one record.
+fn one_record_batch(key: Option<Bytes>, value: Bytes) -> anyhow::Result<Bytes> {
+    let record = kafka_protocol::records::Record {
+        transactional: false,
+        control: false,
+        delete_horizon: false,
+        partition_leader_epoch: -1,
+        producer_id: -1,
+        producer_epoch: -1,
+        timestamp_type: kafka_protocol::records::TimestampType::Creation,
+        offset: 0,
+        sequence: -1,
+        timestamp: 1_700_000_000_000,
+        key,
+        value: Some(value),
+        headers: Default::default(),
+    };
+    let mut batch = BytesMut::new();
+    kafka_protocol::records::RecordBatchEncoder::encode(
+        &mut batch,
+        [&record],
+        &kafka_protocol::records::RecordEncodeOptions {
+            version: 2,
+            compression: kafka_protocol::records::Compression::None,
+        },
+    )?;
+    Ok(batch.freeze())
+}
+
+/// A Produce request (acks=all) of `batch` to partition 0 of `topic`.
+fn produce_to(topic: &str, batch: Bytes) -> RequestKind {
+    RequestKind::Produce(
+        ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(vec![
+            produce_request::TopicProduceData::default()
+                .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
+                .with_partition_data(vec![
+                    produce_request::PartitionProduceData::default().with_records(Some(batch)),
+                ]),
+        ]),
+    )
+}
+
 fn api_versions(addr_resp: Bytes) -> anyhow::Result<(i32, ApiVersionsResponse)> {
     let mut b = addr_resp;
     let correlation = b.get_i32();
@@ -368,38 +410,8 @@ async fn every_advertised_api_answers_and_bad_frames_close_only_their_connection
     }
     let mut pipelined = BytesMut::new();
     for i in 0..5 {
-        let record = kafka_protocol::records::Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: -1,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: kafka_protocol::records::TimestampType::Creation,
-            offset: 0,
-            sequence: -1,
-            timestamp: 1_700_000_000_000,
-            key: None,
-            value: Some(Bytes::from(format!("v{i}"))),
-            headers: Default::default(),
-        };
-        let mut batch = BytesMut::new();
-        kafka_protocol::records::RecordBatchEncoder::encode(
-            &mut batch,
-            [&record],
-            &kafka_protocol::records::RecordEncodeOptions {
-                version: 2,
-                compression: kafka_protocol::records::Compression::None,
-            },
-        )?;
-        let produce = ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(vec![
-            produce_request::TopicProduceData::default()
-                .with_name(TopicName(StrBytes::from_static_str("pipe")))
-                .with_partition_data(vec![
-                    produce_request::PartitionProduceData::default().with_records(Some(batch.freeze())),
-                ]),
-        ]);
-        pipelined.put_slice(&frame(ApiKey::Produce, 9, 600 + i, &RequestKind::Produce(produce)));
+        let batch = one_record_batch(None, Bytes::from(format!("v{i}")))?;
+        pipelined.put_slice(&frame(ApiKey::Produce, 9, 600 + i, &produce_to("pipe", batch)));
     }
     pipelined.put_slice(&list);
     let mut s = TcpStream::connect(addr).await?;
@@ -470,39 +482,10 @@ async fn a_topic_compression_type_recompresses_what_either_api_writes() -> anyho
             Duration::from_secs(30),
         )
         .await?;
-        let record = kafka_protocol::records::Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: -1,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: kafka_protocol::records::TimestampType::Creation,
-            offset: 0,
-            sequence: -1,
-            timestamp: 1_700_000_000_000,
-            key: Some(Bytes::from_static(b"k")),
-            value: Some(Bytes::from_static(b"from-kafka")),
-            headers: Default::default(),
-        };
-        let mut batch = BytesMut::new();
-        kafka_protocol::records::RecordBatchEncoder::encode(
-            &mut batch,
-            [&record],
-            &kafka_protocol::records::RecordEncodeOptions {
-                version: 2,
-                compression: kafka_protocol::records::Compression::None,
-            },
-        )?;
-        assert_eq!(batch_codecs(batch.clone().freeze()), vec![0], "the producer's batch is uncompressed");
-        let produce = ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(vec![
-            produce_request::TopicProduceData::default().with_name(name()).with_partition_data(vec![
-                produce_request::PartitionProduceData::default().with_records(Some(batch.freeze())),
-            ]),
-        ]);
-        let mut r = exchange(addr, &frame(ApiKey::Produce, 9, 1, &RequestKind::Produce(produce)))
-            .await?
-            .expect("answer");
+        let batch = one_record_batch(Some(Bytes::from_static(b"k")), Bytes::from_static(b"from-kafka"))?;
+        assert_eq!(batch_codecs(batch.clone()), vec![0], "the producer's batch is uncompressed");
+        let produce = produce_to(&topic, batch);
+        let mut r = exchange(addr, &frame(ApiKey::Produce, 9, 1, &produce)).await?.expect("answer");
         r.get_i32();
         r.get_u8();
         let ResponseKind::Produce(p) = ResponseKind::decode(ApiKey::Produce, &mut r, 9)? else {

@@ -840,7 +840,8 @@ fn topic_config_is_set_described_altered_and_enforced() {
         None,
     );
     let rows = config_rows(&c, "cfg");
-    assert_eq!(rows.len(), 11, "every key is listed: {rows:?}");
+    assert_eq!(rows.len(), 12, "every key is listed: {rows:?}");
+    assert_eq!(rows["compression.type"], ("producer".into(), "default".into()));
     assert_eq!(rows["retention.ms"], ("3600000".into(), "topic".into()));
     assert_eq!(rows["max.message.bytes"], ("1000".into(), "topic".into()));
     assert_eq!(rows["cleanup.policy"], ("compact,delete".into(), "topic".into()));
