@@ -93,15 +93,15 @@ fn one_record_batch(key: Option<Bytes>, value: Bytes) -> anyhow::Result<Bytes> {
 
 /// A Produce request (acks=all) of `batch` to partition 0 of `topic`.
 fn produce_to(topic: &str, batch: Bytes) -> RequestKind {
-    RequestKind::Produce(
-        ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(vec![
+    RequestKind::Produce(ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(
+        vec![
             produce_request::TopicProduceData::default()
                 .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
                 .with_partition_data(vec![
                     produce_request::PartitionProduceData::default().with_records(Some(batch)),
                 ]),
-        ]),
-    )
+        ],
+    ))
 }
 
 fn api_versions(addr_resp: Bytes) -> anyhow::Result<(i32, ApiVersionsResponse)> {

@@ -17,6 +17,8 @@ struct Brokers {
     /// Broker id - 1 → its process.
     children: Vec<Child>,
     bootstrap: String,
+    /// Kafka listener addresses of the founding brokers, index = id - 1.
+    kafka: Vec<String>,
     /// Peer addresses of the brokers, index = id - 1 (for `--join`).
     peers: Vec<String>,
     /// The command line of each joined broker (id, args), to restart it.
@@ -50,8 +52,9 @@ impl Brokers {
             dir.disable_cleanup(true);
             eprintln!("data and logs kept in {}", dir.path().display());
         }
-        let (ip, ports) = common::private_addrs(6);
-        let (client, peer) = ports.split_at(3);
+        let (ip, ports) = common::private_addrs(9);
+        let (client, rest) = ports.split_at(3);
+        let (peer, kafka) = rest.split_at(3);
         let initial = (0..3).map(|i| format!("{}={ip}:{}", i + 1, peer[i])).collect::<Vec<_>>().join(",");
         let config_file = config.map(|text| write(dir.path(), "broker.toml", text));
         let mut children = Vec::new();
@@ -68,7 +71,7 @@ impl Brokers {
                 "--peer-addr".into(),
                 format!("{ip}:{}", peer[i]),
                 "--kafka-addr".into(),
-                format!("{ip}:0"),
+                format!("{ip}:{}", kafka[i]),
                 "--data-dir".into(),
                 dir.path().join(format!("broker-{}", i + 1)).display().to_string(),
                 "--initial-cluster".into(),
@@ -79,8 +82,17 @@ impl Brokers {
         }
         let bootstrap = client.iter().map(|p| format!("{ip}:{p}")).collect::<Vec<_>>().join(",");
         let peers = peer.iter().map(|p| format!("{ip}:{p}")).collect();
-        let brokers =
-            Brokers { children, bootstrap, peers, joined_args: Vec::new(), founder_args, config_file, dir };
+        let kafka = kafka.iter().map(|p| format!("{ip}:{p}")).collect();
+        let brokers = Brokers {
+            children,
+            bootstrap,
+            kafka,
+            peers,
+            joined_args: Vec::new(),
+            founder_args,
+            config_file,
+            dir,
+        };
         brokers.wait_ready();
         brokers
     }
@@ -412,6 +424,65 @@ fn topics_produce_and_consume_through_the_command_line() {
 }
 
 /// Values of partition 0 of `topic`, in order, exactly as stored.
+/// Records written with kcat (librdkafka) through the Kafka listener are
+/// read by `ferrolog consume`, and records written with `ferrolog produce`
+/// are read by kcat: keys, values, headers, null and empty kept apart
+/// (issue 14).
+#[test]
+fn kcat_and_the_command_line_read_what_the_other_wrote() {
+    let c = Brokers::start();
+    let kcat = ferrolog_tests::kafka_tools::kcat().expect("kcat, installed when missing");
+    let kafka = c.kafka.join(",");
+    c.ok(&["topic", "create", "mixed", "--partitions", "1", "--replication-factor", "3"], None);
+    let kcat_run = |args: &[&str], input: Option<&str>| -> String {
+        let mut child = Command::new(&kcat)
+            .args(["-b", &kafka])
+            .args(args)
+            .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run kcat");
+        if let Some(text) = input {
+            use std::io::Write;
+            child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write stdin");
+        }
+        let out = child.wait_with_output().expect("wait for kcat");
+        assert!(out.status.success(), "kcat {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    // kcat → the CLI: a key and value, a null value (-Z), an empty key.
+    kcat_run(&["-P", "-t", "mixed", "-p", "0", "-K:", "-Z", "-H", "src=kcat"], Some("a:1\nb:\n:3\n"));
+    let read = json_lines(&c.ok(&["consume", "mixed", "--output", "json"], None));
+    assert_eq!(read.len(), 3, "{read:?}");
+    let got: Vec<(serde_json::Value, serde_json::Value)> =
+        read.iter().map(|r| (r["key"].clone(), r["value"].clone())).collect();
+    assert_eq!(
+        got,
+        vec![
+            ("a".into(), "1".into()),
+            ("b".into(), serde_json::Value::Null),
+            (serde_json::Value::Null, "3".into()),
+        ],
+        "{read:?}"
+    );
+    assert!(
+        read.iter().all(|r| r["headers"] == serde_json::json!([{"key": "src", "value": "kcat"}])),
+        "{read:?}"
+    );
+    // The CLI → kcat.
+    c.ok(&["produce", "mixed"], Some("from-cli\n"));
+    let out = kcat_run(
+        &["-C", "-t", "mixed", "-p", "0", "-o", "beginning", "-e", "-q", "-Z", "-f", "%o %k=%s\n"],
+        None,
+    );
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        vec!["0 a=1", "1 b=NULL", "2 NULL=3", "3 NULL=from-cli"],
+        "{out}"
+    );
+}
+
 fn values(c: &Brokers, topic: &str) -> Vec<String> {
     json_lines(&c.ok(&["consume", topic, "-p", "0", "--output", "json"], None))
         .iter()
