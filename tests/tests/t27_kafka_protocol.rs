@@ -434,6 +434,50 @@ async fn every_advertised_api_answers_and_bad_frames_close_only_their_connection
     };
     assert_eq!(l.topics[0].partitions[0].offset, 5, "the request after the produces sees all of them");
 
+    // Metadata by topic id alone (v10+, KIP-516): the id a by-name answer
+    // gave finds the topic; an unknown id is UNKNOWN_TOPIC_ID.
+    let metadata_of = |topics: Vec<metadata_request::MetadataRequestTopic>| {
+        frame(
+            ApiKey::Metadata,
+            12,
+            700,
+            &RequestKind::Metadata(MetadataRequest::default().with_topics(Some(topics))),
+        )
+    };
+    let by_name = metadata_of(vec![
+        metadata_request::MetadataRequestTopic::default()
+            .with_name(Some(TopicName(StrBytes::from_static_str("pipe")))),
+    ]);
+    let mut r = exchange(addr, &by_name).await?.expect("answered");
+    r.get_i32();
+    r.get_u8();
+    let ResponseKind::Metadata(m) = ResponseKind::decode(ApiKey::Metadata, &mut r, 12)? else {
+        panic!("metadata")
+    };
+    let id = m.topics[0].topic_id;
+    assert_ne!(id, uuid::Uuid::nil(), "a topic id is answered");
+    let unknown = uuid::Uuid::from_u128(42);
+    let by_id = metadata_of(vec![
+        metadata_request::MetadataRequestTopic::default().with_name(None).with_topic_id(id),
+        metadata_request::MetadataRequestTopic::default().with_name(None).with_topic_id(unknown),
+    ]);
+    let mut r = exchange(addr, &by_id).await?.expect("answered");
+    r.get_i32();
+    r.get_u8();
+    let ResponseKind::Metadata(m) = ResponseKind::decode(ApiKey::Metadata, &mut r, 12)? else {
+        panic!("metadata")
+    };
+    let named: Vec<(Option<String>, i16, usize)> = m
+        .topics
+        .iter()
+        .map(|t| (t.name.as_ref().map(|n| n.to_string()), t.error_code, t.partitions.len()))
+        .collect();
+    assert!(named.contains(&(Some("pipe".into()), 0, 1)), "{named:?}");
+    assert!(
+        m.topics.iter().any(|t| t.topic_id == unknown && t.error_code == 100),
+        "UNKNOWN_TOPIC_ID for an unknown id: {named:?}"
+    );
+
     // Several requests on one connection are answered in order.
     let mut s = TcpStream::connect(addr).await?;
     let mut many = BytesMut::new();

@@ -45,19 +45,38 @@ pub async fn metadata(s: &KafkaService, r: MetadataRequest, version: i16) -> Met
         })
         .collect();
     // v0: an empty list means all topics; v1+: null means all, empty none.
-    let asked: Option<Vec<String>> = match r.topics {
-        None => None,
-        Some(t) if t.is_empty() && version == 0 => None,
-        Some(t) => Some(t.into_iter().filter_map(|t| t.name.map(|n| n.0.to_string())).collect()),
-    };
-    let names: Vec<String> = match &asked {
+    // From v10 a topic may be named by its id alone (KIP-516): one the
+    // image does not hold is answered UNKNOWN_TOPIC_ID with that id.
+    let mut topics = Vec::new();
+    let mut by_id: Option<std::collections::HashMap<u128, &String>> = None;
+    let names: Vec<String> = match r.topics {
         None => image.topics.keys().cloned().collect(),
-        Some(a) => a.clone(),
+        Some(t) if t.is_empty() && version == 0 => image.topics.keys().cloned().collect(),
+        Some(t) => t
+            .into_iter()
+            .filter_map(|t| match t.name {
+                Some(n) => Some(n.0.to_string()),
+                None => {
+                    let ids = by_id.get_or_insert_with(|| {
+                        image.topics.iter().map(|(name, e)| (e.topic_id.0, name)).collect()
+                    });
+                    let found = ids.get(&t.topic_id.as_u128()).map(|name| (*name).clone());
+                    if found.is_none() {
+                        topics.push(
+                            MetadataResponseTopic::default()
+                                .with_topic_id(t.topic_id)
+                                .with_error_code(ResponseError::UnknownTopicId.code()),
+                        );
+                    }
+                    found
+                }
+            })
+            .collect(),
     };
     // A leader is named only if it is listed: clients look the id up among
     // the brokers (kafka-python's sender stops on one it cannot find).
     let listed: Vec<i32> = brokers.iter().map(|b| b.node_id.0).collect();
-    let mut topics = Vec::with_capacity(names.len());
+    topics.reserve(names.len());
     for name in names {
         let mut t = MetadataResponseTopic::default()
             .with_name(Some(TopicName(StrBytes::from_string(name.clone()))))
