@@ -46,7 +46,7 @@ impl Coordinator {
             if gone.is_empty() {
                 continue;
             }
-            let mut rows: Vec<Record> = gone
+            let rows: Vec<Record> = gone
                 .iter()
                 .map(|(g, what)| match what {
                     Some((t, p)) => records::offset_record(g, t, *p, None, now),
@@ -54,12 +54,7 @@ impl Coordinator {
                 })
                 .collect();
             let n = rows.len();
-            let mut failed = None;
-            while !rows.is_empty() && failed.is_none() {
-                let rest = rows.split_off(rows.len().min(1_000));
-                failed = s.append(std::mem::replace(&mut rows, rest), &self.limits).await.err();
-            }
-            match failed {
+            match s.append_all(rows, &self.limits).await.err() {
                 None => {
                     tracing::info!("{OFFSETS_TOPIC}-{index}: removed {n} expired offsets and group records")
                 }
@@ -223,14 +218,7 @@ impl Coordinator {
         let mut rows: Vec<Record> =
             g.offsets.keys().map(|(t, p)| records::offset_record(group, t, *p, None, now)).collect();
         rows.push(records::group_record(group, None, now));
-        // In batches the log takes: a group may have offsets for thousands
-        // of partitions.
-        let per_batch = 1_000;
-        while !rows.is_empty() {
-            let rest = rows.split_off(rows.len().min(per_batch));
-            s.append(std::mem::replace(&mut rows, rest), &self.limits).await?;
-        }
-        Ok(())
+        s.append_all(rows, &self.limits).await
     }
 
     /// Deletes `group`'s committed offsets of `topics` (each with its
@@ -303,10 +291,7 @@ impl Coordinator {
         if subscribed.is_none() && g.meta.is_some() && !rows.is_empty() && gone.len() == g.offsets.len() {
             rows.push(records::group_record(group, None, now));
         }
-        while !rows.is_empty() {
-            let rest = rows.split_off(rows.len().min(1_000));
-            s.append(std::mem::replace(&mut rows, rest), &self.limits).await?;
-        }
+        s.append_all(rows, &self.limits).await?;
         Ok(results)
     }
 

@@ -19,6 +19,10 @@ use crate::metadata::image::MetadataImage;
 use crate::partition::Partition;
 use crate::partition::records::{self as batch, BatchError, ProducerFields};
 
+/// Most records of `__consumer_offsets` written in one batch by
+/// [`Session::append_all`].
+pub(super) const ROWS_PER_APPEND: usize = 1_000;
+
 /// Bytes read per step when a coordinator reads its partition.
 const LOAD_READ_BYTES: usize = 1 << 20;
 
@@ -62,6 +66,24 @@ impl Session {
         if let Some(g) = self.guard.as_mut() {
             **g = None;
         }
+    }
+
+    /// [`Session::append`] of `rows` in batches of at most
+    /// [`ROWS_PER_APPEND`] (a group may have offsets for thousands of
+    /// partitions), in order; stops at the first that fails.
+    ///
+    /// # Errors
+    /// As [`Session::append`]; the batches before the failing one are stored.
+    pub(super) async fn append_all(
+        &mut self,
+        mut rows: Vec<Record>,
+        limits: &Limits,
+    ) -> Result<(), ApiError> {
+        while !rows.is_empty() {
+            let rest = rows.split_off(rows.len().min(ROWS_PER_APPEND));
+            self.append(std::mem::replace(&mut rows, rest), limits).await?;
+        }
+        Ok(())
     }
 
     /// Appends `rows` in this session's term and applies them once a
