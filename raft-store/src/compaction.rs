@@ -36,8 +36,6 @@
 //! [`RecordCodec`].
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
@@ -50,6 +48,7 @@ use crate::log::{CompactionCandidate, StoredBatch};
 use crate::replica::Replica;
 use crate::segment::Segment;
 use crate::types::EntryPayload;
+use crate::vfs::{OpenMode, Vfs};
 
 /// What every replica compacts to (see the module documentation); carried
 /// by [`crate::Control::Compact`] and a snapshot's manifest.
@@ -230,7 +229,7 @@ impl Replica {
                         let swapped = self.log().swap_compacted(&c, &tmp, &index_tmp, *segment)?;
                         if swapped {
                             // The renames' durability, outside the log's lock.
-                            fsutil::sync_dir(c.path.parent().unwrap_or(Path::new(".")))?;
+                            fsutil::sync_dir(&*c.fs, c.path.parent().unwrap_or(Path::new(".")))?;
                             stats.segments_rewritten += 1;
                             stats.bytes_before += before;
                             stats.bytes_after += after;
@@ -416,8 +415,8 @@ fn rewrite(
     }
     stats.records_removed += removed;
     let tmp = c.path.with_extension("seg.compact.tmp");
-    write_segment(&tmp, c.header, &out, c.modified)?;
-    let (mut segment, cut) = Segment::open(&tmp, false, true, c.index_interval_bytes)?;
+    write_segment(&*c.fs, &tmp, c.header, &out, c.modified)?;
+    let (mut segment, cut) = Segment::open(&c.fs, &tmp, false, true, c.index_interval_bytes)?;
     if cut.is_some() {
         return Err(StoreError::Invalid(format!("compacted copy {} does not verify", tmp.display())));
     }
@@ -432,18 +431,19 @@ fn rewrite(
 /// to `modified` (the original's: retention and the tombstone horizon judge
 /// a segment by its last append, which compaction is not).
 fn write_segment(
+    fs: &dyn Vfs,
     path: &Path,
     header: SegmentHeader,
     frames: &[u8],
     modified: Option<std::time::SystemTime>,
 ) -> Result<()> {
     let io = |what: &'static str| move |e: std::io::Error| StoreError::io(what, path, e);
-    let mut f: File =
-        OpenOptions::new().write(true).create(true).truncate(true).open(path).map_err(io("create"))?;
-    f.write_all(&header.encode()).map_err(io("write"))?;
-    f.write_all(frames).map_err(io("write"))?;
+    let f = fs.open(path, OpenMode::CreateTruncate).map_err(io("create"))?;
+    let head = header.encode();
+    f.write_all_at(&head, 0).map_err(io("write"))?;
+    f.write_all_at(frames, head.len() as u64).map_err(io("write"))?;
     if let Some(t) = modified {
         f.set_modified(t).map_err(io("set modification time of"))?;
     }
-    f.sync_all().map_err(io("fsync"))
+    f.sync_data().map_err(io("fsync"))
 }

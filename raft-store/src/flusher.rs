@@ -15,13 +15,13 @@
 //!  partition C ─ write ─┘   (bounded)  fdatasync ×k or syncfs ×1
 //! ```
 
-use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::thread;
+
+use crate::vfs::{FileRef, Fs};
 
 /// Above this many distinct dirty files in one round, one `syncfs(2)`
 /// replaces per-file `fdatasync(2)` calls.
@@ -36,7 +36,7 @@ const ROUND_REQUESTS_MAX: usize = 16_384;
 pub type FlushCallback = Box<dyn FnOnce(io::Result<()>) + Send>;
 
 struct Request {
-    file: Arc<File>,
+    file: FileRef,
     done: Option<FlushCallback>,
 }
 
@@ -55,10 +55,15 @@ pub struct FlushStats {
 
 /// Handle to the flusher of one data directory. Cloning shares it; the
 /// thread ends when the last handle is dropped and the queue is drained.
+///
+/// A data directory is one file system, so the flusher also carries the
+/// [`Fs`] its replicas' files live on: everything opened with this flusher
+/// reads and writes through it.
 #[derive(Clone)]
 pub struct Flusher {
     tx: SyncSender<Request>,
     stats: Arc<FlushStats>,
+    fs: Fs,
 }
 
 impl std::fmt::Debug for Flusher {
@@ -73,11 +78,41 @@ impl Flusher {
     /// # Errors
     /// `io::Error` if the thread cannot be spawned.
     pub fn spawn(name: &str) -> io::Result<Self> {
+        Self::spawn_on(name, crate::vfs::real())
+    }
+
+    /// As [`Flusher::spawn`], for a data directory on file system `fs`
+    /// (tests: [`crate::vfs::FaultyFs`]).
+    ///
+    /// # Errors
+    /// `io::Error` if the thread cannot be spawned.
+    pub fn spawn_on(name: &str, fs: Fs) -> io::Result<Self> {
+        Self::spawn_with(name, fs, true)
+    }
+
+    /// A flusher that never calls fsync yet reports every flush done: the
+    /// negative control of the power-loss tests, which must see it lose
+    /// acknowledged entries. Compiled only with the `test-switches`
+    /// feature, which no release build enables.
+    ///
+    /// # Errors
+    /// `io::Error` if the thread cannot be spawned.
+    #[cfg(feature = "test-switches")]
+    pub fn spawn_without_fsync_unsafe(name: &str, fs: Fs) -> io::Result<Self> {
+        Self::spawn_with(name, fs, false)
+    }
+
+    fn spawn_with(name: &str, fs: Fs, fsync: bool) -> io::Result<Self> {
         let (tx, rx) = mpsc::sync_channel(QUEUE_REQUESTS_MAX);
         let stats = Arc::new(FlushStats::default());
         let s = stats.clone();
-        thread::Builder::new().name(format!("flusher {name}")).spawn(move || run(rx, &s))?;
-        Ok(Self { tx, stats })
+        thread::Builder::new().name(format!("flusher {name}")).spawn(move || run(rx, &s, fsync))?;
+        Ok(Self { tx, stats, fs })
+    }
+
+    /// The file system of this flusher's data directory.
+    pub fn fs(&self) -> &Fs {
+        &self.fs
     }
 
     /// Queues `file` to be synced and `done` to run afterwards. With `done`
@@ -85,7 +120,7 @@ impl Flusher {
     ///
     /// If the flusher is gone (it never stops while a handle lives, so only
     /// during shutdown) the callback runs at once with an error.
-    pub fn request(&self, file: Arc<File>, done: Option<FlushCallback>) {
+    pub fn request(&self, file: FileRef, done: Option<FlushCallback>) {
         let req = Request { file, done };
         let req = match self.tx.try_send(req) {
             Ok(()) => return,
@@ -106,7 +141,7 @@ impl Flusher {
     }
 }
 
-fn run(rx: Receiver<Request>, stats: &FlushStats) {
+fn run(rx: Receiver<Request>, stats: &FlushStats, fsync: bool) {
     while let Ok(first) = rx.recv() {
         let mut round = vec![first];
         while round.len() < ROUND_REQUESTS_MAX {
@@ -115,7 +150,7 @@ fn run(rx: Receiver<Request>, stats: &FlushStats) {
                 Err(_) => break,
             }
         }
-        let result = sync_round(&round, stats);
+        let result = if fsync { sync_round(&round, stats) } else { Ok(()) };
         stats.rounds.fetch_add(1, Ordering::Relaxed);
         stats.requests.fetch_add(round.len() as u64, Ordering::Relaxed);
         for r in round {
@@ -130,7 +165,7 @@ fn run(rx: Receiver<Request>, stats: &FlushStats) {
 }
 
 fn sync_round(round: &[Request], stats: &FlushStats) -> io::Result<()> {
-    let mut files: Vec<&Arc<File>> = Vec::with_capacity(round.len());
+    let mut files: Vec<&FileRef> = Vec::with_capacity(round.len());
     for r in round {
         if !files.iter().any(|f| Arc::ptr_eq(f, &r.file)) {
             files.push(&r.file);
@@ -138,11 +173,7 @@ fn sync_round(round: &[Request], stats: &FlushStats) -> io::Result<()> {
     }
     if files.len() >= SYNCFS_FILES_MIN {
         stats.syncfs.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the descriptor is valid for the call (the Arc keeps the
-        // file open); syncfs only reads it. Since Linux 5.8, syncfs reports
-        // writeback errors of the file system, so a failure is not lost.
-        let rc = unsafe { libc::syncfs(files[0].as_raw_fd()) };
-        return if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
+        return files[0].sync_file_system();
     }
     let mut result = Ok(());
     for f in files {

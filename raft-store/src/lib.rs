@@ -30,6 +30,8 @@
 //! - [`log_store`], [`state_machine`]: the openraft trait implementations.
 //! - [`replica`]: opens a replica and hands out both halves.
 //! - [`wire`]: the peer protocol's messages to and from the Raft library's types.
+//! - [`vfs`]: the file-system seam (real, and fault-injecting for tests);
+//!   every file operation of the store goes through it.
 //! - [`types`], [`batch`], [`config`], [`error`]: shared vocabulary.
 
 pub mod batch;
@@ -50,6 +52,7 @@ pub mod snapshot;
 pub mod state_machine;
 pub mod tail_cache;
 pub mod types;
+pub mod vfs;
 pub mod wire;
 
 pub use batch::{AppendResult, CONTROL_PRODUCER_ID, Control, NO_PRODUCER_ID, RecordBatch};
@@ -62,3 +65,4 @@ pub use log_store::LogStore;
 pub use producer::{ProducerStates, SequenceCheck};
 pub use replica::{FOUNDING_TERM, Founding, Replica};
 pub use state_machine::PartitionStateMachine;
+pub use vfs::{FaultyFs, Fs, RealFs};

@@ -9,7 +9,6 @@
 //!   consumers. Segment files are deleted only by retention, never by a Raft
 //!   purge, so a snapshot can ship every retained record to a new replica.
 
-use std::fs;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -28,6 +27,7 @@ use crate::meta_db::MetaDb;
 use crate::segment::{Segment, SegmentReader, parse_segment_file_name};
 use crate::tail_cache::TailCache;
 use crate::types::{Entry, LogId, LogState, Vote};
+use crate::vfs::Fs;
 
 /// One stored record batch as it lies on disk: its frame header and the
 /// exact frame bytes (header and records), CRC-verified when read.
@@ -112,6 +112,8 @@ pub struct SegmentSummary {
 /// The durable log of one partition replica.
 #[derive(Debug)]
 pub struct PartitionLog {
+    /// The file system of the log's data directory (the flusher's).
+    fs: Fs,
     dir: PathBuf,
     config: StoreConfig,
     /// Sorted by base index; never empty; the last one is active.
@@ -158,7 +160,8 @@ pub struct CompactionCandidate {
     pub(crate) size_bytes: u64,
     pub(crate) modified: Option<std::time::SystemTime>,
     pub(crate) index_interval_bytes: u64,
-    file: Arc<fs::File>,
+    pub(crate) fs: Fs,
+    file: crate::vfs::FileRef,
 }
 
 impl PartitionLog {
@@ -203,8 +206,8 @@ impl PartitionLog {
     /// [`Replica`](crate::replica::Replica) instead, which keeps it in the
     /// replica's database and moves an earlier version's file in.
     pub fn open_with(dir: &Path, config: StoreConfig, flusher: Flusher, rescan: bool) -> Result<Self> {
-        fs::create_dir_all(dir).map_err(|e| StoreError::io("create directory", dir, e))?;
-        let meta = MetaStore::open(MetaDb::open(dir)?, meta::ALONE, None, false)?;
+        fsutil::create_dir_durable(&**flusher.fs(), dir)?;
+        let meta = MetaStore::open(MetaDb::open_on(flusher.fs(), dir)?, meta::ALONE, None, false)?;
         Self::open_in(dir, meta, config, flusher, rescan)
     }
 
@@ -222,19 +225,18 @@ impl PartitionLog {
         rescan: bool,
     ) -> Result<Self> {
         config.validate().map_err(|e| StoreError::Invalid(e.to_string()))?;
-        fs::create_dir_all(dir).map_err(|e| StoreError::io("create directory", dir, e))?;
+        let fs = flusher.fs().clone();
+        fsutil::create_dir_durable(&*fs, dir)?;
         let mut bases = Vec::new();
-        for ent in fs::read_dir(dir).map_err(|e| StoreError::io("list", dir, e))? {
-            let ent = ent.map_err(|e| StoreError::io("list", dir, e))?;
-            let name = ent.file_name().to_string_lossy().into_owned();
+        for name in fs.list(dir).map_err(|e| StoreError::io("list", dir, e))? {
             if name.ends_with(".tmp") {
-                fsutil::remove_if_exists(&ent.path())?;
+                fsutil::remove_if_exists(&*fs, &dir.join(&name))?;
             } else if let Some(base) = parse_segment_file_name(&name) {
                 bases.push(base);
             }
         }
         bases.sort_unstable();
-        let (segments, damage) = open_segments(dir, &bases, &config, rescan)?;
+        let (segments, damage) = open_segments(&fs, dir, &bases, &config, rescan)?;
         let recovering = meta.get(meta::KEY_RECOVERING)?;
         let clean_stop = meta.get::<bool>(meta::KEY_CLEAN_STOP)?.unwrap_or(false);
         let compaction: CompactionTarget = meta.get(meta::KEY_COMPACTION)?.unwrap_or_default();
@@ -243,6 +245,7 @@ impl PartitionLog {
             meta.put::<bool>(meta::KEY_CLEAN_STOP, None, Sync::Durable)?;
         }
         let mut log = Self {
+            fs,
             dir: dir.to_owned(),
             cache: TailCache::new(config.tail_cache_bytes),
             config,
@@ -267,7 +270,7 @@ impl PartitionLog {
         if log.segments.is_empty() {
             let start: Option<(u64, u64)> = log.meta.get(meta::KEY_EMPTY_START)?;
             let (i, o) = start.unwrap_or((log.purged.map_or(0, |p| p.index + 1), 0));
-            log.segments.push(Segment::create(dir, i, o, log.config.index_interval_bytes)?);
+            log.segments.push(Segment::create(&log.fs, dir, i, o, log.config.index_interval_bytes)?);
         }
         // Only after an import a crash interrupted: otherwise a linked
         // tail is this log's own active segment, which its snapshots hold a
@@ -326,7 +329,7 @@ impl PartitionLog {
         }
         let mut bases: Vec<u64> = self.segments.iter().map(Segment::base_index).collect();
         self.segments.clear();
-        self.damage.push(set_aside(&self.dir, &mut bases, 0, &error)?);
+        self.damage.push(set_aside(&self.fs, &self.dir, &mut bases, 0, &error)?);
         self.meta.put(meta::KEY_EMPTY_START, Some(&(0u64, 0u64)), Sync::Durable)?;
         Ok(())
     }
@@ -398,6 +401,11 @@ impl PartitionLog {
         &self.dir
     }
 
+    /// The file system the log's files live on.
+    pub fn fs(&self) -> &Fs {
+        &self.fs
+    }
+
     fn active(&mut self) -> Result<&mut Segment> {
         // Never empty after `open`; only a failed replacement whose fallback
         // also failed leaves it so, and then every write reports it.
@@ -409,15 +417,15 @@ impl PartitionLog {
     /// it and start a new active segment. (Called after an import, and at
     /// open only when an import was interrupted: see `KEY_IMPORTING`.)
     fn roll_if_linked(&mut self) -> Result<()> {
-        use std::os::unix::fs::MetadataExt;
         let interval = self.config.index_interval_bytes;
+        let fs = self.fs.clone();
         let active = self.active()?;
         let linked =
-            fs::metadata(active.path()).map_err(|e| StoreError::io("stat", active.path(), e))?.nlink() > 1;
+            fs.metadata(active.path()).map_err(|e| StoreError::io("stat", active.path(), e))?.links > 1;
         if linked && !active.is_empty() {
             let (i, o) = (active.next_index(), active.next_offset());
             active.seal()?;
-            self.segments.push(Segment::create(&self.dir, i, o, interval)?);
+            self.segments.push(Segment::create(&self.fs, &self.dir, i, o, interval)?);
         }
         Ok(())
     }
@@ -490,7 +498,7 @@ impl PartitionLog {
             n += 1;
         }
         if n > 0 {
-            fsutil::sync_dir(&self.dir)?;
+            fsutil::sync_dir(&*self.fs, &self.dir)?;
             tracing::debug!(dir = %self.dir.display(), deleted = n, log_start = self.log_start, "retention deleted segments");
         }
         Ok(n)
@@ -532,7 +540,7 @@ impl PartitionLog {
         if !active.is_empty() && active.base_offset() < through {
             let (base_index, base_offset) = (active.next_index(), active.next_offset());
             active.seal()?;
-            self.segments.push(Segment::create(&self.dir, base_index, base_offset, interval)?);
+            self.segments.push(Segment::create(&self.fs, &self.dir, base_index, base_offset, interval)?);
         }
         Ok(())
     }
@@ -587,8 +595,9 @@ impl PartitionLog {
                     base_offset: seg.base_offset(),
                 },
                 size_bytes: seg.size_bytes(),
-                modified: fs::metadata(seg.path()).and_then(|m| m.modified()).ok(),
+                modified: self.fs.metadata(seg.path()).map(|m| m.modified).ok(),
                 index_interval_bytes: self.config.index_interval_bytes,
+                fs: self.fs.clone(),
                 file: seg.file().clone(),
             });
         }
@@ -624,14 +633,14 @@ impl PartitionLog {
             i < last && s.is_sealed() && Arc::ptr_eq(s.file(), &c.file) && s.size_bytes() == c.size_bytes
         });
         let Some(i) = same else {
-            fsutil::remove_if_exists(tmp)?;
-            fsutil::remove_if_exists(index_tmp)?;
+            fsutil::remove_if_exists(&*self.fs, tmp)?;
+            fsutil::remove_if_exists(&*self.fs, index_tmp)?;
             return Ok(false);
         };
         let old = &self.segments[i];
         if segment.next_index() != old.next_index() || segment.next_offset() != old.next_offset() {
-            fsutil::remove_if_exists(tmp)?;
-            fsutil::remove_if_exists(index_tmp)?;
+            fsutil::remove_if_exists(&*self.fs, tmp)?;
+            fsutil::remove_if_exists(&*self.fs, index_tmp)?;
             return Err(StoreError::Invalid(format!(
                 "compacted copy of {} ends at index {} offset {}, the original at {} {}",
                 c.path.display(),
@@ -642,15 +651,15 @@ impl PartitionLog {
             )));
         }
         let index = c.path.with_extension("idx");
-        fsutil::remove_if_exists(&index)?;
-        fs::rename(tmp, &c.path).map_err(|e| StoreError::io("rename", &c.path, e))?;
+        fsutil::remove_if_exists(&*self.fs, &index)?;
+        self.fs.rename(tmp, &c.path).map_err(|e| StoreError::io("rename", &c.path, e))?;
         // The path names the compacted file now: so must the log's state,
         // whatever happens to its index (without one, open rebuilds it).
         segment.moved_to(c.path.clone());
         self.segments[i] = segment;
-        if let Err(e) = fs::rename(index_tmp, &index) {
+        if let Err(e) = self.fs.rename(index_tmp, &index) {
             tracing::warn!(path = %index.display(), error = %e, "compacted segment's index not put in place; open rebuilds it");
-            let _ = fs::remove_file(index_tmp);
+            let _ = self.fs.remove_file(index_tmp);
         }
         Ok(true)
     }
@@ -675,8 +684,10 @@ impl PartitionLog {
         self.segments
             .iter()
             .map(|s| {
-                let modified = fs::metadata(s.path())
-                    .and_then(|m| m.modified())
+                let modified = self
+                    .fs
+                    .metadata(s.path())
+                    .map(|m| m.modified)
                     .map_err(|e| StoreError::io("stat", s.path(), e))?;
                 let modified_ms = modified
                     .duration_since(std::time::UNIX_EPOCH)
@@ -848,7 +859,8 @@ impl PartitionLog {
         let active = self.active()?;
         let (base_index, base_offset) = (active.next_index(), active.next_offset());
         active.seal()?;
-        let seg = Segment::create(&self.dir, base_index, base_offset, self.config.index_interval_bytes)?;
+        let seg =
+            Segment::create(&self.fs, &self.dir, base_index, base_offset, self.config.index_interval_bytes)?;
         tracing::debug!(dir = %self.dir.display(), base_index, base_offset, "rolled segment");
         self.segments.push(seg);
         self.note_segment_event();
@@ -940,7 +952,7 @@ impl PartitionLog {
             // Nothing to cut in a sealed (possibly snapshot-linked) file:
             // start a fresh active segment instead of reopening it.
             let (i, o) = (seg.next_index(), seg.next_offset());
-            self.segments.push(Segment::create(&self.dir, i, o, self.config.index_interval_bytes)?);
+            self.segments.push(Segment::create(&self.fs, &self.dir, i, o, self.config.index_interval_bytes)?);
         } else {
             let pos = seg.position_of_index(keep_to)?;
             // Above a known commit index the cut is above every snapshot
@@ -948,7 +960,7 @@ impl PartitionLog {
             // snapshot's linked prefix is spared.
             seg.truncate_at(pos, committed_unknown)?;
         }
-        fsutil::sync_dir(&self.dir)?;
+        fsutil::sync_dir(&*self.fs, &self.dir)?;
         self.cache.truncate_from(keep_to);
         Ok(())
     }
@@ -995,7 +1007,8 @@ impl PartitionLog {
         self.segments_changed();
         self.meta.put(meta::KEY_EMPTY_START, Some(&(base_index, base_offset)), Sync::Durable)?;
         self.remove_all_segments()?;
-        let new = Segment::create(&self.dir, base_index, base_offset, self.config.index_interval_bytes)?;
+        let new =
+            Segment::create(&self.fs, &self.dir, base_index, base_offset, self.config.index_interval_bytes)?;
         self.segments.push(new);
         Ok(())
     }
@@ -1005,7 +1018,7 @@ impl PartitionLog {
         while let Some(seg) = self.segments.pop() {
             seg.delete()?;
         }
-        fsutil::sync_dir(&self.dir)
+        fsutil::sync_dir(&*self.fs, &self.dir)
     }
 
     /// Replaces all segments with the verified segment files `files` (of
@@ -1022,8 +1035,13 @@ impl PartitionLog {
         if self.segments.is_empty() {
             // Keep the invariant (never without an active segment) even when
             // the import failed half way; Raft will resend the snapshot.
-            let seg =
-                Segment::create(&self.dir, expect_next.0, expect_next.1, self.config.index_interval_bytes)?;
+            let seg = Segment::create(
+                &self.fs,
+                &self.dir,
+                expect_next.0,
+                expect_next.1,
+                self.config.index_interval_bytes,
+            )?;
             self.segments.push(seg);
         }
         result
@@ -1056,8 +1074,8 @@ impl PartitionLog {
         for ((f, prefix), base) in files.iter().zip(&bases) {
             let dst = self.dir.join(crate::segment::segment_file_name(*base));
             let tmp = dst.with_extension("seg.tmp");
-            fsutil::remove_if_exists(&tmp)?;
-            let len = fs::metadata(f).map_err(|e| StoreError::io("stat", f, e))?.len();
+            fsutil::remove_if_exists(&*self.fs, &tmp)?;
+            let len = self.fs.metadata(f).map_err(|e| StoreError::io("stat", f, e))?.len;
             if let Some(want) = *prefix
                 && want != len
             {
@@ -1067,19 +1085,16 @@ impl PartitionLog {
                         f.display()
                     )));
                 }
-                crate::snapshot::copy_prefix(f, &tmp, want)?;
-            } else if fs::hard_link(f, &tmp).is_err() {
-                fs::copy(f, &tmp).map_err(|e| StoreError::io("copy", &tmp, e))?;
-                fs::File::open(&tmp)
-                    .and_then(|x| x.sync_all())
-                    .map_err(|e| StoreError::io("fsync", &tmp, e))?;
+                fsutil::copy_prefix(&*self.fs, f, &tmp, Some(want))?;
+            } else {
+                fsutil::link_or_copy(&*self.fs, f, &tmp)?;
             }
-            fs::rename(&tmp, &dst).map_err(|e| StoreError::io("rename", &dst, e))?;
+            self.fs.rename(&tmp, &dst).map_err(|e| StoreError::io("rename", &dst, e))?;
         }
-        fsutil::sync_dir(&self.dir)?;
+        fsutil::sync_dir(&*self.fs, &self.dir)?;
         // A snapshot's files are never repaired here: a damaged one fails the
         // install, and Raft sends the snapshot again.
-        self.segments = open_chain(&self.dir, &bases, &self.config, false).map_err(|(_, e)| e)?;
+        self.segments = open_chain(&self.fs, &self.dir, &bases, &self.config, false).map_err(|(_, e)| e)?;
         let ends_right = self.segments.last().map(|s| (s.next_index(), s.next_offset())) == Some(expect_next);
         if !ends_right {
             tracing::warn!(dir = %self.dir.display(), "snapshot segments do not end at the snapshot; starting empty after it");
@@ -1368,7 +1383,7 @@ impl PartitionLog {
 
     /// The active segment's file and path, to fsync without holding the
     /// log (see [`crate::Replica::sync`]); `None` without segments.
-    pub fn active_file(&self) -> Option<(Arc<std::fs::File>, PathBuf)> {
+    pub fn active_file(&self) -> Option<(crate::vfs::FileRef, PathBuf)> {
         self.segments.last().map(|s| (s.file().clone(), s.path().to_path_buf()))
     }
 
@@ -1424,17 +1439,17 @@ impl PartitionLog {
 
 /// Removes tail segments torn while being created (no whole header, so no
 /// entry) from `bases`, deleting their files.
-fn drop_torn_created(dir: &Path, bases: &mut Vec<u64>) -> Result<()> {
+fn drop_torn_created(fs: &Fs, dir: &Path, bases: &mut Vec<u64>) -> Result<()> {
     while let Some(&last) = bases.last() {
         let path = dir.join(crate::segment::segment_file_name(last));
-        let len = fs::metadata(&path).map_err(|e| StoreError::io("stat", &path, e))?.len();
+        let len = fs.metadata(&path).map_err(|e| StoreError::io("stat", &path, e))?.len;
         if len <= format::SEGMENT_HEADER_BYTES as u64 {
-            let head = fs::read(&path).map_err(|e| StoreError::io("read", &path, e))?;
+            let head = fsutil::read(&**fs, &path)?;
             if format::SegmentHeader::decode(&head).is_err() {
                 // A crash while the segment was created left it without a
                 // whole header, and so without any entry.
                 tracing::warn!(path = %path.display(), "removing segment torn while being created");
-                fsutil::remove_if_exists(&path)?;
+                fsutil::remove_if_exists(&**fs, &path)?;
                 bases.pop();
                 continue;
             }
@@ -1454,6 +1469,7 @@ fn drop_torn_created(dir: &Path, bases: &mut Vec<u64>) -> Result<()> {
 /// the one before it ([`StoreError::Corruption`], whose position is where
 /// its valid prefix ends), or an IO error while opening it.
 fn open_chain(
+    fs: &Fs,
     dir: &Path,
     bases: &[u64],
     config: &StoreConfig,
@@ -1464,10 +1480,10 @@ fn open_chain(
         let path = dir.join(crate::segment::segment_file_name(base));
         let is_tail = i + 1 == bases.len();
         if is_tail {
-            fsutil::remove_if_exists(&path.with_extension("idx")).map_err(|e| (i, e))?;
+            fsutil::remove_if_exists(&**fs, &path.with_extension("idx")).map_err(|e| (i, e))?;
         }
         let (mut seg, cut) =
-            Segment::open(&path, is_tail, rescan, config.index_interval_bytes).map_err(|e| (i, e))?;
+            Segment::open(fs, &path, is_tail, rescan, config.index_interval_bytes).map_err(|e| (i, e))?;
         if let Some(prev) = segments.last()
             && (seg.base_index() != prev.next_index() || seg.base_offset() != prev.next_offset())
         {
@@ -1482,7 +1498,7 @@ fn open_chain(
             return Err((i, StoreError::Corruption { path, position: 0, source }));
         }
         if let Some(cut) = cut {
-            let len = fs::metadata(&path).map(|m| m.len()).unwrap_or(cut);
+            let len = fs.metadata(&path).map(|m| m.len).unwrap_or(cut);
             tracing::warn!(path = %path.display(), position = cut, dropped_bytes = len - cut,
                 "cutting torn tail left by a crash");
             // A torn tail lies past what was fsynced, so past any
@@ -1553,7 +1569,7 @@ pub const DAMAGED_DIR: &str = "damaged";
 /// with `error`: that segment is copied aside and cut at the error's
 /// position (or moved aside whole when nothing of it verifies), and every
 /// later segment is moved aside. `bases` shrinks to what is kept.
-fn set_aside(dir: &Path, bases: &mut Vec<u64>, at: usize, error: &StoreError) -> Result<Damage> {
+fn set_aside(fs: &Fs, dir: &Path, bases: &mut Vec<u64>, at: usize, error: &StoreError) -> Result<Damage> {
     let (path, position, detail) = match error {
         StoreError::Corruption { path, position, source } => (path.clone(), *position, source.to_string()),
         other => (dir.join(crate::segment::segment_file_name(bases[at])), 0, other.to_string()),
@@ -1561,15 +1577,15 @@ fn set_aside(dir: &Path, bases: &mut Vec<u64>, at: usize, error: &StoreError) ->
     let stamp =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
     let aside = dir.join(DAMAGED_DIR).join(stamp.to_string());
-    fs::create_dir_all(&aside).map_err(|e| StoreError::io("create directory", &aside, e))?;
+    fsutil::create_dir_durable(&**fs, &aside)?;
     let move_aside = |base: u64| -> Result<()> {
         let seg = dir.join(crate::segment::segment_file_name(base));
         for p in [seg.with_extension("idx"), seg] {
             if let Some(name) = p.file_name()
-                && p.exists()
+                && fsutil::exists(&**fs, &p)?
             {
                 let to = aside.join(name);
-                fs::rename(&p, &to).map_err(|e| StoreError::io("move aside", &p, e))?;
+                fs.rename(&p, &to).map_err(|e| StoreError::io("move aside", &p, e))?;
             }
         }
         Ok(())
@@ -1581,16 +1597,16 @@ fn set_aside(dir: &Path, bases: &mut Vec<u64>, at: usize, error: &StoreError) ->
     if keep_prefix {
         let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
         let copy = aside.join(name);
-        fs::copy(&path, &copy).map_err(|e| StoreError::io("copy aside", &copy, e))?;
-        fsutil::remove_if_exists(&path.with_extension("idx"))?;
-        fsutil::cut_file(&path, position)?;
+        fsutil::copy_prefix(&**fs, &path, &copy, None)?;
+        fsutil::remove_if_exists(&**fs, &path.with_extension("idx"))?;
+        fsutil::cut_file(&**fs, &path, position)?;
         bases.truncate(at + 1);
     } else {
         move_aside(bases[at])?;
         bases.truncate(at);
     }
-    fsutil::sync_dir(&aside)?;
-    fsutil::sync_dir(dir)?;
+    fsutil::sync_dir(&**fs, &aside)?;
+    fsutil::sync_dir(&**fs, dir)?;
     let damage = Damage { path, position, detail, set_aside: aside };
     tracing::error!(%damage, "damaged log: keeping its valid prefix; the rest is fetched from the leader");
     Ok(damage)
@@ -1603,18 +1619,21 @@ fn set_aside(dir: &Path, bases: &mut Vec<u64>, at: usize, error: &StoreError) ->
 /// # Errors
 /// [`StoreError::Io`] if a file cannot be read, moved or cut.
 fn open_segments(
+    fs: &Fs,
     dir: &Path,
     bases: &[u64],
     config: &StoreConfig,
     rescan: bool,
 ) -> Result<(Vec<Segment>, Vec<Damage>)> {
     let mut bases = bases.to_vec();
-    drop_torn_created(dir, &mut bases)?;
+    drop_torn_created(fs, dir, &mut bases)?;
     let mut damage = Vec::new();
     loop {
-        match open_chain(dir, &bases, config, rescan) {
+        match open_chain(fs, dir, &bases, config, rescan) {
             Ok(segments) => return Ok((segments, damage)),
-            Err((at, e @ StoreError::Corruption { .. })) => damage.push(set_aside(dir, &mut bases, at, &e)?),
+            Err((at, e @ StoreError::Corruption { .. })) => {
+                damage.push(set_aside(fs, dir, &mut bases, at, &e)?)
+            }
             Err((_, e)) => return Err(e),
         }
     }

@@ -96,7 +96,8 @@ impl MetaStore {
     /// cannot be checked or removed.
     pub fn open(db: Arc<MetaDb>, name: &str, legacy: Option<&Path>, fresh: bool) -> Result<Self> {
         let claim = db.claim(name)?;
-        let legacy = match legacy {
+        // Earlier versions kept it in a file of the OS's file system.
+        let legacy = match legacy.filter(|_| db.fs().is_os()) {
             Some(l) if l.try_exists().map_err(|e| StoreError::io("stat", l, e))? => Some(l),
             _ => None,
         };
@@ -105,7 +106,7 @@ impl MetaStore {
             let keys = rows.len();
             futures::executor::block_on(db.replace(&claim, rows))?;
             std::fs::remove_file(legacy).map_err(|e| StoreError::io("remove", legacy, e))?;
-            crate::fsutil::sync_dir(legacy.parent().unwrap_or(Path::new(".")))?;
+            crate::fsutil::sync_dir(&crate::vfs::RealFs, legacy.parent().unwrap_or(Path::new(".")))?;
             tracing::info!(from = %legacy.display(), to = %db.path().display(), keys,
                 "moved a replica's metadata into its directory's shared database");
         }

@@ -61,6 +61,7 @@ use futures::channel::oneshot;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::error::{Result, StoreError};
+use crate::vfs::{FileRef, Fs, OpenMode};
 
 /// File name of the shared metadata database in a directory of replicas.
 pub const META_DB_FILE: &str = "replica-meta.redb";
@@ -150,6 +151,8 @@ impl Shared {
 /// The shared metadata database of one directory of replicas. Obtained with
 /// [`MetaDb::open`]; cheap to share (`Arc`).
 pub struct MetaDb {
+    /// The file system the database and the replica directories are on.
+    fs: Fs,
     /// The directory as given (made absolute), and resolved.
     given: PathBuf,
     dir: PathBuf,
@@ -196,7 +199,9 @@ impl Claim {
     }
 }
 
-static REGISTRY: LazyLock<Mutex<HashMap<PathBuf, Weak<MetaDb>>>> = LazyLock::new(Default::default);
+/// Open databases, by file-system incarnation and resolved directory.
+type Registry = HashMap<(u64, PathBuf), Weak<MetaDb>>;
+static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Default::default);
 
 impl MetaDb {
     /// The database of the replicas in `dir` (which must exist), opened (or
@@ -207,26 +212,42 @@ impl MetaDb {
     /// another process has it open), [`StoreError::Io`] for file errors,
     /// including one that leaves unclear whether a replica directory exists.
     pub fn open(dir: &Path) -> Result<Arc<Self>> {
-        let given = std::path::absolute(dir).map_err(|e| StoreError::io("resolve", dir, e))?;
-        let dir = std::fs::canonicalize(dir).map_err(|e| StoreError::io("resolve", dir, e))?;
+        Self::open_on(&crate::vfs::real(), dir)
+    }
+
+    /// As [`MetaDb::open`], on file system `fs` (tests:
+    /// [`crate::vfs::FaultyFs`]); databases are shared per file-system
+    /// incarnation and directory.
+    ///
+    /// # Errors
+    /// As [`MetaDb::open`].
+    pub fn open_on(fs: &Fs, dir: &Path) -> Result<Arc<Self>> {
+        let given = if fs.is_os() {
+            std::path::absolute(dir).map_err(|e| StoreError::io("resolve", dir, e))?
+        } else {
+            dir.to_owned()
+        };
+        let dir = fs.canonicalize(dir).map_err(|e| StoreError::io("resolve", dir, e))?;
+        let key = (fs.incarnation(), dir.clone());
         let mut registry = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(db) = registry.get(&dir).and_then(Weak::upgrade) {
+        if let Some(db) = registry.get(&key).and_then(Weak::upgrade) {
             return Ok(db);
         }
         registry.retain(|_, w| w.strong_count() > 0);
         let path = dir.join(META_DB_FILE);
-        let db = open_database(&path)?;
-        remove_orphans(&db, &dir, &path)?;
+        let db = open_database(fs, &path)?;
+        remove_orphans(fs, &db, &dir, &path)?;
         let shared =
             Arc::new(Shared { queue: Mutex::default(), wake: Condvar::new(), stats: MetaDbStats::default() });
         shared.stats.opens.fetch_add(1, Ordering::Relaxed);
         let writer = {
-            let (shared, path) = (shared.clone(), path.clone());
+            let (shared, path, fs) = (shared.clone(), path.clone(), fs.clone());
             std::thread::Builder::new()
                 .name("replica-meta".into())
                 .spawn(move || {
                     let mut w = Writer {
                         db: Some(db),
+                        fs,
                         path,
                         shared,
                         since_durable: Values::new(),
@@ -240,8 +261,9 @@ impl MetaDb {
                 })
                 .map_err(|e| StoreError::io("spawn the metadata writer for", &dir, e))?
         };
-        let me = Arc::new(Self { given, dir: dir.clone(), path, shared, writer: Mutex::new(Some(writer)) });
-        registry.insert(dir, Arc::downgrade(&me));
+        let me =
+            Arc::new(Self { fs: fs.clone(), given, dir, path, shared, writer: Mutex::new(Some(writer)) });
+        registry.insert(key, Arc::downgrade(&me));
         Ok(me)
     }
 
@@ -259,6 +281,11 @@ impl MetaDb {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The file system it is on.
+    pub fn fs(&self) -> &Fs {
+        &self.fs
     }
 
     /// Its counters.
@@ -475,14 +502,13 @@ fn meta_err(path: &Path, e: impl std::fmt::Display) -> StoreError {
     StoreError::Meta { path: path.to_owned(), detail: e.to_string() }
 }
 
-/// Whether `path` exists; only "not found" counts as absent.
-fn exists(path: &Path) -> Result<bool> {
-    path.try_exists().map_err(|e| StoreError::io("stat", path, e))
-}
-
 /// Whether a directory entry exists at `path`, not following a final
-/// symbolic link; only "not found" counts as absent.
-fn entry_exists(path: &Path) -> Result<bool> {
+/// symbolic link (on the OS's file system); only "not found" counts as
+/// absent.
+fn entry_exists(fs: &Fs, path: &Path) -> Result<bool> {
+    if !fs.is_os() {
+        return crate::fsutil::exists(&**fs, path);
+    }
     match std::fs::symlink_metadata(path) {
         Ok(_) => Ok(true),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
@@ -492,29 +518,29 @@ fn entry_exists(path: &Path) -> Result<bool> {
 
 /// Opens the database file, creating it atomically if missing; waits up to
 /// [`REOPEN_WAIT`] for an instance of it still closing in this process.
-fn open_database(path: &Path) -> Result<Database> {
-    if !exists(path)? {
+fn open_database(fs: &Fs, path: &Path) -> Result<Database> {
+    if !crate::fsutil::exists(&**fs, path)? {
         // redb's first write of a new file is not atomic: a crash during it
         // leaves a file redb refuses to open. Create it aside, make it
         // durable, then link it into place (which, unlike a rename, never
         // replaces a file that appeared meanwhile).
         let fresh = path.with_extension("redb-new");
-        crate::fsutil::remove_if_exists(&fresh)?;
-        drop(Database::create(&fresh).map_err(|e| meta_err(&fresh, e))?);
-        std::fs::File::open(&fresh)
-            .and_then(|f| f.sync_all())
+        crate::fsutil::remove_if_exists(&**fs, &fresh)?;
+        drop(create(fs, &fresh, OpenMode::CreateTruncate).map_err(|e| meta_err(&fresh, e))?);
+        fs.open(&fresh, OpenMode::Read)
+            .and_then(|f| f.sync_data())
             .map_err(|e| StoreError::io("fsync", &fresh, e))?;
-        match std::fs::hard_link(&fresh, path) {
+        match fs.hard_link(&fresh, path) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
             Err(e) => return Err(StoreError::io("link", path, e)),
         }
-        crate::fsutil::remove_if_exists(&fresh)?;
-        crate::fsutil::sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+        crate::fsutil::remove_if_exists(&**fs, &fresh)?;
+        crate::fsutil::sync_dir(&**fs, path.parent().unwrap_or(Path::new(".")))?;
     }
     let started = Instant::now();
     loop {
-        match redb::Builder::new().set_cache_size(CACHE_BYTES).create(path) {
+        match create(fs, path, OpenMode::ReadWrite) {
             Ok(db) => {
                 // Create the table so reads never find it missing.
                 let txn = db.begin_write().map_err(|e| meta_err(path, e))?;
@@ -530,9 +556,58 @@ fn open_database(path: &Path) -> Result<Database> {
     }
 }
 
+/// Opens (or with `OpenMode::CreateTruncate` creates) the database at
+/// `path`: through redb's own file handling on the OS's file system (which
+/// also locks the file against other processes), through a
+/// [`VfsBackend`] on any other.
+fn create(fs: &Fs, path: &Path, mode: OpenMode) -> std::result::Result<Database, redb::DatabaseError> {
+    let mut builder = redb::Builder::new();
+    builder.set_cache_size(CACHE_BYTES);
+    if fs.is_os() {
+        return builder.create(path);
+    }
+    let file =
+        fs.open(path, mode).map_err(|e| redb::DatabaseError::Storage(redb::StorageError::Io(e)))?;
+    builder.create_with_backend(VfsBackend(file))
+}
+
+/// A redb storage backend over a [`crate::vfs::VfsFile`], so the metadata
+/// lives on the same (possibly fault-injecting) file system as the logs.
+#[derive(Debug)]
+struct VfsBackend(FileRef);
+
+impl redb::StorageBackend for VfsBackend {
+    fn len(&self) -> std::result::Result<u64, std::io::Error> {
+        self.0.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::result::Result<(), std::io::Error> {
+        let mut done = 0;
+        while done < out.len() {
+            match self.0.read_at(&mut out[done..], offset + done as u64)? {
+                0 => return Err(std::io::Error::new(ErrorKind::UnexpectedEof, "read past the end")),
+                n => done += n,
+            }
+        }
+        Ok(())
+    }
+
+    fn set_len(&self, len: u64) -> std::result::Result<(), std::io::Error> {
+        self.0.set_len(len)
+    }
+
+    fn sync_data(&self) -> std::result::Result<(), std::io::Error> {
+        self.0.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> std::result::Result<(), std::io::Error> {
+        self.0.write_all_at(data, offset)
+    }
+}
+
 /// Removes (durably) the keys of replicas whose directory under `dir` does
 /// not exist.
-fn remove_orphans(db: &Database, dir: &Path, path: &Path) -> Result<()> {
+fn remove_orphans(fs: &Fs, db: &Database, dir: &Path, path: &Path) -> Result<()> {
     let mut orphans: Vec<String> = Vec::new();
     {
         let txn = db.begin_read().map_err(|e| meta_err(path, e))?;
@@ -548,7 +623,7 @@ fn remove_orphans(db: &Database, dir: &Path, path: &Path) -> Result<()> {
             last = Some(name.to_owned());
             // A symbolic link counts as present even if what it points
             // to is missing (a disk not mounted): only a missing entry is gone.
-            if !entry_exists(&dir.join(name))? {
+            if !entry_exists(fs, &dir.join(name))? {
                 orphans.push(name.to_owned());
             }
         }
@@ -619,6 +694,7 @@ fn write(
 /// The thread that owns the database and commits rounds of operations.
 struct Writer {
     db: Option<Database>,
+    fs: Fs,
     path: PathBuf,
     shared: Arc<Shared>,
     /// Lazy values committed since the last durable commit: written again
@@ -790,7 +866,8 @@ impl Writer {
     /// Opens the database again if an error closed it.
     fn database(&mut self) -> std::result::Result<(), String> {
         if self.db.is_none() {
-            let db = open_database(&self.path).map_err(|e| format!("reopening after an error: {e}"))?;
+            let db =
+                open_database(&self.fs, &self.path).map_err(|e| format!("reopening after an error: {e}"))?;
             self.shared.stats.opens.fetch_add(1, Ordering::Relaxed);
             self.db = Some(db);
         }

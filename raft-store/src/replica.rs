@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use crate::config::StoreConfig;
 use crate::error::{Result, StoreError};
 use crate::flusher::Flusher;
+use crate::fsutil;
 use crate::log::{PartitionLog, ReadPlan, StoredBatch};
 use crate::log_store::LogStore;
 use crate::meta::{self, MetaStore, Sync};
@@ -19,6 +20,7 @@ use crate::producer::{ProducerStates, SequenceCheck};
 use crate::snapshot::{self, SnapshotFiles};
 use crate::state_machine::PartitionStateMachine;
 use crate::types::{LogId, SnapshotMeta, StoredMembership};
+use crate::vfs::Fs;
 
 /// The persisted record of the current snapshot.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -46,6 +48,8 @@ pub(crate) struct Inner {
     pub applied: Mutex<Applied>,
     pub high_watermark: watch::Sender<u64>,
     pub snapshot_root: PathBuf,
+    /// The file system of the replica's directory.
+    pub fs: Fs,
     /// Serializes snapshot builds and installs.
     pub snapshot_lock: Mutex<()>,
     /// Held by a compaction pass: one at a time per replica.
@@ -121,17 +125,17 @@ impl Replica {
     /// # Errors
     /// As [`Replica::open`].
     pub fn open_with(dir: &Path, config: StoreConfig, flusher: Flusher, rescan: bool) -> Result<Self> {
-        let meta = Self::own_meta(dir)?;
+        let meta = Self::own_meta(flusher.fs(), dir)?;
         Self::open_with_meta(dir, meta, config, flusher, rescan)
     }
 
     /// The metadata of a replica alone in `dir` (opened with
     /// [`Replica::open`]): a database in `dir` itself.
-    fn own_meta(dir: &Path) -> Result<MetaStore> {
-        let fresh = !exists(dir)?;
+    fn own_meta(fs: &Fs, dir: &Path) -> Result<MetaStore> {
+        let fresh = !fsutil::exists(&**fs, dir)?;
         let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        create_dirs(dir, fresh, parent)?;
-        MetaStore::open(MetaDb::open(dir)?, meta::ALONE, Some(&legacy_meta_file(dir)), false)
+        create_dirs(fs, dir, fresh, parent)?;
+        MetaStore::open(MetaDb::open_on(fs, dir)?, meta::ALONE, Some(&legacy_meta_file(dir)), false)
     }
 
     /// Opens (or creates) the replica stored in `dir`, one of many replicas
@@ -159,10 +163,11 @@ impl Replica {
 
     fn shared_meta(db: &Arc<MetaDb>, dir: &Path) -> Result<MetaStore> {
         let name = name_in(db, dir)?;
+        let fs = db.fs();
         // A removal cut short by a crash (see `Replica::remove`).
-        crate::fsutil::remove_dir_if_exists(&tombstone(dir))?;
-        let fresh = !exists(dir)?;
-        create_dirs(dir, fresh, db.given_dir())?;
+        fsutil::remove_dir_if_exists(&**fs, &tombstone(dir))?;
+        let fresh = !fsutil::exists(&**fs, dir)?;
+        create_dirs(fs, dir, fresh, db.given_dir())?;
         MetaStore::open(db.clone(), &name, Some(&legacy_meta_file(dir)), fresh)
     }
 
@@ -172,7 +177,7 @@ impl Replica {
     /// # Errors
     /// As [`Replica::open`].
     pub fn open_log(dir: &Path, config: StoreConfig, flusher: Flusher) -> Result<PartitionLog> {
-        let meta = Self::own_meta(dir)?;
+        let meta = Self::own_meta(flusher.fs(), dir)?;
         PartitionLog::open_in(&dir.join(LOG_DIR), meta, config, flusher, false)
     }
 
@@ -206,12 +211,13 @@ impl Replica {
     pub fn remove(db: &Arc<MetaDb>, dir: &Path) -> Result<()> {
         let name = name_in(db, dir)?;
         let aside = tombstone(dir);
-        if exists(dir)? {
-            std::fs::rename(dir, &aside).map_err(|e| StoreError::io("rename", dir, e))?;
-            crate::fsutil::sync_dir(dir.parent().unwrap_or(Path::new(".")))?;
+        let fs = db.fs();
+        if fsutil::exists(&**fs, dir)? {
+            fs.rename(dir, &aside).map_err(|e| StoreError::io("rename", dir, e))?;
+            fsutil::sync_dir(&**fs, dir.parent().unwrap_or(Path::new(".")))?;
         }
         futures::executor::block_on(db.remove_replica(&name))?;
-        crate::fsutil::remove_dir_if_exists(&aside)
+        fsutil::remove_dir_if_exists(&**fs, &aside)
     }
 
     fn open_with_meta(
@@ -221,12 +227,13 @@ impl Replica {
         flusher: Flusher,
         rescan: bool,
     ) -> Result<Self> {
+        let fs = flusher.fs().clone();
         let log = PartitionLog::open_in(&dir.join(LOG_DIR), meta, config, flusher, rescan)?;
         let snapshot_root = dir.join(SNAPSHOT_DIR);
-        std::fs::create_dir_all(&snapshot_root).map_err(|e| StoreError::io("create", &snapshot_root, e))?;
+        fsutil::create_dir_durable(&*fs, &snapshot_root)?;
         let record: Option<SnapshotRecord> = log.meta().get(meta::KEY_SNAPSHOT)?;
         let keep = record.as_ref().map(|r| snapshot_root.join(&r.dir_name));
-        snapshot::remove_others(&snapshot_root, keep.as_deref(), true)?;
+        snapshot::remove_others(&*fs, &snapshot_root, keep.as_deref(), true)?;
         let (last_applied, membership, next_offset) = match &record {
             Some(r) => (r.meta.last_log_id, r.meta.last_membership.clone(), r.next_offset),
             None => (None, StoredMembership::default(), 0),
@@ -237,7 +244,7 @@ impl Replica {
         };
         let (high_watermark, _) = watch::channel(next_offset.max(committed_hw));
         let producers = match &keep {
-            Some(dir) => SnapshotFiles { dir: dir.clone() }.manifest()?.producers,
+            Some(dir) => SnapshotFiles::new(fs.clone(), dir.clone()).manifest()?.producers,
             None => ProducerStates::default(),
         };
         let applied = Applied { last_applied, membership, next_offset, snapshot: record, producers };
@@ -254,6 +261,7 @@ impl Replica {
                 applied: Mutex::new(applied),
                 high_watermark,
                 snapshot_root,
+                fs,
                 snapshot_lock: Mutex::new(()),
                 compacting: Mutex::new(()),
                 recovering,
@@ -721,20 +729,20 @@ impl Replica {
     ) -> Result<SnapshotRecord> {
         let current = self.applied().snapshot.clone();
         if let Some(cur) = current.filter(|c| c.meta.last_log_id > meta.last_log_id) {
-            let _ = std::fs::remove_dir_all(&files.dir);
+            let _ = self.inner.fs.remove_dir_all(&files.dir);
             return Ok(cur);
         }
         let dir_name = files.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let record = SnapshotRecord { meta, next_offset, dir_name };
         self.log().meta().put(meta::KEY_SNAPSHOT, Some(&record), Sync::Durable)?;
         self.applied().snapshot = Some(record.clone());
-        snapshot::remove_others(&self.inner.snapshot_root, Some(&files.dir), false)?;
+        snapshot::remove_others(&*self.inner.fs, &self.inner.snapshot_root, Some(&files.dir), false)?;
         Ok(record)
     }
 
     /// The files of a recorded snapshot.
     pub(crate) fn snapshot_files(&self, record: &SnapshotRecord) -> SnapshotFiles {
-        SnapshotFiles { dir: self.inner.snapshot_root.join(&record.dir_name) }
+        SnapshotFiles::new(self.inner.fs.clone(), self.inner.snapshot_root.join(&record.dir_name))
     }
 
     pub(crate) fn snapshot_lock(&self) -> MutexGuard<'_, ()> {
@@ -776,18 +784,13 @@ fn tombstone(dir: &Path) -> PathBuf {
     dir.with_file_name(name)
 }
 
-/// Whether `path` exists; only "not found" counts as absent.
-fn exists(path: &Path) -> Result<bool> {
-    path.try_exists().map_err(|e| StoreError::io("stat", path, e))
-}
-
 /// Creates replica directory `dir` and its subdirectories. A `fresh` one
 /// (it did not exist) is made durable up to `top`: fsynced, and each
 /// directory above it up to `top`, so a crash cannot lose the directory of
 /// a replica whose vote is already durable elsewhere.
-fn create_dirs(dir: &Path, fresh: bool, top: &Path) -> Result<()> {
+fn create_dirs(fs: &Fs, dir: &Path, fresh: bool, top: &Path) -> Result<()> {
     for d in [dir.join(LOG_DIR), dir.join(SNAPSHOT_DIR)] {
-        std::fs::create_dir_all(&d).map_err(|e| StoreError::io("create", &d, e))?;
+        fs.create_dir_all(&d).map_err(|e| StoreError::io("create", &d, e))?;
     }
     if fresh {
         let abs = |p: &Path| std::path::absolute(p).map_err(|e| StoreError::io("resolve", p, e));
@@ -795,7 +798,7 @@ fn create_dirs(dir: &Path, fresh: bool, top: &Path) -> Result<()> {
         // Not under `top`: the directory and its parent only.
         let stop = if dir.starts_with(&top) { top } else { dir.parent().unwrap_or(&dir).to_owned() };
         for d in dir.ancestors() {
-            crate::fsutil::sync_dir(d)?;
+            fsutil::sync_dir(&**fs, d)?;
             if d == stop {
                 break;
             }

@@ -5,8 +5,6 @@
 //! written again, and indexed by a `.idx` file written when they were sealed,
 //! so opening a log scans only its active segment.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,6 +18,7 @@ use crate::format::{
 };
 use crate::fsutil;
 use crate::types::LogId;
+use crate::vfs::{FileRef, Fs, OpenMode, VfsFile};
 
 /// Bytes read per IO when walking frames.
 const READ_CHUNK_BYTES: usize = 256 * 1024;
@@ -37,8 +36,9 @@ pub fn parse_segment_file_name(name: &str) -> Option<u64> {
 /// One segment file and its in-memory sparse index.
 #[derive(Debug)]
 pub struct Segment {
+    fs: Fs,
     path: PathBuf,
-    file: Arc<File>,
+    file: FileRef,
     header: SegmentHeader,
     /// Length of the valid part of the file, bytes: where the next frame goes.
     size_bytes: u64,
@@ -65,7 +65,7 @@ pub struct Segment {
 #[derive(Clone, Debug)]
 pub struct SegmentReader {
     path: PathBuf,
-    file: Arc<File>,
+    file: FileRef,
     end: u64,
 }
 
@@ -88,7 +88,7 @@ impl SegmentReader {
         first_whole: bool,
         keep: impl FnMut(&FrameHeader) -> bool,
     ) -> Result<(Vec<(FrameHeader, Bytes)>, bool)> {
-        read_frames(&self.file, &self.path, self.end, position, max_bytes, first_whole, keep)
+        read_frames(&*self.file, &self.path, self.end, position, max_bytes, first_whole, keep)
     }
 
     /// Bytes of the segment from `position` to the end of the view.
@@ -99,7 +99,7 @@ impl SegmentReader {
 
 /// See [`SegmentReader::read_frames`]; `end` is the length to read up to.
 fn read_frames(
-    file: &File,
+    file: &dyn VfsFile,
     path: &Path,
     end: u64,
     position: u64,
@@ -148,26 +148,29 @@ impl Segment {
     ///
     /// # Errors
     /// [`StoreError::Io`] if the file cannot be created or synced.
-    pub fn create(dir: &Path, base_index: u64, base_offset: u64, index_interval_bytes: u64) -> Result<Self> {
+    pub fn create(
+        fs: &Fs,
+        dir: &Path,
+        base_index: u64,
+        base_offset: u64,
+        index_interval_bytes: u64,
+    ) -> Result<Self> {
         let path = dir.join(segment_file_name(base_index));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
+        let file = fs
+            .open(&path, OpenMode::CreateTruncate)
             .map_err(|e| StoreError::io("create segment", &path, e))?;
         let header = SegmentHeader { base_index, base_offset };
         file.write_all_at(&header.encode(), 0).map_err(|e| StoreError::io("write", &path, e))?;
         file.sync_data().map_err(|e| StoreError::io("fsync", &path, e))?;
-        fsutil::sync_dir(dir)?;
-        Ok(Self::empty(path, file, header, index_interval_bytes))
+        fsutil::sync_dir(&**fs, dir)?;
+        Ok(Self::empty(fs.clone(), path, file, header, index_interval_bytes))
     }
 
-    fn empty(path: PathBuf, file: File, header: SegmentHeader, index_interval_bytes: u64) -> Self {
+    fn empty(fs: Fs, path: PathBuf, file: FileRef, header: SegmentHeader, index_interval_bytes: u64) -> Self {
         Self {
+            fs,
             path,
-            file: Arc::new(file),
+            file,
             header,
             size_bytes: SEGMENT_HEADER_BYTES as u64,
             last_log_id: None,
@@ -196,24 +199,22 @@ impl Segment {
     /// or offset); its position is where the valid prefix ends.
     /// [`StoreError::Io`] for IO failures.
     pub fn open(
+        fs: &Fs,
         path: &Path,
         is_tail: bool,
         rescan: bool,
         index_interval_bytes: u64,
     ) -> Result<(Self, Option<u64>)> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(is_tail)
-            .open(path)
-            .map_err(|e| StoreError::io("open segment", path, e))?;
-        let head = fsutil::read_up_to(&file, path, 0, SEGMENT_HEADER_BYTES)?;
+        let mode = if is_tail { OpenMode::ReadWrite } else { OpenMode::Read };
+        let file = fs.open(path, mode).map_err(|e| StoreError::io("open segment", path, e))?;
+        let head = fsutil::read_up_to(&*file, path, 0, SEGMENT_HEADER_BYTES)?;
         let header = SegmentHeader::decode(&head).map_err(|source| StoreError::Corruption {
             path: path.to_owned(),
             position: 0,
             source,
         })?;
-        let file_len = file.metadata().map_err(|e| StoreError::io("stat", path, e))?.len();
-        let mut seg = Self::empty(path.to_owned(), file, header, index_interval_bytes);
+        let file_len = file.len().map_err(|e| StoreError::io("stat", path, e))?;
+        let mut seg = Self::empty(fs.clone(), path.to_owned(), file, header, index_interval_bytes);
         if !is_tail {
             seg.sealed = true;
             if !rescan && seg.load_index(file_len) {
@@ -231,7 +232,7 @@ impl Segment {
 
     /// Loads the index file if it exists, verifies and matches this file.
     fn load_index(&mut self, file_len: u64) -> bool {
-        let Ok(bytes) = std::fs::read(self.index_path()) else { return false };
+        let Ok(bytes) = fsutil::read(&*self.fs, &self.index_path()) else { return false };
         let Ok((summary, rows)) = format::decode_index(&bytes) else {
             tracing::warn!(path = %self.index_path().display(), "index file does not verify; rescanning segment");
             return false;
@@ -255,7 +256,7 @@ impl Segment {
         let mut cursor = FrameCursor::new(self.size_bytes, file_len);
         loop {
             let position = cursor.position;
-            match cursor.next(&self.file, &self.path)? {
+            match cursor.next(&*self.file, &self.path)? {
                 None => return Ok(None),
                 Some(Ok((h, _))) => {
                     self.check_continues(&h, position)?;
@@ -288,7 +289,7 @@ impl Segment {
         let mut start = from;
         while start + (FRAME_HEADER_BYTES as u64) <= end {
             let window =
-                fsutil::read_up_to(&self.file, &self.path, start, WINDOW.min((end - start) as usize))?;
+                fsutil::read_up_to(&*self.file, &self.path, start, WINDOW.min((end - start) as usize))?;
             let last_candidate = window.len().saturating_sub(FRAME_HEADER_BYTES);
             for k in 0..=last_candidate {
                 let b = &window[k..];
@@ -303,7 +304,7 @@ impl Segment {
                 if index < min_index || at + len as u64 > end {
                     continue;
                 }
-                let frame = fsutil::read_up_to(&self.file, &self.path, at, len)?;
+                let frame = fsutil::read_up_to(&*self.file, &self.path, at, len)?;
                 if format::decode_frame_header(&frame).is_ok() {
                     return Ok(Some(at));
                 }
@@ -396,20 +397,19 @@ impl Segment {
         let position = position.max(SEGMENT_HEADER_BYTES as u64);
         if self.sealed {
             self.sealed = false;
-            fsutil::remove_if_exists(&self.index_path())?;
+            fsutil::remove_if_exists(&*self.fs, &self.index_path())?;
         }
-        self.file = Arc::new(if spare_links {
-            fsutil::cut_file(&self.path, position)?
+        self.file = if spare_links {
+            fsutil::cut_file(&*self.fs, &self.path, position)?
         } else {
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&self.path)
+            let f = self
+                .fs
+                .open(&self.path, OpenMode::ReadWrite)
                 .map_err(|e| StoreError::io("reopen segment", &self.path, e))?;
             f.set_len(position).map_err(|e| StoreError::io("truncate", &self.path, e))?;
             f.sync_data().map_err(|e| StoreError::io("fsync", &self.path, e))?;
             f
-        });
+        };
         // Restart the in-memory state from the last index row before the cut.
         self.rows.retain(|r| r.position < position);
         match self.rows.pop() {
@@ -482,7 +482,7 @@ impl Segment {
         let mut cursor = FrameCursor::new(position, self.size_bytes);
         loop {
             let at = cursor.position;
-            match cursor.next(&self.file, &self.path)? {
+            match cursor.next(&*self.file, &self.path)? {
                 None => return Ok(self.size_bytes),
                 Some(Ok((h, _))) if stop(&h) => return Ok(at),
                 Some(Ok(_)) => {}
@@ -504,7 +504,7 @@ impl Segment {
         first_whole: bool,
         keep: impl FnMut(&FrameHeader) -> bool,
     ) -> Result<(Vec<(FrameHeader, Bytes)>, bool)> {
-        read_frames(&self.file, &self.path, self.size_bytes, position, max_bytes, first_whole, keep)
+        read_frames(&*self.file, &self.path, self.size_bytes, position, max_bytes, first_whole, keep)
     }
 
     /// What a read of this segment needs, as it is now: the open file and
@@ -540,11 +540,7 @@ impl Segment {
             next_offset: self.next_offset,
             max_timestamp_ms: self.max_timestamp_ms,
         };
-        let io = |what: &'static str| move |e: std::io::Error| StoreError::io(what, index_tmp, e);
-        let mut f = std::fs::File::create(index_tmp).map_err(io("create"))?;
-        std::io::Write::write_all(&mut f, &format::encode_index(&summary, &self.rows))
-            .map_err(io("write"))?;
-        f.sync_data().map_err(io("fsync"))?;
+        fsutil::write_synced(&*self.fs, index_tmp, &format::encode_index(&summary, &self.rows))?;
         self.sealed = true;
         Ok(())
     }
@@ -564,7 +560,7 @@ impl Segment {
             next_offset: self.next_offset,
             max_timestamp_ms: self.max_timestamp_ms,
         };
-        fsutil::write_durable(&self.index_path(), &format::encode_index(&summary, &self.rows))?;
+        fsutil::write_durable(&*self.fs, &self.index_path(), &format::encode_index(&summary, &self.rows))?;
         self.sealed = true;
         Ok(())
     }
@@ -580,8 +576,8 @@ impl Segment {
     /// # Errors
     /// [`StoreError::Io`] if a file cannot be removed.
     pub fn delete(self) -> Result<()> {
-        fsutil::remove_if_exists(&self.index_path())?;
-        fsutil::remove_if_exists(&self.path)
+        fsutil::remove_if_exists(&*self.fs, &self.index_path())?;
+        fsutil::remove_if_exists(&*self.fs, &self.path)
     }
 
     /// Raft index of the segment's first entry.
@@ -629,7 +625,7 @@ impl Segment {
         &self.path
     }
     /// The open file, shared with the flusher.
-    pub fn file(&self) -> &Arc<File> {
+    pub fn file(&self) -> &FileRef {
         &self.file
     }
 }
@@ -652,7 +648,7 @@ impl FrameCursor {
     #[allow(clippy::type_complexity)]
     fn next(
         &mut self,
-        file: &File,
+        file: &dyn VfsFile,
         path: &Path,
     ) -> Result<Option<std::result::Result<(FrameHeader, Bytes), DecodeError>>> {
         if self.position >= self.end {
@@ -689,7 +685,7 @@ impl FrameCursor {
         if skip >= self.buf.len() { Bytes::new() } else { self.buf.slice(skip..) }
     }
 
-    fn fill(&mut self, file: &File, path: &Path, want: usize) -> Result<()> {
+    fn fill(&mut self, file: &dyn VfsFile, path: &Path, want: usize) -> Result<()> {
         let len = want.min((self.end - self.position) as usize);
         self.buf = Bytes::from(fsutil::read_up_to(file, path, self.position, len)?);
         self.buf_start = self.position;

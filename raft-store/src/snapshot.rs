@@ -27,8 +27,6 @@
 //! for compacted topics.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -38,14 +36,25 @@ use crate::fsutil;
 use crate::log::PartitionLog;
 use crate::producer::ProducerStates;
 use crate::types::SnapshotMeta;
+use crate::vfs::{Fs, Vfs};
 
 /// Snapshot data handed to openraft: a directory holding a manifest and
-/// segment files. Read-only once built.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// segment files. Read-only once built. Two are equal when they name the
+/// same directory.
+#[derive(Clone, Debug)]
 pub struct SnapshotFiles {
+    /// The file system the directory is on.
+    pub fs: Fs,
     /// The snapshot directory.
     pub dir: PathBuf,
 }
+
+impl PartialEq for SnapshotFiles {
+    fn eq(&self, other: &Self) -> bool {
+        self.dir == other.dir
+    }
+}
+impl Eq for SnapshotFiles {}
 
 /// Newest version of the manifest format. Version 1 (still read) held
 /// the Raft library's own JSON of the snapshot metadata; version 2 holds
@@ -98,6 +107,11 @@ pub struct SnapshotManifest {
 }
 
 impl SnapshotFiles {
+    /// The snapshot in `dir` on `fs`.
+    pub fn new(fs: Fs, dir: PathBuf) -> Self {
+        Self { fs, dir }
+    }
+
     /// Reads and checks the manifest.
     ///
     /// # Errors
@@ -105,7 +119,7 @@ impl SnapshotFiles {
     /// does not parse or has an unknown version.
     pub fn manifest(&self) -> Result<SnapshotManifest> {
         let path = self.dir.join(MANIFEST_FILE);
-        let bytes = fs::read(&path).map_err(|e| StoreError::io("read", &path, e))?;
+        let bytes = fsutil::read(&*self.fs, &path)?;
         let m: SnapshotManifest = serde_json::from_slice(&bytes)
             .map_err(|e| StoreError::Invalid(format!("snapshot manifest {}: {e}", path.display())))?;
         if !(1..=MANIFEST_VERSION).contains(&m.version) {
@@ -147,7 +161,7 @@ impl SnapshotFiles {
     /// as [`SnapshotFiles::manifest`].
     pub fn check_lengths(&self) -> Result<()> {
         for (path, prefix) in self.segments()? {
-            let len = fs::metadata(&path).map_err(|e| StoreError::io("stat", &path, e))?.len();
+            let len = self.fs.metadata(&path).map_err(|e| StoreError::io("stat", &path, e))?.len;
             if prefix.is_some_and(|p| len < p) {
                 return Err(StoreError::Invalid(format!(
                     "snapshot file {} holds {len} bytes, its manifest {}",
@@ -190,7 +204,8 @@ pub fn build(
     let upto = meta.last_log_id.map(|l| l.index);
     let name = format!("{:020}-{}", upto.unwrap_or(0), unique_suffix());
     let building = root.join(format!("{name}.building"));
-    fs::create_dir_all(&building).map_err(|e| StoreError::io("create directory", &building, e))?;
+    let fs = log.fs().clone();
+    fs.create_dir_all(&building).map_err(|e| StoreError::io("create directory", &building, e))?;
     let mut segments = Vec::new();
     let mut prefix_bytes = BTreeMap::new();
     if let Some(upto) = upto {
@@ -198,9 +213,11 @@ pub fn build(
             let file_name = src.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             let dst = building.join(&file_name);
             match prefix {
-                None => link_or_copy(&src, &dst)?,
+                None => {
+                    fsutil::link_or_copy(&*fs, &src, &dst)?;
+                }
                 Some(len) => {
-                    if link_prefix(&src, &dst, len)? {
+                    if link_prefix(&*fs, &src, &dst, len)? {
                         prefix_bytes.insert(file_name.clone(), len);
                     }
                 }
@@ -220,11 +237,11 @@ pub fn build(
         prefix_bytes,
     };
     let bytes = serde_json::to_vec_pretty(&manifest).map_err(|e| StoreError::Invalid(e.to_string()))?;
-    fsutil::write_durable(&building.join(MANIFEST_FILE), &bytes)?;
+    fsutil::write_durable(&*fs, &building.join(MANIFEST_FILE), &bytes)?;
     let dir = root.join(&name);
-    fs::rename(&building, &dir).map_err(|e| StoreError::io("rename", &dir, e))?;
-    fsutil::sync_dir(root)?;
-    Ok(SnapshotFiles { dir })
+    fs.rename(&building, &dir).map_err(|e| StoreError::io("rename", &dir, e))?;
+    fsutil::sync_dir(&*fs, root)?;
+    Ok(SnapshotFiles { fs, dir })
 }
 
 /// Copies a snapshot received from elsewhere into `root`, so it stays
@@ -240,15 +257,16 @@ pub fn adopt(src: &SnapshotFiles, root: &Path) -> Result<SnapshotFiles> {
     let m = src.manifest()?;
     let name = format!("{:020}-{}", m.meta.last_log_id.map_or(0, |l| l.index), unique_suffix());
     let building = root.join(format!("{name}.building"));
-    fs::create_dir_all(&building).map_err(|e| StoreError::io("create directory", &building, e))?;
+    let fs = src.fs.clone();
+    fs.create_dir_all(&building).map_err(|e| StoreError::io("create directory", &building, e))?;
     for s in m.segments.iter().map(String::as_str).chain([MANIFEST_FILE]) {
-        link_or_copy(&src.dir.join(s), &building.join(s))?;
+        fsutil::link_or_copy(&*fs, &src.dir.join(s), &building.join(s))?;
     }
-    fsutil::sync_dir(&building)?;
+    fsutil::sync_dir(&*fs, &building)?;
     let dir = root.join(&name);
-    fs::rename(&building, &dir).map_err(|e| StoreError::io("rename", &dir, e))?;
-    fsutil::sync_dir(root)?;
-    Ok(SnapshotFiles { dir })
+    fs.rename(&building, &dir).map_err(|e| StoreError::io("rename", &dir, e))?;
+    fsutil::sync_dir(&*fs, root)?;
+    Ok(SnapshotFiles { fs, dir })
 }
 
 /// Removes every snapshot directory under `root` except `keep`; half-built
@@ -257,13 +275,13 @@ pub fn adopt(src: &SnapshotFiles, root: &Path) -> Result<SnapshotFiles> {
 ///
 /// # Errors
 /// [`StoreError::Io`].
-pub fn remove_others(root: &Path, keep: Option<&Path>, building: bool) -> Result<()> {
-    let Ok(rd) = fs::read_dir(root) else { return Ok(()) };
-    for ent in rd.flatten() {
-        let p = ent.path();
+pub fn remove_others(fs: &dyn Vfs, root: &Path, keep: Option<&Path>, building: bool) -> Result<()> {
+    let Ok(names) = fs.list(root) else { return Ok(()) };
+    for name in names {
+        let p = root.join(name);
         let is_building = p.extension().is_some_and(|e| e == "building");
         if Some(p.as_path()) != keep && (building || !is_building) {
-            fs::remove_dir_all(&p).map_err(|e| StoreError::io("remove snapshot", &p, e))?;
+            fs.remove_dir_all(&p).map_err(|e| StoreError::io("remove snapshot", &p, e))?;
         }
     }
     Ok(())
@@ -271,14 +289,6 @@ pub fn remove_others(root: &Path, keep: Option<&Path>, building: bool) -> Result
 
 fn unique_suffix() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
-}
-
-fn link_or_copy(src: &Path, dst: &Path) -> Result<()> {
-    if fs::hard_link(src, dst).is_ok() {
-        return Ok(());
-    }
-    fs::copy(src, dst).map_err(|e| StoreError::io("copy", dst, e))?;
-    File::open(dst).and_then(|f| f.sync_data()).map_err(|e| StoreError::io("fsync", dst, e))
 }
 
 /// Makes the first `len` bytes of `src` (a segment still being appended
@@ -289,24 +299,15 @@ fn link_or_copy(src: &Path, dst: &Path) -> Result<()> {
 ///
 /// # Errors
 /// [`StoreError::Io`].
-fn link_prefix(src: &Path, dst: &Path, len: u64) -> Result<bool> {
-    File::open(src).and_then(|f| f.sync_data()).map_err(|e| StoreError::io("fsync", src, e))?;
-    if fs::hard_link(src, dst).is_ok() {
+fn link_prefix(fs: &dyn Vfs, src: &Path, dst: &Path, len: u64) -> Result<bool> {
+    fs.open(src, crate::vfs::OpenMode::Read)
+        .and_then(|f| f.sync_data())
+        .map_err(|e| StoreError::io("fsync", src, e))?;
+    if fs.hard_link(src, dst).is_ok() {
         return Ok(true);
     }
-    copy_prefix(src, dst, len)?;
+    fsutil::copy_prefix(fs, src, dst, Some(len))?;
     Ok(false)
-}
-
-/// Copies the first `len` bytes of `src` to a new file `dst`, fsynced.
-///
-/// # Errors
-/// [`StoreError::Io`].
-pub(crate) fn copy_prefix(src: &Path, dst: &Path, len: u64) -> Result<()> {
-    let mut from = File::open(src).map_err(|e| StoreError::io("open", src, e))?.take(len);
-    let mut to = File::create(dst).map_err(|e| StoreError::io("create", dst, e))?;
-    std::io::copy(&mut from, &mut to).map_err(|e| StoreError::io("copy", dst, e))?;
-    to.flush().and_then(|_| to.sync_data()).map_err(|e| StoreError::io("fsync", dst, e))
 }
 
 /// The manifest's snapshot metadata in Ferrolog's own JSON: the same fields

@@ -232,7 +232,15 @@ where
         let _ = fs::remove_dir_all(&dir);
         return Err(e);
     }
-    Ok(Received { group, target, vote, meta, files: SnapshotFiles { dir } })
+    // The transfer writes through the OS's file system (brokers run on it;
+    // the store's fault-injecting one is for the store's own tests).
+    Ok(Received {
+        group,
+        target,
+        vote,
+        meta,
+        files: SnapshotFiles::new(ferrolog_raft_store::vfs::real(), dir),
+    })
 }
 
 async fn receive_files<S, E>(stream: &mut S, dir: &Path, group: GroupId) -> Result<(), SnapshotTransferError>

@@ -1,0 +1,110 @@
+//! The real file system: `std::fs` and, for `syncfs(2)`, libc.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use super::{FileMeta, FileRef, OpenMode, Vfs, VfsFile};
+
+/// The operating system's file system.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RealFs;
+
+impl Vfs for RealFs {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileRef> {
+        let mut o = OpenOptions::new();
+        match mode {
+            OpenMode::Read => o.read(true),
+            OpenMode::ReadWrite => o.read(true).write(true),
+            OpenMode::CreateTruncate => o.read(true).write(true).create(true).truncate(true),
+        };
+        Ok(Arc::new(RealFile(o.open(path)?)))
+    }
+
+    fn metadata(&self, path: &Path) -> io::Result<FileMeta> {
+        let m = fs::metadata(path)?;
+        Ok(FileMeta { len: m.len(), is_dir: m.is_dir(), links: m.nlink(), modified: m.modified()? })
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        fs::read_dir(dir)?.map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned())).collect()
+    }
+
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        fs::create_dir_all(dir)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
+    fn hard_link(&self, src: &Path, dst: &Path) -> io::Result<()> {
+        fs::hard_link(src, dst)
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        fs::remove_dir_all(path)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+
+    fn canonicalize(&self, path: &Path) -> io::Result<PathBuf> {
+        fs::canonicalize(path)
+    }
+
+    fn is_os(&self) -> bool {
+        true
+    }
+
+    fn incarnation(&self) -> u64 {
+        0
+    }
+}
+
+/// A file of the OS.
+#[derive(Debug)]
+struct RealFile(File);
+
+impl VfsFile for RealFile {
+    fn read_at(&self, buf: &mut [u8], position: u64) -> io::Result<usize> {
+        self.0.read_at(buf, position)
+    }
+
+    fn write_all_at(&self, buf: &[u8], position: u64) -> io::Result<()> {
+        self.0.write_all_at(buf, position)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+
+    fn sync_file_system(&self) -> io::Result<()> {
+        // SAFETY: the descriptor is valid for the call (self owns the
+        // file); syncfs only reads it. Since Linux 5.8, syncfs reports
+        // writeback errors of the file system, so a failure is not lost.
+        let rc = unsafe { libc::syncfs(self.0.as_raw_fd()) };
+        if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    }
+
+    fn set_modified(&self, time: SystemTime) -> io::Result<()> {
+        self.0.set_modified(time)
+    }
+}
