@@ -11,6 +11,14 @@
 //! `key_hex`/`value_hex`; a null value, a tombstone, is JSON `null`), and
 //! `headers` when the record has any: `[{"key": …, "value"|"value_hex": …}]`.
 //!
+//! After a replica's records (also for a replica without any), one line
+//! `{"replica": {topic, partition, group, log_start_offset, log_end_offset,
+//! committed_end}}`: the replica's **committed marker**, where
+//! `committed_end` is the offset after its persisted commit point (0 when
+//! it has none): records below it are the ones shown `committed`. It has
+//! no top-level `topic`, so readers that pick record lines by `topic` skip
+//! it; the fault-injection checker (`jepsen/`) requires it.
+//!
 //! Opening a log is what a starting broker does: a torn tail left by a
 //! crash is cut. Never run it on the data directory of a running broker.
 
@@ -81,7 +89,8 @@ fn text_or_hex(name: &str, bytes: &[u8], line: &mut serde_json::Map<String, serd
     }
 }
 
-/// Writes every record of one replica to `out` as JSON lines; returns how many.
+/// Writes every record of one replica to `out` as JSON lines, then its
+/// committed marker; returns how many records.
 ///
 /// # Errors
 /// A log that cannot be opened or read (corruption is reported with file
@@ -158,6 +167,12 @@ pub fn dump_replica(
             offset = offset.max(h.next_offset());
         }
     }
+    let marker = json!({"replica": {
+        "topic": r.topic, "partition": r.partition, "group": r.group,
+        "log_start_offset": log.log_start_offset(), "log_end_offset": end, "committed_end": committed_end,
+    }});
+    serde_json::to_writer(&mut *out, &marker)?;
+    out.write_all(b"\n")?;
     Ok(n)
 }
 

@@ -30,6 +30,11 @@
 //! **Consumer groups.** Polls and commits of a group's members (`group`
 //! workload) are checked by `group`: at least once, and no commit past
 //! what was processed.
+//!
+//! **Vacuous runs.** [`check_run`] adds the rules of [`vacuity`] (and
+//! `copies`): a run that acknowledged too little, whose final read did not
+//! finish, or whose brokers' copies are missing, empty, behind or without
+//! their committed marker is invalid even without an anomaly.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -39,8 +44,12 @@ use serde_json::{Value as Json, json};
 use crate::history::{Key, Op, OpType, Outcome, Value};
 
 mod compacted;
+mod copies;
 mod group;
+pub mod vacuity;
 use compacted::Compaction;
+pub use copies::{CommittedMarker, committed_end};
+use vacuity::{RunFacts, Violation};
 
 /// Every anomaly class the checker reports, in report order.
 pub const ANOMALIES: [&str; 17] = [
@@ -119,6 +128,10 @@ pub struct ReplicaCopy {
     pub key: Key,
     /// Its records in offset order.
     pub records: Vec<ReplicaRecord>,
+    /// The dump's committed marker for it; `None` when the dump printed
+    /// none (see [`vacuity::NO_COMMITTED_MARKER`]).
+    #[serde(default)]
+    pub marker: Option<CommittedMarker>,
 }
 
 /// One anomaly class's findings.
@@ -195,6 +208,10 @@ pub struct Report {
     pub anomalies: BTreeMap<String, Finding>,
     /// Counts describing the history.
     pub stats: Stats,
+    /// Rules against vacuous runs that the run broke (only from
+    /// [`check_run`]); any makes it invalid.
+    #[serde(default)]
+    pub violations: Vec<Violation>,
 }
 
 impl Report {
@@ -239,9 +256,20 @@ fn source(op: &Op) -> String {
     .to_lowercase()
 }
 
+/// Checks a run: the anomalies of [`check`], with the final read's ends
+/// from `facts`, then the rules against vacuous runs ([`vacuity::check`]);
+/// any violation makes the report invalid.
+pub fn check_run(history: &[Op], replicas: &[ReplicaCopy], facts: &RunFacts) -> Report {
+    let mut report = check(history, replicas, &facts.final_read_ends);
+    report.violations = vacuity::check(history, &report.stats, replicas, facts);
+    report.valid = report.valid && report.violations.is_empty();
+    report
+}
+
 /// Checks `history` and the brokers' final copies `replicas` (may be
 /// empty), given where each partition's final read ended (`ends`: the high
-/// watermark it read to, exclusive; may be empty).
+/// watermark it read to, exclusive; may be empty). Anomalies only: see
+/// [`check_run`] for the rules against vacuous runs.
 pub fn check(history: &[Op], replicas: &[ReplicaCopy], ends: &BTreeMap<Key, u64>) -> Report {
     let mut report = Report::default();
     for class in ANOMALIES {
@@ -614,6 +642,11 @@ mod tests {
                         .iter()
                         .map(|(o, v)| ReplicaRecord { offset: *o, value: *v, committed: true })
                         .collect(),
+                    marker: Some(CommittedMarker {
+                        log_start_offset: 0,
+                        log_end_offset: recs.keys().last().map_or(0, |o| o + 1),
+                        committed_end: recs.keys().last().map_or(0, |o| o + 1),
+                    }),
                 });
             }
         }
@@ -809,6 +842,36 @@ mod tests {
         c.records.push(ReplicaRecord { offset: 2, value: 10, committed: true });
         let r = check(&h.ops, &reps, &BTreeMap::new());
         assert_eq!(found(&r), vec![(REPLICA_DIVERGENCE, 1)], "{r:#?}");
+    }
+
+    #[test]
+    fn check_run_is_invalid_on_any_violation() {
+        let h = clean();
+        let reps = replicas_of(&h, &[1, 2, 3]);
+        let facts = RunFacts {
+            partitions: 2,
+            final_read_ends: BTreeMap::from([(0, 4), (1, 2)]),
+            min_values_acknowledged: 6,
+            replica_sets: Some(BTreeMap::from([(0, vec![1, 2, 3]), (1, vec![1, 2, 3])])),
+            slots: BTreeMap::from([(1, 1), (2, 2), (3, 3)]),
+            followers_caught_up: true,
+            ..RunFacts::default()
+        };
+        let r = check_run(&h.ops, &reps, &facts);
+        assert!(r.valid && r.violations.is_empty(), "{:#?}", r.violations);
+        let r = check_run(&h.ops, &reps, &RunFacts { min_values_acknowledged: 7, ..facts.clone() });
+        assert!(!r.valid && r.found().is_empty(), "{r:#?}");
+        let rules: Vec<&str> = r.violations.iter().map(|v| v.rule.as_str()).collect();
+        assert_eq!(rules, vec![vacuity::TOO_FEW_ACKNOWLEDGED]);
+        // Broker 3 stopped with partition 0 behind the final read.
+        let mut reps = reps;
+        let c = reps.iter_mut().find(|c| c.broker == 3 && c.key == 0).expect("copy");
+        c.records.truncate(3);
+        c.marker = Some(CommittedMarker { log_start_offset: 0, log_end_offset: 3, committed_end: 3 });
+        let r = check_run(&h.ops, &reps, &facts);
+        let rules: Vec<&str> = r.violations.iter().map(|v| v.rule.as_str()).collect();
+        assert_eq!(rules, vec![vacuity::COPY_BEHIND_FINAL_READ], "{r:#?}");
+        assert!(!r.valid);
     }
 
     #[test]

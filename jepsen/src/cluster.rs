@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use ferrolog_client::{ClientConfig, MetadataCache};
 
-use crate::checker::{ReplicaCopy, ReplicaRecord};
+use crate::checker::{CommittedMarker, ReplicaCopy, ReplicaRecord};
 
 /// Client API port of every broker.
 pub const CLIENT_PORT: u16 = 9092;
@@ -359,15 +359,31 @@ pub async fn wait_ready(bootstrap: &str, brokers: usize, timeout: Duration) -> a
     bail!("cluster not ready after {timeout:?}: {last}")
 }
 
-/// Turns `dump-log` lines into copies of `topic`'s partitions.
+/// Turns `dump-log` lines into copies of `topic`'s partitions: record
+/// lines, and each replica's committed marker (`{"replica": {…}}`), which
+/// also makes a copy of a replica without records.
 ///
 /// # Errors
 /// A malformed line.
 pub fn parse_dump(broker: u32, topic: &str, text: &str) -> anyhow::Result<Vec<ReplicaCopy>> {
-    let mut by_key: std::collections::BTreeMap<u32, Vec<ReplicaRecord>> = Default::default();
+    let mut by_key: std::collections::BTreeMap<u32, ReplicaCopy> = Default::default();
+    let new = |key| ReplicaCopy { broker, key, records: vec![], marker: None };
     for (i, line) in text.lines().enumerate() {
         let v: serde_json::Value =
             serde_json::from_str(line).with_context(|| format!("dump line {}", i + 1))?;
+        if let Some(m) = v.get("replica") {
+            if m["topic"].as_str() != Some(topic) {
+                continue;
+            }
+            let field = |name: &str| m[name].as_u64().with_context(|| format!("dump line {}: {name}", i + 1));
+            let key = field("partition")? as u32;
+            by_key.entry(key).or_insert_with(|| new(key)).marker = Some(CommittedMarker {
+                log_start_offset: field("log_start_offset")?,
+                log_end_offset: field("log_end_offset")?,
+                committed_end: field("committed_end")?,
+            });
+            continue;
+        }
         if v["topic"].as_str() != Some(topic) {
             continue;
         }
@@ -381,13 +397,45 @@ pub fn parse_dump(broker: u32, topic: &str, text: &str) -> anyhow::Result<Vec<Re
         let value =
             id_header.unwrap_or(&v["value"]).as_str().and_then(|s| s.parse().ok()).unwrap_or(u64::MAX);
         let committed = v["committed"].as_bool().unwrap_or(false);
-        by_key.entry(key).or_default().push(ReplicaRecord { offset, value, committed });
+        by_key.entry(key).or_insert_with(|| new(key)).records.push(ReplicaRecord {
+            offset,
+            value,
+            committed,
+        });
     }
-    Ok(by_key.into_iter().map(|(key, records)| ReplicaCopy { broker, key, records }).collect())
+    Ok(by_key.into_values().collect())
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.kill_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_dump_reads_the_committed_marker() {
+        let dump = r#"{"topic":"jepsen","partition":0,"group":5,"offset":0,"committed":true,"value":"7"}
+{"topic":"jepsen","partition":0,"group":5,"offset":1,"committed":false,"value":"8"}
+{"replica":{"topic":"jepsen","partition":0,"group":5,"log_start_offset":0,"log_end_offset":2,"committed_end":1}}
+{"replica":{"topic":"jepsen","partition":1,"group":6,"log_start_offset":0,"log_end_offset":0,"committed_end":0}}
+{"replica":{"topic":"other","partition":0,"group":7,"log_start_offset":0,"log_end_offset":0,"committed_end":0}}
+{"topic":"jepsen","partition":2,"group":8,"offset":0,"committed":true,"value":"9"}
+"#;
+        let copies = parse_dump(3, "jepsen", dump).expect("parses");
+        assert_eq!(copies.len(), 3);
+        assert_eq!(copies[0].records.len(), 2);
+        assert_eq!(
+            copies[0].marker,
+            Some(CommittedMarker { log_start_offset: 0, log_end_offset: 2, committed_end: 1 })
+        );
+        // A replica without records is a copy, empty, with its marker.
+        assert!(copies[1].records.is_empty() && copies[1].marker.is_some());
+        // Records without a marker: the copy has none.
+        assert_eq!((copies[2].key, copies[2].marker), (2, None));
+        assert!(copies.iter().all(|c| c.broker == 3));
     }
 }

@@ -15,7 +15,8 @@
 //! Modules, one responsibility each:
 //! - [`history`]: operations and their JSON-lines form.
 //! - [`checker`]: the anomaly classes (lost writes, duplicates, inconsistent
-//!   offsets, ordering, skips, aborted reads, replica divergence).
+//!   offsets, ordering, skips, aborted reads, replica divergence), and the
+//!   rules against vacuous runs ([`checker::vacuity`]).
 //! - [`workload`]: producer and consumer processes, and the final read.
 //! - [`network`]: the network between brokers, namespaces or proxy, as the
 //!   nemesis sees it (cut a direction, heal, slow down).
@@ -26,11 +27,13 @@
 //! - [`nemesis`]: the fault schedule.
 //! - [`rejoin`]: the `membership` fault's decommission and re-add of a broker.
 //! - [`run`]: the phases of one run and its output directory.
+//! - [`matrix`]: the `matrix` command's verdict over its runs.
 //! - [`plot`]: latency and throughput over time with faults shaded.
 
 pub mod checker;
 pub mod cluster;
 pub mod history;
+pub mod matrix;
 pub mod nemesis;
 pub mod net;
 pub mod network;

@@ -8,6 +8,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use ferrolog_client::assignor::Assignor;
+use ferrolog_jepsen::checker::vacuity::{self, RunFacts};
+use ferrolog_jepsen::matrix::Tally;
 use ferrolog_jepsen::network::NetworkChoice;
 use ferrolog_jepsen::run::{self, Summary, TestOptions};
 use ferrolog_jepsen::workload::WorkloadConfig;
@@ -31,7 +33,8 @@ enum Cmd {
         dir: Option<PathBuf>,
     },
     /// Runs every fault set of --fault-sets, --repeats times each, and writes
-    /// a table (matrix.md). Exits 1 if any run found an anomaly.
+    /// a table (matrix.md). Exits 1 if any run was invalid, else 2 if any
+    /// run errored (or none ran), else 0.
     Matrix {
         #[command(flatten)]
         test: TestArgs,
@@ -42,7 +45,8 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         repeats: u32,
     },
-    /// Re-checks a run directory's history.jsonl and replicas.json.
+    /// Re-checks a run directory's history.jsonl and replicas.json, with the
+    /// rules against vacuous runs (facts from its results.json).
     Check {
         /// The run directory.
         dir: PathBuf,
@@ -148,6 +152,11 @@ struct TestArgs {
     /// (namespaces where they, and tc netem if netem is asked for, work).
     #[arg(long, value_enum, default_value = "auto")]
     network: NetworkChoice,
+    /// The run fails (rule too-few-acknowledged) when fewer values are
+    /// acknowledged than this share of the offered load: --rate ×
+    /// --time-limit × (1 + --msgs-per-send) / 2 values.
+    #[arg(long, default_value_t = vacuity::DEFAULT_MIN_ACKED_FRACTION)]
+    min_acked_fraction: f64,
 }
 
 impl TestArgs {
@@ -156,6 +165,11 @@ impl TestArgs {
             Some(p) => p.clone(),
             None => std::env::current_exe()?.with_file_name("ferrolog-broker"),
         };
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.min_acked_fraction),
+            "--min-acked-fraction must be between 0 and 1, not {}",
+            self.min_acked_fraction
+        );
         anyhow::ensure!(
             (0.0..=1.0).contains(&self.tombstone_ratio),
             "--tombstone-ratio must be between 0 and 1, not {}",
@@ -192,6 +206,7 @@ impl TestArgs {
             keep_data: self.keep_data,
             dormant_after_ms: self.dormant_after_ms,
             network: self.network,
+            min_acked_fraction: self.min_acked_fraction,
         })
     }
 
@@ -232,6 +247,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             let root = test.out.join(run_name("matrix", test.seed()));
             std::fs::create_dir_all(&root)?;
             let mut rows: Vec<Summary> = Vec::new();
+            let mut tally = Tally::default();
             let mut table = String::from(
                 "| workload | faults | network | seed | s | faults injected | ops | sends ok/info/fail | values acknowledged | values read | anomalies | run dir |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
             );
@@ -247,6 +263,8 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                         Ok(s) => s,
                         Err(e) if e.to_string().starts_with("interrupted") => return Err(e),
                         Err(e) => {
+                            tally.errored += 1;
+                            eprintln!("ferrolog-jepsen: run {faults} (seed {seed}) errored: {e:#}");
                             table.push_str(&format!(
                                 "| {} | {faults} | | {seed} | run failed: {e:#} |\n",
                                 match test.workload {
@@ -259,6 +277,11 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                         }
                     };
                     run::print_summary(&s);
+                    if s.valid {
+                        tally.valid += 1;
+                    } else {
+                        tally.invalid += 1;
+                    }
                     let anomalies = if s.anomalies.is_empty() && s.problems.is_empty() {
                         "none".to_owned()
                     } else {
@@ -288,8 +311,8 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             std::fs::write(root.join("matrix.md"), &table)?;
             std::fs::write(root.join("matrix.json"), serde_json::to_vec_pretty(&rows)?)?;
             println!("{table}");
-            eprintln!("ferrolog-jepsen: matrix in {}", root.display());
-            Ok(if rows.iter().all(|r| r.valid) { ExitCode::SUCCESS } else { ExitCode::from(1) })
+            eprintln!("ferrolog-jepsen: matrix in {}: {tally}", root.display());
+            Ok(ExitCode::from(tally.exit_code()))
         }
         Cmd::Check { dir } => {
             let ops = history::read_jsonl(&dir.join("history.jsonl"))?;
@@ -297,14 +320,22 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(b) => serde_json::from_slice(&b).context("replicas.json")?,
                 Err(_) => Vec::new(),
             };
-            // Where each partition's final read ended, from the run's results.
-            let ends: std::collections::BTreeMap<u32, u64> = std::fs::read(dir.join("results.json"))
+            // What the run knew (the final read's ends, replica sets, the
+            // minimum acknowledged); from a run before the rules against
+            // vacuous runs, only the final read's ends, so they fail.
+            let results = std::fs::read(dir.join("results.json"))
                 .ok()
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .and_then(|v| serde_json::from_value(v["final_read_end_offsets"].clone()).ok())
-                .map(|pairs: Vec<(u32, u64)>| pairs.into_iter().collect())
                 .unwrap_or_default();
-            let report = checker::check(&ops, &replicas, &ends);
+            let facts: RunFacts = serde_json::from_value(results["run_facts"].clone()).unwrap_or_else(|_| {
+                let ends: Vec<(u32, u64)> =
+                    serde_json::from_value(results["final_read_end_offsets"].clone()).unwrap_or_default();
+                RunFacts { final_read_ends: ends.into_iter().collect(), ..RunFacts::default() }
+            });
+            let report = checker::check_run(&ops, &replicas, &facts);
+            for v in &report.violations {
+                eprintln!("ferrolog-jepsen: {v}");
+            }
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(if report.valid { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }

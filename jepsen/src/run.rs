@@ -6,8 +6,10 @@
 //!  heal     stop clients, heal links, resume and restart brokers
 //!  wait     `recovery` seconds, then the cluster must answer with a controller
 //!  final    read every partition from offset 0 up to its high watermark
-//!  copies   wait for followers to catch up, stop each broker, `dump-log` its data
-//!  check    checker over history + copies -> results.json, plot.svg
+//!  copies   wait (at most 30 s) for followers to catch up, note the replica
+//!           sets, stop each broker, `dump-log` its data
+//!  check    checker over history + copies, and the rules against vacuous
+//!           runs -> results.json, plot.svg
 //! ```
 //!
 //! The run directory holds `history.jsonl`, `faults.jsonl`, `replicas.json`,
@@ -22,6 +24,7 @@ use ferrolog_client::{Admin, ClientConfig, MetadataCache};
 use serde::Serialize;
 use tokio::sync::watch;
 
+use crate::checker::vacuity::{self, RunFacts};
 use crate::checker::{self, ReplicaCopy, Report};
 use crate::cluster::{self, Cluster, Site};
 use crate::history::{self, Recorder};
@@ -52,6 +55,22 @@ pub struct TestOptions {
     pub keep_data: bool,
     /// The brokers' `raft.dormant_after_ms`.
     pub dormant_after_ms: u64,
+    /// The share of the offered load that must be acknowledged (see
+    /// [`vacuity::min_values_acknowledged`]).
+    pub min_acked_fraction: f64,
+}
+
+impl TestOptions {
+    /// The fewest values this run must acknowledge: `min_acked_fraction`
+    /// of what its producers are asked to send.
+    pub fn min_values_acknowledged(&self) -> usize {
+        vacuity::min_values_acknowledged(
+            self.workload.rate,
+            self.time_limit.as_secs_f64(),
+            self.workload.msgs_per_send_max,
+            self.min_acked_fraction,
+        )
+    }
 }
 
 /// What a run found, for the matrix table.
@@ -87,7 +106,8 @@ pub struct Summary {
     pub compaction: Option<(usize, usize, usize, usize)>,
     /// Anomaly classes found, with counts.
     pub anomalies: Vec<(String, usize)>,
-    /// Problems of the run itself (final read incomplete, dump failed).
+    /// Problems of the run itself (a dump that failed, ...) and the rules
+    /// against vacuous runs it broke.
     pub problems: Vec<String>,
     /// No anomaly and no problem.
     pub valid: bool,
@@ -105,6 +125,7 @@ struct Results<'a> {
     fault_events: &'a [FaultEvent],
     final_read_end_offsets: &'a [(u32, u64)],
     problems: &'a [String],
+    run_facts: &'a RunFacts,
     #[serde(flatten)]
     report: &'a Report,
 }
@@ -274,6 +295,7 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
 
     // Final read of every partition.
     let mut ends = Vec::new();
+    let mut final_read_failures = std::collections::BTreeMap::new();
     for p in 0..cfg.partitions {
         match workload::final_read(&cfg, meta.clone(), &rec, &ids, p, Duration::from_secs(60)).await {
             Ok((end, took)) => {
@@ -290,15 +312,20 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
                     ));
                 }
             }
-            Err(e) => problems.push(format!("final read: {e:#}")),
+            Err(e) => {
+                final_read_failures.insert(p, format!("{e:#}"));
+            }
         }
     }
 
     // Each broker's copy.
-    wait_followers(&admin, &cfg.topic, Duration::from_secs(30)).await;
+    let (followers_caught_up, replica_sets) =
+        wait_followers(&admin, &cfg.topic, Duration::from_secs(30)).await;
     let mut replicas: Vec<ReplicaCopy> = Vec::new();
+    let slots;
     {
         let mut c = lock(&targets.cluster);
+        slots = c.brokers.iter().map(|b| (b.broker_id, b.id)).collect();
         for id in c.ids() {
             c.stop(id, Duration::from_secs(10));
         }
@@ -323,7 +350,16 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
     }
     std::fs::write(dir.join("faults.jsonl"), faults_file)?;
     write_json(&dir.join("replicas.json"), &replicas)?;
-    let report = checker::check(&ops, &replicas, &ends.iter().copied().collect());
+    let facts = RunFacts {
+        partitions: cfg.partitions,
+        final_read_ends: ends.iter().copied().collect(),
+        final_read_failures,
+        min_values_acknowledged: opts.min_values_acknowledged(),
+        replica_sets,
+        slots,
+        followers_caught_up,
+    };
+    let report = checker::check_run(&ops, &replicas, &facts);
     if cfg.compacted() && report.stats.final_offsets_compacted == 0 {
         problems.push(
             "the final read found no record removed by compaction: the compaction checks saw no work".into(),
@@ -352,6 +388,7 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
             fault_events: &events,
             final_read_end_offsets: &ends,
             problems: &problems,
+            run_facts: &facts,
             report: &report,
         },
     )?;
@@ -364,6 +401,7 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
     if let Err(e) = crate::plot::draw(&dir.join("plot.svg"), &ops, &events, &title) {
         problems.push(format!("{e:#}"));
     }
+    problems.extend(report.violations.iter().map(ToString::to_string));
     if valid && !opts.keep_data {
         let _ = std::fs::remove_dir_all(dir.join("data"));
     }
@@ -399,11 +437,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Waits until every follower of every partition of `topic` has no lag (or
 /// `timeout`), so that each broker's copy is complete when it is stopped.
-async fn wait_followers(admin: &Admin, topic: &str, timeout: Duration) {
+/// Returns whether they caught up, and each partition's replica set (broker
+/// ids) as last reported (`None` if the cluster never answered).
+async fn wait_followers(
+    admin: &Admin,
+    topic: &str,
+    timeout: Duration,
+) -> (bool, Option<std::collections::BTreeMap<u32, Vec<u32>>>) {
     let deadline = Instant::now() + timeout;
+    let mut sets = None;
     while Instant::now() < deadline {
         if let Ok(status) = admin.cluster_status().await {
             let mine: Vec<_> = status.partitions.iter().filter(|p| p.topic == topic).collect();
+            sets = Some(mine.iter().map(|p| (p.partition, p.replicas.clone())).collect());
             let caught_up = !mine.is_empty()
                 && mine.iter().all(|p| {
                     p.status.as_ref().is_ok_and(|s| {
@@ -412,11 +458,12 @@ async fn wait_followers(admin: &Admin, topic: &str, timeout: Duration) {
                     })
                 });
             if caught_up {
-                return;
+                return (true, sets);
             }
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    (false, sets)
 }
 
 /// Prints a summary line.
@@ -432,8 +479,15 @@ pub fn print_summary(s: &Summary) {
         s.values_read,
         s.fault_events,
         if s.anomalies.is_empty() { "none".to_owned() } else { format!("{:?}", s.anomalies) },
-        if s.problems.is_empty() { String::new() } else { format!("; problems: {:?}", s.problems) },
+        if s.problems.is_empty() {
+            String::new()
+        } else {
+            format!("; problems: {} (below)", s.problems.len())
+        },
     );
+    for p in &s.problems {
+        eprintln!("ferrolog-jepsen: problem: {p}");
+    }
     if let Some((offsets, tombstones, keys, excused)) = s.compaction {
         eprintln!(
             "ferrolog-jepsen: compacted topic: the final read found {offsets} acknowledged offsets removed \

@@ -375,6 +375,7 @@ mod tests {
                 .iter()
                 .map(|o| ReplicaRecord { offset: *o, value: *o + 1, committed: true })
                 .collect(),
+            marker: None,
         };
         let ends = BTreeMap::new();
         // One replica compacted, another not yet: both fine.
