@@ -30,6 +30,7 @@
 //! - [`log_store`], [`state_machine`]: the openraft trait implementations.
 //! - [`replica`]: opens a replica and hands out both halves.
 //! - [`wire`]: the peer protocol's messages to and from the Raft library's types.
+//! - [`unsynced`]: after a failed fsync, what the log must not trust.
 //! - [`vfs`]: the file-system seam (real, and fault-injecting for tests);
 //!   every file operation of the store goes through it.
 //! - [`types`], [`batch`], [`config`], [`error`]: shared vocabulary.
@@ -52,6 +53,7 @@ pub mod snapshot;
 pub mod state_machine;
 pub mod tail_cache;
 pub mod types;
+pub mod unsynced;
 pub mod vfs;
 pub mod wire;
 

@@ -27,6 +27,7 @@ use crate::meta_db::MetaDb;
 use crate::segment::{Segment, SegmentReader, parse_segment_file_name};
 use crate::tail_cache::TailCache;
 use crate::types::{Entry, LogId, LogState, Vote};
+use crate::unsynced::{self, SyncMark};
 use crate::vfs::Fs;
 
 /// One stored record batch as it lies on disk: its frame header and the
@@ -131,6 +132,9 @@ pub struct PartitionLog {
     /// First fsync failure of a background (interval-policy) flush; every
     /// later append fails with it, so an error is never silently dropped.
     flush_error: Arc<Mutex<Option<String>>>,
+    /// The durable point, shared with flush callbacks; trips on a failed
+    /// fsync ([`crate::unsynced`]).
+    sync_mark: Arc<SyncMark>,
     encode_buf: Vec<u8>,
     /// See [`PartitionLog::recovering`].
     recovering: Option<String>,
@@ -244,6 +248,7 @@ impl PartitionLog {
             // From here on a crash is unclean again.
             meta.put::<bool>(meta::KEY_CLEAN_STOP, None, Sync::Durable)?;
         }
+        let sync_mark = Arc::new(SyncMark::new(fs.clone(), dir, 0));
         let mut log = Self {
             fs,
             dir: dir.to_owned(),
@@ -258,6 +263,7 @@ impl PartitionLog {
             flusher,
             last_interval_flush: Instant::now(),
             flush_error: Arc::new(Mutex::new(None)),
+            sync_mark,
             encode_buf: Vec::new(),
             recovering,
             damage,
@@ -266,6 +272,8 @@ impl PartitionLog {
             generation: 0,
             segment_events: Arc::default(),
         };
+        log.cut_unsynced_tail()?;
+        log.sync_mark = Arc::new(SyncMark::new(log.fs.clone(), dir, log.next_index()));
         log.check_reaches_purge_pointer()?;
         if log.segments.is_empty() {
             let start: Option<(u64, u64)> = log.meta.get(meta::KEY_EMPTY_START)?;
@@ -734,6 +742,13 @@ impl PartitionLog {
         if let Some(e) = self.flush_error.lock().unwrap_or_else(|p| p.into_inner()).clone() {
             return Err(StoreError::io("background fsync", &self.dir, std::io::Error::other(e)));
         }
+        if self.sync_mark.is_tripped() {
+            return Err(StoreError::io(
+                "append after a failed fsync to",
+                &self.dir,
+                std::io::Error::other("the replica must be reopened (see the unsynced module)"),
+            ));
+        }
         let first = entries[0].log_id.index;
         if first != self.next_index() && self.last_stored_log_id().is_none() && self.log_end_offset() == 0 {
             // A log that never held a record may begin at any index (openraft
@@ -770,15 +785,19 @@ impl PartitionLog {
         }
         result?;
         let file = self.active()?.file().clone();
+        let (mark, next) = (self.sync_mark.clone(), self.next_index());
         match self.config.flush {
-            FlushPolicy::Always => self.flusher.request(file, Some(done)),
+            FlushPolicy::Always => {
+                let checked: FlushCallback = Box::new(move |r| done(mark.checked(r, next)));
+                self.flusher.request(file, Some(checked));
+            }
             FlushPolicy::Interval { interval_ms } => {
                 done(Ok(()));
                 if self.last_interval_flush.elapsed() >= Duration::from_millis(interval_ms) {
                     self.last_interval_flush = Instant::now();
                     let latch = self.flush_error.clone();
                     let record: FlushCallback = Box::new(move |r| {
-                        if let Err(e) = r {
+                        if let Err(e) = mark.checked(r, next) {
                             tracing::error!(error = %e, "background fsync failed; the replica stops accepting appends");
                             latch.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e.to_string());
                         }
@@ -828,6 +847,7 @@ impl PartitionLog {
                     // known of what reached the disk (fsyncgate), so this log
                     // takes no more appends until it is reopened (and
                     // rescanned), as after a failed background fsync.
+                    self.sync_mark.trip(&e);
                     let mut latch = self.flush_error.lock().unwrap_or_else(|p| p.into_inner());
                     latch.get_or_insert(format!("rolling the active segment: {e}"));
                     return (from, Err(e));
@@ -1392,7 +1412,49 @@ impl PartitionLog {
     /// # Errors
     /// [`StoreError::Io`].
     pub fn sync(&self) -> Result<()> {
-        self.segments.last().map_or(Ok(()), Segment::sync)
+        let result = self.segments.last().map_or(Ok(()), Segment::sync);
+        match &result {
+            Ok(()) if !self.sync_mark.synced(self.next_index()) => Err(StoreError::io(
+                "fsync after a failed one",
+                &self.dir,
+                std::io::Error::other("its success proves nothing (see the unsynced module)"),
+            )),
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.sync_mark.trip(e);
+                result
+            }
+        }
+    }
+
+    /// At open: cuts the entries a failed fsync left of unknown durability
+    /// ([`crate::unsynced`]). None of them was acknowledged, so the replica
+    /// may forget them; a recorded commit index above the cut is lowered to
+    /// it (Raft does not need it durable: the leader tells it again).
+    fn cut_unsynced_tail(&mut self) -> Result<()> {
+        let Some(from) = unsynced::marker(&self.fs, &self.dir)? else { return Ok(()) };
+        let first = self.segments.first().map_or(0, Segment::base_index);
+        let from = from.max(first);
+        if from < self.next_index() {
+            let last = if from == first {
+                self.purged
+            } else {
+                self.entries(from - 1, from)?.first().map(|e| e.log_id)
+            };
+            tracing::warn!(dir = %self.dir.display(), from_index = from, to_index = self.next_index(),
+                "cutting entries a failed fsync left of unknown durability; the leader sends them again");
+            if self.committed.is_some_and(|c| c.index >= from) {
+                self.meta.put(meta::KEY_COMMITTED, last.as_ref(), Sync::Durable)?;
+                self.committed = last;
+            }
+            // Without a commit index the cut spares snapshot links (a
+            // snapshot may hold a prefix of the file being cut).
+            let committed = self.committed.take();
+            let cut = self.truncate_after(last);
+            self.committed = committed;
+            cut?;
+        }
+        unsynced::clear(&self.fs, &self.dir)
     }
 
     /// The offset one past the entry at `index`: the high watermark when

@@ -566,8 +566,7 @@ fn create(fs: &Fs, path: &Path, mode: OpenMode) -> std::result::Result<Database,
     if fs.is_os() {
         return builder.create(path);
     }
-    let file =
-        fs.open(path, mode).map_err(|e| redb::DatabaseError::Storage(redb::StorageError::Io(e)))?;
+    let file = fs.open(path, mode).map_err(|e| redb::DatabaseError::Storage(redb::StorageError::Io(e)))?;
     builder.create_with_backend(VfsBackend(file))
 }
 

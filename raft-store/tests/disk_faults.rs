@@ -1,0 +1,103 @@
+//! Disk errors on the fault-injecting file system: a failed fsync
+//! ("fsyncgate") and a full disk (ENOSPC). In both, nothing acknowledged is
+//! lost, nothing unacknowledged is reported durable, and the log works
+//! again once the disk does.
+
+mod common;
+
+use std::path::Path;
+
+use ferrolog_raft_store::types::{Entry, flush_signal};
+use ferrolog_raft_store::vfs::{Faults, FaultyFs, PowerCut, Vfs};
+use ferrolog_raft_store::{Flusher, LogStore, Replica, StoreConfig};
+use openraft::storage::RaftLogStorage;
+
+fn dir() -> &'static Path {
+    Path::new("/data/replica")
+}
+
+fn disk() -> FaultyFs {
+    let disk = FaultyFs::new(42);
+    let fs = disk.mount();
+    fs.create_dir_all(Path::new("/data")).expect("mkdir");
+    fs.sync_dir(Path::new("/")).expect("sync /");
+    disk
+}
+
+fn open(disk: &FaultyFs) -> Replica {
+    let flusher = Flusher::spawn_on("disk-faults", disk.mount()).expect("flusher");
+    Replica::open(dir(), StoreConfig::default(), flusher).expect("open")
+}
+
+fn entries(from: u64, to: u64) -> Vec<Entry> {
+    (from..to).map(|i| common::entry(1, i, 300)).collect()
+}
+
+/// Appends and waits for the flush; the flush's result.
+async fn append(store: &mut LogStore, batch: Vec<Entry>) -> std::io::Result<()> {
+    let (cb, done) = flush_signal();
+    store.append(batch, cb).await?;
+    done.await
+}
+
+fn last_index(disk: &FaultyFs) -> Option<u64> {
+    let flusher = Flusher::spawn_on("disk-faults", disk.mount()).expect("flusher");
+    let log = Replica::open_log(dir(), StoreConfig::default(), flusher).expect("reopen");
+    let last = log.log_state().last_log_id.map(|l| l.index);
+    if let Some(last) = last {
+        let got = log.entries(0, last + 1).expect("read");
+        assert_eq!(got, entries(0, last + 1), "the log differs from what was written");
+    }
+    last
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failed_fsync_the_unsynced_tail_is_cut_not_trusted() {
+    let disk = disk();
+    {
+        let replica = open(&disk);
+        let mut store = replica.log_store();
+        append(&mut store, entries(0, 10)).await.expect("entries 0..10 durable");
+        disk.set_faults(Faults { eio_on_sync: true, ..Faults::default() });
+        let failed = append(&mut store, entries(10, 15)).await;
+        assert!(failed.is_err(), "a failed fsync must not be acknowledged");
+        disk.set_faults(Faults::default());
+        // The disk works again, yet this log's next flush must not report
+        // success: its "successful" fsync would not cover entries 10..15.
+        let after = append(&mut store, entries(15, 16)).await;
+        assert!(after.is_err(), "an append after a failed fsync must fail until the replica is reopened");
+    }
+    // Reopened in the same process: the page cache still shows 10..15,
+    // which never reached the disk. They must be cut.
+    assert_eq!(last_index(&disk), Some(9), "entries of unknown durability survived the reopen");
+    {
+        let replica = open(&disk);
+        let mut store = replica.log_store();
+        let state = store.get_log_state().await.expect("state");
+        assert_eq!(state.last_log_id.map(|l| l.index), Some(9));
+        // The leader sends them again; this time they are durable.
+        append(&mut store, entries(10, 20)).await.expect("entries 10..20 durable");
+    }
+    disk.power_cut(PowerCut::Clean);
+    assert_eq!(last_index(&disk), Some(19), "an acknowledged entry was lost to the power cut");
+    assert!(disk.stats().injected_errors > 0, "no fault was injected: the test did not test");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_appends_clearly_and_they_resume_once_space_is_freed() {
+    let disk = disk();
+    let replica = open(&disk);
+    let mut store = replica.log_store();
+    append(&mut store, entries(0, 10)).await.expect("entries 0..10 durable");
+    // Room for nothing more.
+    disk.set_faults(Faults { space_bytes: Some(0), ..Faults::default() });
+    let full = append(&mut store, entries(10, 20)).await.expect_err("a full disk must refuse the append");
+    assert_eq!(full.kind(), std::io::ErrorKind::StorageFull, "the error must say the disk is full: {full}");
+    // Space is freed: the same replica takes the appends, no reopen.
+    disk.set_faults(Faults::default());
+    append(&mut store, entries(10, 20)).await.expect("appends resume once space is freed");
+    drop(store);
+    drop(replica);
+    disk.power_cut(PowerCut::Clean);
+    assert_eq!(last_index(&disk), Some(19), "an acknowledged entry was lost");
+}
