@@ -60,6 +60,7 @@ pub mod error;
 pub mod groups;
 pub mod grpc;
 pub mod identity;
+pub mod inject;
 pub mod kafka;
 pub mod listener;
 pub mod logging;

@@ -175,6 +175,7 @@ impl Broker {
         }
         config.kafka.enabled = kafka_listener.is_some();
         let (stopping, _) = watch::channel(false);
+        crate::inject::announce();
         crate::control::files::raise_limit();
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;
