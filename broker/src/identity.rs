@@ -90,20 +90,20 @@ pub fn fresh(broker_id: BrokerId) -> Identity {
 /// Writes the identity durably (temp file, fsync, rename, fsync directory).
 ///
 /// # Errors
-/// IO errors.
+/// IO errors, naming the file.
 pub fn store(data_dir: &Path, id: &Identity) -> anyhow::Result<()> {
     let path = data_dir.join(IDENTITY_FILE);
     let tmp = data_dir.join(format!("{IDENTITY_FILE}.tmp"));
     let bytes = serde_json::to_vec_pretty(id)?;
-    {
+    let write = || -> std::io::Result<()> {
         use std::io::Write;
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(&bytes)?;
         f.sync_all()?;
-    }
-    std::fs::rename(&tmp, &path)?;
-    std::fs::File::open(data_dir)?.sync_all()?;
-    Ok(())
+        std::fs::rename(&tmp, &path)?;
+        std::fs::File::open(data_dir)?.sync_all()
+    };
+    write().map_err(|e| anyhow::anyhow!("writing the broker identity {}: {e}", path.display()))
 }
 
 #[cfg(test)]

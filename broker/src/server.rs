@@ -123,6 +123,16 @@ pub fn raft_settings(c: &BrokerConfig) -> anyhow::Result<ValidSettings> {
     Ok(settings.validate()?)
 }
 
+/// Fails, naming the directory, unless a file can be written and fsynced
+/// in the data directory: a read-only or failing disk is refused at start
+/// with its path rather than met later by the first write.
+fn check_writable(dir: &std::path::Path) -> anyhow::Result<()> {
+    let probe = dir.join(".write-probe");
+    let written = std::fs::File::create(&probe).and_then(|f| f.sync_all());
+    let _ = std::fs::remove_file(&probe);
+    written.with_context(|| format!("data directory {} is not writable", dir.display()))
+}
+
 /// Serves `router` on `listener` (see [`crate::listener::incoming`]) in a
 /// task, until the returned sender fires or is dropped.
 fn serve(
@@ -179,6 +189,7 @@ impl Broker {
         crate::control::files::raise_limit();
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;
+        check_writable(&config.data_dir)?;
         let peers = PeerAddresses::new(
             config.peer_routes.iter().map(|(peer, via)| (*peer, *via)),
             Duration::from_millis(config.raft.election_timeout_min_ms),

@@ -42,6 +42,23 @@ impl Mounts {
     }
 }
 
+impl Mounts {
+    /// Mounts an empty read-only tmpfs on `dir`.
+    fn read_only(&mut self, dir: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let out =
+            Command::new("mount").args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"]).arg(dir).output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "this test mounts a read-only tmpfs and needs root: mount {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.0.push(dir.to_owned());
+        Ok(())
+    }
+}
+
 impl Drop for Mounts {
     fn drop(&mut self) {
         for dir in self.0.iter().rev() {
@@ -153,5 +170,31 @@ async fn a_full_disk_moves_the_leader_and_the_replica_returns_when_space_is_free
     let l = leader(&c, "t", 0, Duration::from_secs(30)).await?;
     assert_eq!(read_values(c.broker(l).client_addr, "t").await?, written);
     drop(c);
+    Ok(())
+}
+
+/// A read-only data directory at start-up (issue 15): the broker exits
+/// with an error naming the directory, not with a bare OS error later.
+#[test]
+fn a_read_only_data_directory_is_refused_at_start_naming_it() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let ro = tmp.path().join("ro");
+    let mut mounts = Mounts::default();
+    mounts.read_only(&ro)?;
+    let out = Command::new(BIN)
+        .args(["--node-id", "1", "--client-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.2:1"])
+        .args(["--initial-cluster", "1=127.0.0.2:1"])
+        .arg("--data-dir")
+        .arg(&ro)
+        .env("RUST_BACKTRACE", "0")
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a broker on a read-only data directory started: {stderr}");
+    assert!(
+        stderr.contains(&format!("data directory {} is not writable", ro.display())),
+        "the error must name the directory: {stderr}"
+    );
+    assert!(stderr.contains("Read-only file system"), "the error must say why: {stderr}");
+    drop(mounts);
     Ok(())
 }
