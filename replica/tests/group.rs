@@ -9,110 +9,21 @@
 //! the messages in their protobuf form and snapshots through the real
 //! chunk streaming and staging.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::convert::Infallible;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::time::Duration;
 
 use ferrolog_proto::raft as pb;
 use ferrolog_raft_store::{FOUNDING_TERM, Flusher, Founding, RecordBatch, Replica, StoreConfig};
-use ferrolog_replica::{
-    NodeId, PeerTransport, PeerUnreachable, ProposeError, RaftNode, Role, Settings, ValidSettings, snapshot,
-};
-use futures::{Stream, StreamExt};
+use ferrolog_replica::{NodeId, ProposeError, RaftNode, Role, Settings, ValidSettings};
+use futures::StreamExt;
+
+mod common;
+
+use common::Local;
 
 const GROUP: u64 = 42;
 const WAIT: Duration = Duration::from_secs(20);
-
-/// Nodes by id, each with its snapshot staging directory.
-#[derive(Clone, Default)]
-struct Local {
-    nodes: Arc<Mutex<HashMap<NodeId, (RaftNode, PathBuf)>>>,
-    /// Vote and pre-vote requests sent through it.
-    votes: Arc<std::sync::atomic::AtomicUsize>,
-    /// AppendEntries without entries sent through it (heartbeats and
-    /// commit notices).
-    empty_appends: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl Local {
-    fn node(&self, target: NodeId) -> Result<(RaftNode, PathBuf), PeerUnreachable> {
-        let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
-        nodes.get(&target).cloned().ok_or_else(|| PeerUnreachable(format!("node {target} is not running")))
-    }
-}
-
-fn refused(e: impl std::fmt::Display) -> pb::PeerError {
-    pb::PeerError { code: pb::PeerErrorCode::GroupStopped as i32, message: e.to_string() }
-}
-
-impl PeerTransport for Local {
-    async fn append_entries(
-        &self,
-        target: NodeId,
-        _addr: &str,
-        req: pb::AppendEntriesRequest,
-        _timeout: Duration,
-    ) -> Result<pb::AppendEntriesResponse, PeerUnreachable> {
-        if req.entries.is_empty() {
-            self.empty_appends.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        let (node, _) = self.node(target)?;
-        Ok(match node.handle_append(req).await {
-            Ok(a) => a.response,
-            Err(e) => pb::AppendEntriesResponse { error: Some(refused(e)), result: None },
-        })
-    }
-
-    async fn vote(
-        &self,
-        target: NodeId,
-        _addr: &str,
-        req: pb::VoteRequest,
-        pre_vote: bool,
-        _timeout: Duration,
-    ) -> Result<pb::VoteResponse, PeerUnreachable> {
-        self.votes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (node, _) = self.node(target)?;
-        Ok(node
-            .handle_vote(&req, pre_vote)
-            .await
-            .unwrap_or_else(|e| pb::VoteResponse { error: Some(refused(e)), ..pb::VoteResponse::default() }))
-    }
-
-    async fn transfer_leader(
-        &self,
-        target: NodeId,
-        _addr: &str,
-        req: pb::TransferLeaderRequest,
-        _timeout: Duration,
-    ) -> Result<pb::TransferLeaderResponse, PeerUnreachable> {
-        let (node, _) = self.node(target)?;
-        Ok(node
-            .handle_transfer(&req)
-            .await
-            .unwrap_or_else(|e| pb::TransferLeaderResponse { error: Some(refused(e)), refused: None }))
-    }
-
-    async fn install_snapshot(
-        &self,
-        target: NodeId,
-        _addr: &str,
-        chunks: impl Stream<Item = pb::SnapshotChunk> + Send + 'static,
-        _timeout: Duration,
-    ) -> Result<pb::SnapshotResponse, PeerUnreachable> {
-        let (node, staging) = self.node(target)?;
-        let stream = Box::pin(chunks.map(Ok::<_, Infallible>));
-        let received = snapshot::receive(stream, move |_| Some(staging.clone()))
-            .await
-            .map_err(|e| PeerUnreachable(e.to_string()))?;
-        Ok(node
-            .install_snapshot(received)
-            .await
-            .unwrap_or_else(|e| pb::SnapshotResponse { error: Some(refused(e)), vote: None }))
-    }
-}
 
 fn settings() -> ValidSettings {
     Settings {
