@@ -445,5 +445,6 @@ fn write_segment(
     if let Some(t) = modified {
         f.set_modified(t).map_err(io("set modification time of"))?;
     }
-    f.sync_data().map_err(io("fsync"))
+    // sync_all: the modification time set above must be durable too.
+    f.sync_all().map_err(io("fsync"))
 }

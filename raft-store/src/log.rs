@@ -135,6 +135,9 @@ pub struct PartitionLog {
     /// The durable point, shared with flush callbacks; trips on a failed
     /// fsync ([`crate::unsynced`]).
     sync_mark: Arc<SyncMark>,
+    /// [`meta::KEY_FLUSHED`] as last recorded, and when.
+    flushed_recorded: u64,
+    flushed_recorded_at: Instant,
     encode_buf: Vec<u8>,
     /// See [`PartitionLog::recovering`].
     recovering: Option<String>,
@@ -249,6 +252,7 @@ impl PartitionLog {
             meta.put::<bool>(meta::KEY_CLEAN_STOP, None, Sync::Durable)?;
         }
         let sync_mark = Arc::new(SyncMark::new(fs.clone(), dir, 0));
+        let flushed_recorded: u64 = meta.get(meta::KEY_FLUSHED)?.unwrap_or(0);
         let mut log = Self {
             fs,
             dir: dir.to_owned(),
@@ -264,6 +268,8 @@ impl PartitionLog {
             last_interval_flush: Instant::now(),
             flush_error: Arc::new(Mutex::new(None)),
             sync_mark,
+            flushed_recorded,
+            flushed_recorded_at: Instant::now(),
             encode_buf: Vec::new(),
             recovering,
             damage,
@@ -273,7 +279,8 @@ impl PartitionLog {
             segment_events: Arc::default(),
         };
         log.cut_unsynced_tail()?;
-        log.sync_mark = Arc::new(SyncMark::new(log.fs.clone(), dir, log.next_index()));
+        log.check_flushed_kept()?;
+        log.start_sync_mark();
         log.check_reaches_purge_pointer()?;
         if log.segments.is_empty() {
             let start: Option<(u64, u64)> = log.meta.get(meta::KEY_EMPTY_START)?;
@@ -432,7 +439,7 @@ impl PartitionLog {
             fs.metadata(active.path()).map_err(|e| StoreError::io("stat", active.path(), e))?.links > 1;
         if linked && !active.is_empty() {
             let (i, o) = (active.next_index(), active.next_offset());
-            active.seal()?;
+            self.seal_active()?;
             self.segments.push(Segment::create(&self.fs, &self.dir, i, o, interval)?);
         }
         Ok(())
@@ -547,7 +554,7 @@ impl PartitionLog {
         let active = self.active()?;
         if !active.is_empty() && active.base_offset() < through {
             let (base_index, base_offset) = (active.next_index(), active.next_offset());
-            active.seal()?;
+            self.seal_active()?;
             self.segments.push(Segment::create(&self.fs, &self.dir, base_index, base_offset, interval)?);
         }
         Ok(())
@@ -785,10 +792,10 @@ impl PartitionLog {
         }
         result?;
         let file = self.active()?.file().clone();
-        let (mark, next) = (self.sync_mark.clone(), self.next_index());
+        let (mark, covered) = (self.sync_mark.clone(), self.sync_mark.request(self.next_index()));
         match self.config.flush {
             FlushPolicy::Always => {
-                let checked: FlushCallback = Box::new(move |r| done(mark.checked(r, next)));
+                let checked: FlushCallback = Box::new(move |r| done(mark.checked(r, covered)));
                 self.flusher.request(file, Some(checked));
             }
             FlushPolicy::Interval { interval_ms } => {
@@ -797,7 +804,7 @@ impl PartitionLog {
                     self.last_interval_flush = Instant::now();
                     let latch = self.flush_error.clone();
                     let record: FlushCallback = Box::new(move |r| {
-                        if let Err(e) = mark.checked(r, next) {
+                        if let Err(e) = mark.checked(r, covered) {
                             tracing::error!(error = %e, "background fsync failed; the replica stops accepting appends");
                             latch.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e.to_string());
                         }
@@ -806,7 +813,7 @@ impl PartitionLog {
                 }
             }
         }
-        Ok(())
+        self.record_flushed()
     }
 
     /// Counts a segment event on this log and in the process-wide total.
@@ -875,10 +882,27 @@ impl PartitionLog {
     }
 
     /// Seals the active segment and starts a new one after it.
+    /// Seals the active segment. Its fsync covers entries flushes may still
+    /// be waiting for: a failure trips the durable point
+    /// ([`crate::unsynced`]) and the log takes no more appends.
+    fn seal_active(&mut self) -> Result<()> {
+        let covered = self.sync_mark.request(self.next_index());
+        let result = self.active()?.seal();
+        if let Err(e) = &result {
+            self.sync_mark.trip(e);
+            let mut latch = self.flush_error.lock().unwrap_or_else(|p| p.into_inner());
+            latch.get_or_insert(format!("sealing the active segment: {e}"));
+        } else {
+            // The seal fsynced everything written to the segment.
+            let _ = self.sync_mark.checked(Ok(()), covered);
+        }
+        result
+    }
+
     fn roll(&mut self) -> Result<()> {
         let active = self.active()?;
         let (base_index, base_offset) = (active.next_index(), active.next_offset());
-        active.seal()?;
+        self.seal_active()?;
         let seg =
             Segment::create(&self.fs, &self.dir, base_index, base_offset, self.config.index_interval_bytes)?;
         tracing::debug!(dir = %self.dir.display(), base_index, base_offset, "rolled segment");
@@ -962,6 +986,7 @@ impl PartitionLog {
                 "truncate to {keep_to} is below the first stored index {first_index}"
             )));
         }
+        self.lower_flushed(keep_to)?;
         while self.segments.len() > 1 && self.segments[self.segments.len() - 1].base_index() > keep_to {
             if let Some(seg) = self.segments.pop() {
                 seg.delete()?;
@@ -1030,10 +1055,13 @@ impl PartitionLog {
         let new =
             Segment::create(&self.fs, &self.dir, base_index, base_offset, self.config.index_interval_bytes)?;
         self.segments.push(new);
+        // Nothing unflushed below the new start.
+        self.sync_mark.raise_to(base_index);
         Ok(())
     }
 
     fn remove_all_segments(&mut self) -> Result<()> {
+        self.lower_flushed(0)?;
         self.cache.clear();
         while let Some(seg) = self.segments.pop() {
             seg.delete()?;
@@ -1122,6 +1150,8 @@ impl PartitionLog {
         } else {
             self.roll_if_linked()?;
         }
+        // The snapshot's files were fsynced when put in place.
+        self.sync_mark.raise_to(self.next_index());
         self.meta.put::<bool>(meta::KEY_IMPORTING, None, Sync::Durable)?;
         Ok(())
     }
@@ -1412,19 +1442,80 @@ impl PartitionLog {
     /// # Errors
     /// [`StoreError::Io`].
     pub fn sync(&self) -> Result<()> {
-        let result = self.segments.last().map_or(Ok(()), Segment::sync);
-        match &result {
-            Ok(()) if !self.sync_mark.synced(self.next_index()) => Err(StoreError::io(
-                "fsync after a failed one",
-                &self.dir,
-                std::io::Error::other("its success proves nothing (see the unsynced module)"),
-            )),
-            Ok(()) => Ok(()),
-            Err(e) => {
-                self.sync_mark.trip(e);
-                result
-            }
+        let Some(active) = self.segments.last() else { return Ok(()) };
+        let covered = self.sync_mark.request(self.next_index());
+        let result = active.file().sync_data();
+        self.sync_mark.checked(result, covered).map_err(|e| StoreError::io("fsync", active.path(), e))
+    }
+
+    /// What [`Replica`](crate::replica::Replica) needs to fsync the active
+    /// segment outside the log's lock: the file, its path, the durable
+    /// point to report to, and what the sync covers.
+    pub(crate) fn sync_handle(
+        &self,
+    ) -> Option<(crate::vfs::FileRef, PathBuf, Arc<SyncMark>, unsynced::Covered)> {
+        let active = self.segments.last()?;
+        let covered = self.sync_mark.request(self.next_index());
+        Some((active.file().clone(), active.path().to_owned(), self.sync_mark.clone(), covered))
+    }
+
+    /// At open, once the log's state is known: the durable point starts at
+    /// the recorded flushed index (entries above it may be unflushed data
+    /// a crash left in the page cache), and the tail is flushed through the
+    /// flusher (batched with every other log opening) to raise it to the
+    /// end. If that flush fails the mark trips below entries that may have
+    /// been acknowledged, and the next open cuts them and marks the replica
+    /// recovering (see `cut_unsynced_tail`).
+    fn start_sync_mark(&mut self) {
+        let start = self.flushed_recorded.min(self.next_index());
+        self.sync_mark = Arc::new(SyncMark::new(self.fs.clone(), &self.dir, start));
+        if let Some(active) = self.segments.last() {
+            let (mark, covered) = (self.sync_mark.clone(), self.sync_mark.request(self.next_index()));
+            let callback: FlushCallback = Box::new(move |r| drop(mark.checked(r, covered)));
+            self.flusher.request(active.file().clone(), Some(callback));
         }
+    }
+
+    /// At open: a log that ends below the index it recorded as flushed lost
+    /// entries it had acknowledged (damage in its last frames looks like a
+    /// torn tail and is cut as one): it is marked recovering, so it does
+    /// not vote until a leader has brought it back.
+    fn check_flushed_kept(&mut self) -> Result<()> {
+        let flushed: u64 = self.meta.get(meta::KEY_FLUSHED)?.unwrap_or(0);
+        if self.next_index() < flushed && self.recovering.is_none() {
+            let reason = format!(
+                "the log ends at index {} but had flushed (acknowledged) entries up to {}",
+                self.next_index(),
+                flushed - 1
+            );
+            tracing::error!(dir = %self.dir.display(), "{reason}; the replica does not vote until it has caught up");
+            self.set_recovering(Some(reason))?;
+        }
+        Ok(())
+    }
+
+    /// Records, lazily and at most every [`FLUSHED_RECORD_EVERY`], the
+    /// index below which every entry was flushed ([`meta::KEY_FLUSHED`]).
+    fn record_flushed(&mut self) -> Result<()> {
+        let to = self.sync_mark.synced_to();
+        if to > self.flushed_recorded && self.flushed_recorded_at.elapsed() >= FLUSHED_RECORD_EVERY {
+            self.meta.put(meta::KEY_FLUSHED, Some(&to), Sync::Lazy)?;
+            self.flushed_recorded = to;
+            self.flushed_recorded_at = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// Before the log's end moves back to `next_index`: lowers the recorded
+    /// flushed index durably (so the shorter log is not taken for a damaged
+    /// one), and the durable point.
+    fn lower_flushed(&mut self, next_index: u64) -> Result<()> {
+        if self.flushed_recorded > next_index {
+            self.meta.put(meta::KEY_FLUSHED, Some(&next_index), Sync::Durable)?;
+            self.flushed_recorded = next_index;
+        }
+        self.sync_mark.lower_to(next_index);
+        Ok(())
     }
 
     /// At open: cuts the entries a failed fsync left of unknown durability
@@ -1434,25 +1525,45 @@ impl PartitionLog {
     fn cut_unsynced_tail(&mut self) -> Result<()> {
         let Some(from) = unsynced::marker(&self.fs, &self.dir)? else { return Ok(()) };
         let first = self.segments.first().map_or(0, Segment::base_index);
-        let from = from.max(first);
+        // Entries up to the purge pointer are in a snapshot: durable.
+        let from = from.max(first).max(self.purged.map_or(0, |p| p.index + 1));
         if from < self.next_index() {
-            let last = if from == first {
+            let last = if self.purged.is_some_and(|p| p.index + 1 == from) {
                 self.purged
-            } else {
+            } else if from > first {
                 self.entries(from - 1, from)?.first().map(|e| e.log_id)
+            } else {
+                None
             };
             tracing::warn!(dir = %self.dir.display(), from_index = from, to_index = self.next_index(),
                 "cutting entries a failed fsync left of unknown durability; the leader sends them again");
+            // Acknowledged entries may be among them when the durable point
+            // was only the recorded flushed index (a failure of the flush
+            // at open), or when appends are acknowledged before their fsync
+            // (`flush = interval`): then the replica must not vote until a
+            // leader brought it back.
+            let flushed = self.flushed_recorded;
+            if from <= flushed || matches!(self.config.flush, FlushPolicy::Interval { .. }) {
+                self.set_recovering(Some(format!(
+                    "entries from index {from} were cut after a failed fsync and may have been acknowledged"
+                )))?;
+            }
             if self.committed.is_some_and(|c| c.index >= from) {
                 self.meta.put(meta::KEY_COMMITTED, last.as_ref(), Sync::Durable)?;
                 self.committed = last;
             }
-            // Without a commit index the cut spares snapshot links (a
-            // snapshot may hold a prefix of the file being cut).
-            let committed = self.committed.take();
-            let cut = self.truncate_after(last);
-            self.committed = committed;
-            cut?;
+            if last.is_none() && from == first {
+                // Everything goes: the log restarts empty where it began.
+                let base_offset = self.segments.first().map_or(0, Segment::base_offset);
+                self.restart_at(first, base_offset)?;
+            } else {
+                // Without a commit index the cut spares snapshot links (a
+                // snapshot may hold a prefix of the file being cut).
+                let committed = self.committed.take();
+                let cut = self.truncate_after(last);
+                self.committed = committed;
+                cut?;
+            }
         }
         unsynced::clear(&self.fs, &self.dir)
     }
@@ -1575,6 +1686,22 @@ fn open_chain(
 /// Segment events of every log in this process (see
 /// [`PartitionLog::segment_events`]): a poller reads this one counter and
 /// scans its logs only when it moved.
+impl Drop for PartitionLog {
+    /// Records the flushed index (lazily: the metadata database makes it
+    /// durable when it closes), so a clean close leaves no window.
+    fn drop(&mut self) {
+        let to = self.sync_mark.synced_to();
+        if to > self.flushed_recorded {
+            let _ = self.meta.put(meta::KEY_FLUSHED, Some(&to), Sync::Lazy);
+        }
+    }
+}
+
+/// How often, at most, a log records its flushed index
+/// ([`meta::KEY_FLUSHED`], a lazy write): the window in which damage to
+/// the last acknowledged frames can go unnoticed at open.
+const FLUSHED_RECORD_EVERY: Duration = Duration::from_millis(50);
+
 static SEGMENT_EVENTS_TOTAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// The process-wide count of segment events (see

@@ -50,6 +50,12 @@ pub const KEY_SNAPSHOT: &str = "snapshot";
 /// Key of the reason this replica may have lost acknowledged entries and
 /// must not vote until a leader has brought it back (absent: it has not).
 pub const KEY_RECOVERING: &str = "recovering";
+/// Key of the index below which every entry was flushed (acknowledged as
+/// durable), recorded lazily: a log found ending below it at open lost
+/// entries it had acknowledged (bit rot in its last frames, say, which
+/// looks like a torn tail), so it must not vote until a leader brought it
+/// back. Lowered durably before the log's end moves back.
+pub const KEY_FLUSHED: &str = "flushed_to";
 /// Key present (durably) only between a clean stop, with every segment
 /// fsynced, and the next open: its absence at open means the replica may
 /// have lost writes it had not fsynced.

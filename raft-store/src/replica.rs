@@ -384,8 +384,10 @@ impl Replica {
     /// # Errors
     /// [`StoreError::Io`].
     pub fn sync(&self) -> Result<()> {
-        let Some((file, path)) = self.log().active_file() else { return Ok(()) };
-        file.sync_data().map_err(|e| StoreError::io("fsync", path, e))
+        let Some((file, path, mark, covered)) = self.log().sync_handle() else { return Ok(()) };
+        // Through the durable point: a failure trips it, and after one a
+        // success proves nothing ([`crate::unsynced`]).
+        mark.checked(file.sync_data(), covered).map_err(|e| StoreError::io("fsync", path, e))
     }
 
     /// How many replicas are open in this process: opened and not yet

@@ -217,6 +217,10 @@ pub fn build(
                     fsutil::link_or_copy(&*fs, &src, &dst)?;
                 }
                 Some(len) => {
+                    // The prefix must survive a power cut whatever the flush
+                    // policy: fsynced through the log's durable point, which
+                    // refuses after a failed fsync ([`crate::unsynced`]).
+                    log.sync()?;
                     if link_prefix(&*fs, &src, &dst, len)? {
                         prefix_bytes.insert(file_name.clone(), len);
                     }
@@ -292,17 +296,15 @@ fn unique_suffix() -> u128 {
 }
 
 /// Makes the first `len` bytes of `src` (a segment still being appended
-/// to) part of a snapshot at `dst`: fsyncs `src`, so the prefix survives a
-/// power cut whatever the flush policy, then hard-links it. Returns true
+/// to, which the caller fsynced so the prefix survives a power cut
+/// whatever the flush policy) part of a snapshot at `dst`: hard-links it.
+/// Returns true
 /// for a link (only the prefix belongs to the snapshot), false when linking
 /// is not possible and the prefix was copied instead.
 ///
 /// # Errors
 /// [`StoreError::Io`].
 fn link_prefix(fs: &dyn Vfs, src: &Path, dst: &Path, len: u64) -> Result<bool> {
-    fs.open(src, crate::vfs::OpenMode::Read)
-        .and_then(|f| f.sync_data())
-        .map_err(|e| StoreError::io("fsync", src, e))?;
     if fs.hard_link(src, dst).is_ok() {
         return Ok(true);
     }

@@ -29,7 +29,6 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex};
 
 use crate::error::Result;
@@ -58,69 +57,126 @@ fn decode(text: &str) -> Option<u64> {
 static TRIPPED: LazyLock<Mutex<HashMap<(u64, PathBuf), u64>>> = LazyLock::new(Default::default);
 
 /// The durable point of one log, shared with its flush callbacks.
+///
+/// One mutex holds it all, so a flush callback's success and a trip never
+/// interleave (a success after the trip is refused; a trip sees every
+/// success before it). Each lowering of the point (the log's end moved
+/// back) starts a new *generation*: a callback of a flush requested before
+/// it does not raise the point, since it covered entries that are gone.
 #[derive(Debug)]
 pub struct SyncMark {
     fs: Fs,
     dir: PathBuf,
+    state: Mutex<MarkState>,
+}
+
+#[derive(Debug)]
+struct MarkState {
     /// Every entry below this index is durable.
-    synced_to: AtomicU64,
-    tripped: AtomicBool,
+    synced_to: u64,
+    tripped: bool,
+    generation: u64,
+}
+
+/// What a flush request covers, taken when it is made
+/// ([`SyncMark::request`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Covered {
+    next_index: u64,
+    generation: u64,
 }
 
 impl SyncMark {
     /// A mark for the log in `dir`, whose entries below `synced_to` are
-    /// durable (at open: all it holds).
+    /// known durable.
     pub fn new(fs: Fs, dir: &Path, synced_to: u64) -> Self {
         Self {
             fs,
             dir: dir.to_owned(),
-            synced_to: AtomicU64::new(synced_to),
-            tripped: AtomicBool::new(false),
+            state: Mutex::new(MarkState { synced_to, tripped: false, generation: 0 }),
         }
     }
 
-    /// Records that a flush covering every entry below `next_index`
-    /// succeeded. Returns false if the mark has tripped: the caller must
-    /// then report the flush failed (its success proves nothing).
-    pub fn synced(&self, next_index: u64) -> bool {
-        if self.tripped.load(Ordering::SeqCst) {
-            return false;
-        }
-        self.synced_to.fetch_max(next_index, Ordering::SeqCst);
-        true
+    fn state(&self) -> std::sync::MutexGuard<'_, MarkState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The result a flush callback must report for a flush (`result`) that
-    /// covered every entry below `next_index`: a failure trips the mark,
-    /// and after a trip every flush reports failure.
+    /// What a flush requested now covers: every entry below `next_index`
+    /// (the log's end when the request is made).
+    pub fn request(&self, next_index: u64) -> Covered {
+        Covered { next_index, generation: self.state().generation }
+    }
+
+    /// The result a flush callback must report for a flush (`result`) of
+    /// what `covered` says: a failure trips the mark; after a trip every
+    /// flush reports failure (its success proves nothing); a success
+    /// raises the durable point unless the log's end moved back since the
+    /// request.
     ///
     /// # Errors
     /// The flush's error, or one saying an earlier fsync failed.
-    pub fn checked(&self, result: std::io::Result<()>, next_index: u64) -> std::io::Result<()> {
+    pub fn checked(&self, result: std::io::Result<()>, covered: Covered) -> std::io::Result<()> {
+        let mut st = self.state();
         match result {
-            Ok(()) if self.synced(next_index) => Ok(()),
-            Ok(()) => {
+            Ok(()) if st.tripped => {
                 Err(std::io::Error::other("an earlier fsync of this log failed; this one proves nothing"))
             }
+            Ok(()) => {
+                if covered.generation == st.generation {
+                    st.synced_to = st.synced_to.max(covered.next_index);
+                }
+                Ok(())
+            }
             Err(e) => {
-                self.trip(&e);
+                self.trip_locked(&mut st, &e);
                 Err(e)
             }
         }
     }
 
-    /// Whether a flush failed on this log.
-    pub fn is_tripped(&self) -> bool {
-        self.tripped.load(Ordering::SeqCst)
+    /// The index below which every entry is known durable.
+    pub fn synced_to(&self) -> u64 {
+        self.state().synced_to
     }
 
-    /// Records a failed flush (once): from the durable point on, entries
-    /// are of unknown durability (see the module comment).
+    /// Lowers the durable point to `next_index` after the log's end moved
+    /// back (a Raft truncation, a log replaced): entries at or past it are
+    /// new writes, durable only once flushed. Starts a new generation.
+    pub fn lower_to(&self, next_index: u64) {
+        let mut st = self.state();
+        st.synced_to = st.synced_to.min(next_index);
+        st.generation += 1;
+    }
+
+    /// Raises the durable point to `next_index`: everything below it was
+    /// made durable by other means (a new segment or a snapshot's files,
+    /// fsynced when put in place). Ignored after a trip.
+    pub fn raise_to(&self, next_index: u64) {
+        let mut st = self.state();
+        if !st.tripped {
+            st.synced_to = st.synced_to.max(next_index);
+        }
+    }
+
+    /// Whether a flush failed on this log.
+    pub fn is_tripped(&self) -> bool {
+        self.state().tripped
+    }
+
+    /// Records a failed sync of the log's data (once): from the durable
+    /// point on, entries are of unknown durability (see the module
+    /// comment).
     pub fn trip(&self, error: &dyn std::fmt::Display) {
-        if self.tripped.swap(true, Ordering::SeqCst) {
+        let mut st = self.state();
+        self.trip_locked(&mut st, error);
+    }
+
+    fn trip_locked(&self, st: &mut MarkState, error: &dyn std::fmt::Display) {
+        if st.tripped {
             return;
         }
-        let from = self.synced_to.load(Ordering::SeqCst);
+        st.tripped = true;
+        let from = st.synced_to;
         tracing::error!(dir = %self.dir.display(), from_index = from, %error,
             "fsync failed: entries from this index are of unknown durability; the replica stops and cuts them when reopened");
         TRIPPED

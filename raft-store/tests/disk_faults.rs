@@ -101,3 +101,55 @@ async fn a_full_disk_refuses_appends_clearly_and_they_resume_once_space_is_freed
     disk.power_cut(PowerCut::Clean);
     assert_eq!(last_index(&disk), Some(19), "an acknowledged entry was lost");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fsync_while_sealing_a_segment_trips_the_log_too() {
+    let disk = disk();
+    let small = StoreConfig { segment_bytes: 4096, index_interval_bytes: 256, ..StoreConfig::default() };
+    let open_small = |disk: &FaultyFs| {
+        let flusher = Flusher::spawn_on("disk-faults", disk.mount()).expect("flusher");
+        Replica::open(dir(), small.clone(), flusher).expect("open")
+    };
+    let acked = 8;
+    {
+        let replica = open_small(&disk);
+        let mut store = replica.log_store();
+        // 300-byte entries: a 4 KiB segment holds about 10.
+        append(&mut store, entries(0, acked)).await.expect("entries 0..8 durable");
+        disk.set_faults(Faults { eio_on_sync: true, ..Faults::default() });
+        // Rolling past the segment's end seals it: that fsync fails.
+        let failed = append(&mut store, entries(8, 20)).await;
+        assert!(failed.is_err(), "an append whose seal failed must not be acknowledged");
+        disk.set_faults(Faults::default());
+        let after = append(&mut store, entries(20, 21)).await;
+        assert!(after.is_err(), "after a failed seal the log must take no appends until reopened");
+    }
+    let last = last_index_with(&disk, &small);
+    assert!(last.is_some_and(|l| l + 1 >= acked), "acknowledged entries were cut: the log ends at {last:?}");
+    assert!(
+        last.is_some_and(|l| l < 20),
+        "entries after the failed seal were trusted: the log ends at {last:?}"
+    );
+    {
+        let replica = open_small(&disk);
+        let mut store = replica.log_store();
+        let next = store.get_log_state().await.expect("state").last_log_id.map_or(0, |l| l.index + 1);
+        append(&mut store, entries(next, 30)).await.expect("written again, durable");
+    }
+    disk.power_cut(PowerCut::Clean);
+    assert_eq!(last_index_with(&disk, &small), Some(29), "an acknowledged entry was lost to the power cut");
+}
+
+fn last_index_with(disk: &FaultyFs, config: &StoreConfig) -> Option<u64> {
+    let flusher = Flusher::spawn_on("disk-faults", disk.mount()).expect("flusher");
+    let log = Replica::open_log(dir(), config.clone(), flusher).expect("reopen");
+    let last = log.log_state().last_log_id.map(|l| l.index);
+    if let Some(last) = last {
+        assert_eq!(
+            log.entries(0, last + 1).expect("read"),
+            entries(0, last + 1),
+            "the log differs from what was written"
+        );
+    }
+    last
+}

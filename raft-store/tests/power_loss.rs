@@ -23,7 +23,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ferrolog_raft_store::types::Vote;
+use ferrolog_raft_store::types::{LogId, Vote};
 use ferrolog_raft_store::vfs::{FaultyFs, Fs, PowerCut, Vfs};
 use ferrolog_raft_store::{Flusher, Replica, StoreConfig};
 use openraft::storage::RaftLogStorage;
@@ -86,7 +86,9 @@ fn write_until_cut(disk: &FaultyFs, fsync: Fsync, round: u32, seed: &mut u64) ->
     rt.block_on(async {
         let Ok(replica) = Replica::open(dir(), config(), flusher(mount.clone(), fsync)) else { return };
         let mut store = replica.log_store();
-        let vote = Vote::new(u64::from(round) + 1, 1);
+        // Each round writes in a term of its own, after voting in it.
+        let term = u64::from(round) + 1;
+        let vote = Vote::new(term, 1);
         if store.save_vote(&vote).await.is_ok() {
             acked.vote = Some(vote);
         }
@@ -97,7 +99,7 @@ fn write_until_cut(disk: &FaultyFs, fsync: Fsync, round: u32, seed: &mut u64) ->
         while appended < ROUND_APPENDS_MAX && !disk.was_cut_since(&mount) {
             let n = 1 + next_index % 4;
             let entries: Vec<_> =
-                (next_index..next_index + n).map(|i| common::entry(1, i, entry_len(i))).collect();
+                (next_index..next_index + n).map(|i| common::entry(term, i, entry_len(i))).collect();
             let last = next_index + n - 1;
             next_index += n;
             appended += n;
@@ -132,10 +134,22 @@ fn entry_len(index: u64) -> usize {
 }
 
 /// Reopens the store on what the disk kept and checks it against `acked`.
-fn verify(disk: &FaultyFs, acked: Acked) -> Result<Option<u64>, String> {
+/// Checks the log against what the writers were told (`acked`, carried
+/// over the rounds on this disk) and against `kept`, the log ids found at
+/// the previous check: an entry present then must still be there,
+/// unchanged (each round writes in a term of its own, so an entry lost and
+/// written again by a later round does not pass for the original).
+/// Returns the log ids found now.
+fn verify(disk: &FaultyFs, acked: Acked, kept: &[LogId]) -> Result<Vec<LogId>, String> {
     let mount = disk.mount();
     let log = Replica::open_log(dir(), config(), flusher(mount, Fsync::Real))
         .map_err(|e| format!("reopen: {e}"))?;
+    // Under flush = always a power cut loses only what was never
+    // acknowledged: the replica must not think it lost more (it would stop
+    // voting for nothing).
+    if let Some(reason) = log.recovering() {
+        return Err(format!("marked recovering after a power cut under flush = always: {reason}"));
+    }
     let vote = log.vote();
     if acked.vote.is_some() && vote < acked.vote {
         return Err(format!("vote {:?} was saved, {vote:?} is left", acked.vote));
@@ -144,15 +158,25 @@ fn verify(disk: &FaultyFs, acked: Acked) -> Result<Option<u64>, String> {
     if last < acked.entry {
         return Err(format!("acknowledged entry {:?} lost: the log ends at {last:?}", acked.entry));
     }
-    let Some(last) = last else { return Ok(None) };
+    let Some(last) = last else {
+        return if kept.is_empty() {
+            Ok(Vec::new())
+        } else {
+            Err(format!("{} entries vanished", kept.len()))
+        };
+    };
     let entries = log.entries(0, last + 1).map_err(|e| format!("read: {e}"))?;
     if entries.len() as u64 != last + 1 {
         return Err(format!("{} entries read below index {last}: a gap", entries.len()));
     }
     for (i, e) in entries.iter().enumerate() {
-        if e != &common::entry(1, i as u64, entry_len(i as u64)) {
+        if e != &common::entry(e.log_id.leader_id.term, i as u64, entry_len(i as u64)) {
             return Err(format!("entry {i} differs from what was written"));
         }
+    }
+    let now: Vec<LogId> = entries.iter().map(|e| e.log_id).collect();
+    if let Some(i) = (0..kept.len()).find(|&i| now.get(i) != Some(&kept[i])) {
+        return Err(format!("entry {i} ({}) present at the last check is now {:?}", kept[i], now.get(i)));
     }
     let batches = log.read(0, usize::MAX, u64::MAX).map_err(|e| format!("read batches: {e}"))?;
     let mut offset = 0;
@@ -166,7 +190,7 @@ fn verify(disk: &FaultyFs, acked: Acked) -> Result<Option<u64>, String> {
         }
         offset += u64::from(common::record_count(b.header.index()));
     }
-    Ok(Some(last))
+    Ok(now)
 }
 
 struct Tally {
@@ -183,8 +207,11 @@ fn run(fsync: Fsync, rounds: u32, base_seed: u64) -> Tally {
     let mut tally =
         Tally { rounds, violations: Vec::new(), acked_entries: 0, rounds_with_acks: 0, lost_bytes: 0 };
     let mut disk = FaultyFs::new(base_seed);
+    // What this disk's writers were told, and what its last check found.
+    let (mut acked_so_far, mut kept) = (Acked::default(), Vec::new());
     for round in 0..rounds {
         if round % CUTS_PER_DISK == 0 {
+            (acked_so_far, kept) = (Acked::default(), Vec::new());
             tally.lost_bytes += disk.stats().lost_bytes;
             disk = FaultyFs::new(base_seed ^ u64::from(round));
             let fs = disk.mount();
@@ -197,13 +224,22 @@ fn run(fsync: Fsync, rounds: u32, base_seed: u64) -> Tally {
             tally.rounds_with_acks += 1;
             tally.acked_entries += e + 1;
         }
-        if let Err(e) = verify(&disk, acked) {
-            tally.violations.push(format!("round {round} (seed {base_seed}): {e}"));
-            // Start over rather than pile later rounds on a broken log.
-            disk = FaultyFs::new(base_seed ^ u64::from(round) ^ 0xdead);
-            let fs = disk.mount();
-            fs.create_dir_all(Path::new("/data")).expect("mkdir");
-            fs.sync_dir(Path::new("/")).expect("sync /");
+        acked_so_far.entry = acked_so_far.entry.max(acked.entry);
+        // Each round votes in a higher term than the last.
+        if acked.vote.is_some() {
+            acked_so_far.vote = acked.vote;
+        }
+        match verify(&disk, acked_so_far, &kept) {
+            Ok(now) => kept = now,
+            Err(e) => {
+                tally.violations.push(format!("round {round} (seed {base_seed}): {e}"));
+                (acked_so_far, kept) = (Acked::default(), Vec::new());
+                // Start over rather than pile later rounds on a broken log.
+                disk = FaultyFs::new(base_seed ^ u64::from(round) ^ 0xdead);
+                let fs = disk.mount();
+                fs.create_dir_all(Path::new("/data")).expect("mkdir");
+                fs.sync_dir(Path::new("/")).expect("sync /");
+            }
         }
     }
     tally.lost_bytes += disk.stats().lost_bytes;

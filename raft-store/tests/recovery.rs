@@ -467,9 +467,13 @@ fn a_commit_index_past_a_cut_tail_is_lowered_to_the_log_end() {
     let log = PartitionLog::open(&dir.path().join("log"), StoreConfig::default(), flusher()).expect("open");
     assert_eq!(log.log_state().last_log_id, Some(log_id(1, 1, 18)));
     assert_eq!(log.committed(), Some(log_id(1, 1, 18)), "committed left past the end of the log");
-    // A torn tail is what a crash leaves of writes never acknowledged
-    // (flush = always): not damage, the replica votes as before.
-    assert!(log.recovering().is_none() && log.damage().is_empty());
+    // The cut entry had been flushed (the sync above succeeded), so this is
+    // not a torn write a crash left but an acknowledged entry lost: it looks
+    // the same on disk, and only the recorded flushed index tells them
+    // apart. The replica must not vote until a leader brought it back.
+    assert!(log.damage().is_empty(), "a tail that ends cleanly is not set aside");
+    let reason = log.recovering().expect("a log that lost a flushed entry is recovering");
+    assert!(reason.contains("flushed"), "{reason}");
     drop(log);
     let log = PartitionLog::open(&dir.path().join("log"), StoreConfig::default(), flusher()).expect("reopen");
     assert_eq!(log.committed(), Some(log_id(1, 1, 18)), "the lowered commit index was not saved");

@@ -530,7 +530,12 @@ impl Partition {
         // its outcome even if this request is cancelled (a client timeout
         // drops this future): a reservation must never outlive its write.
         let this = self.clone();
-        let guessed_offset = self.replica.log_end_offset();
+        // Only the injected bug needs it (it takes the log's lock).
+        let guessed_offset = if crate::inject::active(crate::inject::Bug::AckBeforeCommit) {
+            self.replica.log_end_offset()
+        } else {
+            0
+        };
         let settled = tokio::spawn(
             async move {
                 let result = if crate::inject::active(crate::inject::Bug::AckBeforeCommit) {

@@ -45,6 +45,10 @@ pub struct Faults {
     pub eio_on_read: bool,
     /// Total bytes the files may hold; a write past it fails with ENOSPC.
     pub space_bytes: Option<u64>,
+    /// Syncs succeed without making anything durable: a disk that
+    /// acknowledges fsync without persisting (what Ferrolog does not
+    /// promise to survive; negative controls use it).
+    pub fsync_lies: bool,
 }
 
 /// How a [`FaultyFs::power_cut`] treats writes no fsync covered.
@@ -91,6 +95,8 @@ pub struct FaultyMount {
 }
 
 type Ino = u64;
+/// Largest file this in-memory disk holds (EFBIG past it), bytes.
+const MAX_FILE_BYTES: u64 = 1 << 32;
 const ROOT: Ino = 0;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -211,7 +217,7 @@ impl FaultyFs {
     }
 
     /// Cuts the power: everything not durable is lost (see the module
-    /// comment), injected faults are cleared, and every mount and handle
+    /// comment), injected errors are cleared (not `fsync_lies`), and every mount and handle
     /// made before fails from now on (the process that held it is gone).
     pub fn power_cut(&self, how: PowerCut) {
         self.state().cut(how);
@@ -231,7 +237,8 @@ impl State {
         s.cut_after = None;
         s.incarnation += 1;
         s.stats.power_cuts += 1;
-        s.faults = Faults::default();
+        // Injected errors end with the power; a lying disk stays one.
+        s.faults = Faults { fsync_lies: s.faults.fsync_lies, ..Faults::default() };
         // Directories: back to their durable entries; keep what is reachable.
         for d in s.dirs.values_mut() {
             d.entries = d.durable.clone();
@@ -511,13 +518,23 @@ impl Vfs for FaultyMount {
 
     fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
         let mut s = self.changing()?;
-        let Entry::Dir(_) = s.lookup(path)? else {
+        let Entry::Dir(removed) = s.lookup(path)? else {
             return Err(err(io::ErrorKind::NotADirectory, "not a directory"));
         };
         let (dir, name) = s.parent(path)?;
-        // The directory's own entries stay as they are: like unlinked
-        // inodes, they matter only if a power cut brings the name back.
         s.dir_mut(dir)?.entries.remove(&name);
+        // Everything under it is unlinked now; the durable entries stay, to
+        // come back if a power cut brings the name back.
+        let mut stack = vec![removed];
+        while let Some(d) = stack.pop() {
+            if let Some(node) = s.dirs.get_mut(&d) {
+                for e in std::mem::take(&mut node.entries).into_values() {
+                    if let Entry::Dir(c) = e {
+                        stack.push(c);
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
@@ -525,6 +542,9 @@ impl Vfs for FaultyMount {
         let mut s = self.changing()?;
         if s.faults.eio_on_sync {
             return Err(s.injected("directory fsync"));
+        }
+        if s.faults.fsync_lies {
+            return Ok(());
         }
         let Entry::Dir(d) = s.lookup(dir)? else {
             return Err(err(io::ErrorKind::NotADirectory, "not a directory"));
@@ -598,7 +618,11 @@ impl VfsFile for FaultyFile {
         }
         let used = s.used_bytes();
         let f = s.files.get(&self.ino).ok_or_else(not_found)?;
-        let grows = (position + buf.len() as u64).saturating_sub(f.data.len() as u64);
+        let end = position
+            .checked_add(buf.len() as u64)
+            .filter(|e| *e <= MAX_FILE_BYTES)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EFBIG))?;
+        let grows = end.saturating_sub(f.data.len() as u64);
         if s.faults.space_bytes.is_some_and(|cap| used + grows > cap) {
             s.stats.injected_errors += 1;
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
@@ -615,6 +639,9 @@ impl VfsFile for FaultyFile {
         let mut s = self.writable()?;
         if s.faults.eio_on_write {
             return Err(s.injected("truncate"));
+        }
+        if len > MAX_FILE_BYTES {
+            return Err(io::Error::from_raw_os_error(libc::EFBIG));
         }
         let used = s.used_bytes();
         let f = s.files.get(&self.ino).ok_or_else(not_found)?;
@@ -637,6 +664,9 @@ impl VfsFile for FaultyFile {
 
     fn sync_data(&self) -> io::Result<()> {
         let mut s = self.changing()?;
+        if s.faults.fsync_lies {
+            return Ok(());
+        }
         let failing = s.faults.eio_on_sync;
         let f = s.files.get_mut(&self.ino).ok_or_else(not_found)?;
         let unsynced = std::mem::take(&mut f.unsynced);
@@ -654,6 +684,9 @@ impl VfsFile for FaultyFile {
 
     fn sync_file_system(&self) -> io::Result<()> {
         let mut s = self.changing()?;
+        if s.faults.fsync_lies {
+            return Ok(());
+        }
         let failing = s.faults.eio_on_sync;
         for f in s.files.values_mut() {
             let unsynced = std::mem::take(&mut f.unsynced);

@@ -120,6 +120,11 @@ pub trait VfsFile: Send + Sync + Debug {
     /// failure the state of unsynced data is unknown and a retry proves
     /// nothing ("fsyncgate"): callers must not report those writes durable.
     fn sync_data(&self) -> io::Result<()>;
+    /// As `sync_data`, and the file's metadata too (its modification
+    /// time): `fsync(2)`.
+    fn sync_all(&self) -> io::Result<()> {
+        self.sync_data()
+    }
     /// Makes everything written on this file's file system durable
     /// (`syncfs(2)`); one call instead of many `sync_data`.
     fn sync_file_system(&self) -> io::Result<()>;

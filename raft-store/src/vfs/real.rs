@@ -96,6 +96,10 @@ impl VfsFile for RealFile {
         self.0.sync_data()
     }
 
+    fn sync_all(&self) -> io::Result<()> {
+        self.0.sync_all()
+    }
+
     fn sync_file_system(&self) -> io::Result<()> {
         // SAFETY: the descriptor is valid for the call (self owns the
         // file); syncfs only reads it. Since Linux 5.8, syncfs reports
