@@ -25,32 +25,22 @@ const DISK: &str = "64m";
 struct Mounts(Vec<PathBuf>);
 
 impl Mounts {
+    /// Mounts a `DISK`-sized tmpfs on `dir`.
     fn tmpfs(&mut self, dir: &Path) -> anyhow::Result<()> {
-        std::fs::create_dir_all(dir)?;
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={DISK}"), "tmpfs"])
-            .arg(dir)
-            .output()?;
-        anyhow::ensure!(
-            out.status.success(),
-            "this test mounts a {DISK} tmpfs per broker and needs root: mount {}: {}",
-            dir.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        self.0.push(dir.to_owned());
-        Ok(())
+        self.mount(dir, &format!("size={DISK}"))
     }
-}
 
-impl Mounts {
     /// Mounts an empty read-only tmpfs on `dir`.
     fn read_only(&mut self, dir: &Path) -> anyhow::Result<()> {
+        self.mount(dir, "ro,size=1m")
+    }
+
+    fn mount(&mut self, dir: &Path, options: &str) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir)?;
-        let out =
-            Command::new("mount").args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"]).arg(dir).output()?;
+        let out = Command::new("mount").args(["-t", "tmpfs", "-o", options, "tmpfs"]).arg(dir).output()?;
         anyhow::ensure!(
             out.status.success(),
-            "this test mounts a read-only tmpfs and needs root: mount {}: {}",
+            "this test mounts tmpfs file systems ({options}) and needs root: mount {}: {}",
             dir.display(),
             String::from_utf8_lossy(&out.stderr)
         );
