@@ -198,8 +198,12 @@ impl FrameHeader {
 ///
 /// # Errors
 /// [`DecodeError::Invalid`] if the entry cannot be stored: a record batch
-/// with no records, or a frame over [`FRAME_BYTES_MAX`].
+/// with no records, a frame over [`FRAME_BYTES_MAX`], index `u64::MAX`, or
+/// offsets past `u64::MAX`.
 pub fn encode_entry(entry: &Entry, base_offset: u64, out: &mut Vec<u8>) -> Result<FrameHeader, DecodeError> {
+    if entry.log_id.index == u64::MAX {
+        return Err(invalid("index", "the last index is never written (the next one would overflow)"));
+    }
     let start = out.len();
     out.resize(start + FRAME_HEADER_BYTES, 0);
     let (kind, batch) = match &entry.payload {
@@ -220,6 +224,13 @@ pub fn encode_entry(entry: &Entry, base_offset: u64, out: &mut Vec<u8>) -> Resul
         if b.record_count == 0 {
             out.truncate(start);
             return Err(invalid("record_count", "a record batch must hold at least one record"));
+        }
+        if base_offset.checked_add(u64::from(b.record_count)).is_none() {
+            out.truncate(start);
+            return Err(invalid(
+                "base offset",
+                format!("{base_offset} + {} records is past the last offset", b.record_count),
+            ));
         }
         out.extend_from_slice(&b.records);
     }
@@ -284,7 +295,7 @@ pub fn frame_len(b: &[u8]) -> Result<usize, DecodeError> {
 /// # Errors
 /// [`DecodeError::Truncated`] if the frame extends past `b`,
 /// [`DecodeError::Checksum`] if it fails its CRC32C, and
-/// [`DecodeError::Invalid`] for an impossible length or kind.
+/// [`DecodeError::Invalid`] for an impossible length, kind, index or offset.
 pub fn decode_frame_header(b: &[u8]) -> Result<FrameHeader, DecodeError> {
     let frame_bytes = frame_len(b)?;
     if b.len() < frame_bytes {
@@ -310,6 +321,19 @@ pub fn decode_frame_header(b: &[u8]) -> Result<FrameHeader, DecodeError> {
     };
     if (kind == FrameKind::Records) != (header.record_count > 0) {
         return Err(invalid("record_count", format!("{} for a {kind:?} frame", header.record_count)));
+    }
+    // No offset or index past the last: `next_offset` and the next index
+    // must not overflow (frames found by fuzzing made the open of a
+    // segment panic in debug builds, and wrap the log's next offset or
+    // index to near zero in release builds).
+    if header.base_offset.checked_add(u64::from(header.record_count)).is_none() {
+        return Err(invalid(
+            "base offset",
+            format!("{} + {} records is past the last offset", header.base_offset, header.record_count),
+        ));
+    }
+    if header.log_id.index == u64::MAX {
+        return Err(invalid("index", "the last index is never written (the next one would overflow)"));
     }
     Ok(header)
 }
@@ -342,7 +366,14 @@ pub fn decode_entry(header: &FrameHeader, frame: &Bytes) -> Result<Entry, Decode
         FrameKind::MembershipJson => {
             let m: Membership =
                 serde_json::from_slice(&payload).map_err(|e| invalid("membership", e.to_string()))?;
-            EntryPayload::Membership(m)
+            // The Raft library's JSON is not checked as it is read (a voter
+            // without an address, an empty voter set): check it as the
+            // protobuf form is checked, or the entry would be accepted here
+            // and refused by every follower it is sent to (found by fuzzing).
+            EntryPayload::Membership(
+                crate::wire::membership_from_wire(&crate::wire::membership_to_wire(&m))
+                    .map_err(|e| invalid("membership", e.to_string()))?,
+            )
         }
         FrameKind::Membership => {
             let m: ferrolog_proto::raft::Membership =
@@ -413,8 +444,8 @@ pub fn encode_index(summary: &SealedSummary, rows: &[IndexEntry]) -> Vec<u8> {
 /// Decodes and verifies an index file written by [`encode_index`].
 ///
 /// # Errors
-/// [`DecodeError`] if the file is short, has the wrong magic or version, or
-/// fails its checksum.
+/// [`DecodeError`] if the file is short, has the wrong magic or version,
+/// fails its checksum, or names index `u64::MAX`.
 pub fn decode_index(b: &[u8]) -> Result<(SealedSummary, Vec<IndexEntry>), DecodeError> {
     if b.len() < INDEX_HEADER_BYTES + 4 {
         return Err(DecodeError::Truncated { needed: INDEX_HEADER_BYTES + 4, available: b.len() });
@@ -442,6 +473,11 @@ pub fn decode_index(b: &[u8]) -> Result<(SealedSummary, Vec<IndexEntry>), Decode
         next_offset: u64_at(b, 48),
         max_timestamp_ms: i64_at(b, 56),
     };
+    // As for frames: no entry has the last index (a segment loaded with
+    // such an index file overflowed its next index; found by fuzzing).
+    if summary.last_log_id.index == u64::MAX {
+        return Err(invalid("index last log id", "the last index is never written"));
+    }
     let rows = (0..count)
         .map(|i| {
             let p = INDEX_HEADER_BYTES + i * INDEX_ROW_BYTES;
@@ -551,6 +587,93 @@ mod tests {
                 Err(DecodeError::Truncated { .. } | DecodeError::Invalid { .. })
             ));
         }
+    }
+
+    /// Sets a hand-made frame's length prefix and CRC32C.
+    fn seal_frame(f: &mut [u8]) {
+        let len = u32::try_from(f.len() - 4).unwrap();
+        f[0..4].copy_from_slice(&len.to_le_bytes());
+        let crc = crc32c::crc32c(&f[8..]);
+        f[4..8].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Found by the `segment_frame` fuzz target (fuzz/regressions/segment_frame/):
+    /// a records frame whose base offset plus record count overflows made
+    /// `FrameHeader::next_offset` panic (debug) or wrap (release) when a
+    /// segment holding it was opened.
+    #[test]
+    fn offsets_past_the_last_are_refused() {
+        let mut crash = vec![0x4f, 0x00, 0x00, 0x00, 0xa8, 0xb2, 0x92, 0xec, 0x02, 0x00, 0x00];
+        crash.extend_from_slice(&[0xff; 43]);
+        crash.extend_from_slice(&[0x00, 0x02, 0x00, 0x00, 0x00, 0x00, 0x05]);
+        crash.extend_from_slice(&[0x00; 17]);
+        crash.extend_from_slice(b"onene");
+        seal_frame(&mut crash);
+        assert!(matches!(
+            decode_frame_header(&crash),
+            Err(DecodeError::Invalid { field: "base offset", .. })
+        ));
+
+        let mut buf = Vec::new();
+        let h = encode_entry(&batch_entry(5, 3), u64::MAX - 3, &mut buf).unwrap();
+        assert_eq!(h.next_offset(), u64::MAX);
+        assert_eq!(decode_frame_header(&buf).unwrap(), h, "the last offsets still fit");
+        let mut past = Vec::new();
+        assert!(encode_entry(&batch_entry(5, 3), u64::MAX - 2, &mut past).is_err());
+        assert!(past.is_empty());
+    }
+
+    /// The flaw the `snapshot_manifest` fuzz target found in version 1
+    /// manifests, in frames: an old JSON membership frame (kind 3) naming a
+    /// voter without an address decoded, and its re-encoding (as every
+    /// AppendEntries re-encodes entries) was refused.
+    #[test]
+    fn json_membership_frames_are_checked_as_protobuf_ones() {
+        for json in [
+            &br#"{"configs":[[1,2,3]],"nodes":{"1":{"addr":"a"},"2":{"addr":"b"}}}"#[..],
+            &br#"{"configs":[[]],"nodes":{"1":{"addr":""}}}"#[..],
+        ] {
+            let mut f = Vec::new();
+            encode_entry(&Entry { log_id: log_id(2, 1, 7), payload: EntryPayload::Blank }, 0, &mut f)
+                .unwrap();
+            f[8] = FrameKind::MembershipJson as u8;
+            f.extend_from_slice(json);
+            seal_frame(&mut f);
+            let h = decode_frame_header(&f).unwrap();
+            assert!(decode_entry(&h, &Bytes::from(f)).is_err(), "{}", String::from_utf8_lossy(json));
+        }
+    }
+
+    /// Found by the `index_file` fuzz target (fuzz/regressions/index_file/):
+    /// an index file that verifies and names index u64::MAX as its last
+    /// made the open of its sealed segment overflow the next index, as a
+    /// frame of that index did in a scan.
+    #[test]
+    fn the_last_index_is_refused_in_frames_and_index_files() {
+        let hex = [
+            "464c4f47494458000100000007000000d302000000000000ffffffffffffffffffffffffffffffffffffffffffffffff",
+            "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
+            "ffffffffffffffffffffffffffffffffffffffffffffffffffffffff0200000000000000010000000000000007000000",
+            "000000000400000000000000f469e5cf8b01000001000000000000000000000000000000280000000000000000000000",
+            "000000800200000000000000000000000000000078000000000000000000000000000080030000000000000003000000",
+            "1f02000000000000f469e5cf8b010000070000000000000003000000000000008002000000000000f469e5cf8b010000",
+            "16c5492e",
+        ]
+        .concat();
+        let mut crash: Vec<u8> =
+            (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+        let n = crash.len() - 4;
+        let crc = crc32c::crc32c(&crash[..n]);
+        crash[n..].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(decode_index(&crash), Err(DecodeError::Invalid { field: "index last log id", .. })));
+
+        let mut buf = Vec::new();
+        assert!(encode_entry(&batch_entry(u64::MAX, 1), 0, &mut buf).is_err());
+        assert!(buf.is_empty());
+        encode_entry(&batch_entry(u64::MAX - 1, 1), 0, &mut buf).unwrap();
+        buf[28..36].copy_from_slice(&u64::MAX.to_le_bytes());
+        seal_frame(&mut buf);
+        assert!(matches!(decode_frame_header(&buf), Err(DecodeError::Invalid { field: "index", .. })));
     }
 
     #[test]

@@ -364,7 +364,18 @@ mod meta_json {
         // The manifest is always JSON: look at the shape, then read it.
         let value = serde_json::Value::deserialize(d)?;
         if value.get("voters").is_none() {
-            return serde_json::from_value::<SnapshotMeta>(value).map_err(serde::de::Error::custom);
+            let m = serde_json::from_value::<SnapshotMeta>(value).map_err(serde::de::Error::custom)?;
+            // The Raft library's JSON is not checked as it is read: check its
+            // membership as the current form is checked, or a manifest would
+            // be accepted here that its copy for a peer (written in the
+            // current form) makes the peer refuse (found by fuzzing).
+            let membership = m.last_membership.membership();
+            let membership = crate::wire::membership_from_wire(&crate::wire::membership_to_wire(membership))
+                .map_err(serde::de::Error::custom)?;
+            return Ok(SnapshotMeta {
+                last_log_id: m.last_log_id,
+                last_membership: StoredMembership::new(m.last_membership.log_id().clone(), membership),
+            });
         }
         let m: MetaJson = serde_json::from_value(value).map_err(serde::de::Error::custom)?;
         let from = |l: Option<LogIdJson>| l.map(|l| log_id(l.term, l.leader_node, l.index));
@@ -430,5 +441,19 @@ mod tests {
         let read = serde_json::from_str::<SnapshotManifest>(old).unwrap();
         assert_eq!(read.version, 1);
         assert_eq!(read.meta, manifest.meta);
+    }
+
+    /// Found by the `snapshot_manifest` fuzz target
+    /// (fuzz/regressions/snapshot_manifest/): a version 1 manifest whose
+    /// membership is not a valid configuration (an empty voter set, a voter
+    /// without an address) was accepted, and its copy for a peer, written
+    /// in the current form, was refused by the peer.
+    #[test]
+    fn version_1_manifests_with_an_invalid_membership_are_refused() {
+        let crash = r#"{"meta":{"l":{"k":{}},"last_membership":{"membership":{"configs":[[]],"nodes":{"1":{"addr":""}}}},"":""},"next_offset":4,"segments":[],"version":1}"#;
+        let no_address = r#"{"meta":{"last_log_id":null,"last_membership":{"log_id":null,"membership":{"configs":[[1,2,3]],"nodes":{"1":{"addr":"a"},"2":{"addr":"b"}}}},"snapshot_id":""},"next_offset":4,"segments":[],"version":1}"#;
+        for json in [crash, no_address] {
+            assert!(serde_json::from_str::<SnapshotManifest>(json).is_err(), "{json}");
+        }
     }
 }

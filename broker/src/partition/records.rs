@@ -102,6 +102,17 @@ pub fn build_batch(
                 r.value.len()
             )));
         }
+        // The same for header values: stored, such a header read as its
+        // bytes through gRPC and as null through Kafka or once compressed
+        // (found by fuzzing).
+        if let Some((h, header)) =
+            r.headers.iter().enumerate().find(|(_, h)| h.null_value && !h.value.is_empty())
+        {
+            return Err(BatchError::Invalid(format!(
+                "record {i} header {h} says its value is null but carries {} value bytes",
+                header.value.len()
+            )));
+        }
         let size = record_size_bytes(r);
         if size > max_record_bytes {
             return Err(BatchError::TooLarge(too_large_record(i, size, max_record_bytes)));
@@ -404,6 +415,28 @@ mod tests {
         r.null_value = true;
         assert!(
             matches!(build_batch(vec![r], NONE, 0, 10, 100), Err(BatchError::Invalid(m)) if m.contains("null"))
+        );
+    }
+
+    /// Found by the `grpc_produce` fuzz target (fuzz/regressions/grpc_produce/):
+    /// a header whose value was null and non-empty was stored, and read as
+    /// its bytes through gRPC but as null through Kafka (and once a
+    /// compressed topic stored it as a Kafka batch).
+    #[test]
+    fn producers_cannot_send_null_header_values_with_bytes() {
+        let crash = [
+            0x1a, 0x2b, 0x0a, 0x05, 0x68, 0x65, 0x6c, 0x6c, 0x6f, 0x1a, 0x0c, 0x0a, 0x05, 0x74, 0x72, 0x61,
+            0x63, 0x65, 0x12, 0x03, 0x9f, 0x95, 0x63, 0x1a, 0x09, 0x12, 0x05, 0x65, 0x6d, 0x70, 0x74, 0x79,
+            0x18, 0x01, 0x20, 0x80, 0xc8, 0x95, 0xff, 0xbc, 0x31, 0x30, 0x01, 0x20, 0x2a,
+        ];
+        let req = ferrolog_proto::client::ProduceRequest::decode(&crash[..]).unwrap();
+        let fields = ProducerFields {
+            producer_id: req.producer_id,
+            producer_epoch: i16::try_from(req.producer_epoch).unwrap(),
+            base_sequence: req.base_sequence,
+        };
+        assert!(
+            matches!(build_batch(req.records, fields, 0, 100, 100), Err(BatchError::Invalid(m)) if m.contains("header 1"))
         );
     }
 }
