@@ -96,7 +96,14 @@ impl Coordinator {
             let image = self.controller.image();
             let Some(topic) = image.topics.get(OFFSETS_TOPIC) else { continue };
             for (raft_group, cell) in cells {
-                if !self.groups.is_led(raft_group) {
+                // Asked of the replica itself: the registry's view
+                // (`GroupRegistry::is_led`) follows the leadership watcher
+                // and can still say "not led" just after a group call
+                // loaded the partition for its new term, which dropped the
+                // waiting JoinGroup (NOT_COORDINATOR) and read it back twice.
+                let leads =
+                    self.groups.partition_of(raft_group).is_some_and(|p| p.raft.leader_term().is_some());
+                if !leads {
                     // Read back again when it leads again; its waiting
                     // members are answered NOT_COORDINATOR now.
                     if let Ok(mut state) = cell.try_lock() {
