@@ -14,6 +14,10 @@
 //!  partition B ─ write ─┼─> queue ─> flusher ──┼─> B's callbacks
 //!  partition C ─ write ─┘   (bounded)  fdatasync ×k or syncfs ×1
 //! ```
+//!
+//! On a file system that asks for it ([`crate::vfs::Vfs::background_on_runtime`]:
+//! a deterministic simulation's in-memory disk) the rounds run in a task of
+//! the tokio runtime that starts the flusher instead of on a thread.
 
 use std::io;
 use std::sync::Arc;
@@ -40,6 +44,13 @@ struct Request {
     done: Option<FlushCallback>,
 }
 
+/// The way to the flusher: its thread's bounded queue, or its task's.
+#[derive(Clone)]
+enum Queue {
+    Thread(SyncSender<Request>),
+    Task(tokio::sync::mpsc::UnboundedSender<Request>),
+}
+
 /// Counters of a flusher, for benchmarks and metrics.
 #[derive(Debug, Default)]
 pub struct FlushStats {
@@ -54,14 +65,15 @@ pub struct FlushStats {
 }
 
 /// Handle to the flusher of one data directory. Cloning shares it; the
-/// thread ends when the last handle is dropped and the queue is drained.
+/// thread (or task) ends when the last handle is dropped and the queue is
+/// drained.
 ///
 /// A data directory is one file system, so the flusher also carries the
 /// [`Fs`] its replicas' files live on: everything opened with this flusher
 /// reads and writes through it.
 #[derive(Clone)]
 pub struct Flusher {
-    tx: SyncSender<Request>,
+    tx: Queue,
     stats: Arc<FlushStats>,
     fs: Fs,
 }
@@ -82,10 +94,13 @@ impl Flusher {
     }
 
     /// As [`Flusher::spawn`], for a data directory on file system `fs`
-    /// (tests: [`crate::vfs::FaultyFs`]).
+    /// (tests: [`crate::vfs::FaultyFs`]); a task of the current tokio
+    /// runtime instead of a thread if `fs` asks for it
+    /// ([`crate::vfs::Vfs::background_on_runtime`]).
     ///
     /// # Errors
-    /// `io::Error` if the thread cannot be spawned.
+    /// `io::Error` if the thread cannot be spawned, or if a task is asked
+    /// for outside a tokio runtime.
     pub fn spawn_on(name: &str, fs: Fs) -> io::Result<Self> {
         Self::spawn_with(name, fs, true)
     }
@@ -103,11 +118,21 @@ impl Flusher {
     }
 
     fn spawn_with(name: &str, fs: Fs, fsync: bool) -> io::Result<Self> {
-        let (tx, rx) = mpsc::sync_channel(QUEUE_REQUESTS_MAX);
         let stats = Arc::new(FlushStats::default());
         let s = stats.clone();
+        if fs.background_on_runtime() {
+            let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
+                io::Error::other(format!(
+                    "the flusher of {name} runs on a tokio runtime, and there is none: {e}"
+                ))
+            })?;
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            runtime.spawn(run_task(rx, s, fsync));
+            return Ok(Self { tx: Queue::Task(tx), stats, fs });
+        }
+        let (tx, rx) = mpsc::sync_channel(QUEUE_REQUESTS_MAX);
         thread::Builder::new().name(format!("flusher {name}")).spawn(move || run(rx, &s, fsync))?;
-        Ok(Self { tx, stats, fs })
+        Ok(Self { tx: Queue::Thread(tx), stats, fs })
     }
 
     /// The file system of this flusher's data directory.
@@ -122,13 +147,19 @@ impl Flusher {
     /// during shutdown) the callback runs at once with an error.
     pub fn request(&self, file: FileRef, done: Option<FlushCallback>) {
         let req = Request { file, done };
-        let req = match self.tx.try_send(req) {
-            Ok(()) => return,
-            Err(TrySendError::Full(req)) => match self.tx.send(req) {
+        let req = match &self.tx {
+            Queue::Thread(tx) => match tx.try_send(req) {
+                Ok(()) => return,
+                Err(TrySendError::Full(req)) => match tx.send(req) {
+                    Ok(()) => return,
+                    Err(e) => e.0,
+                },
+                Err(TrySendError::Disconnected(req)) => req,
+            },
+            Queue::Task(tx) => match tx.send(req) {
                 Ok(()) => return,
                 Err(e) => e.0,
             },
-            Err(TrySendError::Disconnected(req)) => req,
         };
         if let Some(done) = req.done {
             done(Err(io::Error::other("flusher stopped")));
@@ -143,23 +174,46 @@ impl Flusher {
 
 fn run(rx: Receiver<Request>, stats: &FlushStats, fsync: bool) {
     while let Ok(first) = rx.recv() {
-        let mut round = vec![first];
-        while round.len() < ROUND_REQUESTS_MAX {
-            match rx.try_recv() {
-                Ok(r) => round.push(r),
-                Err(_) => break,
-            }
+        finish_round(round_from(first, || rx.try_recv().ok()), stats, fsync);
+    }
+}
+
+/// The flusher as a task: as [`run`], taking what is queued when it runs.
+async fn run_task(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Request>,
+    stats: Arc<FlushStats>,
+    fsync: bool,
+) {
+    while let Some(first) = rx.recv().await {
+        finish_round(round_from(first, || rx.try_recv().ok()), &stats, fsync);
+    }
+}
+
+/// One round: `first` and what else is queued (`next`), up to
+/// [`ROUND_REQUESTS_MAX`] requests.
+fn round_from(first: Request, mut next: impl FnMut() -> Option<Request>) -> Vec<Request> {
+    let mut round = vec![first];
+    while round.len() < ROUND_REQUESTS_MAX {
+        match next() {
+            Some(r) => round.push(r),
+            None => break,
         }
-        let result = if fsync { sync_round(&round, stats) } else { Ok(()) };
-        stats.rounds.fetch_add(1, Ordering::Relaxed);
-        stats.requests.fetch_add(round.len() as u64, Ordering::Relaxed);
-        for r in round {
-            if let Some(done) = r.done {
-                done(match &result {
-                    Ok(()) => Ok(()),
-                    Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
-                });
-            }
+    }
+    round
+}
+
+/// Syncs one round's files (unless `fsync` is off: the negative control)
+/// and runs its callbacks with the outcome.
+fn finish_round(round: Vec<Request>, stats: &FlushStats, fsync: bool) {
+    let result = if fsync { sync_round(&round, stats) } else { Ok(()) };
+    stats.rounds.fetch_add(1, Ordering::Relaxed);
+    stats.requests.fetch_add(round.len() as u64, Ordering::Relaxed);
+    for r in round {
+        if let Some(done) = r.done {
+            done(match &result {
+                Ok(()) => Ok(()),
+                Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+            });
         }
     }
 }

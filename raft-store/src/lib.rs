@@ -33,6 +33,8 @@
 //! - [`unsynced`]: after a failed fsync, what the log must not trust.
 //! - [`vfs`]: the file-system seam (real, and fault-injecting for tests);
 //!   every file operation of the store goes through it.
+//! - [`runtime`]: the async runtime the Raft library runs on (tokio, with
+//!   random numbers a deterministic simulation can seed).
 //! - [`types`], [`batch`], [`config`], [`error`]: shared vocabulary.
 
 pub mod batch;
@@ -48,6 +50,7 @@ pub mod meta;
 pub mod meta_db;
 pub mod producer;
 pub mod replica;
+pub mod runtime;
 pub mod segment;
 pub mod snapshot;
 pub mod state_machine;

@@ -12,7 +12,11 @@
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock: the OS's monotonic clock, except in a simulation whose
+// runtime pauses time (then it is the simulated time).
+use tokio::time::Instant;
 
 use bytes::Bytes;
 

@@ -41,6 +41,12 @@
 //!   Only a directory the file system says is not there counts as gone: any
 //!   other error stops the open.
 //!
+//! On a file system that asks for it ([`crate::vfs::Vfs::background_on_runtime`]:
+//! a deterministic simulation's in-memory disk, everything on one thread)
+//! there is no writer thread: a call that queues a durable operation runs
+//! the round itself before it returns, and a task of the tokio runtime
+//! that opened the database runs the rounds of lazy values when they are due.
+//!
 //! A corrupt `replica-meta.redb` stops every replica of its directory (a
 //! broker's partitions), where a corrupt per-replica file stopped one.
 //!
@@ -48,14 +54,18 @@
 //! shared through a process-wide registry keyed by directory; the database
 //! closes (its lazy values made durable) when the last handle is dropped.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock: the OS's monotonic clock, except in a simulation whose
+// runtime pauses time (then it is the simulated time).
+use tokio::time::Instant;
 
 use futures::channel::oneshot;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
@@ -123,7 +133,8 @@ impl Op {
     }
 }
 
-type Values = HashMap<String, Option<Vec<u8>>>;
+/// Ordered, so that a round writes its keys in the same order every time.
+type Values = BTreeMap<String, Option<Vec<u8>>>;
 
 #[derive(Default)]
 struct Queue {
@@ -138,13 +149,20 @@ struct Queue {
 
 struct Shared {
     queue: Mutex<Queue>,
+    /// Wakes the writer: a thread, or a task.
     wake: Condvar,
+    wake_task: tokio::sync::Notify,
     stats: MetaDbStats,
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn wake(&self) {
+        self.wake.notify_one();
+        self.wake_task.notify_one();
     }
 }
 
@@ -159,6 +177,9 @@ pub struct MetaDb {
     path: PathBuf,
     shared: Arc<Shared>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// The writer, when rounds run in the callers and a runtime task
+    /// instead of a thread of its own (see the module's documentation).
+    inline: Option<Arc<Mutex<Writer>>>,
 }
 
 impl std::fmt::Debug for MetaDb {
@@ -237,32 +258,42 @@ impl MetaDb {
         let path = dir.join(META_DB_FILE);
         let db = open_database(fs, &path)?;
         remove_orphans(fs, &db, &dir, &path)?;
-        let shared =
-            Arc::new(Shared { queue: Mutex::default(), wake: Condvar::new(), stats: MetaDbStats::default() });
+        let shared = Arc::new(Shared {
+            queue: Mutex::default(),
+            wake: Condvar::new(),
+            wake_task: tokio::sync::Notify::new(),
+            stats: MetaDbStats::default(),
+        });
         shared.stats.opens.fetch_add(1, Ordering::Relaxed);
-        let writer = {
-            let (shared, path, fs) = (shared.clone(), path.clone(), fs.clone());
-            std::thread::Builder::new()
+        let mut w = Writer {
+            db: Some(db),
+            fs: fs.clone(),
+            path: path.clone(),
+            shared: shared.clone(),
+            since_durable: Values::new(),
+            last_durable: Instant::now(),
+            rewrite_lazy: false,
+            retry_at: None,
+            retry_after: RETRY_FIRST,
+            last_round: Instant::now(),
+            done: false,
+        };
+        let (writer, inline) = if fs.background_on_runtime() {
+            let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
+                StoreError::io("start the metadata writer task for", &dir, std::io::Error::other(e))
+            })?;
+            let w = Arc::new(Mutex::new(w));
+            runtime.spawn(run_lazy_rounds(w.clone(), shared.clone()));
+            (None, Some(w))
+        } else {
+            let thread = std::thread::Builder::new()
                 .name("replica-meta".into())
-                .spawn(move || {
-                    let mut w = Writer {
-                        db: Some(db),
-                        fs,
-                        path,
-                        shared,
-                        since_durable: Values::new(),
-                        last_durable: Instant::now(),
-                        rewrite_lazy: false,
-                        retry_at: None,
-                        retry_after: RETRY_FIRST,
-                        last_round: Instant::now(),
-                    };
-                    w.run();
-                })
-                .map_err(|e| StoreError::io("spawn the metadata writer for", &dir, e))?
+                .spawn(move || w.run())
+                .map_err(|e| StoreError::io("spawn the metadata writer for", &dir, e))?;
+            (Some(thread), None)
         };
         let me =
-            Arc::new(Self { fs: fs.clone(), given, dir, path, shared, writer: Mutex::new(Some(writer)) });
+            Arc::new(Self { fs: fs.clone(), given, dir, path, shared, writer: Mutex::new(writer), inline });
         registry.insert(key, Arc::downgrade(&me));
         Ok(me)
     }
@@ -334,7 +365,7 @@ impl MetaDb {
                 Some(self.err(format!("replica {} was removed or reopened: write refused", claim.name)))
             }
         };
-        self.shared.wake.notify_one();
+        self.wake();
         let answer = self.answer(rx);
         async move {
             match refused {
@@ -357,7 +388,7 @@ impl MetaDb {
             q.lazy.insert(full_key(&claim.name, key), value);
             drop(q);
             if first {
-                self.shared.wake.notify_one();
+                self.wake();
             }
         }
     }
@@ -376,7 +407,7 @@ impl MetaDb {
             q.lazy.retain(|k, _| !k.starts_with(&prefix));
             q.ops.push(Op::RemovePrefix { prefix, done });
         }
-        self.shared.wake.notify_one();
+        self.wake();
         self.answer(rx)
     }
 
@@ -404,7 +435,7 @@ impl MetaDb {
                 answers.push(self.answer(rx));
             }
         }
-        self.shared.wake.notify_one();
+        self.wake();
         async move {
             for a in answers {
                 a.await?;
@@ -438,7 +469,7 @@ impl MetaDb {
             }
             q.ops.push(Op::Load { prefix: prefix.clone(), done });
         }
-        self.shared.wake.notify_one();
+        self.wake();
         let rows = self.answer(rx);
         async move {
             // A failed removal must not let the load hand back old keys.
@@ -452,6 +483,29 @@ impl MetaDb {
 
     fn err(&self, detail: String) -> StoreError {
         StoreError::Meta { path: self.path.clone(), detail }
+    }
+
+    /// Wakes the writer; without a writer thread, runs the rounds of what
+    /// is queued here and now.
+    fn wake(&self) {
+        match &self.inline {
+            None => self.shared.wake(),
+            Some(writer) => {
+                // The lazy rounds' task reconsiders its wait.
+                self.shared.wake_task.notify_one();
+                let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+                while !w.done {
+                    let round = {
+                        let mut q = self.shared.lock();
+                        if q.ops.is_empty() && !q.closed {
+                            break;
+                        }
+                        take_round(&mut q)
+                    };
+                    w.run_round(round.0, round.1, round.2);
+                }
+            }
+        }
     }
 
     fn answer<T: Send + 'static>(
@@ -471,10 +525,11 @@ impl MetaDb {
 
 impl Drop for MetaDb {
     /// Stops the writer after it has committed (durably) what is queued, so
-    /// the file is closed when this returns and can be opened again.
+    /// the file is closed when this returns and can be opened again (the
+    /// writer thread is joined; without one, the closing round runs here).
     fn drop(&mut self) {
         self.shared.lock().closed = true;
-        self.shared.wake.notify_one();
+        self.wake();
         if let Some(writer) = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = writer.join();
         }
@@ -538,7 +593,7 @@ fn open_database(fs: &Fs, path: &Path) -> Result<Database> {
         crate::fsutil::remove_if_exists(&**fs, &fresh)?;
         crate::fsutil::sync_dir(&**fs, path.parent().unwrap_or(Path::new(".")))?;
     }
-    let started = Instant::now();
+    let started = std::time::Instant::now();
     loop {
         match create(fs, path, OpenMode::ReadWrite) {
             Ok(db) => {
@@ -690,7 +745,8 @@ fn write(
     Ok(())
 }
 
-/// The thread that owns the database and commits rounds of operations.
+/// What owns the database and commits rounds of operations: run by its
+/// thread, or (see the module's documentation) by callers and a task.
 struct Writer {
     db: Option<Database>,
     fs: Fs,
@@ -708,59 +764,116 @@ struct Writer {
     retry_after: Duration,
     /// When the last round ended ([`LAZY_ROUND_EVERY`]).
     last_round: Instant,
+    /// The closing round has run.
+    done: bool,
+}
+
+/// Without a writer thread, the task that runs the rounds of lazy values
+/// (and makes them durable) when they are due, until the database closes.
+async fn run_lazy_rounds(writer: Arc<Mutex<Writer>>, shared: Arc<Shared>) {
+    loop {
+        let wait = {
+            let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+            if w.done {
+                return;
+            }
+            let mut q = shared.lock();
+            match w.wait_before_round(&q) {
+                Some(left) if left.is_zero() => {
+                    let (ops, lazy, closing) = take_round(&mut q);
+                    drop(q);
+                    w.run_round(ops, lazy, closing);
+                    continue;
+                }
+                other => other,
+            }
+        };
+        // A wake-up given while the task did not wait is kept for its next wait.
+        match wait {
+            Some(left) => {
+                let _ = tokio::time::timeout(left, shared.wake_task.notified()).await;
+            }
+            None => shared.wake_task.notified().await,
+        }
+    }
+}
+
+/// Takes the next round's work off the queue: operations, lazy values, and
+/// whether the database closes after it.
+fn take_round(q: &mut Queue) -> (Vec<Op>, Values, bool) {
+    let take = q.ops.len().min(ROUND_OPS_MAX);
+    let ops: Vec<Op> = q.ops.drain(..take).collect();
+    // Lazy values are newer than every durable put of their key queued
+    // before them: take them only with all of those.
+    let lazy = if q.ops.is_empty() { std::mem::take(&mut q.lazy) } else { Values::new() };
+    (ops, lazy, q.closed && q.ops.is_empty())
 }
 
 /// The first wait before a failed round's lazy values are tried again.
 const RETRY_FIRST: Duration = Duration::from_millis(10);
 
 impl Writer {
+    /// The writer as a thread: waits for work, runs rounds, until closed.
     fn run(&mut self) {
         loop {
             let (ops, lazy, closing) = {
                 let mut q = self.shared.lock();
                 loop {
-                    // After a failed round, lazy work waits for the retry
-                    // (a full or failing disk must not make this spin).
-                    let retry_wait =
-                        self.retry_at.map_or(Duration::ZERO, |t| t.saturating_duration_since(Instant::now()));
-                    // Lazy values alone wait for their round.
-                    let lazy_in = (!q.lazy.is_empty())
-                        .then(|| LAZY_ROUND_EVERY.saturating_sub(self.last_round.elapsed()).max(retry_wait));
-                    if !q.ops.is_empty() || q.closed || lazy_in == Some(Duration::ZERO) {
-                        break;
+                    match self.wait_before_round(&q) {
+                        Some(left) if left.is_zero() => break,
+                        Some(left) => {
+                            q = self.shared.wake.wait_timeout(q, left).unwrap_or_else(|p| p.into_inner()).0;
+                        }
+                        None => q = self.shared.wake.wait(q).unwrap_or_else(|p| p.into_inner()),
                     }
-                    if self.since_durable.is_empty() && q.lazy.is_empty() {
-                        q = self.shared.wake.wait(q).unwrap_or_else(|p| p.into_inner());
-                        continue;
-                    }
-                    let durable_in =
-                        LAZY_DURABLE_WITHIN.saturating_sub(self.last_durable.elapsed()).max(retry_wait);
-                    let left = lazy_in.map_or(durable_in, |l| l.min(durable_in));
-                    if left.is_zero() {
-                        break;
-                    }
-                    q = self.shared.wake.wait_timeout(q, left).unwrap_or_else(|p| p.into_inner()).0;
                 }
-                let take = q.ops.len().min(ROUND_OPS_MAX);
-                let ops: Vec<Op> = q.ops.drain(..take).collect();
-                // Lazy values are newer than every durable put of their key
-                // queued before them: take them only with all of those.
-                let lazy = if q.ops.is_empty() { std::mem::take(&mut q.lazy) } else { Values::new() };
-                (ops, lazy, q.closed && q.ops.is_empty())
+                take_round(&mut q)
             };
-            let round =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.round(ops, lazy, closing)));
-            self.last_round = Instant::now();
-            if round.is_err() {
-                // Its waiters were answered by their dropped senders.
-                tracing::error!(db = %self.path.display(), "the metadata writer panicked in a round; reopening the database");
-                self.db = None;
-                self.rewrite_lazy = true;
-            }
-            if closing {
+            if self.run_round(ops, lazy, closing) {
                 return;
             }
         }
+    }
+
+    /// How long to wait before the next round (zero: now; `None`: until
+    /// woken), given what is queued.
+    fn wait_before_round(&self, q: &Queue) -> Option<Duration> {
+        // After a failed round, lazy work waits for the retry (a full or
+        // failing disk must not make this spin).
+        let retry_wait =
+            self.retry_at.map_or(Duration::ZERO, |t| t.saturating_duration_since(Instant::now()));
+        // Lazy values alone wait for their round.
+        let lazy_in = (!q.lazy.is_empty())
+            .then(|| LAZY_ROUND_EVERY.saturating_sub(self.last_round.elapsed()).max(retry_wait));
+        if !q.ops.is_empty() || q.closed || lazy_in == Some(Duration::ZERO) {
+            return Some(Duration::ZERO);
+        }
+        if self.since_durable.is_empty() && q.lazy.is_empty() {
+            return None;
+        }
+        let durable_in = LAZY_DURABLE_WITHIN.saturating_sub(self.last_durable.elapsed()).max(retry_wait);
+        Some(lazy_in.map_or(durable_in, |l| l.min(durable_in)))
+    }
+
+    /// Runs one round; whether it was the last (the database closed).
+    fn run_round(&mut self, ops: Vec<Op>, lazy: Values, closing: bool) -> bool {
+        let round = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.round(ops, lazy, closing)));
+        self.last_round = Instant::now();
+        if round.is_err() {
+            // Its waiters were answered by their dropped senders. Lazy work
+            // waits for the retry, as after a failed commit (no spinning).
+            tracing::error!(db = %self.path.display(), "the metadata writer panicked in a round; reopening the database");
+            self.db = None;
+            self.rewrite_lazy = true;
+            self.retry_at = Some(Instant::now() + self.retry_after);
+            self.retry_after = (self.retry_after * 2).min(LAZY_DURABLE_WITHIN);
+        }
+        if closing {
+            // The file is closed now, whoever still holds the writer.
+            self.db = None;
+            self.done = true;
+        }
+        closing
     }
 
     /// Commits one round: durable operations in order, then the latest lazy

@@ -7,7 +7,9 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+// tokio's clock: the OS's monotonic clock, except in a simulation whose
+// runtime pauses time (then it is the simulated time).
+use tokio::time::Instant;
 
 use bytes::Bytes;
 

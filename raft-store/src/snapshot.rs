@@ -374,7 +374,7 @@ mod meta_json {
                 .map_err(serde::de::Error::custom)?;
             return Ok(SnapshotMeta {
                 last_log_id: m.last_log_id,
-                last_membership: StoredMembership::new(m.last_membership.log_id().clone(), membership),
+                last_membership: StoredMembership::new(*m.last_membership.log_id(), membership),
             });
         }
         let m: MetaJson = serde_json::from_value(value).map_err(serde::de::Error::custom)?;

@@ -14,6 +14,7 @@ openraft::declare_raft_types!(
     pub TypeConfig:
         D = RecordBatch,
         R = AppendResult,
+        AsyncRuntime = crate::runtime::RaftRuntime,
 );
 
 /// A replica's Raft node id. Unique within its group and never reused.

@@ -255,6 +255,7 @@ impl<T: PeerTransport> RaftNetworkV2<TypeConfig> for Link<T> {
             .map_err(|e| StreamingError::Unreachable(Unreachable::new(&e)))?;
         let send = self.transport.install_snapshot(self.target, &self.addr, chunks, option.hard_ttl());
         let reply = tokio::select! {
+            biased;
             closed = cancel => return Err(StreamingError::Closed(closed)),
             r = send => r.map_err(|e| StreamingError::Unreachable(Unreachable::from_string(e)))?,
         };

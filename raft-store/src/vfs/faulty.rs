@@ -136,6 +136,8 @@ struct State {
     stats: FaultyStats,
     /// Cut the power before this many more changing operations.
     cut_after: Option<(u64, PowerCut)>,
+    /// See [`FaultyFs::simulated`].
+    on_runtime: bool,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -188,8 +190,17 @@ impl FaultyFs {
             rng: seed | 1,
             stats: FaultyStats::default(),
             cut_after: None,
+            on_runtime: false,
         };
         Self { inner: Arc::new(Mutex::new(state)), id: NEXT_ID.fetch_add(1, Ordering::Relaxed) }
+    }
+
+    /// Makes the store run its background work on this file system as tasks
+    /// of the tokio runtime that opens it (see
+    /// [`Vfs::background_on_runtime`]): for a deterministic simulation.
+    pub fn simulated(self) -> Self {
+        self.state().on_runtime = true;
+        self
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -563,6 +574,10 @@ impl Vfs for FaultyMount {
 
     fn incarnation(&self) -> u64 {
         (self.fs.id << 32) | self.incarnation
+    }
+
+    fn background_on_runtime(&self) -> bool {
+        self.fs.state().on_runtime
     }
 }
 

@@ -100,6 +100,16 @@ pub trait Vfs: Send + Sync + Debug {
     /// open databases key by it (with the path), so that after a simulated
     /// power cut nothing opened before it is handed out again.
     fn incarnation(&self) -> u64;
+
+    /// Whether the store's background work on this file system (the
+    /// flusher's sync rounds, the metadata database's writer) runs as tasks
+    /// of the tokio runtime that opens it instead of on threads of its own.
+    /// Only for a deterministic simulation, which runs everything on one
+    /// thread with simulated time; only an in-memory file system, whose
+    /// syncs never block, may say yes. Default: no.
+    fn background_on_runtime(&self) -> bool {
+        false
+    }
 }
 
 /// An open file.

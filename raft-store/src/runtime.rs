@@ -1,0 +1,152 @@
+//! The async runtime every Raft group runs on: tokio, as openraft's own
+//! tokio runtime provides it, with one difference. The random numbers the
+//! Raft library draws (randomized election timeouts, Raft paper §5.2, and
+//! its ticker's first wait) come from a generator that a deterministic
+//! simulation can seed for its thread ([`seed_thread_rng`]), so one seed
+//! replays the same elections. Unseeded, each draw comes from rand's
+//! thread-local generator, as with openraft's runtime.
+
+use std::cell::Cell;
+use std::convert::Infallible;
+use std::future::Future;
+use std::time::Duration;
+
+use openraft::{AsyncRuntime, OptionalSend};
+use openraft_rt_tokio::TokioRuntime;
+use rand::TryRng;
+
+thread_local! {
+    /// The state of this thread's seeded generator, if a simulation set one.
+    static SEEDED: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// Seeds the generator the Raft library draws from on this thread (`None`:
+/// back to the OS-seeded thread-local generator). For deterministic
+/// simulations, which run a whole group on one thread; nothing else should
+/// call it.
+pub fn seed_thread_rng(seed: Option<u64>) {
+    SEEDED.with(|s| s.set(seed));
+}
+
+/// The Raft library's random numbers: from this thread's seeded sequence
+/// (splitmix64) when [`seed_thread_rng`] set one, else from rand's
+/// thread-local generator.
+#[derive(Debug, Default)]
+pub struct RaftRng;
+
+impl TryRng for RaftRng {
+    type Error = Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Infallible> {
+        self.try_next_u64().map(|v| (v >> 32) as u32)
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Infallible> {
+        let seeded = SEEDED.with(|s| {
+            let state = s.get()?.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            s.set(Some(state));
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            Some(z ^ (z >> 31))
+        });
+        Ok(seeded.unwrap_or_else(|| rand::Rng::next_u64(&mut rand::rng())))
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {
+        for chunk in dst.chunks_mut(8) {
+            let bytes = self.try_next_u64()?.to_le_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+        Ok(())
+    }
+}
+
+/// openraft's tokio runtime with [`RaftRng`] as its random numbers.
+#[derive(Debug)]
+pub struct RaftRuntime(TokioRuntime);
+
+type Tokio = TokioRuntime;
+
+impl AsyncRuntime for RaftRuntime {
+    type JoinError = <Tokio as AsyncRuntime>::JoinError;
+    type JoinHandle<T: OptionalSend + 'static> = <Tokio as AsyncRuntime>::JoinHandle<T>;
+    type Sleep = <Tokio as AsyncRuntime>::Sleep;
+    type Instant = <Tokio as AsyncRuntime>::Instant;
+    type TimeoutError = <Tokio as AsyncRuntime>::TimeoutError;
+    type Timeout<R, T: Future<Output = R> + OptionalSend> = <Tokio as AsyncRuntime>::Timeout<R, T>;
+    type ThreadLocalRng = RaftRng;
+    type Mpsc = <Tokio as AsyncRuntime>::Mpsc;
+    type Watch = <Tokio as AsyncRuntime>::Watch;
+    type Oneshot = <Tokio as AsyncRuntime>::Oneshot;
+    type Mutex<T: OptionalSend + 'static> = <Tokio as AsyncRuntime>::Mutex<T>;
+
+    fn spawn<T>(future: T) -> Self::JoinHandle<T::Output>
+    where
+        T: Future + OptionalSend + 'static,
+        T::Output: OptionalSend + 'static,
+    {
+        Tokio::spawn(future)
+    }
+
+    fn sleep(duration: Duration) -> Self::Sleep {
+        Tokio::sleep(duration)
+    }
+
+    fn sleep_until(deadline: Self::Instant) -> Self::Sleep {
+        Tokio::sleep_until(deadline)
+    }
+
+    fn timeout<R, F: Future<Output = R> + OptionalSend>(
+        duration: Duration,
+        future: F,
+    ) -> Self::Timeout<R, F> {
+        Tokio::timeout(duration, future)
+    }
+
+    fn timeout_at<R, F: Future<Output = R> + OptionalSend>(
+        deadline: Self::Instant,
+        future: F,
+    ) -> Self::Timeout<R, F> {
+        Tokio::timeout_at(deadline, future)
+    }
+
+    fn is_panic(join_error: &Self::JoinError) -> bool {
+        Tokio::is_panic(join_error)
+    }
+
+    fn thread_rng() -> Self::ThreadLocalRng {
+        RaftRng
+    }
+
+    fn new(threads: usize) -> Self {
+        Self(Tokio::new(threads))
+    }
+
+    fn block_on<F, T>(&mut self, future: F) -> T
+    where
+        F: Future<Output = T>,
+    {
+        self.0.block_on(future)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::RngExt;
+
+    use super::*;
+
+    #[test]
+    fn a_seeded_thread_draws_the_same_sequence_again() {
+        let draw = || (0..8).map(|_| RaftRuntime::thread_rng().random_range(150..300u64)).collect::<Vec<_>>();
+        seed_thread_rng(Some(42));
+        let first = draw();
+        seed_thread_rng(Some(42));
+        assert_eq!(draw(), first);
+        seed_thread_rng(Some(43));
+        assert_ne!(draw(), first, "another seed, another sequence");
+        seed_thread_rng(None);
+        assert!(first.iter().all(|t| (150..300).contains(t)));
+    }
+}
