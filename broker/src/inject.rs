@@ -13,16 +13,13 @@ pub const ENV: &str = "FERROLOG_INJECT_BUG";
 /// A bug that can be injected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bug {
-    /// `ack-before-commit`: a leader answers a produce whose commit takes
-    /// longer than [`ACK_EARLY_MS`] as if it had committed, at the offset
-    /// its log ended at when it proposed it. A leader killed or cut off
-    /// before replicating then loses acknowledged records, and a guessed
-    /// offset may hold another record.
+    /// `ack-before-commit`: every partition replica's node gets
+    /// [`ferrolog_replica::InjectedBug::AckBeforeCommit`] (a leader answers
+    /// a produce whose commit takes longer than 2 ms as if it had
+    /// committed, at a guessed offset), the same switch the deterministic
+    /// simulation turns on.
     AckBeforeCommit,
 }
-
-/// How long the `ack-before-commit` bug waits for a real commit, ms.
-pub const ACK_EARLY_MS: u64 = 2;
 
 static ACTIVE: LazyLock<Option<Bug>> = LazyLock::new(|| {
     if !cfg!(debug_assertions) {

@@ -589,6 +589,9 @@ impl Reconciler {
         // Elections of partition groups are started by crate::control::quiesce
         // (spread out, with back-off), never by the node's own per-group timer.
         raft.set_elections(false);
+        if crate::inject::active(crate::inject::Bug::AckBeforeCommit) {
+            raft.inject(ferrolog_replica::InjectedBug::AckBeforeCommit);
+        }
         let p = Arc::new(Partition::new(
             topic.to_owned(),
             partition,

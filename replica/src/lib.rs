@@ -28,8 +28,10 @@
 //!   rides along with the next request of its replication stream.
 //! - [`snapshot`]: a snapshot's files streamed in chunks and staged.
 //! - [`settings`]: Raft timings and the behaviour every group relies on.
+//! - [`inject`]: bugs a test turns on to show its checker catches them.
 
 mod commit_notice;
+pub mod inject;
 pub mod lifecycle;
 pub mod node;
 pub mod settings;
@@ -37,6 +39,7 @@ pub mod snapshot;
 pub mod state;
 pub mod transport;
 
+pub use inject::InjectedBug;
 pub use lifecycle::{dormant_count, woken_by, woken_count};
 pub use node::{Appended, HandleError, NodeError, Pending, ProposeError, RaftNode, candidate_last_log};
 pub use settings::{Settings, SettingsError, Timings, ValidSettings};

@@ -125,6 +125,8 @@ pub(crate) struct Lifecycle {
     incarnation: tokio::sync::watch::Sender<u64>,
     /// Shut down for good (or could not start again).
     stopped: AtomicBool,
+    /// [`crate::InjectedBug::AckBeforeCommit`] is on (debug builds only).
+    pub(crate) ack_before_commit: AtomicBool,
     /// Until when (ms since [`ORIGIN`]) the dormant node keeps the lease of
     /// the leader whose heartbeat it acknowledged from its kept state: as a
     /// running follower does (Raft thesis §4.2.3, §6.4), it refuses other
@@ -173,8 +175,14 @@ impl Lifecycle {
             elections: AtomicBool::new(config.enable_elect),
             incarnation: tokio::sync::watch::Sender::new(0),
             stopped: AtomicBool::new(false),
+            ack_before_commit: AtomicBool::new(false),
             lease_until_ms: AtomicU64::new(0),
         }
+    }
+
+    /// The replica the node runs over.
+    pub(crate) fn replica(&self) -> &Replica {
+        &self.replica
     }
 
     fn slot(&self) -> std::sync::RwLockReadGuard<'_, Slot> {

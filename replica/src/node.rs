@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ferrolog_proto::raft as pb;
@@ -77,6 +78,9 @@ pub struct Pending {
         TypeConfig,
         Result<openraft::raft::ClientWriteResponse<TypeConfig>, ClientWriteError<TypeConfig>>,
     >,
+    /// With [`crate::InjectedBug::AckBeforeCommit`] on: the answer it
+    /// gives if the commit takes longer than [`crate::inject::ACK_EARLY_MS`].
+    early: Option<AppendResult>,
 }
 
 impl Pending {
@@ -87,7 +91,17 @@ impl Pending {
     /// [`ProposeError::NotLeader`] if leadership moved first;
     /// [`ProposeError::Unavailable`] if the node stopped or dropped it.
     pub async fn committed(self) -> Result<AppendResult, ProposeError> {
-        match self.rx.await {
+        let answer = match self.early {
+            None => self.rx.await,
+            Some(guess) => {
+                let early = Duration::from_millis(crate::inject::ACK_EARLY_MS);
+                match tokio::time::timeout(early, self.rx).await {
+                    Ok(answer) => answer,
+                    Err(_) => return Ok(guess),
+                }
+            }
+        };
+        match answer {
             Ok(Ok(resp)) => Ok(resp.data),
             Ok(Err(ClientWriteError::ForwardToLeader(f))) => {
                 Err(ProposeError::NotLeader { leader: f.leader_id })
@@ -249,6 +263,21 @@ impl RaftNode {
         Some(wire::vote_response_to_wire(&refused))
     }
 
+    /// Turns `bug` on for this node and its clones, for a checker's
+    /// negative control ([`crate::inject`]); says so at error level.
+    /// Returns whether it is on: only debug builds honour it.
+    pub fn inject(&self, bug: crate::InjectedBug) -> bool {
+        if !cfg!(debug_assertions) {
+            tracing::error!(?bug, "a release build injects no bug");
+            return false;
+        }
+        match bug {
+            crate::InjectedBug::AckBeforeCommit => self.life.ack_before_commit.store(true, Ordering::Relaxed),
+        }
+        tracing::error!(?bug, "AN INJECTED BUG IS ACTIVE: this replica breaks its guarantees on purpose");
+        true
+    }
+
     /// The timings it runs with.
     pub fn timings(&self) -> Timings {
         self.timings
@@ -349,6 +378,11 @@ impl RaftNode {
             }
             Err(f) => return Err(ProposeError::NotLeader { leader: f.leader_id }),
         };
+        // Only the injected bug needs it (it takes the log's lock).
+        let early = self.life.ack_before_commit.load(Ordering::Relaxed).then(|| AppendResult {
+            base_offset: self.life.replica().log_end_offset(),
+            record_count: batch.record_count,
+        });
         let (responder, rx) = ProgressResponder::complete_only();
         leader
             .write(batch)
@@ -356,7 +390,7 @@ impl RaftNode {
             .responder(responder)
             .await
             .map_err(|e| ProposeError::Unavailable(format!("raft stopped: {e}")))?;
-        Ok(Pending { rx })
+        Ok(Pending { rx, early })
     }
 
     /// Proposes `batch` and waits until it is committed and applied.

@@ -530,26 +530,9 @@ impl Partition {
         // its outcome even if this request is cancelled (a client timeout
         // drops this future): a reservation must never outlive its write.
         let this = self.clone();
-        // Only the injected bug needs it (it takes the log's lock).
-        let guessed_offset = if crate::inject::active(crate::inject::Bug::AckBeforeCommit) {
-            self.replica.log_end_offset()
-        } else {
-            0
-        };
         let settled = tokio::spawn(
             async move {
-                let result = if crate::inject::active(crate::inject::Bug::AckBeforeCommit) {
-                    let early = Duration::from_millis(crate::inject::ACK_EARLY_MS);
-                    match tokio::time::timeout(early, pending.committed()).await {
-                        Ok(r) => r,
-                        Err(_) => Ok(ferrolog_raft_store::AppendResult {
-                            base_offset: guessed_offset,
-                            record_count: count,
-                        }),
-                    }
-                } else {
-                    pending.committed().await
-                };
+                let result = pending.committed().await;
                 let mut seq = this.sequencer.lock().await;
                 seq.complete(pid, first);
                 this.sequence_advanced.notify_waiters();
