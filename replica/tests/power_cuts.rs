@@ -23,33 +23,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::Local;
+use common::{Local, value_batch, value_of};
 use ferrolog_raft_store::vfs::{Faults, FaultyFs, PowerCut, Vfs};
-use ferrolog_raft_store::{Flusher, RecordBatch, Replica, StoreConfig};
-use ferrolog_replica::{NodeId, RaftNode, Settings, ValidSettings};
+use ferrolog_raft_store::{Flusher, Replica, StoreConfig};
+use ferrolog_replica::{NodeId, RaftNode};
 
 const GROUP: u64 = 7;
 const WAIT: Duration = Duration::from_secs(30);
 /// Nemesis steps per seed.
 const STEPS: u32 = 24;
-
-fn settings() -> ValidSettings {
-    Settings {
-        heartbeat_interval_ms: 50,
-        election_timeout_min_ms: 300,
-        election_timeout_max_ms: 600,
-        // Snapshot transfer stages through the OS's file system; this test
-        // keeps every replica on its fault-injecting disk.
-        snapshot_after_entries: None,
-        max_payload_entries: 16,
-    }
-    .validate()
-    .expect("settings")
-}
-
-fn dir() -> &'static Path {
-    Path::new("/data/replica")
-}
 
 struct Member {
     node: RaftNode,
@@ -60,9 +42,10 @@ struct Member {
 /// process after a power cut).
 async fn start(id: NodeId, disk: &FaultyFs, net: &Local, staging: &Path) -> Member {
     let flusher = Flusher::spawn_on(&format!("n{id}"), disk.mount()).expect("flusher");
-    let replica =
-        Replica::open(dir(), StoreConfig::default(), flusher).expect("replica opens after a power cut");
-    let node = RaftNode::start(GROUP, id, &settings(), &replica, net.as_node(id)).await.expect("start");
+    let replica = Replica::open(common::replica_dir(), StoreConfig::default(), flusher)
+        .expect("replica opens after a power cut");
+    let node =
+        RaftNode::start(GROUP, id, &common::disk_settings(), &replica, net.as_node(id)).await.expect("start");
     net.nodes.lock().expect("nodes").insert(id, (node.clone(), staging.to_owned()));
     Member { node, replica }
 }
@@ -70,27 +53,7 @@ async fn start(id: NodeId, disk: &FaultyFs, net: &Local, staging: &Path) -> Memb
 /// Cuts the power of node `id`: its disk keeps only what was fsynced, and
 /// nothing of the process reaches it any more.
 async fn power_cut(id: NodeId, member: Member, disk: &FaultyFs, how: PowerCut, net: &Local) {
-    disk.power_cut(how);
-    net.nodes.lock().expect("nodes").remove(&id);
-    let _ = member.node.shutdown().await;
-    drop(member);
-}
-
-fn value_batch(value: u64) -> RecordBatch {
-    RecordBatch {
-        record_count: 1 + (value % 3) as u32,
-        first_timestamp_ms: value as i64,
-        max_timestamp_ms: value as i64,
-        producer_id: -1,
-        records: bytes::Bytes::from(format!("v{value:010}:").repeat(1 + (value % 40) as usize)),
-        ..RecordBatch::default()
-    }
-}
-
-fn value_of(records: &[u8]) -> Option<u64> {
-    let digits = records.strip_prefix(b"v")?;
-    let end = digits.iter().position(|b| *b == b':')?;
-    std::str::from_utf8(&digits[..end]).ok()?.parse().ok()
+    net.power_cut(id, &member.node, disk, how).await;
 }
 
 /// What the producers were told.
