@@ -7,6 +7,9 @@
 //! nemesis, which isolates replicas, cuts the power of one replica or of
 //! all three at once, makes a replica's disk fail (EIO on fsync or on
 //! write, or full) until an operator power-cycles it, and restarts them.
+//! As the broker does, a replica whose group stopped on an error (or that
+//! fails to start) is restarted with every segment verified. Segments are
+//! small (4 KiB), so every seed seals many.
 //! One seed replays exactly: the same events at the same simulated times
 //! (checked by a test).
 //!
@@ -31,8 +34,9 @@
 //! interleavings may differ from run to run; the checks hold all the same.
 //! `FERROLOG_SIM_SEEDS=10000` (and `--release`) runs more, from
 //! `FERROLOG_SIM_SEED` (default 1); `FERROLOG_SIM_SEED=n FERROLOG_SIM_SEEDS=1`
-//! replays seed `n`, and `FERROLOG_SIM_NOTE=1` adds every AppendEntries
-//! sent to the trace a failing seed prints.
+//! replays seed `n`, `FERROLOG_SIM_NOTE=1` adds every AppendEntries sent
+//! to the trace a failing seed prints, `FERROLOG_SIM_TAIL` sets how many of
+//! its last events it prints (30).
 //!
 //! The checker holds the guarantees jepsen's checker holds for real
 //! clusters: after everything is healed and restarted, a leader is elected
@@ -166,23 +170,50 @@ struct Member {
     replica: Replica,
 }
 
-/// Starts node `id` on what its disk holds now (a new process).
-async fn start(id: NodeId, disk: &FaultyFs, net: &Local, staging: &Path, bug: Bug) -> Result<Member, String> {
-    let flusher = match bug {
-        Bug::None | Bug::AckBeforeCommit => Flusher::spawn_on(&format!("n{id}"), disk.mount()),
-        Bug::AckBeforeFsync => Flusher::spawn_without_fsync_unsafe(&format!("n{id}"), disk.mount()),
+/// The store's settings: small segments, so that every seed seals many.
+fn store_config() -> StoreConfig {
+    StoreConfig { segment_bytes: 4096, index_interval_bytes: 256, ..StoreConfig::default() }
+}
+
+/// Starts node `id` on what its disk holds now (a new process); with
+/// `rescan`, every segment is verified first. As the broker does, a start
+/// that fails is tried again with every segment verified.
+async fn start(
+    id: NodeId,
+    disk: &FaultyFs,
+    net: &Local,
+    staging: &Path,
+    bug: Bug,
+    rescan: bool,
+) -> Result<Member, String> {
+    let mut failed: Option<String> = None;
+    for verify in [rescan, true] {
+        let attempt = async {
+            let flusher = match bug {
+                Bug::None | Bug::AckBeforeCommit => Flusher::spawn_on(&format!("n{id}"), disk.mount()),
+                Bug::AckBeforeFsync => Flusher::spawn_without_fsync_unsafe(&format!("n{id}"), disk.mount()),
+            }
+            .map_err(|e| format!("node {id}: flusher: {e}"))?;
+            let replica = Replica::open_with(common::replica_dir(), store_config(), flusher, verify)
+                .map_err(|e| format!("node {id} does not open after a power cut: {e}"))?;
+            let node = RaftNode::start(GROUP, id, &common::disk_settings(), &replica, net.as_node(id))
+                .await
+                .map_err(|e| format!("node {id} does not start: {e}"))?;
+            Ok::<_, String>(Member { id, node, replica })
+        };
+        match attempt.await {
+            Ok(member) => {
+                if bug == Bug::AckBeforeCommit {
+                    assert!(member.node.inject(InjectedBug::AckBeforeCommit), "debug builds inject bugs");
+                }
+                net.nodes.lock().expect("nodes").insert(id, (member.node.clone(), staging.to_owned()));
+                return Ok(member);
+            }
+            Err(e) if verify => return Err(failed.map_or(e.clone(), |f| format!("{f}; verified: {e}"))),
+            Err(e) => failed = Some(e),
+        }
     }
-    .map_err(|e| format!("node {id}: flusher: {e}"))?;
-    let replica = Replica::open(common::replica_dir(), StoreConfig::default(), flusher)
-        .map_err(|e| format!("node {id} does not open after a power cut: {e}"))?;
-    let node = RaftNode::start(GROUP, id, &common::disk_settings(), &replica, net.as_node(id))
-        .await
-        .map_err(|e| format!("node {id} does not start: {e}"))?;
-    if bug == Bug::AckBeforeCommit {
-        assert!(node.inject(InjectedBug::AckBeforeCommit), "debug builds inject bugs");
-    }
-    net.nodes.lock().expect("nodes").insert(id, (node.clone(), staging.to_owned()));
-    Ok(Member { id, node, replica })
+    Err(failed.unwrap_or_default())
 }
 
 /// Cuts node `id`'s power: its disk keeps only what was fsynced, and
@@ -311,15 +342,36 @@ fn log_of(member: &Member) -> Result<Vec<(u64, u64)>, String> {
     }
 }
 
-/// What one seed did.
-struct Outcome {
-    acked: usize,
+/// What seeds did: the work behind the checks, summed over seeds.
+#[derive(Clone, Copy, Debug, Default)]
+struct Counts {
+    /// Writes acknowledged as committed.
+    acked: u64,
+    /// Batches served to readers (the same batch counts each time).
     reads: u64,
-    power_cuts: u32,
+    power_cuts: u64,
     /// Disks made to fail (EIO on fsync or write, or full).
-    disk_faults: u32,
+    disk_faults: u64,
     /// Errors those disks returned to the store.
     injected_errors: u64,
+    /// Groups that stopped on an error and were restarted.
+    restarts: u64,
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, o: Self) {
+        self.acked += o.acked;
+        self.reads += o.reads;
+        self.power_cuts += o.power_cuts;
+        self.disk_faults += o.disk_faults;
+        self.injected_errors += o.injected_errors;
+        self.restarts += o.restarts;
+    }
+}
+
+/// What one seed did.
+struct Outcome {
+    counts: Counts,
     /// Of the trace: equal for two runs of one seed.
     digest: u64,
     /// The trace's events.
@@ -329,14 +381,7 @@ struct Outcome {
 
 impl std::fmt::Debug for Outcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Outcome")
-            .field("acked", &self.acked)
-            .field("reads", &self.reads)
-            .field("power_cuts", &self.power_cuts)
-            .field("disk_faults", &self.disk_faults)
-            .field("injected_errors", &self.injected_errors)
-            .field("digest", &self.digest)
-            .finish_non_exhaustive()
+        write!(f, "{:?}, digest {:x}", self.counts, self.digest)
     }
 }
 
@@ -375,7 +420,7 @@ fn simulate(seed: u64, bug: Bug) -> Result<Outcome, String> {
         format!(
             "seed {seed}: {e}\nlast events:\n{}\nreplay with FERROLOG_SIM_SEED={seed} FERROLOG_SIM_SEEDS=1 \
              FERROLOG_SIM_NOTE=1 and the command in replica/tests/simulation.rs",
-            trace.tail(30)
+            trace.tail(env("FERROLOG_SIM_TAIL").unwrap_or(30) as usize)
         )
     })
 }
@@ -403,7 +448,7 @@ async fn run_seed(seed: u64, bug: Bug, trace: Trace) -> Result<Outcome, String> 
     };
     let take = |id: NodeId| members.lock().expect("members").remove(&id);
     for id in NODES {
-        add(id, start(id, &disks[&id], &net, staging.path(), bug).await?);
+        add(id, start(id, &disks[&id], &net, staging.path(), bug, false).await?);
     }
     let voters: BTreeMap<NodeId, String> = NODES.iter().map(|id| (*id, format!("n{id}"))).collect();
     let first = members.lock().expect("members")[&1].node.clone();
@@ -425,7 +470,10 @@ async fn run_seed(seed: u64, bug: Bug, trace: Trace) -> Result<Outcome, String> 
         stop.clone(),
     )));
 
-    let (mut power_cuts, mut disk_faults) = (0, 0);
+    let mut counts = Counts::default();
+    // Nodes to reopen with every segment verified: their group stopped on
+    // an error (the broker's rule).
+    let mut rescan: std::collections::BTreeSet<NodeId> = Default::default();
     // Nodes whose power is off, and the step at which each comes back.
     let mut down: BTreeMap<NodeId, u32> = BTreeMap::new();
     // Nodes whose disk fails, and the step at which an operator restarts
@@ -436,8 +484,39 @@ async fn run_seed(seed: u64, bug: Bug, trace: Trace) -> Result<Outcome, String> 
         let back: Vec<NodeId> = down.iter().filter(|(_, until)| **until <= step).map(|(id, _)| *id).collect();
         for id in back {
             down.remove(&id);
-            trace.log(format!("restart {id}"));
-            add(id, start(id, &disks[&id], &net, staging.path(), bug).await?);
+            let rescan = rescan.remove(&id);
+            trace.log(format!("restart {id}{}", if rescan { " with every segment verified" } else { "" }));
+            add(id, start(id, &disks[&id], &net, staging.path(), bug, rescan).await?);
+        }
+        for (id, m) in members.lock().expect("members").iter() {
+            let state = m.node.state(|s| {
+                format!(
+                    "{:?} term {} last {:?} committed {:?} applied {:?}",
+                    s.role(),
+                    s.term(),
+                    s.last_log_index(),
+                    s.committed().map(|p| p.index),
+                    s.last_applied().map(|p| p.index)
+                )
+            });
+            trace.log(format!("node {id}: {state}"));
+        }
+        // The broker's part: a group stopped on an error is restarted
+        // (here with a power cycle), its segments verified.
+        let stopped: Vec<(NodeId, String)> = members
+            .lock()
+            .expect("members")
+            .iter()
+            .filter_map(|(id, m)| m.node.state(|s| s.fatal()).map(|e| (*id, e)))
+            .collect();
+        for (id, error) in stopped {
+            trace.log(format!("node {id} stopped ({error}); restarting it"));
+            let member = take(id).ok_or("a member is not running")?;
+            power_cut(id, member, &disks[&id], PowerCut::Clean, &net).await;
+            failing.remove(&id);
+            rescan.insert(id);
+            counts.restarts += 1;
+            down.insert(id, step + 1);
         }
         let how = if rng.below(2) == 0 { PowerCut::Clean } else { PowerCut::Torn };
         let cycle: Vec<NodeId> = failing.iter().filter(|(_, at)| **at <= step).map(|(id, _)| *id).collect();
@@ -454,7 +533,7 @@ async fn run_seed(seed: u64, bug: Bug, trace: Trace) -> Result<Outcome, String> 
                 trace.log(format!("power cut {id} {how:?}"));
                 let member = take(id).ok_or("a member is not running")?;
                 power_cut(id, member, &disks[&id], how, &net).await;
-                power_cuts += 1;
+                counts.power_cuts += 1;
                 failing.remove(&id);
                 down.insert(id, step + 1 + rng.below(3) as u32);
             }
@@ -463,7 +542,7 @@ async fn run_seed(seed: u64, bug: Bug, trace: Trace) -> Result<Outcome, String> 
                 for id in NODES {
                     let member = take(id).ok_or("a member is not running")?;
                     power_cut(id, member, &disks[&id], how, &net).await;
-                    power_cuts += 1;
+                    counts.power_cuts += 1;
                     down.insert(id, step + 1);
                 }
                 failing.clear();
@@ -480,10 +559,10 @@ async fn run_seed(seed: u64, bug: Bug, trace: Trace) -> Result<Outcome, String> 
                 };
                 trace.log(format!("disk of {id}: {what}"));
                 disks[&id].set_faults(faults);
-                disk_faults += 1;
+                counts.disk_faults += 1;
                 failing.insert(id, step + 1 + rng.below(3) as u32);
             }
-            4..=6 => {
+            4..=7 => {
                 let id = 1 + rng.below(3);
                 trace.log(format!("isolate {id}"));
                 net.cut_off.lock().expect("cut off").insert(id);
@@ -504,7 +583,8 @@ async fn run_seed(seed: u64, bug: Bug, trace: Trace) -> Result<Outcome, String> 
         down.insert(id, 0);
     }
     for id in std::mem::take(&mut down).into_keys() {
-        add(id, start(id, &disks[&id], &net, staging.path(), bug).await?);
+        let rescan = rescan.contains(&id);
+        add(id, start(id, &disks[&id], &net, staging.path(), bug, rescan).await?);
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::Relaxed);
@@ -517,16 +597,11 @@ async fn run_seed(seed: u64, bug: Bug, trace: Trace) -> Result<Outcome, String> 
         let _ = m.node.shutdown().await;
     }
     let (acked, reads) = outcome?;
-    let injected_errors = disks.values().map(|d| d.stats().injected_errors).sum();
-    Ok(Outcome {
-        acked,
-        reads,
-        power_cuts,
-        disk_faults,
-        injected_errors,
-        digest: trace.digest(),
-        events: trace.events(),
-    })
+    counts.acked = acked as u64;
+    counts.reads = reads;
+    counts.injected_errors = disks.values().map(|d| d.stats().injected_errors).sum();
+    trace.log(format!("done: {counts:?}"));
+    Ok(Outcome { counts, digest: trace.digest(), events: trace.events() })
 }
 
 /// Liveness, then the safety checks of the module's documentation.
@@ -607,30 +682,23 @@ fn many_seeds() {
     let threads: Vec<_> = (0..THREADS)
         .map(|t| {
             std::thread::spawn(move || {
-                let (mut acked, mut reads, mut cuts, mut faults, mut errors) = (0, 0, 0, 0, 0);
+                let mut counts = Counts::default();
                 for seed in (first + t..first + seeds).step_by(THREADS as usize) {
                     let o = simulate(seed, Bug::None).map_err(|e| (seed, e))?;
-                    acked += o.acked;
-                    reads += o.reads;
-                    cuts += o.power_cuts;
-                    faults += o.disk_faults;
-                    errors += o.injected_errors;
+                    counts += o.counts;
                     if seeds <= 3 {
                         println!("seed {seed}: {o:?}");
                     }
                 }
-                Ok::<_, (u64, String)>((acked, reads, cuts, faults, errors))
+                Ok::<_, (u64, String)>(counts)
             })
         })
         .collect();
-    let (mut acked, mut reads, mut cuts, mut faults, mut errors) = (0, 0, 0, 0, 0);
+    let mut c = Counts::default();
     let mut failed: Vec<(u64, String)> = Vec::new();
     for t in threads {
         match t.join().expect("a simulation thread panicked") {
-            Ok((a, r, c, d, e)) => {
-                (acked, reads, cuts, faults, errors) =
-                    (acked + a, reads + r, cuts + c, faults + d, errors + e);
-            }
+            Ok(counts) => c += counts,
             Err(f) => failed.push(f),
         }
     }
@@ -638,16 +706,18 @@ fn many_seeds() {
     if let Some((_, e)) = failed.first() {
         panic!("{e}");
     }
-    println!(
-        "{seeds} seeds from {first}: {acked} acknowledged writes, {reads} reads, {cuts} power cuts, \
-         {faults} failing disks ({errors} errors returned), no violation"
+    println!("{seeds} seeds from {first}, no violation: {c:?}");
+    // The seeds must have done work, or the checks above checked nothing.
+    assert!(c.acked >= 20 * seeds, "only {} writes acknowledged in {seeds} seeds", c.acked);
+    assert!(c.reads >= 10 * seeds, "only {} batches read in {seeds} seeds", c.reads);
+    if seeds >= 20 {
+        assert!(c.power_cuts >= seeds / 2, "only {} power cuts in {seeds} seeds", c.power_cuts);
+        assert!(c.disk_faults >= seeds / 10, "only {} failing disks in {seeds} seeds", c.disk_faults);
+    }
+    assert!(
+        c.disk_faults == 0 || c.injected_errors > 0,
+        "failing disks returned no error to the store: {c:?}"
     );
-    // Every seed must have done work, or the checks above checked nothing.
-    assert!(acked as u64 >= 20 * seeds, "only {acked} writes acknowledged in {seeds} seeds");
-    assert!(reads >= 10 * seeds, "only {reads} reads in {seeds} seeds");
-    assert!(seeds < 20 || cuts as u64 >= seeds / 2, "only {cuts} power cuts in {seeds} seeds");
-    assert!(seeds < 20 || faults as u64 >= seeds / 10, "only {faults} failing disks in {seeds} seeds");
-    assert!(faults == 0 || errors > 0, "{faults} disks were made to fail, yet no error reached the store");
 }
 
 /// Two runs of one seed see the same events at the same simulated times
@@ -667,7 +737,7 @@ fn a_seed_replays_exactly() {
                 b.events[first..].iter().take(8).cloned().collect::<Vec<_>>().join("\n"),
             );
         }
-        assert!(a.acked > 0 && a.reads > 0, "seed {seed} did nothing: {a:?}");
+        assert!(a.counts.acked > 0 && a.counts.reads > 0, "seed {seed} did nothing: {a:?}");
     }
 }
 

@@ -100,6 +100,18 @@ pub fn xorshift(state: &mut u64) -> u64 {
     *state
 }
 
+/// `call`, or unreachable once `timeout` passed (as a real connection's
+/// deadline: a node that stopped mid-call never answers).
+async fn within<T>(
+    timeout: Duration,
+    target: NodeId,
+    call: impl std::future::Future<Output = Result<T, PeerUnreachable>>,
+) -> Result<T, PeerUnreachable> {
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or_else(|_| Err(PeerUnreachable(format!("node {target} did not answer within {timeout:?}"))))
+}
+
 fn refused(e: impl std::fmt::Display) -> pb::PeerError {
     pb::PeerError { code: pb::PeerErrorCode::GroupStopped as i32, message: e.to_string() }
 }
@@ -110,29 +122,32 @@ impl PeerTransport for Local {
         target: NodeId,
         _addr: &str,
         req: pb::AppendEntriesRequest,
-        _timeout: Duration,
+        timeout: Duration,
     ) -> Result<pb::AppendEntriesResponse, PeerUnreachable> {
         if req.entries.is_empty() {
             self.empty_appends.fetch_add(1, Ordering::Relaxed);
         }
-        self.travel().await;
-        self.note(|| {
-            format!(
-                "append {:?}->{target} {} entries, commit {:?}",
-                self.me,
-                req.entries.len(),
-                req.leader_commit
-            )
-        });
-        let (node, _) = self.node(target)?;
-        let response = match node.handle_append(req).await {
-            Ok(a) => a.response,
-            Err(e) => pb::AppendEntriesResponse { error: Some(refused(e)), result: None },
+        let call = async {
+            self.travel().await;
+            self.note(|| {
+                format!(
+                    "append {:?}->{target} {} entries, commit {:?}",
+                    self.me,
+                    req.entries.len(),
+                    req.leader_commit
+                )
+            });
+            let (node, _) = self.node(target)?;
+            let response = match node.handle_append(req).await {
+                Ok(a) => a.response,
+                Err(e) => pb::AppendEntriesResponse { error: Some(refused(e)), result: None },
+            };
+            self.travel().await;
+            // A partition that began meanwhile loses the answer.
+            self.node(target)?;
+            Ok(response)
         };
-        self.travel().await;
-        // A partition that began meanwhile loses the answer.
-        self.node(target)?;
-        Ok(response)
+        within(timeout, target, call).await
     }
 
     async fn vote(
@@ -141,18 +156,21 @@ impl PeerTransport for Local {
         _addr: &str,
         req: pb::VoteRequest,
         pre_vote: bool,
-        _timeout: Duration,
+        timeout: Duration,
     ) -> Result<pb::VoteResponse, PeerUnreachable> {
         self.votes.fetch_add(1, Ordering::Relaxed);
-        self.travel().await;
-        let (node, _) = self.node(target)?;
-        let response = node
-            .handle_vote(&req, pre_vote)
-            .await
-            .unwrap_or_else(|e| pb::VoteResponse { error: Some(refused(e)), ..pb::VoteResponse::default() });
-        self.travel().await;
-        self.node(target)?;
-        Ok(response)
+        let call = async {
+            self.travel().await;
+            let (node, _) = self.node(target)?;
+            let response = node.handle_vote(&req, pre_vote).await.unwrap_or_else(|e| pb::VoteResponse {
+                error: Some(refused(e)),
+                ..pb::VoteResponse::default()
+            });
+            self.travel().await;
+            self.node(target)?;
+            Ok(response)
+        };
+        within(timeout, target, call).await
     }
 
     async fn transfer_leader(
