@@ -75,15 +75,7 @@ fuzz_target!(|data: &[u8]| {
         "size {size} of a {}-byte file",
         seg.len()
     );
-    let span = s.next_index().wrapping_sub(*base_index).wrapping_add(1).max(1);
-    for p in [
-        s.position_of_index(base_index.wrapping_add(q1 % span)),
-        s.position_of_offset(q2),
-        s.position_of_timestamp(q3 as i64),
-    ]
-    .into_iter()
-    .flatten()
-    {
+    for p in ferrolog_fuzz::lookup_positions(&s, *base_index, (q1, q2, q3)) {
         assert!(p <= size, "lookup at {p} past the segment's {size} bytes");
         if let Ok((frames, _)) = s.read_frames(p, 1 << 20, true, |_| true) {
             let total: u64 = frames.iter().map(|(h, _)| h.frame_bytes as u64).sum();

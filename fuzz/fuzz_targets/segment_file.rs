@@ -96,15 +96,7 @@ fuzz_target!(|data: &[u8]| {
     }
 
     // Lookups land inside the valid prefix.
-    let span = seg.next_index().wrapping_sub(base_index).wrapping_add(1).max(1);
-    for p in [
-        seg.position_of_index(base_index.wrapping_add(q1 % span)),
-        seg.position_of_offset(q2),
-        seg.position_of_timestamp(q3 as i64),
-    ]
-    .into_iter()
-    .flatten()
-    {
+    for p in ferrolog_fuzz::lookup_positions(&seg, base_index, (q1, q2, q3)) {
         assert!((SEGMENT_HEADER_BYTES as u64..=size).contains(&p), "lookup at {p} outside 40..={size}");
     }
 

@@ -69,3 +69,21 @@ impl<'a> Input<'a> {
         std::mem::take(&mut self.data)
     }
 }
+
+/// The positions a segment's three lookups give for fuzzed queries: by
+/// log index (folded into the segment's span from `base_index`), by offset
+/// and by timestamp; the ones that found something.
+pub fn lookup_positions(
+    seg: &ferrolog_raft_store::segment::Segment,
+    base_index: u64,
+    (by_index, by_offset, by_time): (u64, u64, u64),
+) -> impl Iterator<Item = u64> {
+    let span = seg.next_index().wrapping_sub(base_index).wrapping_add(1).max(1);
+    [
+        seg.position_of_index(base_index.wrapping_add(by_index % span)),
+        seg.position_of_offset(by_offset),
+        seg.position_of_timestamp(by_time as i64),
+    ]
+    .into_iter()
+    .flatten()
+}

@@ -218,17 +218,7 @@ fn peer_message() -> Vec<Seed> {
     let refused: Result<(), TransferLeaderError> =
         Err(TransferLeaderError::VoteChanged { expected: vote(), actual: Vote::new(3, 3) });
     push(5, "transfer-refused", wire::transfer_response_to_wire(&refused).encode_to_vec());
-    let meta = SnapshotMeta {
-        last_log_id: Some(log_id(2, 1, 7)),
-        last_membership: StoredMembership::new(Some(log_id(2, 1, 3)), membership()),
-    };
-    let first = pb::SnapshotChunk {
-        group_id: 9,
-        target_node: 2,
-        vote: Some(wire::vote_to_wire(&vote())),
-        meta: Some(wire::snapshot_meta_to_wire(&meta)),
-        ..pb::SnapshotChunk::default()
-    };
+    let (meta, first) = first_snapshot_chunk();
     push(6, "snapshot-first-chunk", first.encode_to_vec());
     push(7, "membership", wire::membership_to_wire(&membership()).encode_to_vec());
     push(8, "stored-membership", wire::stored_membership_to_wire(&meta.last_membership).encode_to_vec());
@@ -304,7 +294,8 @@ fn chunk_seed(chunks: &[pb::SnapshotChunk]) -> Vec<u8> {
     b
 }
 
-fn snapshot_stream() -> Vec<Seed> {
+/// A snapshot's metadata and the first chunk of its stream, which carries it.
+fn first_snapshot_chunk() -> (SnapshotMeta, pb::SnapshotChunk) {
     let meta = SnapshotMeta {
         last_log_id: Some(log_id(2, 1, 7)),
         last_membership: StoredMembership::new(Some(log_id(2, 1, 3)), membership()),
@@ -316,6 +307,11 @@ fn snapshot_stream() -> Vec<Seed> {
         meta: Some(wire::snapshot_meta_to_wire(&meta)),
         ..pb::SnapshotChunk::default()
     };
+    (meta, first)
+}
+
+fn snapshot_stream() -> Vec<Seed> {
+    let (_, first) = first_snapshot_chunk();
     let data = |name: &str, offset: u64, bytes: &[u8]| pb::SnapshotChunk {
         group_id: 9,
         file_name: name.into(),
