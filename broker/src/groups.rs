@@ -79,6 +79,37 @@ pub struct GroupRegistry {
     /// [`GroupRegistry::stir`], since [`GroupRegistry::take_stirred`] last
     /// took them.
     stirred: Stirred,
+    /// Groups whose replica here found its log damaged while serving a
+    /// read (see [`Damaged`]).
+    damaged: Damaged,
+}
+
+/// Groups whose hosted replica found its log damaged while serving a read
+/// (a frame of a sealed segment failing its CRC: bit rot that opening the
+/// log did not look for, since only a log that stopped uncleanly or failed
+/// is verified in full). Shared by the registry and each hosted
+/// [`Partition`], which records the damage itself ([`Partition::damage`]);
+/// [`GroupRegistry::stopped_on_error`] reports those groups, so the
+/// reconciler stops them and starts them again with every segment verified:
+/// the replica keeps its valid prefix and fetches the rest from a healthy
+/// replica (`crate::control::recovery`) instead of refusing the same read
+/// forever.
+#[derive(Clone, Debug, Default)]
+pub struct Damaged(Arc<std::sync::Mutex<std::collections::HashSet<GroupId>>>);
+
+impl Damaged {
+    /// Records that the replica of `group` found damage.
+    pub fn report(&self, group: GroupId) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(group);
+    }
+
+    fn groups(&self) -> Vec<GroupId> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).iter().copied().collect()
+    }
+
+    fn forget(&self, group: GroupId) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&group);
+    }
 }
 
 /// A set of groups something happened to, shared by the registry, its
@@ -116,7 +147,7 @@ impl GroupRegistry {
         let mut g = self.groups.write().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = &hosted.partition {
             debug_assert_eq!(p.group, group, "a partition registered under another group id");
-            p.report_stirs_to(self.stirred.clone());
+            p.report_to(self.stirred.clone(), self.damaged.clone());
             g.by_name.insert((p.topic.clone(), p.partition), group);
         }
         let raft = hosted.raft.clone();
@@ -165,6 +196,7 @@ impl GroupRegistry {
         drop(g);
         self.led.write().unwrap_or_else(|p| p.into_inner()).remove(&group);
         self.fatal.write().unwrap_or_else(|p| p.into_inner()).remove(&group);
+        self.damaged.forget(group);
         self.forget_leading();
         removed
     }
@@ -470,27 +502,39 @@ impl GroupRegistry {
         g.by_id.iter().filter(|(_, h)| h.replica.is_recovering()).map(|(id, h)| (*id, h.clone())).collect()
     }
 
-    /// The hosted partitions whose Raft node stopped on an error, with the
-    /// error. Reads each group's state in place (no copy of the registry):
-    /// the reconciler asks every second.
+    /// The hosted partitions whose Raft node stopped on an error, or whose
+    /// replica found its log damaged while serving a read ([`Damaged`]),
+    /// with the error. Reads each group's state in place (no copy of the
+    /// registry): the reconciler asks every second.
     pub fn stopped_on_error(&self) -> Vec<(Arc<Partition>, String)> {
         let watched = self.watcher.lock().unwrap_or_else(|p| p.into_inner()).is_some();
         let g = self.groups.read().unwrap_or_else(|p| p.into_inner());
-        if watched {
+        let mut out: Vec<(Arc<Partition>, String)> = if watched {
             // Kept by the watcher: no look at every group each time.
             let fatal = self.fatal.read().unwrap_or_else(|p| p.into_inner());
-            return fatal
-                .iter()
-                .filter_map(|(id, e)| Some((g.by_id.get(id)?.partition.clone()?, e.clone())))
-                .collect();
+            fatal.iter().filter_map(|(id, e)| Some((g.by_id.get(id)?.partition.clone()?, e.clone()))).collect()
+        } else {
+            g.by_id
+                .values()
+                .filter_map(|h| {
+                    let p = h.partition.as_ref()?;
+                    h.raft.state(|s| s.fatal()).map(|fatal| (p.clone(), fatal))
+                })
+                .collect()
+        };
+        for id in self.damaged.groups() {
+            // A report from a replica since stopped (a read that was still
+            // running) names damage the hosted one has not found.
+            let hosted = g.by_id.get(&id).and_then(|h| h.partition.clone());
+            match hosted.as_ref().and_then(|p| p.damage().map(|why| (p.clone(), why))) {
+                Some((p, why)) if !out.iter().any(|(q, _)| q.group == id) => {
+                    out.push((p, format!("a read found its log damaged: {why}")));
+                }
+                Some(_) => {}
+                None => self.damaged.forget(id),
+            }
         }
-        g.by_id
-            .values()
-            .filter_map(|h| {
-                let p = h.partition.as_ref()?;
-                h.raft.state(|s| s.fatal()).map(|fatal| (p.clone(), fatal))
-            })
-            .collect()
+        out
     }
 
     /// Every hosted partition replica (the metadata group left out).

@@ -263,7 +263,8 @@ pub async fn status(
 /// 1 MiB, as the broker at `addr` serves them.
 ///
 /// # Errors
-/// Transport errors, or as [`values`].
+/// Transport errors, an error the broker answered (not leader, a storage
+/// error), or as [`values`].
 pub async fn read_values(addr: SocketAddr, topic: &str) -> anyhow::Result<Vec<String>> {
     let req = ferrolog_proto::client::FetchRequest {
         topic: topic.into(),
@@ -273,7 +274,11 @@ pub async fn read_values(addr: SocketAddr, topic: &str) -> anyhow::Result<Vec<St
         max_wait_ms: 0,
         ..Default::default()
     };
-    values(&connect(addr).await?.fetch(req).await?.into_inner())
+    let response = connect(addr).await?.fetch(req).await?.into_inner();
+    if let Some(e) = &response.error {
+        bail!("{addr} answered the fetch with {:?}: {}", e.code(), e.message);
+    }
+    values(&response)
 }
 
 /// The values of every record of a fetch response, in order, as UTF-8.

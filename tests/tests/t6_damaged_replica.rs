@@ -293,3 +293,94 @@ async fn a_recovering_replica_does_not_vote() -> anyhow::Result<()> {
     assert_eq!(read_values(c.broker(l).client_addr, "t").await?, written);
     Ok(())
 }
+
+/// Makes broker `f` the leader of `t`-0 by killing the others in turn:
+/// the leader is killed; if `f` is not elected, the killed broker comes
+/// back, catches up, and the new leader is killed next. Returns the broker
+/// killed last, left down (so `f` leads with one other replica).
+async fn lead_by_killing_others(c: &mut Cluster, f: u32) -> anyhow::Result<u32> {
+    for _round in 0..12 {
+        let x = leader(c, "t", 0, Duration::from_secs(30)).await?;
+        anyhow::ensure!(x != f, "broker {f} already leads: nobody to kill");
+        c.kill(x);
+        let y = leader(c, "t", 0, Duration::from_secs(30)).await?;
+        if y == f {
+            return Ok(x);
+        }
+        c.spawn(x)?;
+        back_in_sync(c, x, "a killed leader back").await?;
+    }
+    anyhow::bail!("broker {f} was not elected in 12 rounds of killing the leader\n{}", c.logs_tail(40))
+}
+
+/// Bit rot that nobody has read yet: a byte flipped in a sealed segment of
+/// a running follower (it verified that segment when it wrote or opened
+/// it, and checks it again only when it reads it), then that follower made
+/// leader by killing the others in turn. Its first read of the damaged
+/// range fails its CRC: the record is never served, the replica is
+/// restarted with every segment verified, keeps its valid prefix, refuses
+/// to vote until it has caught up from a healthy replica, and ends with
+/// every acknowledged record; led by it again, it serves them all, and
+/// every replica's copy is identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bit_rot_in_a_sealed_segment_of_a_follower_made_leader() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = config_file(dir.path())?;
+    let mut c = Cluster::start("bit-rot-leader", BIN, 3, &[("FERROLOG_CONFIG", &config)]).await?;
+    create_topic(&c, "t", 1, 3).await?;
+    let mut written = write(&c, "a", 80).await?;
+    let l = leader(&c, "t", 0, Duration::from_secs(30)).await?;
+    let f = (1..=3).find(|b| *b != l).expect("a follower");
+    for b in (1..=3).filter(|b| *b != l) {
+        back_in_sync(&c, b, "before any damage").await?;
+    }
+    let segs = segments(&c, f)?;
+    assert!(segs.len() >= 4, "want several sealed segments: {segs:?}");
+    let victim = &segs[1];
+    flip_byte(victim, fs::metadata(victim)?.len() / 2)?;
+    written.extend(write(&c, "b", 5).await?);
+    back_in_sync(&c, f, "with undetected bit rot").await?;
+    assert_eq!(count(&c.broker(f).log, "damaged log"), 0, "the damage was found before any read");
+
+    // Led by the damaged replica, a read from offset 0 crosses the flipped
+    // byte: it fails, or (had the replica already repaired itself) returns
+    // exactly what was written; never other data.
+    let down = lead_by_killing_others(&mut c, f).await?;
+    match read_values(c.broker(f).client_addr, "t").await {
+        Ok(v) => assert_eq!(v, written, "the damaged leader served other data"),
+        Err(e) => eprintln!("read from the damaged leader refused, as it should be: {e:#}"),
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count(&c.broker(f).log, "damaged log: keeping its valid prefix") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the damage a read found did not make broker {f} verify and repair its log\n{}",
+            c.logs_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The broker left down returns; the damaged replica is repaired.
+    c.spawn(down)?;
+    written.extend(wake(&c).await?);
+    back_in_sync(&c, f, "after its damage was found").await?;
+    assert!(count(&c.broker(f).log, "replica recovered") >= 1, "{}", c.logs_tail(40));
+
+    // Led by it again, it serves every acknowledged record and takes writes.
+    if leader(&c, "t", 0, Duration::from_secs(30)).await? != f {
+        let down = lead_by_killing_others(&mut c, f).await?;
+        c.spawn(down)?;
+    }
+    assert_eq!(read_values(c.broker(f).client_addr, "t").await?, written);
+    written.extend(write(&c, "c", 5).await?);
+    for b in 1..=3 {
+        back_in_sync(&c, b, "at the end").await?;
+    }
+    for b in 1..=3 {
+        c.kill(b);
+    }
+    for b in 1..=3 {
+        assert_eq!(dumped_values(&c, b)?, written, "broker {b}'s copy differs from what was acknowledged");
+    }
+    Ok(())
+}

@@ -83,6 +83,11 @@ pub struct Partition {
     /// (`crate::control::quiesce` then looks at the group again); set when
     /// the partition is registered.
     stirred: std::sync::OnceLock<crate::groups::Stirred>,
+    /// Where a read that finds the log damaged reports it (the registry's;
+    /// see [`crate::groups::Damaged`]); set when the partition is registered.
+    damaged: std::sync::OnceLock<crate::groups::Damaged>,
+    /// The first damage a read found in this replica's log.
+    damage: std::sync::OnceLock<String>,
     /// Set by [`crate::control::checkquorum`]: this replica leads without a
     /// quorum. A channel, so produces waiting on a commit learn of it at
     /// once without polling.
@@ -229,6 +234,8 @@ impl Partition {
             ticking_change: std::sync::Mutex::new(()),
             ticking_since_ms: AtomicU64::new(0),
             stirred: std::sync::OnceLock::new(),
+            damaged: std::sync::OnceLock::new(),
+            damage: std::sync::OnceLock::new(),
             quorum_lost: tokio::sync::watch::Sender::new(false),
             campaign: crate::control::quiesce::Campaign::default(),
         }
@@ -312,9 +319,35 @@ impl Partition {
     }
 
     /// Has [`Partition::set_ticking`] report each start of the ticker to
-    /// `stirred` (the registry's); the first call wins.
-    pub fn report_stirs_to(&self, stirred: crate::groups::Stirred) {
+    /// `stirred`, and a read that finds the log damaged report it to
+    /// `damaged` (the registry's); the first call wins.
+    pub fn report_to(&self, stirred: crate::groups::Stirred, damaged: crate::groups::Damaged) {
         let _ = self.stirred.set(stirred);
+        let _ = self.damaged.set(damaged);
+    }
+
+    /// The damage a read found in this replica's log ([`StoreError::Corruption`]:
+    /// a frame that fails its CRC or does not parse where no torn write can
+    /// be), if one did. The replica is then stopped and started again with
+    /// every segment verified ([`crate::groups::Damaged`]).
+    pub fn damage(&self) -> Option<String> {
+        self.damage.get().cloned()
+    }
+
+    /// Maps a storage error of a read to the wire, first recording damage
+    /// ([`Partition::damage`]) if the error is one.
+    fn read_error(&self, e: StoreError) -> ApiError {
+        if let StoreError::Corruption { .. } = &e
+            && self.damage.set(e.to_string()).is_ok()
+        {
+            tracing::error!(topic = %self.topic, partition = self.partition, group = self.group,
+                "a read found the log damaged; the record is not served, and the replica is restarted \
+                 to verify every segment and fetch the damaged range from a healthy replica: {e}");
+            if let Some(d) = self.damaged.get() {
+                d.report(self.group);
+            }
+        }
+        storage_error(e)
     }
 
     /// The broker hosting Raft node `node` of this group.
@@ -628,7 +661,7 @@ impl Partition {
             tokio::task::spawn_blocking(move || replica.read_with_high_watermark(offset, max_bytes))
                 .await
                 .map_err(|e| ApiError::Unavailable(format!("read task failed: {e}")))?
-                .map_err(storage_error)?;
+                .map_err(|e| self.read_error(e))?;
         Ok(FetchOutcome { batches, high_watermark, log_start_offset: self.replica.log_start_offset() })
     }
 
@@ -653,7 +686,7 @@ impl Partition {
     /// whose records do not decode or contradict its header.
     pub async fn offset_for_timestamp(&self, timestamp_ms: i64) -> Result<Option<(u64, i64)>, ApiError> {
         self.ready_leader().await?;
-        self.replica.offset_for_timestamp(timestamp_ms, records::timestamps).map_err(storage_error)
+        self.replica.offset_for_timestamp(timestamp_ms, records::timestamps).map_err(|e| self.read_error(e))
     }
 
     /// The Raft state of this replica.
