@@ -15,10 +15,6 @@ use crate::partition::Partition;
 /// Identifies a Raft group across the cluster (a partition, or the metadata group).
 pub type GroupId = u64;
 
-/// The most up-to-date last log id (term, index) of all of a group's voters
-/// (`None`: none holds an entry); see `crate::control::recovery`.
-pub type VoteFloor = Option<(u64, u64)>;
-
 /// One replica hosted here.
 #[derive(Clone, Debug)]
 pub struct HostedGroup {
@@ -52,9 +48,6 @@ pub struct GroupRegistry {
     /// Groups whose leader here is handing over, with the term handed over
     /// (set by `crate::control::checkquorum`).
     handing_over: Arc<RwLock<HashMap<GroupId, u64>>>,
-    /// Recovering replicas' vote floors: the most up-to-date last log id
-    /// (term, index) of all the group's voters (set by `crate::control::recovery`).
-    vote_floors: Arc<RwLock<HashMap<GroupId, VoteFloor>>>,
     /// The reconciler has opened every replica the metadata assigns this
     /// broker at least once since it started (reported in pings).
     replicas_open: Arc<std::sync::atomic::AtomicBool>,
@@ -424,22 +417,6 @@ impl GroupRegistry {
         self.handing_over.read().unwrap_or_else(|p| p.into_inner()).get(&group) == Some(&term)
     }
 
-    /// Sets (`Some`) or clears the vote floor of a recovering replica of
-    /// `group` (see `crate::control::recovery`).
-    /// The floor itself is `None` when no voter holds any entry.
-    pub fn set_vote_floor(&self, group: GroupId, floor: Option<VoteFloor>) {
-        let mut map = self.vote_floors.write().unwrap_or_else(|p| p.into_inner());
-        match floor {
-            Some(f) => map.insert(group, f),
-            None => map.remove(&group),
-        };
-    }
-
-    /// The vote floor of `group`'s recovering replica here, if known.
-    pub fn vote_floor(&self, group: GroupId) -> Option<VoteFloor> {
-        self.vote_floors.read().unwrap_or_else(|p| p.into_inner()).get(&group).copied()
-    }
-
     /// Every hosted group.
     pub fn all(&self) -> Vec<(GroupId, HostedGroup)> {
         let groups = self.groups.read().unwrap_or_else(|p| p.into_inner());
@@ -512,7 +489,10 @@ impl GroupRegistry {
         let mut out: Vec<(Arc<Partition>, String)> = if watched {
             // Kept by the watcher: no look at every group each time.
             let fatal = self.fatal.read().unwrap_or_else(|p| p.into_inner());
-            fatal.iter().filter_map(|(id, e)| Some((g.by_id.get(id)?.partition.clone()?, e.clone()))).collect()
+            fatal
+                .iter()
+                .filter_map(|(id, e)| Some((g.by_id.get(id)?.partition.clone()?, e.clone())))
+                .collect()
         } else {
             g.by_id
                 .values()

@@ -258,7 +258,7 @@ impl Reconciler {
         let failed = self.stop_failed_groups().await;
         self.release_recovered();
         for p in self.groups.recovering().into_iter().filter_map(|(_, h)| h.partition) {
-            crate::control::recovery::seek_vote_floor(&p, &self.groups, &self.peers).await;
+            crate::control::recovery::seek_vote_floor(&p).await;
         }
         self.failures.failures().retain(|_, f| f.running_since.is_none_or(|t| t.elapsed() < HEALTHY_AFTER));
         if !compare || !self.image_usable(image) {
@@ -458,15 +458,14 @@ impl Reconciler {
     /// Ends the recovery of hosted replicas (every group, the metadata
     /// group included) that a leader has brought back (`crate::control::recovery`).
     fn release_recovered(&self) {
-        for (g, h) in self.groups.recovering() {
+        for (_, h) in self.groups.recovering() {
             // Partition groups' elections are scheduled by crate::control::quiesce;
             // the metadata group's by its Raft node's own timer.
             let partition = h.partition.clone();
-            if crate::control::recovery::release_if_caught_up(&h.raft, &h.replica, partition.is_none()) {
-                self.groups.set_vote_floor(g, None);
-                if let Some(p) = partition {
-                    p.campaign.set_allowed(true);
-                }
+            if h.raft.release_if_caught_up(partition.is_none())
+                && let Some(p) = partition
+            {
+                p.campaign.set_allowed(true);
             }
         }
     }
@@ -611,7 +610,7 @@ impl Reconciler {
             partition: Some(p.clone()),
         };
         self.groups.insert(a.group, hosted);
-        let held = crate::control::recovery::hold_if_recovering(&raft, &replica, me.node);
+        let held = raft.hold_if_recovering(me.node);
         tracing::info!(group = a.group, node = me.node, "replica started");
         p.campaign.set_allowed(!held);
         Ok(())

@@ -294,7 +294,7 @@ impl Broker {
                 partition: None,
             },
         );
-        crate::control::recovery::hold_if_recovering(&metadata, &meta_replica, identity.metadata_node);
+        metadata.hold_if_recovering(identity.metadata_node);
         if identity.founder && !metadata.is_initialized().await? {
             let members: BTreeMap<NodeId, String> = config
                 .initial_cluster

@@ -17,6 +17,10 @@ pub enum InjectedBug {
     /// before replicating then loses acknowledged records, and a guessed
     /// offset may hold another record.
     AckBeforeCommit,
+    /// A replica that may have lost entries it acknowledged votes as if it
+    /// had not ([`crate::recovery`]'s refusal skipped): with its damaged
+    /// log it can help elect a leader that lacks committed entries.
+    VoteWhileRecovering,
 }
 
 /// How long the [`InjectedBug::AckBeforeCommit`] bug waits for a real

@@ -10,7 +10,8 @@
 //!         <──Pending::committed── offsets once a majority stored it and it applied here
 //!  broker ──state(|s| ..)──> State: role, term, leader, log positions, membership, lease
 //!  broker ──campaign / set_ticking / transfer_leader / add_learner / change_voters──> RaftNode
-//!  peer gRPC ──handle_vote / handle_append / handle_transfer / install_snapshot──> RaftNode
+//!  peer gRPC ──handle_vote / handle_append / handle_transfer / install_snapshot / log_state──> RaftNode
+//!  broker ──hold_if_recovering / seek_vote_floor / release_if_caught_up──> RaftNode (recovery)
 //!  RaftNode ──PeerTransport (the broker's gRPC channels), pb messages only──> peers
 //! ```
 //!
@@ -26,6 +27,8 @@
 //!   peers, adapted to the library's network traits.
 //! - `commit_notice`: an AppendEntries that only carries a new commit index
 //!   rides along with the next request of its replication stream.
+//! - [`recovery`]: a replica that may have lost entries it acknowledged
+//!   neither votes nor campaigns until a leader has brought it back.
 //! - [`snapshot`]: a snapshot's files streamed in chunks and staged.
 //! - [`settings`]: Raft timings and the behaviour every group relies on.
 //! - [`inject`]: bugs a test turns on to show its checker catches them.
@@ -34,6 +37,7 @@ mod commit_notice;
 pub mod inject;
 pub mod lifecycle;
 pub mod node;
+pub mod recovery;
 pub mod settings;
 pub mod snapshot;
 pub mod state;

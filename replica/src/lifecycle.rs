@@ -127,6 +127,8 @@ pub(crate) struct Lifecycle {
     stopped: AtomicBool,
     /// [`crate::InjectedBug::AckBeforeCommit`] is on (debug builds only).
     pub(crate) ack_before_commit: AtomicBool,
+    /// [`crate::InjectedBug::VoteWhileRecovering`] is on.
+    pub(crate) vote_while_recovering: AtomicBool,
     /// Until when (ms since [`ORIGIN`]) the dormant node keeps the lease of
     /// the leader whose heartbeat it acknowledged from its kept state: as a
     /// running follower does (Raft thesis §4.2.3, §6.4), it refuses other
@@ -176,6 +178,7 @@ impl Lifecycle {
             incarnation: tokio::sync::watch::Sender::new(0),
             stopped: AtomicBool::new(false),
             ack_before_commit: AtomicBool::new(false),
+            vote_while_recovering: AtomicBool::new(false),
             lease_until_ms: AtomicU64::new(0),
         }
     }

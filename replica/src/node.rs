@@ -19,7 +19,7 @@ use crate::lifecycle::{InUse, Lifecycle};
 use crate::settings::{Timings, ValidSettings};
 use crate::snapshot::Received;
 use crate::state::{LogPosition, State};
-use crate::transport::{GroupNetwork, PeerTransport};
+use crate::transport::{GroupNetwork, PeerTransport, PeerUnreachable};
 
 /// One replica's Raft node: a partition's (or the metadata group's) member
 /// on this broker, over its storage ([`Replica`]). Cheap to clone; clones
@@ -28,9 +28,25 @@ use crate::transport::{GroupNetwork, PeerTransport};
 /// the same, starting the node again first where it needs to.
 #[derive(Clone)]
 pub struct RaftNode {
-    life: Arc<Lifecycle>,
+    pub(crate) life: Arc<Lifecycle>,
     timings: Timings,
+    /// A recovering replica's vote floor (see [`crate::recovery`]).
+    pub(crate) vote_floor: Arc<std::sync::Mutex<Option<crate::recovery::LastLog>>>,
+    /// Asks a peer replica (node id, address) for its log state, through
+    /// the node's transport (see [`crate::recovery`]).
+    pub(crate) ask_log_state: AskLogState,
 }
+
+/// [`RaftNode::ask_log_state`]'s type: the transport's `log_state`, with
+/// the group filled in.
+pub(crate) type AskLogState = Arc<
+    dyn Fn(
+            NodeId,
+            String,
+        ) -> futures::future::BoxFuture<'static, Result<pb::LogStateResponse, PeerUnreachable>>
+        + Send
+        + Sync,
+>;
 
 impl std::fmt::Debug for RaftNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -121,6 +137,10 @@ pub enum HandleError {
     /// The node has stopped.
     #[error("raft stopped: {0}")]
     Stopped(String),
+    /// The replica may have lost entries it acknowledged: it refuses votes
+    /// and leadership until it has caught up ([`crate::recovery`]).
+    #[error("recovering: {0}")]
+    Recovering(String),
 }
 
 /// A peer's AppendEntries handled: the answer, and whether it accepted
@@ -201,6 +221,14 @@ impl RaftNode {
         let config = settings.raft.clone();
         let store = replica.clone();
         let hold = settings.commit_notice_hold;
+        let asker = transport.clone();
+        let ask_log_state: AskLogState = Arc::new(move |target, addr| {
+            let transport = asker.clone();
+            Box::pin(async move {
+                let req = pb::LogStateRequest { group_id: group, target_node: target };
+                transport.log_state(target, &addr, req, crate::recovery::LOG_STATE_TIMEOUT).await
+            })
+        });
         let first_network = GroupNetwork { group, transport: transport.clone(), hold };
         let start: crate::lifecycle::Starter = Box::new(move |tick, elect| {
             let network = GroupNetwork { group, transport: transport.clone(), hold };
@@ -228,7 +256,12 @@ impl RaftNode {
             start(settings.raft.enable_tick, settings.raft.enable_elect).await?
         };
         let life = Lifecycle::new(raft, start, replica.clone(), &settings.raft);
-        Ok(Self { life: Arc::new(life), timings: settings.timings })
+        Ok(Self {
+            life: Arc::new(life),
+            timings: settings.timings,
+            vote_floor: Arc::default(),
+            ask_log_state,
+        })
     }
 
     /// The running instance of the Raft library, started again first if
@@ -273,6 +306,9 @@ impl RaftNode {
         }
         match bug {
             crate::InjectedBug::AckBeforeCommit => self.life.ack_before_commit.store(true, Ordering::Relaxed),
+            crate::InjectedBug::VoteWhileRecovering => {
+                self.life.vote_while_recovering.store(true, Ordering::Relaxed)
+            }
         }
         tracing::error!(?bug, "AN INJECTED BUG IS ACTIVE: this replica breaks its guarantees on purpose");
         true
@@ -633,13 +669,16 @@ impl RaftNode {
     /// Answers a peer's RequestVote, or pre-vote.
     ///
     /// # Errors
-    /// [`HandleError`].
+    /// [`HandleError::Recovering`]: a recovering replica refuses a
+    /// candidate whose log may lack entries it had acknowledged
+    /// ([`crate::recovery::may_vote`]); otherwise [`HandleError`].
     pub async fn handle_vote(
         &self,
         req: &pb::VoteRequest,
         pre_vote: bool,
     ) -> Result<pb::VoteResponse, HandleError> {
         let v = wire::vote_request_from_wire(req).map_err(|e| HandleError::Invalid(e.to_string()))?;
+        self.refuse_vote_if_recovering(req)?;
         // A dormant follower that acknowledged its leader's heartbeat
         // within the lease refuses other candidates, as a running one does;
         // a leadership transfer is not refused (Raft thesis §3.10).
@@ -703,12 +742,14 @@ impl RaftNode {
     /// Answers a leader's request to take over.
     ///
     /// # Errors
-    /// [`HandleError`].
+    /// [`HandleError::Recovering`] while the replica is recovering (it
+    /// takes no leadership, [`crate::recovery`]); otherwise [`HandleError`].
     pub async fn handle_transfer(
         &self,
         req: &pb::TransferLeaderRequest,
     ) -> Result<pb::TransferLeaderResponse, HandleError> {
         let rpc = wire::transfer_request_from_wire(req).map_err(|e| HandleError::Invalid(e.to_string()))?;
+        self.refuse_transfer_if_recovering()?;
         let raft = self.running("handle_transfer").await.map_err(HandleError::Stopped)?;
         let a = raft.handle_transfer_leader(rpc).await.map_err(|e| HandleError::Stopped(e.to_string()))?;
         Ok(wire::transfer_response_to_wire(&a))
@@ -756,7 +797,7 @@ fn membership_error(
 }
 
 /// The log position a candidate's vote request carries, for a recovering
-/// replica's check (the broker's recovery); `None`: an empty log.
+/// replica's check ([`crate::recovery`]); `None`: an empty log.
 pub fn candidate_last_log(req: &pb::VoteRequest) -> Option<LogPosition> {
     req.last_log_id.as_ref().map(|l| LogPosition { term: l.term, index: l.index })
 }

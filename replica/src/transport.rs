@@ -65,6 +65,16 @@ pub trait PeerTransport: Clone + Send + Sync + 'static {
         timeout: Duration,
     ) -> impl Future<Output = Result<pb::TransferLeaderResponse, PeerUnreachable>> + Send;
 
+    /// Asks `target` for its last log id and whether it is recovering
+    /// (for a recovering replica's vote floor, [`crate::recovery`]).
+    fn log_state(
+        &self,
+        target: NodeId,
+        addr: &str,
+        req: pb::LogStateRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::LogStateResponse, PeerUnreachable>> + Send;
+
     /// Streams a snapshot's chunks ([`crate::snapshot::chunks`]) to `target`.
     fn install_snapshot(
         &self,

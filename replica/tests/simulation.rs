@@ -162,6 +162,9 @@ enum Bug {
     /// The leader answers proposals before they commit (the replica's
     /// `InjectedBug::AckBeforeCommit`, the bug jepsen's control injects).
     AckBeforeCommit,
+    /// A replica that found its log damaged votes as if it were whole (the
+    /// replica's `InjectedBug::VoteWhileRecovering`).
+    VoteWhileRecovering,
 }
 
 struct Member {
@@ -190,7 +193,9 @@ async fn start(
     for verify in [rescan, true] {
         let attempt = async {
             let flusher = match bug {
-                Bug::None | Bug::AckBeforeCommit => Flusher::spawn_on(&format!("n{id}"), disk.mount()),
+                Bug::None | Bug::AckBeforeCommit | Bug::VoteWhileRecovering => {
+                    Flusher::spawn_on(&format!("n{id}"), disk.mount())
+                }
                 Bug::AckBeforeFsync => Flusher::spawn_without_fsync_unsafe(&format!("n{id}"), disk.mount()),
             }
             .map_err(|e| format!("node {id}: flusher: {e}"))?;
@@ -203,9 +208,17 @@ async fn start(
         };
         match attempt.await {
             Ok(member) => {
-                if bug == Bug::AckBeforeCommit {
-                    assert!(member.node.inject(InjectedBug::AckBeforeCommit), "debug builds inject bugs");
+                let inject = match bug {
+                    Bug::AckBeforeCommit => Some(InjectedBug::AckBeforeCommit),
+                    Bug::VoteWhileRecovering => Some(InjectedBug::VoteWhileRecovering),
+                    Bug::None | Bug::AckBeforeFsync => None,
+                };
+                if let Some(b) = inject {
+                    assert!(member.node.inject(b), "debug builds inject bugs");
                 }
+                // The host's part of recovery (as the broker's): a replica
+                // that may have lost acknowledged entries starts held.
+                member.node.hold_if_recovering(id);
                 net.nodes.lock().expect("nodes").insert(id, (member.node.clone(), staging.to_owned()));
                 return Ok(member);
             }
@@ -282,8 +295,17 @@ async fn produce(
 }
 
 /// Reads committed batches from a random running member at a random
-/// offset, until `stop`.
-async fn read(members: Members, history: Arc<Mutex<History>>, trace: Trace, rng: Rng, stop: Arc<AtomicBool>) {
+/// offset, until `stop`. A read that finds a member's log damaged (bit rot
+/// it had not read since) is refused and reported in `damaged`, as the
+/// broker's partition reports it (and restarts that replica verified).
+async fn read(
+    members: Members,
+    history: Arc<Mutex<History>>,
+    trace: Trace,
+    rng: Rng,
+    stop: Arc<AtomicBool>,
+    damaged: Damaged,
+) {
     while !stop.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(5 + rng.below(40))).await;
         let member = {
@@ -297,7 +319,15 @@ async fn read(members: Members, history: Arc<Mutex<History>>, trace: Trace, rng:
         let hw = member.replica.high_watermark();
         trace.log(format!("read from n{} below {hw}", member.id));
         let from = rng.below(hw + 1);
-        let Ok(batches) = member.replica.read(from, 16 << 10) else { continue };
+        let batches = match member.replica.read(from, 16 << 10) {
+            Ok(b) => b,
+            Err(e @ ferrolog_raft_store::StoreError::Corruption { .. }) => {
+                trace.log(format!("read from n{} found damage: {e}", member.id));
+                damaged.lock().expect("damaged").insert(member.id);
+                continue;
+            }
+            Err(_) => continue,
+        };
         let mut h = history.lock().expect("history");
         h.reads += batches.len() as u64;
         for b in &batches {
@@ -319,6 +349,58 @@ async fn read(members: Members, history: Arc<Mutex<History>>, trace: Trace, rng:
         drop(h);
         trace.log(format!("read {} batches from {from}", batches.len()));
     }
+}
+
+/// Members whose log a read found damaged.
+type Damaged = Arc<Mutex<std::collections::BTreeSet<NodeId>>>;
+
+/// The host's part of recovery, as the broker's reconciler does it: every
+/// 200 ms, each recovering member asks every voter for its log (the vote
+/// floor) and may campaign only if it holds the most up-to-date one, and is
+/// released once a leader has brought it back. Until `done`; returns how
+/// many members were released.
+async fn drive_recovery(members: Members, trace: Trace, done: Arc<AtomicBool>) -> u64 {
+    let mut released = 0;
+    let mut allowed: BTreeMap<NodeId, bool> = BTreeMap::new();
+    while !done.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let recovering: Vec<Arc<Member>> =
+            members.lock().expect("members").values().filter(|m| m.node.is_recovering()).cloned().collect();
+        for m in recovering {
+            if m.node.release_if_caught_up(true) {
+                trace.log(format!("n{} recovered", m.id));
+                allowed.remove(&m.id);
+                released += 1;
+            } else if let Some(may) = m.node.seek_vote_floor(m.id, &NODES).await {
+                m.node.set_elections(may);
+                if allowed.insert(m.id, may) != Some(may) {
+                    trace.log(format!(
+                        "n{} recovering: floor {:?}, may campaign: {may}",
+                        m.id,
+                        m.node.vote_floor()
+                    ));
+                }
+            }
+        }
+    }
+    released
+}
+
+/// Flips one bit of a random segment file of `disk`, at a random byte of
+/// what it holds (bit rot); returns what it flipped.
+fn rot(disk: &FaultyFs, rng: &Rng) -> Option<String> {
+    let fs = disk.mount();
+    let dir = common::replica_dir().join("log");
+    let segments: Vec<String> = fs.list(&dir).ok()?.into_iter().filter(|n| n.ends_with(".seg")).collect();
+    let name = segments.get(rng.below(segments.len().max(1) as u64) as usize)?;
+    let path = dir.join(name);
+    let len = fs.metadata(&path).ok()?.len;
+    if len == 0 {
+        return None;
+    }
+    let at = rng.below(len);
+    disk.rot(&path, at, rng.below(8) as u8).ok()?;
+    Some(format!("{name} at byte {at}"))
 }
 
 /// Every member's committed log as (base offset, value) pairs.
@@ -356,6 +438,12 @@ struct Counts {
     injected_errors: u64,
     /// Groups that stopped on an error and were restarted.
     restarts: u64,
+    /// Bits flipped in segment files (bit rot).
+    rots: u64,
+    /// Reads refused because they found a log damaged.
+    damage_reads: u64,
+    /// Recovering replicas released once a leader had brought them back.
+    recoveries: u64,
 }
 
 impl std::ops::AddAssign for Counts {
@@ -366,6 +454,9 @@ impl std::ops::AddAssign for Counts {
         self.disk_faults += o.disk_faults;
         self.injected_errors += o.injected_errors;
         self.restarts += o.restarts;
+        self.rots += o.rots;
+        self.damage_reads += o.damage_reads;
+        self.recoveries += o.recoveries;
     }
 }
 
@@ -462,13 +553,17 @@ async fn run_seed(seed: u64, bug: Bug, trace: Trace) -> Result<Outcome, String> 
             produce(members.clone(), history.clone(), trace.clone(), rng.clone(), stop.clone(), p << 40);
         clients.push(tokio::spawn(client));
     }
+    let damaged: Damaged = Arc::default();
     clients.push(tokio::spawn(read(
         members.clone(),
         history.clone(),
         trace.clone(),
         rng.clone(),
         stop.clone(),
+        damaged.clone(),
     )));
+    let recovery_done = Arc::new(AtomicBool::new(false));
+    let driver = tokio::spawn(drive_recovery(members.clone(), trace.clone(), recovery_done.clone()));
 
     let mut counts = Counts::default();
     // Nodes to reopen with every segment verified: their group stopped on
@@ -479,6 +574,8 @@ async fn run_seed(seed: u64, bug: Bug, trace: Trace) -> Result<Outcome, String> 
     // Nodes whose disk fails, and the step at which an operator restarts
     // each (a power cycle, which also ends the disk's fault).
     let mut failing: BTreeMap<NodeId, u32> = BTreeMap::new();
+    // The one node whose disk rots (a majority's disks stay intact).
+    let mut rotted: Option<NodeId> = None;
     for step in 0..STEPS {
         tokio::time::sleep(Duration::from_millis(50 + rng.below(400))).await;
         let back: Vec<NodeId> = down.iter().filter(|(_, until)| **until <= step).map(|(id, _)| *id).collect();
@@ -516,6 +613,18 @@ async fn run_seed(seed: u64, bug: Bug, trace: Trace) -> Result<Outcome, String> 
             failing.remove(&id);
             rescan.insert(id);
             counts.restarts += 1;
+            down.insert(id, step + 1);
+        }
+        // The broker's part again: a replica whose log a read found damaged
+        // is restarted with every segment verified.
+        let found: Vec<NodeId> = std::mem::take(&mut *damaged.lock().expect("damaged")).into_iter().collect();
+        for id in found {
+            let Some(member) = take(id) else { continue };
+            trace.log(format!("node {id}'s log was found damaged by a read; restarting it verified"));
+            power_cut(id, member, &disks[&id], PowerCut::Clean, &net).await;
+            failing.remove(&id);
+            rescan.insert(id);
+            counts.damage_reads += 1;
             down.insert(id, step + 1);
         }
         let how = if rng.below(2) == 0 { PowerCut::Clean } else { PowerCut::Torn };
@@ -562,6 +671,16 @@ async fn run_seed(seed: u64, bug: Bug, trace: Trace) -> Result<Outcome, String> 
                 counts.disk_faults += 1;
                 failing.insert(id, step + 1 + rng.below(3) as u32);
             }
+            8 => {
+                let id = *rotted.get_or_insert_with(|| 1 + rng.below(3));
+                match rot(&disks[&id], &rng) {
+                    Some(what) => {
+                        trace.log(format!("bit rot on {id}: {what}"));
+                        counts.rots += 1;
+                    }
+                    None => trace.log(format!("bit rot on {id}: no segment yet")),
+                }
+            }
             4..=7 => {
                 let id = 1 + rng.below(3);
                 trace.log(format!("isolate {id}"));
@@ -582,6 +701,17 @@ async fn run_seed(seed: u64, bug: Bug, trace: Trace) -> Result<Outcome, String> 
         power_cut(id, member, &disks[&id], PowerCut::Clean, &net).await;
         down.insert(id, 0);
     }
+    // The final comparison reads every byte of every log; a read that finds
+    // rot restarts its replica verified (the broker's rule), so the rotted
+    // node is restarted verified first.
+    if let Some(id) = rotted {
+        trace.log(format!("node {id} rotted: restarting it verified before the final reads"));
+        if let Some(member) = take(id) {
+            power_cut(id, member, &disks[&id], PowerCut::Clean, &net).await;
+        }
+        rescan.insert(id);
+        down.insert(id, 0);
+    }
     for id in std::mem::take(&mut down).into_keys() {
         let rescan = rescan.contains(&id);
         add(id, start(id, &disks[&id], &net, staging.path(), bug, rescan).await?);
@@ -592,6 +722,8 @@ async fn run_seed(seed: u64, bug: Bug, trace: Trace) -> Result<Outcome, String> 
         c.await.map_err(|e| format!("client: {e}"))?;
     }
     let outcome = check(&members, &history, &trace).await;
+    recovery_done.store(true, Ordering::Relaxed);
+    counts.recoveries = driver.await.map_err(|e| format!("recovery driver: {e}"))?;
     let all: Vec<Arc<Member>> = members.lock().expect("members").values().cloned().collect();
     for m in all {
         let _ = m.node.shutdown().await;
@@ -624,6 +756,15 @@ async fn check(members: &Members, history: &Mutex<History>, trace: &Trace) -> Re
     for (id, m) in &all {
         if !m.node.wait_applied(index, RECOVER_WITHIN).await {
             return Err(format!("node {id} did not catch up to {index}"));
+        }
+    }
+    // A replica that found its log damaged is back: it votes again.
+    for (id, m) in &all {
+        while m.node.is_recovering() {
+            if tokio::time::Instant::now() >= deadline + RECOVER_WITHIN {
+                return Err(format!("node {id} still recovering {RECOVER_WITHIN:?} after catching up"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
     let mut logs = BTreeMap::new();
@@ -713,6 +854,8 @@ fn many_seeds() {
     if seeds >= 20 {
         assert!(c.power_cuts >= seeds / 2, "only {} power cuts in {seeds} seeds", c.power_cuts);
         assert!(c.disk_faults >= seeds / 10, "only {} failing disks in {seeds} seeds", c.disk_faults);
+        assert!(c.rots >= seeds / 10, "only {} bits rotted in {seeds} seeds", c.rots);
+        assert!(c.recoveries >= seeds / 20, "only {} replicas recovered in {seeds} seeds", c.recoveries);
     }
     assert!(
         c.disk_faults == 0 || c.injected_errors > 0,
@@ -770,6 +913,14 @@ fn must_break_safety(bug: Bug) {
 #[test]
 fn negative_control_finds_acks_before_fsync() {
     must_break_safety(Bug::AckBeforeFsync);
+}
+
+/// Negative control: a replica that found its log damaged votes as if it
+/// were whole (in the simulation's own build).
+#[cfg(tokio_unstable)]
+#[test]
+fn negative_control_finds_votes_while_recovering() {
+    must_break_safety(Bug::VoteWhileRecovering);
 }
 
 /// Negative control: a leader that acknowledges before commit, the bug

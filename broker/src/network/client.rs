@@ -254,6 +254,17 @@ impl PeerTransport for PeerAddresses {
         Ok(self.client(target, addr)?.transfer_leader(req).await.map_err(unreachable)?.into_inner())
     }
 
+    async fn log_state(
+        &self,
+        target: NodeId,
+        addr: &str,
+        req: pb::LogStateRequest,
+        timeout: Duration,
+    ) -> Result<pb::LogStateResponse, PeerUnreachable> {
+        let req = self.request(req, timeout);
+        Ok(self.client(target, addr)?.log_state(req).await.map_err(unreachable)?.into_inner())
+    }
+
     async fn install_snapshot(
         &self,
         target: NodeId,

@@ -167,18 +167,12 @@ impl RaftPeerServer {
             Err(e) => return refused(e),
         };
         // A recovering replica votes only for the most up-to-date log of
-        // all voters, once it knows it (crate::control::recovery).
-        let candidate = ferrolog_replica::candidate_last_log(&req).map(|l| (l.term, l.index));
-        let floor = self.groups.vote_floor(req.group_id);
-        if !crate::control::recovery::may_vote(h.replica.is_recovering(), floor, candidate) {
-            return refused(refuse(
-                PeerErrorCode::Recovering,
-                format!(
-                    "this replica may have lost acknowledged entries; it votes only for a log at least as \
-                     up to date as every voter's ({floor:?}), not {candidate:?}"
-                ),
-            ));
+        // all voters, once it knows it: its node refuses the others
+        // (ferrolog_replica::recovery), before any look at leases here.
+        if let Err(e) = h.raft.refuse_vote_if_recovering(&req) {
+            return refused(handle_error(e));
         }
+        let candidate = ferrolog_replica::candidate_last_log(&req).map(|l| (l.term, l.index));
         // A dormant follower that refuses anyway answers without starting
         // its node (crate::control::dormant).
         if pre_vote
@@ -250,18 +244,6 @@ impl RaftPeerServer {
     }
 }
 
-/// A recovering replica neither votes nor takes leadership (`crate::control::recovery`).
-fn refuse_if_recovering(h: &HostedGroup) -> Result<(), PeerError> {
-    if h.replica.is_recovering() {
-        return Err(refuse(
-            PeerErrorCode::Recovering,
-            "this replica may have lost acknowledged entries and does not vote until a leader has brought it back"
-                .into(),
-        ));
-    }
-    Ok(())
-}
-
 fn refuse(code: PeerErrorCode, message: String) -> PeerError {
     PeerError { code: code as i32, message }
 }
@@ -272,6 +254,7 @@ fn handle_error(e: HandleError) -> PeerError {
     match e {
         HandleError::Invalid(m) => refuse(PeerErrorCode::InvalidRequest, m),
         HandleError::Stopped(m) => refuse(PeerErrorCode::GroupStopped, m),
+        HandleError::Recovering(m) => refuse(PeerErrorCode::Recovering, m),
     }
 }
 
@@ -334,8 +317,9 @@ impl Peer for RaftPeerServer {
             Ok(h) => h,
             Err(e) => return refused(e),
         };
-        if let Err(e) = refuse_if_recovering(&h) {
-            return refused(e);
+        // A recovering replica takes no leadership (ferrolog_replica::recovery).
+        if let Err(e) = h.raft.refuse_transfer_if_recovering() {
+            return refused(handle_error(e));
         }
         // A broker in a controlled shutdown takes no leadership: it would
         // only have to hand it over again. (Copies of the request to the
@@ -404,14 +388,7 @@ impl Peer for RaftPeerServer {
                 return Ok(Response::new(LogStateResponse { error: Some(e), ..LogStateResponse::default() }));
             }
         };
-        let last_id = h.replica.last_log_id().map(|l| (l.leader_id.term, l.index));
-        Ok(Response::new(LogStateResponse {
-            error: None,
-            has_last: last_id.is_some(),
-            last_term: last_id.map_or(0, |l| l.0),
-            last_index: last_id.map_or(0, |l| l.1),
-            recovering: h.replica.is_recovering(),
-        }))
+        Ok(Response::new(h.raft.log_state()))
     }
 
     async fn ping(&self, request: Request<PingRequest>) -> Result<Response<PingResponse>, Status> {

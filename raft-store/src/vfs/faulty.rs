@@ -234,6 +234,30 @@ impl FaultyFs {
         self.state().cut(how);
     }
 
+    /// Bit rot: flips bit `bit % 8` of the byte at `position` of the file
+    /// `path`, in what the disk holds and in what reads see, without any
+    /// process writing it (nothing a running process did changes, and the
+    /// store learns of it only by checking what it reads).
+    ///
+    /// # Errors
+    /// `NotFound` (or not a file); `InvalidInput` if `position` is not
+    /// within the file's durable bytes.
+    pub fn rot(&self, path: &Path, position: u64, bit: u8) -> io::Result<()> {
+        let mut s = self.state();
+        let Entry::File(ino) = s.lookup(path)? else { return Err(not_found()) };
+        let f = s.files.get_mut(&ino).ok_or_else(not_found)?;
+        let at = usize::try_from(position).map_err(|_| err(io::ErrorKind::InvalidInput, "position"))?;
+        if at >= f.durable.len() {
+            return Err(err(io::ErrorKind::InvalidInput, "rot past the file's durable bytes"));
+        }
+        let mask = 1u8 << (bit % 8);
+        f.durable[at] ^= mask;
+        if let Some(b) = f.data.get_mut(at) {
+            *b ^= mask;
+        }
+        Ok(())
+    }
+
     /// Cuts the power (as [`FaultyFs::power_cut`]) just before the `ops`-th
     /// operation from now that would change anything (a write, truncate,
     /// sync, create, rename, link or removal); that operation fails.
@@ -768,6 +792,23 @@ mod tests {
         assert_eq!(read_all(&disk.mount(), "/d/a").unwrap(), b"hello");
         // Counted for files that survive the cut: the second cut's " world".
         assert_eq!(disk.stats().lost_bytes, 6);
+    }
+
+    #[test]
+    fn rot_flips_a_stored_bit_that_reads_and_power_cuts_keep() {
+        let disk = FaultyFs::new(3);
+        let fs = disk.mount();
+        let f = fs.open(&p("/a"), OpenMode::CreateTruncate).unwrap();
+        f.write_all_at(b"abc", 0).unwrap();
+        f.sync_data().unwrap();
+        fs.sync_dir(&p("/")).unwrap();
+        f.write_all_at(b"d", 3).unwrap();
+        disk.rot(&p("/a"), 1, 0).unwrap();
+        assert_eq!(read_all(&fs, "/a").unwrap(), b"accd", "a running process reads the rotted byte");
+        assert!(disk.rot(&p("/a"), 3, 0).is_err(), "only stored bytes rot");
+        assert!(disk.rot(&p("/b"), 0, 0).is_err());
+        disk.power_cut(PowerCut::Clean);
+        assert_eq!(read_all(&disk.mount(), "/a").unwrap(), b"acc", "the disk holds it");
     }
 
     #[test]

@@ -187,6 +187,24 @@ impl PeerTransport for Local {
             .unwrap_or_else(|e| pb::TransferLeaderResponse { error: Some(refused(e)), refused: None }))
     }
 
+    async fn log_state(
+        &self,
+        target: NodeId,
+        _addr: &str,
+        _req: pb::LogStateRequest,
+        timeout: Duration,
+    ) -> Result<pb::LogStateResponse, PeerUnreachable> {
+        let call = async {
+            self.travel().await;
+            let (node, _) = self.node(target)?;
+            let response = node.log_state();
+            self.travel().await;
+            self.node(target)?;
+            Ok(response)
+        };
+        within(timeout, target, call).await
+    }
+
     async fn install_snapshot(
         &self,
         target: NodeId,
