@@ -59,10 +59,30 @@ pub enum StoreError {
     },
 }
 
+/// The field a [`StoreError::Corruption`] names when a batch's frame
+/// verified but its records did not decode as the caller's codec expects
+/// (see [`StoreError::is_damage`]).
+pub const RECORD_TIMESTAMPS_FIELD: &str = "record timestamps";
+
 impl StoreError {
     /// Wraps an `io::Error` with the operation and path.
     pub fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         Self::Io { op, path: path.into(), source }
+    }
+
+    /// Whether this is damage to what the disk holds: a frame that fails
+    /// its checksum or does not parse, which opening the log with every
+    /// segment verified finds and sets aside. Records that do not decode
+    /// inside a frame that verified are not (the caller's codec disagrees
+    /// with what was stored; verifying the segments again would not help).
+    pub fn is_damage(&self) -> bool {
+        match self {
+            Self::Corruption { source: DecodeError::Invalid { field, .. }, .. } => {
+                *field != RECORD_TIMESTAMPS_FIELD
+            }
+            Self::Corruption { .. } => true,
+            _ => false,
+        }
     }
 }
 
@@ -80,3 +100,22 @@ impl From<StoreError> for io::Error {
 
 /// Result of a storage operation.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn corruption(source: DecodeError) -> StoreError {
+        StoreError::Corruption { path: "/x.seg".into(), position: 8, source }
+    }
+
+    #[test]
+    fn damage_is_what_verifying_the_segments_finds() {
+        assert!(corruption(DecodeError::Checksum { stored: 1, computed: 2 }).is_damage());
+        assert!(corruption(DecodeError::Truncated { needed: 9, available: 3 }).is_damage());
+        assert!(corruption(DecodeError::Invalid { field: "length", detail: "too long".into() }).is_damage());
+        let codec = DecodeError::Invalid { field: RECORD_TIMESTAMPS_FIELD, detail: "bad varint".into() };
+        assert!(!corruption(codec).is_damage(), "a codec's disagreement is not damage");
+        assert!(!StoreError::Invalid("caller".into()).is_damage());
+    }
+}

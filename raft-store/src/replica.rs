@@ -689,7 +689,7 @@ impl Replica {
     /// Raft index of the last log entry when this replica was opened
     /// (`None`: the log was empty). An applied entry past it reached this
     /// replica from a leader after it opened (see
-    /// `ferrolog_broker::control::recovery`).
+    /// `ferrolog_replica::recovery`).
     pub fn opened_last_index(&self) -> Option<u64> {
         self.inner.opened_last_index
     }

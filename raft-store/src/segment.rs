@@ -277,6 +277,20 @@ impl Segment {
                         tracing::error!(path = %self.path.display(), position, later, "damaged frame before valid ones");
                         return Err(StoreError::Corruption { path: self.path.clone(), position, source });
                     }
+                    // So is a last frame whose every byte is there but
+                    // whose checksum fails: a write cut short by a crash
+                    // leaves fewer bytes than the frame says it holds, bit
+                    // rot leaves them all. The frame may have been
+                    // acknowledged (the recorded flushed index can lag the
+                    // last fsync), so it is damage, not a torn tail: the
+                    // replica keeps the prefix and does not vote until it
+                    // has caught up. (A disk that tears a write inside a
+                    // sector it had already extended the file over looks
+                    // the same; treating it as damage costs only that wait.)
+                    if let DecodeError::Checksum { .. } = source {
+                        tracing::error!(path = %self.path.display(), position, "last frame complete but damaged");
+                        return Err(StoreError::Corruption { path: self.path.clone(), position, source });
+                    }
                     return Ok(Some(position));
                 }
             }

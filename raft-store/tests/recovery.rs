@@ -388,6 +388,20 @@ fn a_damaged_frame_in_the_active_segment_before_valid_ones_is_corruption_not_a_t
 }
 
 #[test]
+fn a_complete_last_frame_that_fails_its_checksum_is_damage_not_a_torn_tail() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_entries(dir.path(), StoreConfig::default(), 20);
+    let seg = segments(dir.path()).pop().expect("segment");
+    let len_before = fs::metadata(&seg).expect("stat").len();
+    // Bit rot in the last entry: every byte of its frame is there (a torn
+    // write leaves fewer), so it may have been acknowledged.
+    flip_payload_bit(&seg, 19);
+    let log = PartitionLog::open(&dir.path().join("log"), StoreConfig::default(), flusher()).expect("open");
+    assert_set_aside(&log, &seg, len_before);
+    assert_eq!(log.log_state().last_log_id, Some(log_id(1, 1, 18)), "the valid prefix is entries 0..=18");
+}
+
+#[test]
 fn a_damaged_frame_followed_only_by_membership_frames_is_corruption_not_a_torn_tail() {
     use ferrolog_raft_store::types::{Entry, EntryPayload, Membership, Node};
     let dir = tempfile::tempdir().expect("tempdir");

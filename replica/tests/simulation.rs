@@ -6,10 +6,14 @@
 //! election timeouts, the clients' pacing, the disks' torn writes and the
 //! nemesis, which isolates replicas, cuts the power of one replica or of
 //! all three at once, makes a replica's disk fail (EIO on fsync or on
-//! write, or full) until an operator power-cycles it, and restarts them.
-//! As the broker does, a replica whose group stopped on an error (or that
-//! fails to start) is restarted with every segment verified. Segments are
-//! small (4 KiB), so every seed seals many.
+//! write, or full) until an operator power-cycles it, rots bits (a random
+//! bit of a random segment file, on one replica per seed: a majority's
+//! disks stay intact), and restarts them.
+//! As the broker does, a replica whose group stopped on an error, whose
+//! log a read found damaged, or that fails to start is restarted with
+//! every segment verified, and a driver does the host's part of recovery
+//! (vote floors, release: `ferrolog_replica::recovery`, whose nodes refuse
+//! votes themselves). Segments are small (4 KiB), so every seed seals many.
 //! One seed replays exactly: the same events at the same simulated times
 //! (checked by a test).
 //!
@@ -44,10 +48,13 @@
 //! identical; no value is stored twice; every value acknowledged as
 //! committed is stored at the offset it was acknowledged at; every record a
 //! reader was served (below a replica's high watermark) is the final log's
-//! record at that offset. The runs together must have done work
-//! (acknowledged writes, reads, power cuts), or the test fails. The
-//! negative control runs the same with a flusher that acknowledges appends
-//! without fsyncing them (a test-only switch) and must break a safety check.
+//! record at that offset; no replica is still recovering. The runs
+//! together must have done work (acknowledged writes, reads, power cuts,
+//! failing disks, rotted bits, recoveries), or the test fails. Each
+//! negative control runs the same with one bug injected and must break a
+//! safety check: a flusher that acknowledges appends without fsyncing them
+//! (a test-only switch), a leader that acknowledges before commit, and a
+//! recovering replica that votes as if its log were whole.
 //!
 //! Not simulated: the broker (its gRPC service, partition table and
 //! controller) and snapshot transfer (which stages through the OS's file
@@ -321,7 +328,7 @@ async fn read(
         let from = rng.below(hw + 1);
         let batches = match member.replica.read(from, 16 << 10) {
             Ok(b) => b,
-            Err(e @ ferrolog_raft_store::StoreError::Corruption { .. }) => {
+            Err(e) if e.is_damage() => {
                 trace.log(format!("read from n{} found damage: {e}", member.id));
                 damaged.lock().expect("damaged").insert(member.id);
                 continue;
@@ -444,6 +451,10 @@ struct Counts {
     damage_reads: u64,
     /// Recovering replicas released once a leader had brought them back.
     recoveries: u64,
+    /// The longest time, simulated ms, from healing and restarting every
+    /// replica to all of them caught up and none recovering (a maximum
+    /// over seeds, not a sum).
+    slowest_recovery_ms: u64,
 }
 
 impl std::ops::AddAssign for Counts {
@@ -457,6 +468,7 @@ impl std::ops::AddAssign for Counts {
         self.rots += o.rots;
         self.damage_reads += o.damage_reads;
         self.recoveries += o.recoveries;
+        self.slowest_recovery_ms = self.slowest_recovery_ms.max(o.slowest_recovery_ms);
     }
 }
 
@@ -535,6 +547,15 @@ async fn run_seed(seed: u64, bug: Bug, trace: Trace) -> Result<Outcome, String> 
     }
     let members: Members = Arc::default();
     let add = |id: NodeId, m: Member| {
+        let last = m.replica.last_log_id().map(|l| l.index);
+        match m.replica.recovering() {
+            // Up to where the set-aside directory is named (by the wall clock).
+            Some(why) => trace.log(format!(
+                "n{id} opened to {last:?}, recovering: {}",
+                why.split(';').next().unwrap_or("")
+            )),
+            None => trace.log(format!("n{id} opened to {last:?}")),
+        }
         members.lock().expect("members").insert(id, Arc::new(m));
     };
     let take = |id: NodeId| members.lock().expect("members").remove(&id);
@@ -728,17 +749,26 @@ async fn run_seed(seed: u64, bug: Bug, trace: Trace) -> Result<Outcome, String> 
     for m in all {
         let _ = m.node.shutdown().await;
     }
-    let (acked, reads) = outcome?;
+    let (acked, reads, recovered_in) = outcome?;
     counts.acked = acked as u64;
     counts.reads = reads;
+    counts.slowest_recovery_ms = recovered_in.as_millis() as u64;
     counts.injected_errors = disks.values().map(|d| d.stats().injected_errors).sum();
     trace.log(format!("done: {counts:?}"));
     Ok(Outcome { counts, digest: trace.digest(), events: trace.events() })
 }
 
 /// Liveness, then the safety checks of the module's documentation.
-async fn check(members: &Members, history: &Mutex<History>, trace: &Trace) -> Result<(usize, u64), String> {
-    let deadline = tokio::time::Instant::now() + RECOVER_WITHIN;
+/// Returns how many values were acknowledged, how many batches were read,
+/// and how long (simulated) the replicas took to be caught up and none
+/// recovering.
+async fn check(
+    members: &Members,
+    history: &Mutex<History>,
+    trace: &Trace,
+) -> Result<(usize, u64, Duration), String> {
+    let began = tokio::time::Instant::now();
+    let deadline = began + RECOVER_WITHIN;
     let index = loop {
         if let Some((l, _)) = leader(members)
             && let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(5), l.node.write_barrier()).await
@@ -767,6 +797,7 @@ async fn check(members: &Members, history: &Mutex<History>, trace: &Trace) -> Re
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+    let recovered_in = began.elapsed();
     let mut logs = BTreeMap::new();
     for (id, m) in &all {
         logs.insert(*id, log_of(m).map_err(|e| format!("node {id}: {e}"))?);
@@ -806,7 +837,7 @@ async fn check(members: &Members, history: &Mutex<History>, trace: &Trace) -> Re
             ));
         }
     }
-    Ok((h.acked.len(), h.reads))
+    Ok((h.acked.len(), h.reads, recovered_in))
 }
 
 fn env(name: &str) -> Option<u64> {

@@ -16,8 +16,9 @@
 //!   run once by [`crate::server::Broker::serve`].
 //! - [`membership`]: each led group's voters follow the metadata (learner, then
 //!   joint consensus).
-//! - [`recovery`]: a replica whose log was found damaged neither votes nor
-//!   campaigns until a leader has brought it back.
+//! - [`recovery`]: drives the recovery of replicas whose log was found
+//!   damaged (vote floors, release once a leader brought them back); the
+//!   rules, and the refusal of votes, are `ferrolog_replica::recovery`'s.
 //! - [`writable`]: whether a data directory takes writes again before a failed
 //!   replica on it is restarted.
 //! - [`memory`]: memory of stopped replicas is given back to the system.

@@ -335,11 +335,11 @@ impl Partition {
     }
 
     /// Maps a storage error of a read to the wire, first recording damage
-    /// ([`Partition::damage`]) if the error is one.
+    /// ([`Partition::damage`]) if the error is one ([`StoreError::is_damage`]:
+    /// records that do not decode inside a frame that verified are not, or
+    /// the replica would be restarted for nothing, again at every such read).
     fn read_error(&self, e: StoreError) -> ApiError {
-        if let StoreError::Corruption { .. } = &e
-            && self.damage.set(e.to_string()).is_ok()
-        {
+        if e.is_damage() && self.damage.set(e.to_string()).is_ok() {
             tracing::error!(topic = %self.topic, partition = self.partition, group = self.group,
                 "a read found the log damaged; the record is not served, and the replica is restarted \
                  to verify every segment and fetch the damaged range from a healthy replica: {e}");
