@@ -145,6 +145,13 @@ pub struct PartitionLog {
     encode_buf: Vec<u8>,
     /// See [`PartitionLog::recovering`].
     recovering: Option<String>,
+    /// See [`PartitionLog::recover_to`].
+    recover_to: Option<u64>,
+    /// The highest index this log may have acknowledged, from what it had
+    /// recorded before opening cut anything: its flushed index and its
+    /// commit index. Recorded as [`PartitionLog::recover_to`] if a loss is
+    /// found.
+    acknowledged_at_open: Option<u64>,
     /// See [`PartitionLog::damage`].
     damage: Vec<Damage>,
     /// See [`PartitionLog::compaction_target`].
@@ -257,6 +264,9 @@ impl PartitionLog {
         }
         let sync_mark = Arc::new(SyncMark::new(fs.clone(), dir, 0));
         let flushed_recorded: u64 = meta.get(meta::KEY_FLUSHED)?.unwrap_or(0);
+        let committed: Option<LogId> = meta.get(meta::KEY_COMMITTED)?;
+        let acknowledged_at_open = flushed_recorded.checked_sub(1).max(committed.map(|c| c.index));
+        let recover_to = meta.get(meta::KEY_RECOVER_TO)?;
         let meta = Arc::new(meta);
         let flushed =
             Arc::new(FlushedRecord { meta: meta.clone(), recorded: AtomicU64::new(flushed_recorded) });
@@ -268,7 +278,7 @@ impl PartitionLog {
             segments,
             purged: meta.get(meta::KEY_PURGED)?,
             log_start: meta.get(meta::KEY_LOG_START)?.unwrap_or(0),
-            committed: meta.get(meta::KEY_COMMITTED)?,
+            committed,
             vote: meta.get(meta::KEY_VOTE)?,
             meta,
             flusher,
@@ -278,6 +288,8 @@ impl PartitionLog {
             flushed,
             encode_buf: Vec::new(),
             recovering,
+            recover_to,
+            acknowledged_at_open,
             damage,
             compaction,
             compacted_to: None,
@@ -410,11 +422,27 @@ impl PartitionLog {
     /// # Errors
     /// [`StoreError::Meta`].
     pub fn set_recovering(&mut self, reason: Option<String>) -> Result<()> {
+        // The index to reach again: kept from an earlier loss, raised by
+        // what this open found recorded; forgotten with the recovery.
+        let recover_to = reason.as_ref().and_then(|_| self.recover_to.max(self.acknowledged_at_open));
+        if recover_to != self.recover_to {
+            self.meta.put(meta::KEY_RECOVER_TO, recover_to.as_ref(), Sync::Durable)?;
+            self.recover_to = recover_to;
+        }
         if reason != self.recovering {
             self.meta.put(meta::KEY_RECOVERING, reason.as_ref(), Sync::Durable)?;
             self.recovering = reason;
         }
         Ok(())
+    }
+
+    /// For a recovering log: the highest index it may have acknowledged
+    /// before the loss was found (its recorded flushed and commit indexes
+    /// then), which it must hold again (from a leader of the term it was
+    /// in) before it votes; `None` when not recovering or nothing was
+    /// recorded.
+    pub fn recover_to(&self) -> Option<u64> {
+        self.recover_to
     }
 
     /// The replica directory.

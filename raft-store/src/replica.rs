@@ -58,6 +58,8 @@ pub(crate) struct Inner {
     pub recovering: std::sync::atomic::AtomicBool,
     /// Index of the last log entry when the replica was opened.
     pub opened_last_index: Option<u64>,
+    /// Term of the vote it had recorded when it was opened (0: none).
+    pub opened_term: u64,
     /// [`PartitionLog::segment_events`].
     pub segment_events: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -253,6 +255,7 @@ impl Replica {
             RECOVERING_REPLICAS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         let opened_last_index = log.log_state().last_log_id.map(|l| l.index);
+        let opened_term = log.vote().map_or(0, |v| v.leader_id.term);
         let segment_events = log.segment_events();
         OPEN_REPLICAS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(Self {
@@ -266,6 +269,7 @@ impl Replica {
                 compacting: Mutex::new(()),
                 recovering,
                 opened_last_index,
+                opened_term,
                 segment_events,
             }),
         })
@@ -692,6 +696,19 @@ impl Replica {
     /// `ferrolog_replica::recovery`).
     pub fn opened_last_index(&self) -> Option<u64> {
         self.inner.opened_last_index
+    }
+
+    /// The term of the vote this replica had recorded when it was opened
+    /// (0: none): every entry it had acknowledged is of that term or an
+    /// earlier one (a follower takes a leader's term before its entries).
+    pub fn opened_term(&self) -> u64 {
+        self.inner.opened_term
+    }
+
+    /// For a recovering replica, the highest index it may have acknowledged
+    /// before the loss (see [`PartitionLog::recover_to`]).
+    pub fn recover_to(&self) -> Option<u64> {
+        self.log().recover_to()
     }
 
     /// The vote this replica has durably recorded (Raft paper Figure 2:

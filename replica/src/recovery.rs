@@ -7,10 +7,12 @@
 //! without them, and a committed record would be gone. So a recovering
 //! replica neither campaigns ([`RaftNode::hold_if_recovering`] switches its
 //! elections off) nor votes ([`RaftNode::handle_vote`] refuses) nor takes
-//! a leadership handed over to it, until a leader of the current term has
-//! brought it back ([`caught_up`]): it has applied an entry of that
-//! leader's term, so by Leader Completeness (§5.4.3) it holds every entry
-//! committed before that term ([`RaftNode::release_if_caught_up`]).
+//! a leadership handed over to it, until a leader has brought it back
+//! ([`caught_up`]): it has applied an entry of the current leader's term,
+//! and either that term is later than any it had acknowledged entries in
+//! (by Leader Completeness, §5.4.3, that leader holds every entry
+//! committed before it), or it holds again the highest index it may have
+//! acknowledged ([`RaftNode::release_if_caught_up`]).
 //! Meanwhile it takes appends like any follower, and its acknowledgements
 //! count only for the entries it has stored again.
 //!
@@ -51,8 +53,20 @@ pub const LOG_STATE_TIMEOUT: Duration = Duration::from_secs(1);
 /// (appended in `current_term` by that `leader`: `applied_by`, the term and
 /// leader's node id of its last applied entry) that reached it after it
 /// opened (`applied_index` past `opened_last`, the last index of its log
-/// when it opened). The leader may be itself only if it was elected under
-/// the vote floor, as the most up-to-date log of all voters.
+/// when it opened); and either `current_term` is later than `opened_term`
+/// (the term of its vote when it opened: it acknowledged no entry of a
+/// later term), or `applied_index` reaches `recover_to` (the highest index
+/// it may have acknowledged). The leader may be itself only if it was
+/// elected under the vote floor, as the most up-to-date log of all voters.
+///
+/// Why both: a leader of a later term holds every entry committed before
+/// its term (Leader Completeness), so an entry of its term shows the
+/// replica holds them too (Log Matching); but in the term the replica was
+/// in, an entry of that term proves nothing about the later entries of the
+/// same term it had acknowledged and lost. Found by the simulation (seed
+/// 8607): a follower that lost entries 16..153 of term 1 to bit rot was
+/// released on applying entry 20 of term 1, its stale leader died, and it
+/// voted for a lagging replica, which overwrote committed entries.
 ///
 /// Keyed on the leadership, not the term alone: one term can see two
 /// leaderships (the Raft library orders leader ids by term, then node id),
@@ -72,8 +86,12 @@ pub fn caught_up(
     applied_by: Option<(u64, NodeId)>,
     applied_index: Option<u64>,
     opened_last: Option<u64>,
+    opened_term: u64,
+    recover_to: Option<u64>,
 ) -> bool {
-    leader.is_some_and(|l| applied_by == Some((current_term, l))) && applied_index > opened_last
+    leader.is_some_and(|l| applied_by == Some((current_term, l)))
+        && applied_index > opened_last
+        && (current_term > opened_term || applied_index >= recover_to)
 }
 
 /// Whether a replica may grant its vote to a candidate whose last log id is
@@ -133,7 +151,10 @@ impl RaftNode {
         }
         let (term, leader, applied_by, applied) =
             self.state(|s| (s.term(), s.leader(), s.last_applied_leadership(), s.last_applied()));
-        if !caught_up(term, leader, applied_by, applied.map(|l| l.index), replica.opened_last_index()) {
+        let (opened_last, opened_term) = (replica.opened_last_index(), replica.opened_term());
+        let applied_index = applied.map(|l| l.index);
+        if !caught_up(term, leader, applied_by, applied_index, opened_last, opened_term, replica.recover_to())
+        {
             return false;
         }
         if let Err(e) = replica.finish_recovery() {
@@ -248,23 +269,44 @@ mod tests {
 
     #[test]
     fn caught_up_needs_an_applied_entry_of_the_leader_it_follows() {
-        // Leader 1 of term 5; the last applied entry and the index it held at open.
-        assert!(caught_up(5, Some(1), Some((5, 1)), Some(10), Some(9)));
-        assert!(caught_up(5, Some(1), Some((5, 1)), Some(10), None), "an empty log at open");
+        // Leader 1 of term 5; the last applied entry and the index it held
+        // at open; it had voted in term 4 and may have acknowledged up to 30.
+        let up =
+            |term, leader, by, applied, opened| caught_up(term, leader, by, applied, opened, 4, Some(30));
+        assert!(up(5, Some(1), Some((5, 1)), Some(10), Some(9)));
+        assert!(up(5, Some(1), Some((5, 1)), Some(10), None), "an empty log at open");
         assert!(
-            !caught_up(5, Some(1), Some((4, 1)), Some(10), Some(9)),
+            !up(5, Some(1), Some((4, 1)), Some(10), Some(9)),
             "an entry of an earlier term proves nothing"
         );
         assert!(
-            !caught_up(5, Some(2), Some((5, 1)), Some(10), Some(9)),
+            !up(5, Some(2), Some((5, 1)), Some(10), Some(9)),
             "an entry of another leadership of the same term proves nothing about the leader it follows"
         );
-        assert!(!caught_up(5, None, Some((5, 1)), Some(10), Some(9)), "no leader known");
+        assert!(!up(5, None, Some((5, 1)), Some(10), Some(9)), "no leader known");
         assert!(
-            !caught_up(5, Some(1), Some((5, 1)), Some(10), Some(10)),
+            !up(5, Some(1), Some((5, 1)), Some(10), Some(10)),
             "an entry it held when it opened (re-applied after a restart, with the persisted vote's leader) proves nothing"
         );
-        assert!(!caught_up(5, Some(1), None, None, None));
+        assert!(!up(5, Some(1), None, None, None));
+    }
+
+    #[test]
+    fn in_the_term_it_lost_entries_in_it_must_hold_them_again() {
+        // It had voted in term 5 and may have acknowledged up to index 153;
+        // it opened holding 15 and follows leader 1 of term 5 again.
+        let same_term = |applied| caught_up(5, Some(1), Some((5, 1)), Some(applied), Some(15), 5, Some(153));
+        assert!(!same_term(20), "an entry of the same term below what it had acknowledged proves nothing");
+        assert!(!same_term(152));
+        assert!(same_term(153));
+        assert!(
+            caught_up(6, Some(2), Some((6, 2)), Some(20), Some(15), 5, Some(153)),
+            "a leader of a later term holds every entry committed before it"
+        );
+        assert!(
+            caught_up(5, Some(1), Some((5, 1)), Some(20), Some(15), 5, None),
+            "nothing recorded: the leadership's entry is all there is to go by"
+        );
     }
 
     #[test]
