@@ -257,8 +257,8 @@ impl Reconciler {
     async fn reconcile(&self, image: &MetadataImage, compare: bool) -> (usize, bool) {
         let failed = self.stop_failed_groups().await;
         self.release_recovered();
-        for p in self.groups.recovering().into_iter().filter_map(|(_, h)| h.partition) {
-            crate::control::recovery::seek_vote_floor(&p).await;
+        for (_, h) in self.groups.recovering() {
+            crate::control::recovery::seek_vote_floor(&h).await;
         }
         self.failures.failures().retain(|_, f| f.running_since.is_none_or(|t| t.elapsed() < HEALTHY_AFTER));
         if !compare || !self.image_usable(image) {

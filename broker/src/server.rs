@@ -266,7 +266,7 @@ impl Broker {
         ferrolog_replica::snapshot::clear_staging(&staging_dir)?;
         // The metadata log is always fsynced before it acknowledges, whatever
         // storage.flush says: its writes are rare, and it must never need
-        // the unclean recovery of crate::control::recovery.
+        // the unclean recovery of ferrolog_replica::recovery.
         let meta_storage = ferrolog_raft_store::StoreConfig {
             flush: ferrolog_raft_store::FlushPolicy::Always,
             ..config.storage.clone()

@@ -11,7 +11,6 @@
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -145,13 +144,6 @@ pub struct PartitionLog {
     encode_buf: Vec<u8>,
     /// See [`PartitionLog::recovering`].
     recovering: Option<String>,
-    /// See [`PartitionLog::recover_to`].
-    recover_to: Option<u64>,
-    /// The highest index this log may have acknowledged, from what it had
-    /// recorded before opening cut anything: its flushed index and its
-    /// commit index. Recorded as [`PartitionLog::recover_to`] if a loss is
-    /// found.
-    acknowledged_at_open: Option<u64>,
     /// See [`PartitionLog::damage`].
     damage: Vec<Damage>,
     /// See [`PartitionLog::compaction_target`].
@@ -264,12 +256,8 @@ impl PartitionLog {
         }
         let sync_mark = Arc::new(SyncMark::new(fs.clone(), dir, 0));
         let flushed_recorded: u64 = meta.get(meta::KEY_FLUSHED)?.unwrap_or(0);
-        let committed: Option<LogId> = meta.get(meta::KEY_COMMITTED)?;
-        let acknowledged_at_open = flushed_recorded.checked_sub(1).max(committed.map(|c| c.index));
-        let recover_to = meta.get(meta::KEY_RECOVER_TO)?;
         let meta = Arc::new(meta);
-        let flushed =
-            Arc::new(FlushedRecord { meta: meta.clone(), recorded: AtomicU64::new(flushed_recorded) });
+        let flushed = Arc::new(FlushedRecord { meta: meta.clone(), recorded: Mutex::new(flushed_recorded) });
         let mut log = Self {
             fs,
             dir: dir.to_owned(),
@@ -278,7 +266,7 @@ impl PartitionLog {
             segments,
             purged: meta.get(meta::KEY_PURGED)?,
             log_start: meta.get(meta::KEY_LOG_START)?.unwrap_or(0),
-            committed,
+            committed: meta.get(meta::KEY_COMMITTED)?,
             vote: meta.get(meta::KEY_VOTE)?,
             meta,
             flusher,
@@ -288,8 +276,6 @@ impl PartitionLog {
             flushed,
             encode_buf: Vec::new(),
             recovering,
-            recover_to,
-            acknowledged_at_open,
             damage,
             compaction,
             compacted_to: None,
@@ -422,27 +408,11 @@ impl PartitionLog {
     /// # Errors
     /// [`StoreError::Meta`].
     pub fn set_recovering(&mut self, reason: Option<String>) -> Result<()> {
-        // The index to reach again: kept from an earlier loss, raised by
-        // what this open found recorded; forgotten with the recovery.
-        let recover_to = reason.as_ref().and_then(|_| self.recover_to.max(self.acknowledged_at_open));
-        if recover_to != self.recover_to {
-            self.meta.put(meta::KEY_RECOVER_TO, recover_to.as_ref(), Sync::Durable)?;
-            self.recover_to = recover_to;
-        }
         if reason != self.recovering {
             self.meta.put(meta::KEY_RECOVERING, reason.as_ref(), Sync::Durable)?;
             self.recovering = reason;
         }
         Ok(())
-    }
-
-    /// For a recovering log: the highest index it may have acknowledged
-    /// before the loss was found (its recorded flushed and commit indexes
-    /// then), which it must hold again (from a leader of the term it was
-    /// in) before it votes; `None` when not recovering or nothing was
-    /// recorded.
-    pub fn recover_to(&self) -> Option<u64> {
-        self.recover_to
     }
 
     /// The replica directory.
@@ -829,11 +799,11 @@ impl PartitionLog {
         let (mark, covered) = (self.sync_mark.clone(), self.sync_mark.request(self.next_index()));
         match self.config.flush {
             FlushPolicy::Always => {
-                let record = self.flushed.clone();
+                let record = Arc::downgrade(&self.flushed);
                 let checked: FlushCallback = Box::new(move |r| {
                     let r = mark.checked(r, covered);
                     if r.is_ok() {
-                        record.raise(mark.synced_to());
+                        FlushedRecord::raise_weak(&record, &mark);
                     }
                     done(r)
                 });
@@ -844,9 +814,9 @@ impl PartitionLog {
                 if self.last_interval_flush.elapsed() >= Duration::from_millis(interval_ms) {
                     self.last_interval_flush = Instant::now();
                     let latch = self.flush_error.clone();
-                    let flushed = self.flushed.clone();
+                    let flushed = Arc::downgrade(&self.flushed);
                     let record: FlushCallback = Box::new(move |r| match mark.checked(r, covered) {
-                        Ok(()) => flushed.raise(mark.synced_to()),
+                        Ok(()) => FlushedRecord::raise_weak(&flushed, &mark),
                         Err(e) => {
                             tracing::error!(error = %e, "background fsync failed; the replica stops accepting appends");
                             latch.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e.to_string());
@@ -937,7 +907,9 @@ impl PartitionLog {
             latch.get_or_insert(format!("sealing the active segment: {e}"));
         } else {
             // The seal fsynced everything written to the segment.
-            let _ = self.sync_mark.checked(Ok(()), covered);
+            if self.sync_mark.checked(Ok(()), covered).is_ok() {
+                self.flushed.raise(&self.sync_mark);
+            }
         }
         result
     }
@@ -1100,6 +1072,7 @@ impl PartitionLog {
         self.segments.push(new);
         // Nothing unflushed below the new start.
         self.sync_mark.raise_to(base_index);
+        self.flushed.raise(&self.sync_mark);
         Ok(())
     }
 
@@ -1195,6 +1168,7 @@ impl PartitionLog {
         }
         // The snapshot's files were fsynced when put in place.
         self.sync_mark.raise_to(self.next_index());
+        self.flushed.raise(&self.sync_mark);
         self.meta.put::<bool>(meta::KEY_IMPORTING, None, Sync::Durable)?;
         Ok(())
     }
@@ -1488,7 +1462,9 @@ impl PartitionLog {
         let Some(active) = self.segments.last() else { return Ok(()) };
         let covered = self.sync_mark.request(self.next_index());
         let result = active.file().sync_data();
-        self.sync_mark.checked(result, covered).map_err(|e| StoreError::io("fsync", active.path(), e))
+        self.sync_mark.checked(result, covered).map_err(|e| StoreError::io("fsync", active.path(), e))?;
+        self.flushed.raise(&self.sync_mark);
+        Ok(())
     }
 
     /// What [`Replica`](crate::replica::Replica) needs to fsync the active
@@ -1514,7 +1490,12 @@ impl PartitionLog {
         self.sync_mark = Arc::new(SyncMark::new(self.fs.clone(), &self.dir, start));
         if let Some(active) = self.segments.last() {
             let (mark, covered) = (self.sync_mark.clone(), self.sync_mark.request(self.next_index()));
-            let callback: FlushCallback = Box::new(move |r| drop(mark.checked(r, covered)));
+            let record = Arc::downgrade(&self.flushed);
+            let callback: FlushCallback = Box::new(move |r| {
+                if mark.checked(r, covered).is_ok() {
+                    FlushedRecord::raise_weak(&record, &mark);
+                }
+            });
             self.flusher.request(active.file().clone(), Some(callback));
         }
     }
@@ -1541,12 +1522,7 @@ impl PartitionLog {
     /// flushed index durably (so the shorter log is not taken for a damaged
     /// one), and the durable point.
     fn lower_flushed(&mut self, next_index: u64) -> Result<()> {
-        if self.flushed.recorded() > next_index {
-            self.meta.put(meta::KEY_FLUSHED, Some(&next_index), Sync::Durable)?;
-            self.flushed.recorded.store(next_index, Ordering::Release);
-        }
-        self.sync_mark.lower_to(next_index);
-        Ok(())
+        self.flushed.lower(&self.sync_mark, next_index)
     }
 
     /// At open: cuts the entries a failed fsync left of unknown durability
@@ -1721,7 +1697,7 @@ impl Drop for PartitionLog {
     /// Records the flushed index (lazily: the metadata database makes it
     /// durable when it closes), so a clean close leaves no window.
     fn drop(&mut self) {
-        self.flushed.raise(self.sync_mark.synced_to());
+        self.flushed.raise(&self.sync_mark);
     }
 }
 
@@ -1732,25 +1708,52 @@ impl Drop for PartitionLog {
 /// also when no append comes after it. Raised at the append that followed
 /// an fsync, it had lagged an idle log's last entries for good, and a bit
 /// flipped in them passed at open for a torn tail (found by the
-/// simulation: seed 5280 lost a committed entry). It is a floor: a record
-/// lower than the truth only leaves damage unnoticed, one higher than a
-/// log that lost nothing marks it recovering (a wait, not a loss).
+/// simulation: seed 5280 lost a committed entry). Raising reads the
+/// durable point and lowering moves it under one lock, so a callback that
+/// read the point before a truncation cannot record it after.
 #[derive(Debug)]
 struct FlushedRecord {
     meta: Arc<MetaStore>,
-    recorded: AtomicU64,
+    recorded: Mutex<u64>,
 }
 
 impl FlushedRecord {
-    /// Records `to` (lazily) if it is higher than what was recorded.
-    fn raise(&self, to: u64) {
-        if self.recorded.fetch_max(to, Ordering::AcqRel) < to {
+    /// Records `mark`'s durable point (lazily) if it is higher than what
+    /// was recorded.
+    fn raise(&self, mark: &SyncMark) {
+        let mut recorded = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
+        let to = mark.synced_to();
+        if to > *recorded {
             let _ = self.meta.put(meta::KEY_FLUSHED, Some(&to), Sync::Lazy);
+            *recorded = to;
+        }
+    }
+
+    /// Before the log's end moves back to `next_index`: lowers `mark` and
+    /// the record (durably, so the shorter log is not taken for a damaged
+    /// one at the next open).
+    fn lower(&self, mark: &SyncMark, next_index: u64) -> Result<()> {
+        let mut recorded = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
+        mark.lower_to(next_index);
+        if *recorded > next_index {
+            self.meta.put(meta::KEY_FLUSHED, Some(&next_index), Sync::Durable)?;
+            *recorded = next_index;
+        }
+        Ok(())
+    }
+
+    /// [`FlushedRecord::raise`] from a flush callback, which holds the
+    /// record weakly: a callback still queued when its log is dropped must
+    /// not keep the log's metadata (and its claim on the replica's name)
+    /// alive, or the replica could not be opened again meanwhile.
+    fn raise_weak(record: &std::sync::Weak<Self>, mark: &SyncMark) {
+        if let Some(r) = record.upgrade() {
+            r.raise(mark);
         }
     }
 
     fn recorded(&self) -> u64 {
-        self.recorded.load(Ordering::Acquire)
+        *self.recorded.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -50,11 +50,6 @@ pub const KEY_SNAPSHOT: &str = "snapshot";
 /// Key of the reason this replica may have lost acknowledged entries and
 /// must not vote until a leader has brought it back (absent: it has not).
 pub const KEY_RECOVERING: &str = "recovering";
-/// Key of the highest index a recovering replica may have acknowledged
-/// (from its flushed and committed records when the loss was found): it
-/// must hold that index again, or follow a leader of a later term, before
-/// it votes (see `ferrolog_replica::recovery`). Absent when not recovering.
-pub const KEY_RECOVER_TO: &str = "recover_to";
 /// Key of the index below which every entry was flushed (acknowledged as
 /// durable), recorded lazily: a log found ending below it at open lost
 /// entries it had acknowledged (bit rot in its last frames, say, which

@@ -660,9 +660,8 @@ impl Replica {
     }
 
     /// Records (durably) that this replica has been brought back by a
-    /// leader: it has applied an entry of the current leader's term, so it
-    /// holds every entry committed before that term (Raft §5.4, Leader
-    /// Completeness) and may vote again.
+    /// leader and may vote again (the rule is the caller's:
+    /// `ferrolog_replica::recovery::caught_up`).
     ///
     /// # Errors
     /// [`StoreError::Meta`].
@@ -703,12 +702,6 @@ impl Replica {
     /// earlier one (a follower takes a leader's term before its entries).
     pub fn opened_term(&self) -> u64 {
         self.inner.opened_term
-    }
-
-    /// For a recovering replica, the highest index it may have acknowledged
-    /// before the loss (see [`PartitionLog::recover_to`]).
-    pub fn recover_to(&self) -> Option<u64> {
-        self.log().recover_to()
     }
 
     /// The vote this replica has durably recorded (Raft paper Figure 2:

@@ -32,6 +32,9 @@ pub struct RaftNode {
     timings: Timings,
     /// A recovering replica's vote floor (see [`crate::recovery`]).
     pub(crate) vote_floor: Arc<std::sync::Mutex<Option<crate::recovery::LastLog>>>,
+    /// A recovering replica's latest answer from its leader: (term, leader,
+    /// the leader's last log index) (see [`crate::recovery`]).
+    pub(crate) leader_last: Arc<std::sync::Mutex<Option<(u64, NodeId, u64)>>>,
     /// Asks a peer replica (node id, address) for its log state, through
     /// the node's transport (see [`crate::recovery`]).
     pub(crate) ask_log_state: AskLogState,
@@ -260,6 +263,7 @@ impl RaftNode {
             life: Arc::new(life),
             timings: settings.timings,
             vote_floor: Arc::default(),
+            leader_last: Arc::default(),
             ask_log_state,
         })
     }

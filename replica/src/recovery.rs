@@ -11,8 +11,8 @@
 //! ([`caught_up`]): it has applied an entry of the current leader's term,
 //! and either that term is later than any it had acknowledged entries in
 //! (by Leader Completeness, §5.4.3, that leader holds every entry
-//! committed before it), or it holds again the highest index it may have
-//! acknowledged ([`RaftNode::release_if_caught_up`]).
+//! committed before it), or it holds everything that leader held when it
+//! asked, after it opened ([`RaftNode::release_if_caught_up`]).
 //! Meanwhile it takes appends like any follower, and its acknowledgements
 //! count only for the entries it has stored again.
 //!
@@ -55,18 +55,22 @@ pub const LOG_STATE_TIMEOUT: Duration = Duration::from_secs(1);
 /// opened (`applied_index` past `opened_last`, the last index of its log
 /// when it opened); and either `current_term` is later than `opened_term`
 /// (the term of its vote when it opened: it acknowledged no entry of a
-/// later term), or `applied_index` reaches `recover_to` (the highest index
-/// it may have acknowledged). The leader may be itself only if it was
-/// elected under the vote floor, as the most up-to-date log of all voters.
+/// later term), or `applied_index` reaches `leader_last` (the last index
+/// of that leader's log, as the leader answered in this term after the
+/// replica opened). The leader may be itself only if it was elected under
+/// the vote floor, as the most up-to-date log of all voters.
 ///
 /// Why both: a leader of a later term holds every entry committed before
 /// its term (Leader Completeness), so an entry of its term shows the
 /// replica holds them too (Log Matching); but in the term the replica was
 /// in, an entry of that term proves nothing about the later entries of the
-/// same term it had acknowledged and lost. Found by the simulation (seed
-/// 8607): a follower that lost entries 16..153 of term 1 to bit rot was
-/// released on applying entry 20 of term 1, its stale leader died, and it
-/// voted for a lagging replica, which overwrote committed entries.
+/// same term it had acknowledged and lost. Those came from this same
+/// leader, which never drops entries of its own log, so its log's end as
+/// it answered after the replica opened covers them all. (Found by the
+/// simulation, seed 8607: a follower that lost entries 16..153 of term 1
+/// to bit rot was released on applying entry 20 of term 1, its stale
+/// leader died, and it voted for a lagging replica, which overwrote
+/// committed entries.)
 ///
 /// Keyed on the leadership, not the term alone: one term can see two
 /// leaderships (the Raft library orders leader ids by term, then node id),
@@ -87,11 +91,11 @@ pub fn caught_up(
     applied_index: Option<u64>,
     opened_last: Option<u64>,
     opened_term: u64,
-    recover_to: Option<u64>,
+    leader_last: Option<u64>,
 ) -> bool {
     leader.is_some_and(|l| applied_by == Some((current_term, l)))
         && applied_index > opened_last
-        && (current_term > opened_term || applied_index >= recover_to)
+        && (current_term > opened_term || leader_last.is_some_and(|last| applied_index >= Some(last)))
 }
 
 /// Whether a replica may grant its vote to a candidate whose last log id is
@@ -153,8 +157,9 @@ impl RaftNode {
             self.state(|s| (s.term(), s.leader(), s.last_applied_leadership(), s.last_applied()));
         let (opened_last, opened_term) = (replica.opened_last_index(), replica.opened_term());
         let applied_index = applied.map(|l| l.index);
-        if !caught_up(term, leader, applied_by, applied_index, opened_last, opened_term, replica.recover_to())
-        {
+        let answered = *self.leader_last.lock().unwrap_or_else(|p| p.into_inner());
+        let leader_last = answered.and_then(|(t, l, i)| (t == term && Some(l) == leader).then_some(i));
+        if !caught_up(term, leader, applied_by, applied_index, opened_last, opened_term, leader_last) {
             return false;
         }
         if let Err(e) = replica.finish_recovery() {
@@ -162,6 +167,7 @@ impl RaftNode {
             return false;
         }
         *self.vote_floor.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.leader_last.lock().unwrap_or_else(|p| p.into_inner()) = None;
         if timer_elections {
             self.set_elections(true);
         }
@@ -179,14 +185,17 @@ impl RaftNode {
     /// voters as its host knows them: a replica that lost its log may no
     /// longer know the membership from it) for its last log id, each within
     /// [`LOG_STATE_TIMEOUT`], and records the vote floor (or clears it while
-    /// a voter does not answer). Returns whether this replica may campaign
-    /// (it holds the most up-to-date log of all); `None` when it is not
-    /// recovering or is its group's only voter.
+    /// a voter does not answer), and the answer of the leader it follows,
+    /// if that leader's log ends in the current term (for [`caught_up`]).
+    /// Returns whether this replica may campaign (it holds the most
+    /// up-to-date log of all); `None` when it is not recovering or is its
+    /// group's only voter.
     pub async fn seek_vote_floor(&self, me: NodeId, voters: &[NodeId]) -> Option<bool> {
         if !self.is_recovering() || voters.len() < 2 {
             return None;
         }
         let own = self.life.replica().last_log_id().map(|l| (l.leader_id.term, l.index));
+        let (term, leader) = self.state(|s| (s.term(), s.leader()));
         let mut answers = vec![Some(own)];
         for node in voters.iter().copied().filter(|n| *n != me) {
             let addr = self.state(|s| s.members().find(|(n, _)| *n == node).map(|(_, a)| a.to_owned()));
@@ -195,6 +204,14 @@ impl RaftNode {
                 Ok(Ok(r)) if r.error.is_none() => Some(r.has_last.then_some((r.last_term, r.last_index))),
                 _ => None,
             };
+            // A leader's log ends in its own term (its first entry as
+            // leader); an answer that does not comes from a stale leader.
+            if Some(node) == leader
+                && let Some(Some((last_term, last_index))) = answer
+                && last_term == term
+            {
+                *self.leader_last.lock().unwrap_or_else(|p| p.into_inner()) = Some((term, node, last_index));
+            }
             answers.push(answer);
         }
         let floor = vote_floor(&answers);
@@ -270,7 +287,7 @@ mod tests {
     #[test]
     fn caught_up_needs_an_applied_entry_of_the_leader_it_follows() {
         // Leader 1 of term 5; the last applied entry and the index it held
-        // at open; it had voted in term 4 and may have acknowledged up to 30.
+        // at open; it had voted in term 4; the leader's log ended at 30.
         let up =
             |term, leader, by, applied, opened| caught_up(term, leader, by, applied, opened, 4, Some(30));
         assert!(up(5, Some(1), Some((5, 1)), Some(10), Some(9)));
@@ -292,20 +309,20 @@ mod tests {
     }
 
     #[test]
-    fn in_the_term_it_lost_entries_in_it_must_hold_them_again() {
-        // It had voted in term 5 and may have acknowledged up to index 153;
-        // it opened holding 15 and follows leader 1 of term 5 again.
+    fn in_the_term_it_lost_entries_in_it_must_hold_what_its_leader_held() {
+        // It had voted in term 5 and opened holding 15; it follows leader 1
+        // of term 5 again, whose log ended at 153 when it answered.
         let same_term = |applied| caught_up(5, Some(1), Some((5, 1)), Some(applied), Some(15), 5, Some(153));
-        assert!(!same_term(20), "an entry of the same term below what it had acknowledged proves nothing");
+        assert!(!same_term(20), "an entry of the same term below the leader's end proves nothing");
         assert!(!same_term(152));
         assert!(same_term(153));
         assert!(
-            caught_up(6, Some(2), Some((6, 2)), Some(20), Some(15), 5, Some(153)),
+            caught_up(6, Some(2), Some((6, 2)), Some(20), Some(15), 5, None),
             "a leader of a later term holds every entry committed before it"
         );
         assert!(
-            caught_up(5, Some(1), Some((5, 1)), Some(20), Some(15), 5, None),
-            "nothing recorded: the leadership's entry is all there is to go by"
+            !caught_up(5, Some(1), Some((5, 1)), Some(20), Some(15), 5, None),
+            "in the same term, without the leader's answer, nothing proves it"
         );
     }
 
