@@ -257,7 +257,9 @@ impl PartitionLog {
         let sync_mark = Arc::new(SyncMark::new(fs.clone(), dir, 0));
         let flushed_recorded: u64 = meta.get(meta::KEY_FLUSHED)?.unwrap_or(0);
         let meta = Arc::new(meta);
-        let flushed = Arc::new(FlushedRecord { meta: meta.clone(), recorded: Mutex::new(flushed_recorded) });
+        let flushed = Arc::new(FlushedRecord {
+            state: Mutex::new(Flushed { recorded: flushed_recorded, meta: Some(meta.clone()) }),
+        });
         let mut log = Self {
             fs,
             dir: dir.to_owned(),
@@ -1698,6 +1700,7 @@ impl Drop for PartitionLog {
     /// durable when it closes), so a clean close leaves no window.
     fn drop(&mut self) {
         self.flushed.raise(&self.sync_mark);
+        self.flushed.detach();
     }
 }
 
@@ -1711,21 +1714,38 @@ impl Drop for PartitionLog {
 /// simulation: seed 5280 lost a committed entry). Raising reads the
 /// durable point and lowering moves it under one lock, so a callback that
 /// read the point before a truncation cannot record it after.
+///
+/// A flush callback may still run when its log is dropped: the log
+/// detaches the metadata first ([`FlushedRecord::detach`]), so no callback
+/// keeps the log's claim on the replica's name alive (the replica could
+/// not be opened again meanwhile: seen as "replica . is open already").
 #[derive(Debug)]
 struct FlushedRecord {
-    meta: Arc<MetaStore>,
-    recorded: Mutex<u64>,
+    state: Mutex<Flushed>,
+}
+
+#[derive(Debug)]
+struct Flushed {
+    recorded: u64,
+    /// The log's metadata; `None` once the log is dropped.
+    meta: Option<Arc<MetaStore>>,
 }
 
 impl FlushedRecord {
+    fn state(&self) -> std::sync::MutexGuard<'_, Flushed> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Records `mark`'s durable point (lazily) if it is higher than what
     /// was recorded.
     fn raise(&self, mark: &SyncMark) {
-        let mut recorded = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.state();
         let to = mark.synced_to();
-        if to > *recorded {
-            let _ = self.meta.put(meta::KEY_FLUSHED, Some(&to), Sync::Lazy);
-            *recorded = to;
+        if to > st.recorded
+            && let Some(meta) = &st.meta
+        {
+            let _ = meta.put(meta::KEY_FLUSHED, Some(&to), Sync::Lazy);
+            st.recorded = to;
         }
     }
 
@@ -1733,27 +1753,33 @@ impl FlushedRecord {
     /// the record (durably, so the shorter log is not taken for a damaged
     /// one at the next open).
     fn lower(&self, mark: &SyncMark, next_index: u64) -> Result<()> {
-        let mut recorded = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.state();
         mark.lower_to(next_index);
-        if *recorded > next_index {
-            self.meta.put(meta::KEY_FLUSHED, Some(&next_index), Sync::Durable)?;
-            *recorded = next_index;
+        if st.recorded > next_index
+            && let Some(meta) = &st.meta
+        {
+            meta.put(meta::KEY_FLUSHED, Some(&next_index), Sync::Durable)?;
+            st.recorded = next_index;
         }
         Ok(())
     }
 
     /// [`FlushedRecord::raise`] from a flush callback, which holds the
-    /// record weakly: a callback still queued when its log is dropped must
-    /// not keep the log's metadata (and its claim on the replica's name)
-    /// alive, or the replica could not be opened again meanwhile.
+    /// record weakly.
     fn raise_weak(record: &std::sync::Weak<Self>, mark: &SyncMark) {
         if let Some(r) = record.upgrade() {
             r.raise(mark);
         }
     }
 
+    /// Lets go of the log's metadata (the log is being dropped); later
+    /// raises do nothing.
+    fn detach(&self) {
+        self.state().meta = None;
+    }
+
     fn recorded(&self) -> u64 {
-        *self.recorded.lock().unwrap_or_else(|p| p.into_inner())
+        self.state().recorded
     }
 }
 
