@@ -56,8 +56,8 @@ pub(crate) struct Inner {
     pub compacting: Mutex<()>,
     /// Mirrors [`PartitionLog::recovering`] for lock-free checks (votes).
     pub recovering: std::sync::atomic::AtomicBool,
-    /// Index of the last log entry when the replica was opened.
-    pub opened_last_index: Option<u64>,
+    /// Log id (term, index) of the last log entry when the replica was opened.
+    pub opened_last: Option<(u64, u64)>,
     /// Term of the vote it had recorded when it was opened (0: none).
     pub opened_term: u64,
     /// [`PartitionLog::segment_events`].
@@ -254,7 +254,7 @@ impl Replica {
         if log.recovering().is_some() {
             RECOVERING_REPLICAS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        let opened_last_index = log.log_state().last_log_id.map(|l| l.index);
+        let opened_last = log.log_state().last_log_id.map(|l| (l.leader_id.term, l.index));
         let opened_term = log.vote().map_or(0, |v| v.leader_id.term);
         let segment_events = log.segment_events();
         OPEN_REPLICAS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -268,7 +268,7 @@ impl Replica {
                 snapshot_lock: Mutex::new(()),
                 compacting: Mutex::new(()),
                 recovering,
-                opened_last_index,
+                opened_last,
                 opened_term,
                 segment_events,
             }),
@@ -689,12 +689,13 @@ impl Replica {
 
     /// Log id of the last entry in the log (or of the purge pointer when
     /// the log holds none after it), for comparing logs (Raft §5.4.1).
-    /// Raft index of the last log entry when this replica was opened
-    /// (`None`: the log was empty). An applied entry past it reached this
-    /// replica from a leader after it opened (see
-    /// `ferrolog_replica::recovery`).
-    pub fn opened_last_index(&self) -> Option<u64> {
-        self.inner.opened_last_index
+    /// Log id (term, index) of the last log entry when this replica was
+    /// opened (`None`: the log was empty). An applied entry whose log id is
+    /// greater reached this replica from a leader after it opened (see
+    /// `ferrolog_replica::recovery`): every entry it held had a log id at
+    /// most this one (terms never decrease along a log).
+    pub fn opened_last_log_id(&self) -> Option<(u64, u64)> {
+        self.inner.opened_last
     }
 
     /// The term of the vote this replica had recorded when it was opened

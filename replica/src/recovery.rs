@@ -52,10 +52,11 @@ pub const LOG_STATE_TIMEOUT: Duration = Duration::from_secs(1);
 /// of its current term, and it has applied an entry of that leadership
 /// (appended in `current_term` by that `leader`: `applied_by`, the term and
 /// leader's node id of its last applied entry) that reached it after it
-/// opened (`applied_index` past `opened_last`, the last index of its log
-/// when it opened); and either `current_term` is later than `opened_term`
+/// opened (`applied`, its log id as (term, index), past `opened_last`, the
+/// last log id of its log when it opened: an entry of a later term at the
+/// same index counts, as after a new leader replaced an uncommitted tail); and either `current_term` is later than `opened_term`
 /// (the term of its vote when it opened: it acknowledged no entry of a
-/// later term), or `applied_index` reaches `leader_last` (the last index
+/// later term), or `applied`'s index reaches `leader_last` (the last index
 /// of that leader's log, as the leader answered in this term after the
 /// replica opened). The leader may be itself only if it was elected under
 /// the vote floor, as the most up-to-date log of all voters.
@@ -88,14 +89,15 @@ pub fn caught_up(
     current_term: u64,
     leader: Option<NodeId>,
     applied_by: Option<(u64, NodeId)>,
-    applied_index: Option<u64>,
-    opened_last: Option<u64>,
+    applied: Option<(u64, u64)>,
+    opened_last: Option<(u64, u64)>,
     opened_term: u64,
     leader_last: Option<u64>,
 ) -> bool {
     leader.is_some_and(|l| applied_by == Some((current_term, l)))
-        && applied_index > opened_last
-        && (current_term > opened_term || leader_last.is_some_and(|last| applied_index >= Some(last)))
+        && applied > opened_last
+        && (current_term > opened_term
+            || leader_last.is_some_and(|last| applied.is_some_and(|a| a.1 >= last)))
 }
 
 /// Whether a replica may grant its vote to a candidate whose last log id is
@@ -155,11 +157,11 @@ impl RaftNode {
         }
         let (term, leader, applied_by, applied) =
             self.state(|s| (s.term(), s.leader(), s.last_applied_leadership(), s.last_applied()));
-        let (opened_last, opened_term) = (replica.opened_last_index(), replica.opened_term());
-        let applied_index = applied.map(|l| l.index);
+        let (opened_last, opened_term) = (replica.opened_last_log_id(), replica.opened_term());
+        let applied_id = applied.map(|l| (l.term, l.index));
         let answered = *self.leader_last.lock().unwrap_or_else(|p| p.into_inner());
         let leader_last = answered.and_then(|(t, l, i)| (t == term && Some(l) == leader).then_some(i));
-        if !caught_up(term, leader, applied_by, applied_index, opened_last, opened_term, leader_last) {
+        if !caught_up(term, leader, applied_by, applied_id, opened_last, opened_term, leader_last) {
             return false;
         }
         if let Err(e) = replica.finish_recovery() {
@@ -286,42 +288,49 @@ mod tests {
 
     #[test]
     fn caught_up_needs_an_applied_entry_of_the_leader_it_follows() {
-        // Leader 1 of term 5; the last applied entry and the index it held
-        // at open; it had voted in term 4; the leader's log ended at 30.
+        // Leader 1 of term 5; the last applied entry's log id and the last
+        // one it held at open; it had voted in term 4; the leader's log
+        // ended at 30.
         let up =
             |term, leader, by, applied, opened| caught_up(term, leader, by, applied, opened, 4, Some(30));
-        assert!(up(5, Some(1), Some((5, 1)), Some(10), Some(9)));
-        assert!(up(5, Some(1), Some((5, 1)), Some(10), None), "an empty log at open");
+        assert!(up(5, Some(1), Some((5, 1)), Some((5, 10)), Some((4, 9))));
+        assert!(up(5, Some(1), Some((5, 1)), Some((5, 10)), None), "an empty log at open");
         assert!(
-            !up(5, Some(1), Some((4, 1)), Some(10), Some(9)),
+            !up(5, Some(1), Some((4, 1)), Some((4, 10)), Some((4, 9))),
             "an entry of an earlier term proves nothing"
         );
         assert!(
-            !up(5, Some(2), Some((5, 1)), Some(10), Some(9)),
+            !up(5, Some(2), Some((5, 1)), Some((5, 10)), Some((4, 9))),
             "an entry of another leadership of the same term proves nothing about the leader it follows"
         );
-        assert!(!up(5, None, Some((5, 1)), Some(10), Some(9)), "no leader known");
+        assert!(!up(5, None, Some((5, 1)), Some((5, 10)), Some((4, 9))), "no leader known");
         assert!(
-            !up(5, Some(1), Some((5, 1)), Some(10), Some(10)),
+            !up(5, Some(1), Some((5, 1)), Some((5, 10)), Some((5, 10))),
             "an entry it held when it opened (re-applied after a restart, with the persisted vote's leader) proves nothing"
+        );
+        assert!(
+            up(5, Some(1), Some((5, 1)), Some((5, 10)), Some((4, 10))),
+            "an entry of a later term at the index it ended at (a new leader replaced its uncommitted tail) is new"
         );
         assert!(!up(5, Some(1), None, None, None));
     }
 
     #[test]
     fn in_the_term_it_lost_entries_in_it_must_hold_what_its_leader_held() {
-        // It had voted in term 5 and opened holding 15; it follows leader 1
-        // of term 5 again, whose log ended at 153 when it answered.
-        let same_term = |applied| caught_up(5, Some(1), Some((5, 1)), Some(applied), Some(15), 5, Some(153));
+        // It had voted in term 5 and opened holding up to (5, 15); it
+        // follows leader 1 of term 5 again, whose log ended at 153 when it
+        // answered.
+        let same_term =
+            |applied| caught_up(5, Some(1), Some((5, 1)), Some((5, applied)), Some((5, 15)), 5, Some(153));
         assert!(!same_term(20), "an entry of the same term below the leader's end proves nothing");
         assert!(!same_term(152));
         assert!(same_term(153));
         assert!(
-            caught_up(6, Some(2), Some((6, 2)), Some(20), Some(15), 5, None),
+            caught_up(6, Some(2), Some((6, 2)), Some((6, 20)), Some((5, 15)), 5, None),
             "a leader of a later term holds every entry committed before it"
         );
         assert!(
-            !caught_up(5, Some(1), Some((5, 1)), Some(20), Some(15), 5, None),
+            !caught_up(5, Some(1), Some((5, 1)), Some((5, 20)), Some((5, 15)), 5, None),
             "in the same term, without the leader's answer, nothing proves it"
         );
     }
