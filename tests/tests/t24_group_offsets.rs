@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferrolog_client::error::ErrorCode;
 use ferrolog_client::group::OffsetToCommit;
@@ -117,11 +117,29 @@ async fn offsets_are_committed_checked_kept_across_a_coordinator_kill_and_never_
     };
     let r = raw.offset_commit(member_commit.clone()).await?.into_inner();
     assert_eq!(code(&r.error), ErrorCode::UnknownMemberId, "{r:?}");
-    // A broker that is not the coordinator says so and names it.
+    // A broker that is not the coordinator says so, and names it once it
+    // knows it (its replica heard from the leader, or the leader's pings
+    // listed the partition: within a heartbeat or two).
     let other = (1..=3).find(|b| *b != coordinator.broker).expect("another broker");
-    let r = connect(c.broker(other).client_addr).await?.offset_commit(member_commit).await?.into_inner();
-    assert_eq!(code(&r.error), ErrorCode::NotCoordinator, "{r:?}");
-    assert_eq!(r.error.and_then(|e| e.leader).map(|l| l.broker_id), Some(coordinator.broker));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = connect(c.broker(other).client_addr)
+            .await?
+            .offset_commit(member_commit.clone())
+            .await?
+            .into_inner();
+        assert_eq!(code(&r.error), ErrorCode::NotCoordinator, "{r:?}");
+        match r.error.and_then(|e| e.leader).map(|l| l.broker_id) {
+            Some(named) => {
+                assert_eq!(named, coordinator.broker, "broker {other} named another coordinator");
+                break;
+            }
+            None => {
+                assert!(Instant::now() < deadline, "broker {other} never named the coordinator");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
 
     // The internal topic takes no produce and no delete from clients.
     let r = produce_once(

@@ -172,7 +172,13 @@ impl Coordinator {
                 .filter(|b| *b != 0 && *b != self.me),
         };
         let partition = self.groups.partition_of(a.group).ok_or_else(not_here)?;
-        self.open(partition, index, a.group, image).await
+        self.open(partition, index, a.group, image).await.map_err(|e| match e {
+            // The replica here knows no leader yet (it has not heard from
+            // one since it opened): the hint comes from the brokers' pings,
+            // as for a partition not hosted here.
+            ApiError::NotCoordinator { coordinator: None } => not_here(),
+            other => other,
+        })
     }
 
     /// Holds coordinator partition `index` (Raft group `raft_group`), its
