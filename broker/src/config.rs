@@ -65,6 +65,8 @@ pub struct BrokerConfig {
     pub retention: RetentionConfig,
     /// Log compaction.
     pub compaction: CompactionConfig,
+    /// The background scrub of sealed segments.
+    pub scrub: ScrubConfig,
     /// Idempotent producer state.
     pub producers: ProducersConfig,
     /// Consumer groups (`crate::coordinator`).
@@ -114,6 +116,31 @@ pub struct CompactionConfig {
 impl Default for CompactionConfig {
     fn default() -> Self {
         Self { check_interval_ms: 15_000, io_max_bytes_per_second: 0, dedupe_buffer_bytes: 128 << 20 }
+    }
+}
+
+/// The background scrub (`crate::control::scrub`): every replica's
+/// sealed segments read back and their checksums verified now and then, so
+/// bit rot in data nobody reads is found, and repaired from a healthy
+/// replica, while the other replicas still hold good copies.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScrubConfig {
+    /// ms from the end of one pass over every hosted replica to the start
+    /// of the next (the first starts this long after the broker starts, at
+    /// most 5 minutes); 0 turns the scrub off. Default 1 day (86,400,000),
+    /// as storage systems scrub daily to weekly (Ceph's
+    /// `osd_scrub_max_interval` is 7 days).
+    pub interval_ms: u64,
+    /// Bytes per second a pass reads at most (0: no limit). Default 8 MiB/s:
+    /// 1 TB takes about 36 hours, and the disk is left to producers and
+    /// consumers.
+    pub io_max_bytes_per_second: u64,
+}
+
+impl Default for ScrubConfig {
+    fn default() -> Self {
+        Self { interval_ms: 86_400_000, io_max_bytes_per_second: 8 << 20 }
     }
 }
 
@@ -364,6 +391,7 @@ impl Default for BrokerConfig {
             reassignment: ReassignmentConfig::default(),
             retention: RetentionConfig::default(),
             compaction: CompactionConfig::default(),
+            scrub: ScrubConfig::default(),
             producers: ProducersConfig::default(),
             groups: GroupsConfig::default(),
             topic_defaults: BTreeMap::new(),

@@ -418,6 +418,16 @@ impl Broker {
             ),
         ));
         tasks.push(spawn_task(
+            "scrub",
+            me,
+            &stopping,
+            crate::control::scrub::run(
+                reconciler.groups.clone(),
+                Duration::from_millis(config.scrub.interval_ms),
+                config.scrub.io_max_bytes_per_second,
+            ),
+        ));
+        tasks.push(spawn_task(
             "producer-expiry",
             me,
             &stopping,

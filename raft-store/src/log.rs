@@ -696,6 +696,21 @@ impl PartitionLog {
         retired.next_index().checked_sub(1)
     }
 
+    /// A reader ([`crate::segment::SegmentReader`]) of every sealed
+    /// segment wholly below `up_to_offset` (the high watermark), oldest
+    /// first: what a scrub verifies without holding the log's lock. Such
+    /// segments hold only committed entries, which Raft never truncates
+    /// (§5.3), so their bytes cannot change under the reader; retention,
+    /// compaction or a snapshot may replace the files meanwhile, and the
+    /// readers keep the old ones open.
+    pub fn sealed_segment_readers(&self, up_to_offset: u64) -> Vec<crate::segment::SegmentReader> {
+        self.segments
+            .iter()
+            .filter(|s| s.is_sealed() && s.next_offset() <= up_to_offset)
+            .map(Segment::reader)
+            .collect()
+    }
+
     /// Every segment as retention sees it, oldest first; the last is the
     /// active one.
     ///

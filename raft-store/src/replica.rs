@@ -558,6 +558,16 @@ impl Replica {
         self.log().recovering().map(str::to_owned)
     }
 
+    /// A reader of every sealed segment below the high watermark (whose
+    /// bytes no longer change), oldest first, for a scrub (see
+    /// [`PartitionLog::sealed_segment_readers`] and
+    /// [`crate::segment::SegmentReader::verify`]); the log's lock is held
+    /// only to collect them.
+    pub fn sealed_segment_readers(&self) -> Vec<crate::segment::SegmentReader> {
+        let hw = self.high_watermark();
+        self.log().sealed_segment_readers(hw)
+    }
+
     /// Every segment as retention sees it (see
     /// [`PartitionLog::segment_summaries`]).
     ///

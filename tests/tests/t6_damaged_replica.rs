@@ -388,3 +388,70 @@ async fn bit_rot_in_a_sealed_segment_of_a_follower_made_leader() -> anyhow::Resu
     }
     Ok(())
 }
+
+/// Bit rot in a sealed segment of a follower that no read touches (no
+/// consumer reads a follower, and Raft reads a follower's log only once it
+/// leads) is found by the background scrub (`[scrub]`, here a pass every
+/// 300 ms), and the replica repairs itself from the leader as after damage
+/// a read found: without any leader change or read, every replica's copy
+/// ends identical to what was acknowledged. Without the scrub the damage
+/// would stay latent until a second fault met it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scrub_finds_bit_rot_nobody_reads_and_the_replica_repairs_itself() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("broker.toml");
+    fs::write(&path, format!("{CONFIG}[scrub]\ninterval_ms = 300\n"))?;
+    let config = path.to_string_lossy().into_owned();
+    let mut c = Cluster::start("scrub", BIN, 3, &[("FERROLOG_CONFIG", &config)]).await?;
+    create_topic(&c, "t", 1, 3).await?;
+    let mut written = write(&c, "a", 80).await?;
+    let l = leader(&c, "t", 0, Duration::from_secs(30)).await?;
+    let f = (1..=3).find(|b| *b != l).expect("a follower");
+    for b in (1..=3).filter(|b| *b != l) {
+        back_in_sync(&c, b, "before any damage").await?;
+    }
+    // Passes over the intact segments find nothing.
+    let passes = count(&c.broker(f).log, "scrub pass done");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count(&c.broker(f).log, "scrub pass done") < passes + 2 {
+        anyhow::ensure!(Instant::now() < deadline, "no scrub pass on broker {f}\n{}", c.logs_tail(30));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(count(&c.broker(f).log, "found the log damaged"), 0, "an intact log reported damaged");
+
+    let segs = segments(&c, f)?;
+    assert!(segs.len() >= 4, "want several sealed segments: {segs:?}");
+    let victim = &segs[1];
+    flip_byte(victim, fs::metadata(victim)?.len() / 2)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count(&c.broker(f).log, "the scrub found the log damaged") == 0
+        || count(&c.broker(f).log, "damaged log: keeping its valid prefix") == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the scrub did not find the flipped byte in {} on broker {f}\n{}",
+            victim.display(),
+            c.logs_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        leader(&c, "t", 0, Duration::from_secs(30)).await?,
+        l,
+        "the leader changed: not what this tests"
+    );
+
+    written.extend(wake(&c).await?);
+    back_in_sync(&c, f, "after the scrub found its damage").await?;
+    assert!(count(&c.broker(f).log, "replica recovered") >= 1, "{}", c.logs_tail(40));
+    for b in 1..=3 {
+        back_in_sync(&c, b, "at the end").await?;
+    }
+    for b in 1..=3 {
+        c.kill(b);
+    }
+    for b in 1..=3 {
+        assert_eq!(dumped_values(&c, b)?, written, "broker {b}'s copy differs from what was acknowledged");
+    }
+    Ok(())
+}

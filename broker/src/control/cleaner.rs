@@ -1,5 +1,6 @@
 //! The log cleaner thread: compaction passes run on one thread of their
-//! own (Kafka's `log.cleaner.threads`, default 1), at the lowest CPU
+//! own (Kafka's `log.cleaner.threads`, default 1; the scrub starts one of
+//! its own, `crate::control::scrub`), at the lowest CPU
 //! priority the system gives an unprivileged thread (nice 19), so a pass
 //! that reads and rewrites hundreds of MB a second yields the cores to
 //! produce, fetch and Raft whenever they want them. The pool that
@@ -54,6 +55,38 @@ impl Cleaner {
             }))
             .ok()?;
         rx.await.ok()
+    }
+}
+
+/// A byte-rate limit for one pass of background reads on a blocking
+/// thread (a compaction pass: Kafka's
+/// `log.cleaner.io.max.bytes.per.second`; a scrub pass).
+#[derive(Debug)]
+pub struct IoThrottle {
+    /// Bytes per second; 0: no limit.
+    rate: u64,
+    started: std::time::Instant,
+    bytes: u64,
+}
+
+impl IoThrottle {
+    /// A throttle of `rate` bytes per second (0: no limit), its pass
+    /// starting now.
+    pub fn new(rate: u64) -> Self {
+        IoThrottle { rate, started: std::time::Instant::now(), bytes: 0 }
+    }
+
+    /// Counts `bytes` read and sleeps (the caller is a blocking thread)
+    /// until the pass is back within its rate.
+    pub fn read(&mut self, bytes: u64) {
+        if self.rate == 0 {
+            return;
+        }
+        self.bytes += bytes;
+        let due = std::time::Duration::from_secs_f64(self.bytes as f64 / self.rate as f64);
+        if let Some(wait) = due.checked_sub(self.started.elapsed()) {
+            std::thread::sleep(wait);
+        }
     }
 }
 

@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 use ferrolog_raft_store::{CompactionTarget, Control, SegmentSummary};
 use tokio::sync::watch;
 
-use crate::control::cleaner::Cleaner;
+use crate::control::cleaner::{Cleaner, IoThrottle};
 use crate::control::liveness::Liveness;
 use crate::groups::GroupRegistry;
 use crate::metadata::image::MetadataImage;
@@ -180,33 +180,6 @@ impl Reached {
     }
 }
 
-/// Bytes per second a throttle lets a compaction pass read (0: no limit),
-/// Kafka's `log.cleaner.io.max.bytes.per.second`.
-struct Throttle {
-    rate: u64,
-    started: Instant,
-    bytes: u64,
-}
-
-impl Throttle {
-    fn new(rate: u64) -> Self {
-        Throttle { rate, started: Instant::now(), bytes: 0 }
-    }
-
-    /// Counts `bytes` read and sleeps (this is a blocking thread) until the
-    /// pass is back within its rate.
-    fn read(&mut self, bytes: u64) {
-        if self.rate == 0 {
-            return;
-        }
-        self.bytes += bytes;
-        let due = Duration::from_secs_f64(self.bytes as f64 / self.rate as f64);
-        if let Some(wait) = due.checked_sub(self.started.elapsed()) {
-            std::thread::sleep(wait);
-        }
-    }
-}
-
 /// Runs compaction on this broker every `interval` until the task is
 /// dropped: decides for the compacted partitions it leads (while every live
 /// broker speaks [`COMPACTION_MINOR`] or later), then compacts each hosted
@@ -308,7 +281,7 @@ async fn compact(
     let replica = p.replica.clone();
     let started = Instant::now();
     let pass = move || {
-        let mut throttle = Throttle::new(rate);
+        let mut throttle = IoThrottle::new(rate);
         replica.compact(&Codec, map_bytes_max, tombstones_below_max, &mut |bytes| throttle.read(bytes))
     };
     let result = match cleaner {
@@ -330,7 +303,11 @@ async fn compact(
         }
         Ok(Ok(None)) => {}
         Ok(Err(e)) => {
-            tracing::warn!(topic = %p.topic, partition = p.partition, "compaction failed; retried at the next check: {e}")
+            // Damage a pass read is repaired as a read's is; anything else
+            // (a full disk, say) waits for the next check.
+            if !p.report_damage(&e, "compaction") {
+                tracing::warn!(topic = %p.topic, partition = p.partition, "compaction failed; retried at the next check: {e}")
+            }
         }
         Err(e) => tracing::warn!(topic = %p.topic, partition = p.partition, "compaction task: {e}"),
     }

@@ -30,6 +30,8 @@
 //!   [`cleaner`] thread (lowest CPU priority).
 //! - [`producer_expiry`]: partition leaders expire idle producer ids through
 //!   Raft (`producer.id.expiration.ms`).
+//! - [`scrub`]: every replica's sealed segments are read back and verified
+//!   now and then; damage found is repaired as a read's is.
 
 pub mod balance;
 pub mod checkquorum;
@@ -45,6 +47,7 @@ pub mod producer_expiry;
 pub mod quiesce;
 pub mod recovery;
 pub mod retention;
+pub mod scrub;
 pub mod writable;
 
 /// How long a leader's control decision may wait to commit, so that a

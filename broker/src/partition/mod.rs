@@ -339,15 +339,28 @@ impl Partition {
     /// records that do not decode inside a frame that verified are not, or
     /// the replica would be restarted for nothing, again at every such read).
     fn read_error(&self, e: StoreError) -> ApiError {
-        if e.is_damage() && self.damage.set(e.to_string()).is_ok() {
-            tracing::error!(topic = %self.topic, partition = self.partition, group = self.group,
-                "a read found the log damaged; the record is not served, and the replica is restarted \
-                 to verify every segment and fetch the damaged range from a healthy replica: {e}");
-            if let Some(d) = self.damaged.get() {
-                d.report(self.group);
-            }
-        }
+        self.report_damage(&e, "a read");
         storage_error(e)
+    }
+
+    /// Records `e` as damage this replica's log holds ([`Partition::damage`])
+    /// if it is damage ([`StoreError::is_damage`]) and none was recorded
+    /// yet, and reports the group (the registry's [`crate::groups::Damaged`]),
+    /// whose replica is then restarted with every segment verified and
+    /// fetches the damaged range from a healthy replica. `found_by` names
+    /// who found it in the log line ("a read", "the scrub", "compaction").
+    /// Returns whether this call recorded it.
+    pub fn report_damage(&self, e: &StoreError, found_by: &str) -> bool {
+        if !e.is_damage() || self.damage.set(e.to_string()).is_err() {
+            return false;
+        }
+        tracing::error!(topic = %self.topic, partition = self.partition, group = self.group,
+            "{found_by} found the log damaged; no damaged record is served, and the replica is restarted \
+             to verify every segment and fetch the damaged range from a healthy replica: {e}");
+        if let Some(d) = self.damaged.get() {
+            d.report(self.group);
+        }
+        true
     }
 
     /// The broker hosting Raft node `node` of this group.
