@@ -120,7 +120,7 @@ impl Default for CompactionConfig {
 }
 
 /// The background scrub (`crate::control::scrub`): every replica's
-/// sealed segments read back and their checksums verified now and then, so
+/// committed entries read back and their checksums verified now and then, so
 /// bit rot in data nobody reads is found, and repaired from a healthy
 /// replica, while the other replicas still hold good copies.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

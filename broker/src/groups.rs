@@ -508,7 +508,7 @@ impl GroupRegistry {
             let hosted = g.by_id.get(&id).and_then(|h| h.partition.clone());
             match hosted.as_ref().and_then(|p| p.damage().map(|why| (p.clone(), why))) {
                 Some((p, why)) if !out.iter().any(|(q, _)| q.group == id) => {
-                    out.push((p, format!("a read found its log damaged: {why}")));
+                    out.push((p, format!("damage was found in its log: {why}")));
                 }
                 Some(_) => {}
                 None => self.damaged.forget(id),

@@ -696,19 +696,37 @@ impl PartitionLog {
         retired.next_index().checked_sub(1)
     }
 
-    /// A reader ([`crate::segment::SegmentReader`]) of every sealed
-    /// segment wholly below `up_to_offset` (the high watermark), oldest
-    /// first: what a scrub verifies without holding the log's lock. Such
-    /// segments hold only committed entries, which Raft never truncates
-    /// (§5.3), so their bytes cannot change under the reader; retention,
-    /// compaction or a snapshot may replace the files meanwhile, and the
-    /// readers keep the old ones open.
-    pub fn sealed_segment_readers(&self, up_to_offset: u64) -> Vec<crate::segment::SegmentReader> {
+    /// A reader ([`crate::segment::SegmentReader`]) of the committed
+    /// entries of every segment, the active one included, oldest first:
+    /// what a scrub verifies without holding the log's lock. Committed
+    /// entries are never truncated (Raft §5.3), so the bytes a reader
+    /// covers do not change under it: a truncation past them cuts only
+    /// later frames, and retention, compaction or a snapshot put other
+    /// files in place while the readers keep the old ones open (so check
+    /// [`PartitionLog::still_holds`] before calling what a reader found
+    /// this log's damage). A segment whose committed part cannot be
+    /// located (a frame header on the way does not verify) is left to the
+    /// reads that will find it.
+    pub fn committed_segment_readers(&self) -> Vec<crate::segment::SegmentReader> {
+        let committed_next = self.committed.map_or(0, |c| c.index + 1);
         self.segments
             .iter()
-            .filter(|s| s.is_sealed() && s.next_offset() <= up_to_offset)
-            .map(Segment::reader)
+            .filter(|s| s.base_index() < committed_next && !s.is_empty())
+            .filter_map(|s| {
+                let end = if s.next_index() <= committed_next {
+                    s.size_bytes()
+                } else {
+                    s.position_of_index(committed_next).ok()?
+                };
+                Some(s.reader_to(end))
+            })
             .collect()
+    }
+
+    /// Whether the segment `reader` reads is still part of this log as the
+    /// reader saw it: same path, same open file, not cut below the view.
+    pub fn still_holds(&self, reader: &crate::segment::SegmentReader) -> bool {
+        self.segments.iter().any(|s| s.path() == reader.path() && s.still_read_by(reader))
     }
 
     /// Every segment as retention sees it, oldest first; the last is the

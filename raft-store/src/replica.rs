@@ -558,14 +558,20 @@ impl Replica {
         self.log().recovering().map(str::to_owned)
     }
 
-    /// A reader of every sealed segment below the high watermark (whose
-    /// bytes no longer change), oldest first, for a scrub (see
-    /// [`PartitionLog::sealed_segment_readers`] and
+    /// A reader of the committed entries of every segment (whose bytes no
+    /// longer change), oldest first, for a scrub (see
+    /// [`PartitionLog::committed_segment_readers`] and
     /// [`crate::segment::SegmentReader::verify`]); the log's lock is held
     /// only to collect them.
-    pub fn sealed_segment_readers(&self) -> Vec<crate::segment::SegmentReader> {
-        let hw = self.high_watermark();
-        self.log().sealed_segment_readers(hw)
+    pub fn committed_segment_readers(&self) -> Vec<crate::segment::SegmentReader> {
+        self.log().committed_segment_readers()
+    }
+
+    /// Whether `reader`'s segment is still this log's as the reader saw it
+    /// ([`PartitionLog::still_holds`]): damage a scrub found through a
+    /// reader is the log's only then.
+    pub fn still_holds(&self, reader: &crate::segment::SegmentReader) -> bool {
+        self.log().still_holds(reader)
     }
 
     /// Every segment as retention sees it (see

@@ -596,7 +596,19 @@ impl Segment {
     /// the length written so far. Taken under the log's lock and used
     /// without it (see [`SegmentReader`]).
     pub fn reader(&self) -> SegmentReader {
-        SegmentReader { path: self.path.clone(), file: Arc::clone(&self.file), end: self.size_bytes }
+        self.reader_to(self.size_bytes)
+    }
+
+    /// As [`Segment::reader`], reading only up to byte `end` (a frame
+    /// boundary; at most the length written so far).
+    pub fn reader_to(&self, end: u64) -> SegmentReader {
+        SegmentReader { path: self.path.clone(), file: Arc::clone(&self.file), end: end.min(self.size_bytes) }
+    }
+
+    /// Whether `reader` reads this segment as it is now: the same open file
+    /// (not a copy put in its place), at least as long as the reader's view.
+    pub fn still_read_by(&self, reader: &SegmentReader) -> bool {
+        Arc::ptr_eq(&self.file, &reader.file) && self.size_bytes >= reader.end
     }
 
     /// fsyncs the segment's data.

@@ -99,6 +99,7 @@ fn crash_recovery_keeps_every_acknowledged_entry() {
             .expect("spawn writer");
         let stdout = child.stdout.take().expect("stdout");
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (acked_tx, acked_rx) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
             let mut acked = None;
             let mut ready = false;
@@ -109,14 +110,22 @@ fn crash_recovery_keeps_every_acknowledged_entry() {
                     ready = true;
                     let _ = ready_tx.send(());
                 } else if let Some(i) = line.strip_prefix("acked ").and_then(|s| s.parse::<u64>().ok()) {
+                    if acked.is_none() {
+                        let _ = acked_tx.send(());
+                    }
                     acked = acked.max(Some(i));
                 }
             }
             (ready, acked)
         });
-        // Once the writer has opened the log, kill it at a random point in
-        // the next 0 to 40 ms (xorshift).
+        // Once the writer has opened the log (and, in three rounds of four,
+        // had a first append acknowledged: on a disk with slow fsyncs the
+        // random delay alone could end most rounds before any), kill it at
+        // a random point in the next 0 to 40 ms (xorshift).
         let _ = ready_rx.recv_timeout(Duration::from_secs(10));
+        if round % 4 != 0 {
+            let _ = acked_rx.recv_timeout(Duration::from_secs(10));
+        }
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;

@@ -137,11 +137,21 @@ fn flipped_bit_in_a_sealed_segment_is_reported_with_file_and_position() {
 fn verifying_sealed_segments_finds_a_flipped_bit_in_any_of_them() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_entries(dir.path(), tiny(), 60);
-    let log = PartitionLog::open(&dir.path().join("log"), tiny(), flusher()).expect("open");
-    let readers = log.sealed_segment_readers(u64::MAX);
+    let mut log = PartitionLog::open(&dir.path().join("log"), tiny(), flusher()).expect("open");
+    assert!(log.committed_segment_readers().is_empty(), "entries not known committed may still change");
     let segs = segments(dir.path());
-    assert_eq!(readers.len(), segs.len() - 1, "every segment but the active one is sealed");
-    assert!(log.sealed_segment_readers(0).is_empty(), "segments past the high watermark may still change");
+    // Committed up to entry 25: the segments before it whole, and the one
+    // holding it up to its end.
+    log.save_committed(Some(log_id(1, 1, 25))).expect("committed");
+    let partial = log.committed_segment_readers();
+    let holding = segs.iter().position(|p| *p == partial.last().expect("readers").path()).expect("a segment");
+    assert_eq!(partial.len(), holding + 1, "a segment before the committed entry was left out");
+    let partial_end = partial.last().expect("readers").verify(1 << 20, &mut |_| {}).expect("verifies");
+    assert!(partial_end < fs::metadata(&segs[holding]).expect("stat").len(), "read past the committed entry");
+    // Committed to the end: every segment, the active one included, whole.
+    log.save_committed(Some(log_id(1, 1, 59))).expect("committed");
+    let readers = log.committed_segment_readers();
+    assert_eq!(readers.len(), segs.len(), "every segment holds committed entries");
     for r in &readers {
         let (mut chunks, mut seen) = (0, 0);
         let verified = r
@@ -159,7 +169,7 @@ fn verifying_sealed_segments_finds_a_flipped_bit_in_any_of_them() {
         assert_eq!(seen, verified, "the throttle was not told of every byte");
         assert!(chunks > 2, "a 1,000-byte chunk size read {} in {chunks} chunks", r.path().display());
     }
-    for victim in [1, readers.len() - 1] {
+    for victim in [1, readers.len() - 2] {
         flip_payload_bit(&segs[victim], 3);
         for (i, r) in readers.iter().enumerate() {
             match r.verify(1 << 20, &mut |_| {}) {
@@ -182,8 +192,9 @@ fn verifying_sealed_segments_finds_a_flipped_bit_in_any_of_them() {
 fn verifying_a_sealed_segment_finds_a_frame_written_in_the_wrong_place() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_entries(dir.path(), tiny(), 60);
-    let log = PartitionLog::open(&dir.path().join("log"), tiny(), flusher()).expect("open");
-    let reader = log.sealed_segment_readers(u64::MAX).swap_remove(1);
+    let mut log = PartitionLog::open(&dir.path().join("log"), tiny(), flusher()).expect("open");
+    log.save_committed(Some(log_id(1, 1, 59))).expect("committed");
+    let reader = log.committed_segment_readers().swap_remove(1);
     reader.verify(1 << 20, &mut |_| {}).expect("intact before the misdirected write");
     let f = OpenOptions::new().read(true).write(true).open(reader.path()).expect("open");
     let frame = 80 + 300;
@@ -197,6 +208,12 @@ fn verifying_a_sealed_segment_finds_a_frame_written_in_the_wrong_place() {
         }
         other => panic!("a misplaced frame went unnoticed: {other:?}"),
     }
+    // What a reader saw is the log's only while the log still holds that
+    // file at that length: not once the segment was cut below the view.
+    assert!(log.still_holds(&reader));
+    log.save_committed(None).expect("uncommitted (a test's liberty)");
+    log.truncate_after(Some(log_id(1, 1, 11))).expect("truncate before the misplaced frame");
+    assert!(!log.still_holds(&reader), "a segment cut below the reader's view is still called the log's");
 }
 
 /// Asserts that opening found `victim` damaged, kept a copy of all its

@@ -153,6 +153,12 @@ async fn run_seed(seed: u64, lying_disks: bool) -> Result<(usize, u64, u32), Str
             // cut): every replica keeps only what it fsynced. An entry is
             // acknowledged only once a majority fsynced it, so each one is
             // still on some disk after the restart; on lying disks it is not.
+            // There is something acknowledged to lose first (on a slow
+            // machine the first steps may pass before any commit).
+            let deadline = tokio::time::Instant::now() + WAIT;
+            while history.acked.lock().expect("acked").is_empty() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             for (id, member) in std::mem::take(&mut members) {
                 let how = if next(&mut rng).is_multiple_of(2) { PowerCut::Clean } else { PowerCut::Torn };
                 power_cut(id, member, &disks[&id], how, &net).await;

@@ -105,8 +105,11 @@ async fn a_restarted_broker_costs_one_election_per_partition_it_led() -> anyhow:
     assert!(logs < 4 << 20, "the logs grew {logs} bytes in one restart");
 
     for id in 1..=3 {
-        let stopped = c.interrupt(id, Duration::from_secs(20));
-        assert!(stopped.is_some(), "broker {id} did not stop within 20 s of SIGINT");
+        let stopped = c.interrupt(id, Duration::from_secs(40));
+        assert!(
+            stopped.is_some(),
+            "broker {id} did not stop within 40 s of SIGINT (controlled shutdown may take 30 s)"
+        );
         println!("broker {id} stopped {:.2} s after SIGINT", stopped.unwrap_or_default().as_secs_f64());
     }
     Ok(())

@@ -66,13 +66,22 @@ fn kcat_out(args: &[&str], input: Option<&str>) -> anyhow::Result<String> {
 async fn kcat_and_grpc_read_what_the_other_wrote() -> anyhow::Result<()> {
     let c = Cluster::start("kafka-kcat", BIN, 3, &[]).await?;
     let bs = c.kafka_bootstrap();
-    let listing = tokio::task::spawn_blocking({
-        let bs = bs.clone();
-        move || kcat_out(&["-b", &bs, "-L", "-J"], None)
-    })
-    .await??;
-    let meta: serde_json::Value = serde_json::from_str(&listing)?;
-    assert_eq!(meta["brokers"].as_array().map(Vec::len), Some(3), "{listing}");
+    // A broker lists the brokers it hears pings from: every one, soon after
+    // the start.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let listing = tokio::task::spawn_blocking({
+            let bs = bs.clone();
+            move || kcat_out(&["-b", &bs, "-L", "-J"], None)
+        })
+        .await??;
+        let meta: serde_json::Value = serde_json::from_str(&listing)?;
+        if meta["brokers"].as_array().map(Vec::len) == Some(3) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "kcat -L never listed 3 brokers: {listing}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     create_topic(&c, "cat", 1, 3).await?;
     let bs2 = bs.clone();

@@ -20,9 +20,16 @@ const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
 /// Small segments, so a few dozen records span several segment files.
 const CONFIG: &str = "[storage]\nsegment_bytes = 4096\nindex_interval_bytes = 256\n";
 
+/// [`CONFIG`] with the background scrub off: these tests show what reads
+/// and restarts find, which a scrub pass must not find first.
 fn config_file(dir: &Path) -> anyhow::Result<String> {
+    config_file_with(dir, "[scrub]\ninterval_ms = 0\n")
+}
+
+/// [`CONFIG`] and `more`, as a config file in `dir`.
+fn config_file_with(dir: &Path, more: &str) -> anyhow::Result<String> {
     let path = dir.join("broker.toml");
-    fs::write(&path, CONFIG)?;
+    fs::write(&path, format!("{CONFIG}{more}"))?;
     Ok(path.to_string_lossy().into_owned())
 }
 
@@ -399,9 +406,7 @@ async fn bit_rot_in_a_sealed_segment_of_a_follower_made_leader() -> anyhow::Resu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scrub_finds_bit_rot_nobody_reads_and_the_replica_repairs_itself() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let path = dir.path().join("broker.toml");
-    fs::write(&path, format!("{CONFIG}[scrub]\ninterval_ms = 300\n"))?;
-    let config = path.to_string_lossy().into_owned();
+    let config = config_file_with(dir.path(), "[scrub]\ninterval_ms = 300\n")?;
     let mut c = Cluster::start("scrub", BIN, 3, &[("FERROLOG_CONFIG", &config)]).await?;
     create_topic(&c, "t", 1, 3).await?;
     let mut written = write(&c, "a", 80).await?;

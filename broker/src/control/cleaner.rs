@@ -38,7 +38,7 @@ impl Cleaner {
                 // A job that panics loses its answer (its caller sees
                 // `None`), not the thread.
                 if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
-                    tracing::error!("log cleaner thread: a compaction pass panicked");
+                    tracing::error!("log cleaner thread: a job (a compaction or scrub pass) panicked");
                 }
             }
         })?;

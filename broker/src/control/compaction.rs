@@ -303,9 +303,12 @@ async fn compact(
         }
         Ok(Ok(None)) => {}
         Ok(Err(e)) => {
-            // Damage a pass read is repaired as a read's is; anything else
-            // (a full disk, say) waits for the next check.
-            if !p.report_damage(&e, "compaction") {
+            // Damage a pass read in the log's own segments is repaired as a
+            // read's is; anything else (a full disk, a copy of its own that
+            // does not verify) waits for the next check.
+            let in_the_log = matches!(&e, ferrolog_raft_store::StoreError::Corruption { path, .. }
+                if path.extension().is_some_and(|x| x == "seg"));
+            if !(in_the_log && p.report_damage(&e, "compaction")) {
                 tracing::warn!(topic = %p.topic, partition = p.partition, "compaction failed; retried at the next check: {e}")
             }
         }

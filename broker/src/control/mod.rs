@@ -30,7 +30,7 @@
 //!   [`cleaner`] thread (lowest CPU priority).
 //! - [`producer_expiry`]: partition leaders expire idle producer ids through
 //!   Raft (`producer.id.expiration.ms`).
-//! - [`scrub`]: every replica's sealed segments are read back and verified
+//! - [`scrub`]: every replica's committed entries are read back and verified
 //!   now and then; damage found is repaired as a read's is.
 
 pub mod balance;

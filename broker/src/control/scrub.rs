@@ -1,7 +1,9 @@
-//! The background scrub: now and then every hosted replica's sealed
-//! segments are read back and every frame's checksum verified, so that bit
-//! rot in data nobody reads (a follower's, or old records no consumer
-//! fetches) is found while the other replicas still hold good copies.
+//! The background scrub: now and then every hosted replica's committed
+//! entries (every segment up to the commit index, the active one included)
+//! are read back and every frame's checksum and place in the log verified,
+//! so that bit rot in data nobody reads (a follower's, or old records no
+//! consumer fetches) is found while the other replicas still hold good
+//! copies.
 //!
 //! A read finds damage only in what it reads; Raft replication reads a
 //! follower's log only when that follower leads. Rot that stays latent on
@@ -24,6 +26,7 @@
 //! all of its replicas over time. Reads go through the OS page cache: rot
 //! under a cached page shows once the kernel has evicted it.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::control::cleaner::{Cleaner, IoThrottle};
@@ -38,9 +41,9 @@ pub const FIRST_PASS_AFTER_MAX: Duration = Duration::from_secs(300);
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PassStats {
-    /// Replicas whose sealed segments were read.
+    /// Replicas whose committed entries were read.
     pub replicas: usize,
-    /// Sealed segments verified whole.
+    /// Segments whose committed part was verified.
     pub segments: usize,
     /// Bytes read and verified.
     pub bytes: u64,
@@ -84,38 +87,50 @@ pub async fn run(groups: GroupRegistry, interval: Duration, rate: u64) {
     }
 }
 
-/// One pass over every hosted replica's sealed segments, in group order
-/// rotated to start at a replica chosen by the time. A replica that already
-/// reported damage is skipped (its restart verifies it anyway), and a
-/// replica's pass ends at the first damage found.
+/// One pass over every hosted replica's committed entries
+/// ([`ferrolog_raft_store::Replica::committed_segment_readers`]), in group
+/// order rotated to start at a replica chosen by the time. A replica that
+/// already reported damage is skipped (its restart verifies it anyway),
+/// and a replica's pass ends at the first damage found.
+///
+/// No replica is held while its files are read (only a weak handle): a
+/// replica the broker stops and opens again meanwhile (after damage, a
+/// fatal error, a failed disk) must be able to claim its storage. Damage is
+/// reported only if the replica still runs and its log still holds the file
+/// as it was read ([`ferrolog_raft_store::Replica::still_holds`]): a
+/// segment compaction or retention replaced, or Raft cut, is no longer the
+/// log's.
 pub async fn pass(groups: &GroupRegistry, rate: u64, cleaner: Option<&Cleaner>) -> PassStats {
-    let mut partitions = groups.partitions();
-    partitions.sort_by_key(|p| p.group);
-    if !partitions.is_empty() {
-        let start = crate::metadata::controller::now_ms().unsigned_abs() as usize % partitions.len();
-        partitions.rotate_left(start);
+    let mut ids: Vec<u64> = groups.partitions().iter().map(|p| p.group).collect();
+    ids.sort_unstable();
+    if !ids.is_empty() {
+        let start = crate::metadata::controller::now_ms().unsigned_abs() as usize % ids.len();
+        ids.rotate_left(start);
     }
     let mut stats = PassStats::default();
     let mut throttle = Some(IoThrottle::new(rate));
-    for p in partitions {
+    for group in ids {
+        let Some(p) = groups.partition_of(group) else { continue };
         if p.damage().is_some() {
             continue;
         }
         stats.replicas += 1;
-        for reader in p.replica.sealed_segment_readers() {
+        let readers = p.replica.committed_segment_readers();
+        let replica = Arc::downgrade(&p);
+        drop(p);
+        for reader in readers {
             let Some(mut t) = throttle.take() else { return stats };
-            let path = reader.path().to_owned();
             let job = move || {
                 let verified = reader.verify(CHUNK_BYTES, &mut |n| t.read(n));
-                (t, verified)
+                (t, reader, verified)
             };
             let done = match cleaner {
                 Some(c) => c.run(job).await,
                 None => tokio::task::spawn_blocking(job).await.ok(),
             };
             // A job that panicked took the throttle with it: the pass ends.
-            let Some((t, verified)) = done else {
-                tracing::error!("scrub: the pass over {} panicked; the pass ends", path.display());
+            let Some((t, reader, verified)) = done else {
+                tracing::error!(group, "scrub: a verification panicked; the pass ends");
                 return stats;
             };
             throttle = Some(t);
@@ -125,15 +140,21 @@ pub async fn pass(groups: &GroupRegistry, rate: u64, cleaner: Option<&Cleaner>) 
                     stats.bytes += bytes;
                 }
                 Err(e) if e.is_damage() => {
-                    if p.report_damage(&e, "the scrub") {
+                    if let Some(p) = replica.upgrade()
+                        && p.replica.still_holds(&reader)
+                        && p.report_damage(&e, "the scrub")
+                    {
                         stats.damaged += 1;
                     }
                     break;
                 }
                 Err(e) => {
                     stats.errors += 1;
-                    tracing::warn!(topic = %p.topic, partition = p.partition,
-                        "scrub: cannot read {}; tried again next pass: {e}", path.display());
+                    tracing::warn!(
+                        group,
+                        "scrub: cannot read {}; tried again next pass: {e}",
+                        reader.path().display()
+                    );
                 }
             }
         }

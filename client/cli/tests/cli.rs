@@ -733,7 +733,13 @@ fn partition_leadership_moves_on_request() {
     // Once the leader's pings have found it gone (a refused connection
     // counts at once; pings go every 100 ms). Asked before that, the
     // hand-over begins and the leadership goes to the third replica
-    // instead (`HandOver::transfer_to`).
+    // instead (`HandOver::transfer_to`). `broker list` shows when the
+    // brokers' pings have; a second more for the leader's own.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while broker_rows(&c).iter().any(|r| r.0 == down && r.1 == "alive") {
+        assert!(std::time::Instant::now() < deadline, "broker {down} still shown alive 20 s after its kill");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     std::thread::sleep(Duration::from_secs(1));
     let err = c.fails(&["partition", "transfer-leader", "moves", "0", "--to", &down.to_string()], None);
     assert!(
