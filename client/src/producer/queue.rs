@@ -252,6 +252,8 @@ impl PartitionQueue {
     pub(crate) fn close_open(&mut self) -> bool {
         match self.open.take() {
             Some(b) => {
+                // Creation order, which `expire` relies on.
+                debug_assert!(self.batches.back().is_none_or(|last| last.created <= b.created));
                 self.batches.push_back(b);
                 true
             }
@@ -388,6 +390,13 @@ impl PartitionQueue {
         if self.open.as_ref().is_some_and(|b| now >= b.created + timeout) {
             self.close_open();
         }
+        // The common case, checked without walking the queue (the worker
+        // asks every partition's queue at every drive): batches are queued
+        // in the order they were created ([`PartitionQueue::close_open`]),
+        // so none can expire before the first.
+        if self.batches.front().is_none_or(|b| now < b.created + timeout) {
+            return Vec::new();
+        }
         let mut expired = Vec::new();
         let mut kept = VecDeque::with_capacity(self.batches.len());
         let mut gap = false;
@@ -423,8 +432,11 @@ impl PartitionQueue {
     /// new producer id. Returns whether it reset (the worker then asks for
     /// the new id).
     pub(crate) fn reset_if_drained(&mut self) -> bool {
-        let before_gap_left = self.batches.iter().any(|b| !b.after_gap && b.sequence.is_some());
-        if !self.gap || self.in_flight > 0 || before_gap_left {
+        // Cheap checks first: the worker asks every queue at every drive.
+        if !self.gap || self.in_flight > 0 {
+            return false;
+        }
+        if self.batches.iter().any(|b| !b.after_gap && b.sequence.is_some()) {
             return false;
         }
         for b in &mut self.batches {
