@@ -99,7 +99,9 @@ pub async fn run(groups: GroupRegistry, interval: Duration, rate: u64) {
 /// reported only if the replica still runs and its log still holds the file
 /// as it was read ([`ferrolog_raft_store::Replica::still_holds`]): a
 /// segment compaction or retention replaced, or Raft cut, is no longer the
-/// log's.
+/// log's. (A cut of uncommitted entries reopens the segment's file, so
+/// damage in the committed part of the segment it cut waits for the next
+/// pass.)
 pub async fn pass(groups: &GroupRegistry, rate: u64, cleaner: Option<&Cleaner>) -> PassStats {
     let mut ids: Vec<u64> = groups.partitions().iter().map(|p| p.group).collect();
     ids.sort_unstable();
@@ -119,6 +121,12 @@ pub async fn pass(groups: &GroupRegistry, rate: u64, cleaner: Option<&Cleaner>) 
         let replica = Arc::downgrade(&p);
         drop(p);
         for reader in readers {
+            // A replica stopped meanwhile (deleted, moved, restarted) is
+            // left: its files are no longer its log's, and held open they
+            // would keep their space.
+            if replica.strong_count() == 0 {
+                break;
+            }
             let Some(mut t) = throttle.take() else { return stats };
             let job = move || {
                 let verified = reader.verify(CHUNK_BYTES, &mut |n| t.read(n));
