@@ -141,6 +141,35 @@ async fn wake(c: &Cluster) -> anyhow::Result<Vec<String>> {
     write(c, "wake", 1).await
 }
 
+/// A 1-partition topic `t` of 80 records (several sealed segments with
+/// [`CONFIG`]), every follower in sync: the records written, the leader
+/// and one follower.
+async fn sealed_segments_on_every_replica(c: &Cluster) -> anyhow::Result<(Vec<String>, u32, u32)> {
+    create_topic(c, "t", 1, 3).await?;
+    let written = write(c, "a", 80).await?;
+    let l = leader(c, "t", 0, Duration::from_secs(30)).await?;
+    let f = (1..=3).find(|b| *b != l).expect("a follower");
+    for b in (1..=3).filter(|b| *b != l) {
+        back_in_sync(c, b, "before any damage").await?;
+    }
+    Ok((written, l, f))
+}
+
+/// Every replica in sync, then stopped: each broker's dumped copy of `t`
+/// is exactly `written`.
+async fn copies_end_identical(c: &mut Cluster, written: &[String]) -> anyhow::Result<()> {
+    for b in 1..=3 {
+        back_in_sync(c, b, "at the end").await?;
+    }
+    for b in 1..=3 {
+        c.kill(b);
+    }
+    for b in 1..=3 {
+        assert_eq!(dumped_values(c, b)?, written, "broker {b}'s copy differs from what was acknowledged");
+    }
+    Ok(())
+}
+
 fn count(log: &Path, needle: &str) -> usize {
     fs::read_to_string(log).unwrap_or_default().matches(needle).count()
 }
@@ -334,13 +363,7 @@ async fn bit_rot_in_a_sealed_segment_of_a_follower_made_leader() -> anyhow::Resu
     let dir = tempfile::tempdir()?;
     let config = config_file(dir.path())?;
     let mut c = Cluster::start("bit-rot-leader", BIN, 3, &[("FERROLOG_CONFIG", &config)]).await?;
-    create_topic(&c, "t", 1, 3).await?;
-    let mut written = write(&c, "a", 80).await?;
-    let l = leader(&c, "t", 0, Duration::from_secs(30)).await?;
-    let f = (1..=3).find(|b| *b != l).expect("a follower");
-    for b in (1..=3).filter(|b| *b != l) {
-        back_in_sync(&c, b, "before any damage").await?;
-    }
+    let (mut written, _, f) = sealed_segments_on_every_replica(&c).await?;
     let segs = segments(&c, f)?;
     assert!(segs.len() >= 4, "want several sealed segments: {segs:?}");
     let victim = &segs[1];
@@ -384,16 +407,7 @@ async fn bit_rot_in_a_sealed_segment_of_a_follower_made_leader() -> anyhow::Resu
     }
     assert_eq!(read_values(c.broker(f).client_addr, "t").await?, written);
     written.extend(write(&c, "c", 5).await?);
-    for b in 1..=3 {
-        back_in_sync(&c, b, "at the end").await?;
-    }
-    for b in 1..=3 {
-        c.kill(b);
-    }
-    for b in 1..=3 {
-        assert_eq!(dumped_values(&c, b)?, written, "broker {b}'s copy differs from what was acknowledged");
-    }
-    Ok(())
+    copies_end_identical(&mut c, &written).await
 }
 
 /// Bit rot in a sealed segment of a follower that no read touches (no
@@ -408,13 +422,7 @@ async fn the_scrub_finds_bit_rot_nobody_reads_and_the_replica_repairs_itself() -
     let dir = tempfile::tempdir()?;
     let config = config_file_with(dir.path(), "[scrub]\ninterval_ms = 300\n")?;
     let mut c = Cluster::start("scrub", BIN, 3, &[("FERROLOG_CONFIG", &config)]).await?;
-    create_topic(&c, "t", 1, 3).await?;
-    let mut written = write(&c, "a", 80).await?;
-    let l = leader(&c, "t", 0, Duration::from_secs(30)).await?;
-    let f = (1..=3).find(|b| *b != l).expect("a follower");
-    for b in (1..=3).filter(|b| *b != l) {
-        back_in_sync(&c, b, "before any damage").await?;
-    }
+    let (mut written, l, f) = sealed_segments_on_every_replica(&c).await?;
     // Passes over the intact segments find nothing.
     let passes = count(&c.broker(f).log, "scrub pass done");
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -449,14 +457,5 @@ async fn the_scrub_finds_bit_rot_nobody_reads_and_the_replica_repairs_itself() -
     written.extend(wake(&c).await?);
     back_in_sync(&c, f, "after the scrub found its damage").await?;
     assert!(count(&c.broker(f).log, "replica recovered") >= 1, "{}", c.logs_tail(40));
-    for b in 1..=3 {
-        back_in_sync(&c, b, "at the end").await?;
-    }
-    for b in 1..=3 {
-        c.kill(b);
-    }
-    for b in 1..=3 {
-        assert_eq!(dumped_values(&c, b)?, written, "broker {b}'s copy differs from what was acknowledged");
-    }
-    Ok(())
+    copies_end_identical(&mut c, &written).await
 }

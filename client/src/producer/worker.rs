@@ -24,6 +24,12 @@ use ferrolog_proto::TopicId;
 /// sends is batched without starving events.
 const COMMANDS_PER_WAKE_MAX: usize = 4096;
 
+/// Events (answers to produce requests, metadata, producer ids) handled
+/// per wake-up before driving the queues: a drive looks at every
+/// partition's queue, so with many partitions one drive per answer cost
+/// more than the answers.
+const EVENTS_PER_WAKE_MAX: usize = 4096;
+
 /// Shortest pause between two metadata refreshes asked by the worker.
 const REFRESH_INTERVAL_MIN: Duration = Duration::from_millis(50);
 
@@ -264,7 +270,15 @@ impl Worker {
                     }
                     None => self.commands_open = false,
                 },
-                Some(event) = self.events.recv() => self.event(event),
+                Some(event) = self.events.recv() => {
+                    self.event(event);
+                    for _ in 1..EVENTS_PER_WAKE_MAX {
+                        match self.events.try_recv() {
+                            Ok(e) => self.event(e),
+                            Err(_) => break,
+                        }
+                    }
+                }
                 () = sleep => {}
             }
         }
