@@ -37,6 +37,7 @@
 //!   random numbers a deterministic simulation can seed).
 //! - [`types`], [`batch`], [`config`], [`error`]: shared vocabulary.
 
+pub mod appends;
 pub mod batch;
 pub mod compaction;
 pub mod config;
@@ -60,6 +61,7 @@ pub mod unsynced;
 pub mod vfs;
 pub mod wire;
 
+pub use appends::{AppendWatch, ProposalKey};
 pub use batch::{AppendResult, CONTROL_PRODUCER_ID, Control, NO_PRODUCER_ID, RecordBatch};
 pub use compaction::{CompactionStats, CompactionTarget, KeyedRecord, RecordCodec};
 pub use config::{FlushPolicy, StoreConfig};

@@ -7,8 +7,9 @@ use std::ops::{Bound, RangeBounds};
 use openraft::OptionalSend;
 use openraft::storage::{RaftLogReader, RaftLogStorage};
 
+use crate::appends::ProposalKey;
 use crate::replica::Replica;
-use crate::types::{Entry, IoFlushed, LogId, LogState, TypeConfig, Vote};
+use crate::types::{Entry, EntryPayload, IoFlushed, LogId, LogState, TypeConfig, Vote};
 
 /// The log half of a replica, as openraft drives it. Clones share state;
 /// the reader handed to replication tasks is a clone.
@@ -77,9 +78,24 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let entries: Vec<Entry> = entries.into_iter().collect();
+        let mut entries: Vec<Entry> = entries.into_iter().collect();
         let done = Box::new(move |r: io::Result<()>| callback.io_completed(r));
-        Ok(self.replica.log().append(entries, done)?)
+        let watch = self.replica.append_watch();
+        // Only a leader registers its proposals (crate::appends); a
+        // follower's appends skip the gate.
+        if !watch.is_idle() {
+            for e in &mut entries {
+                let EntryPayload::Normal(b) = &e.payload else { continue };
+                let Some(key) = ProposalKey::of(b) else { continue };
+                if !watch.admit(key) {
+                    tracing::warn!(log_id = %e.log_id, batch = %b,
+                        "stored blank: an earlier batch of its producer was refused by Raft");
+                    e.payload = EntryPayload::Blank;
+                }
+            }
+        }
+        self.replica.log().append(entries, done)?;
+        Ok(())
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {

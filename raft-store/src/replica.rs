@@ -62,6 +62,8 @@ pub(crate) struct Inner {
     pub opened_term: u64,
     /// [`PartitionLog::segment_events`].
     pub segment_events: Arc<std::sync::atomic::AtomicU64>,
+    /// The leader's idempotent proposals not in the log yet.
+    pub appends: crate::appends::AppendWatch,
 }
 
 /// Replicas open in this process (an `Inner` not dropped yet).
@@ -271,6 +273,7 @@ impl Replica {
                 opened_last,
                 opened_term,
                 segment_events,
+                appends: crate::appends::AppendWatch::default(),
             }),
         })
     }
@@ -532,6 +535,19 @@ impl Replica {
         record_count: u32,
     ) -> SequenceCheck {
         self.applied().producers.check(producer_id, epoch, first_sequence, record_count)
+    }
+
+    /// The leader's idempotent proposals that have not reached this log
+    /// yet (see [`crate::appends`]).
+    pub fn append_watch(&self) -> &crate::appends::AppendWatch {
+        &self.inner.appends
+    }
+
+    /// Raft index of the last entry in this replica's log, as stored (not
+    /// as the Raft library last published it); `None` if the log holds no
+    /// entry.
+    pub fn last_log_index(&self) -> Option<u64> {
+        self.log().next_index().checked_sub(1)
     }
 
     /// Producer ids the applied state tracks.

@@ -386,7 +386,37 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// What a broker logs when it applies a producer's batch out of sequence
+/// (raft-store's state machine): a leader let a batch overtake the one
+/// before it, whose records are then stored out of order. Never expected.
+pub const OUT_OF_SEQUENCE: &str = "applied a batch out of producer sequence";
+
+impl Cluster {
+    /// Lines of the brokers' logs that show a batch applied out of its
+    /// producer's sequence ([`OUT_OF_SEQUENCE`]), with their broker id.
+    pub fn out_of_sequence_lines(&self) -> Vec<(u32, String)> {
+        use std::io::BufRead;
+        let mut found = Vec::new();
+        for b in &self.brokers {
+            let Ok(file) = std::fs::File::open(&b.log) else { continue };
+            let lines = std::io::BufReader::new(file).lines().map_while(Result::ok);
+            found.extend(lines.filter(|l| l.contains(OUT_OF_SEQUENCE)).map(|l| (b.id, l)));
+        }
+        found
+    }
+
+    /// Whether the brokers were told to run with an injected bug (their
+    /// logs may then show anything).
+    fn injects_bugs(&self) -> bool {
+        let env = self.extra_env.iter().chain(self.broker_env.iter().flatten());
+        env.into_iter().any(|(k, _)| k == "FERROLOG_INJECT_BUG")
+    }
+}
+
 impl Drop for Cluster {
+    /// Kills the brokers; then, unless the test is failing already or
+    /// injected a bug, fails it if a broker applied a producer's batch out
+    /// of sequence: every test with a cluster checks that invariant.
     fn drop(&mut self) {
         for b in &mut self.brokers {
             if let Some(mut c) = b.child.take() {
@@ -394,6 +424,11 @@ impl Drop for Cluster {
                 let _ = c.wait();
             }
         }
+        if std::thread::panicking() || self.injects_bugs() {
+            return;
+        }
+        let found = self.out_of_sequence_lines();
+        assert!(found.is_empty(), "a broker applied a producer's batch out of sequence: {found:?}");
     }
 }
 

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use ferrolog_raft_store::SequenceCheck;
+use ferrolog_raft_store::{ProposalKey, SequenceCheck};
 use ferrolog_raft_store::{RecordBatch, Replica, StoreError, StoredBatch};
 use ferrolog_replica::{NodeId, ProposeError, RaftNode, State};
 use tokio::sync::{Mutex, Notify};
@@ -530,10 +530,11 @@ impl Partition {
         let (pid, epoch, first, count) =
             (batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.record_count);
         let gap_deadline = tokio::time::Instant::now() + SEQUENCE_GAP_WAIT;
+        let watch = self.replica.append_watch();
         let pending = loop {
             let mut seq = self.sequencer.lock().await;
             if !seq.is_valid_for(term) {
-                self.await_apply_caught_up().await?;
+                self.await_proposals_settled().await?;
                 seq.reset(term);
             }
             match seq.check(&self.replica, pid, epoch, first, count) {
@@ -558,17 +559,13 @@ impl Partition {
                 }
                 Verdict::Applied(SequenceCheck::Append) => {}
             }
-            seq.reserve(pid, epoch, first, count);
+            let reservation = seq.reserve(watch, pid, epoch, first, count);
             // Proposed as the leader of `term` only: the sequence checks
-            // above were made against that term's applied state.
-            let pending = match self.raft.propose(batch.clone(), term).await {
-                Ok(p) => p,
-                Err(e) => {
-                    seq.complete(pid, first);
-                    seq.invalidate();
-                    return Err(self.propose_error(e));
-                }
-            };
+            // above were made against that term's applied state. A failure,
+            // or this request's cancellation while the proposal waits for
+            // room, drops the reservation, which gives the place back.
+            let pending = self.raft.propose(batch.clone(), term).await.map_err(|e| self.propose_error(e))?;
+            reservation.proposed();
             self.sequence_advanced.notify_waiters();
             break pending;
         };
@@ -576,6 +573,7 @@ impl Partition {
         // its outcome even if this request is cancelled (a client timeout
         // drops this future): a reservation must never outlive its write.
         let this = self.clone();
+        let key = ProposalKey::of(&batch);
         let settled = tokio::spawn(
             async move {
                 let result = pending.committed().await;
@@ -583,8 +581,23 @@ impl Partition {
                 seq.complete(pid, first);
                 this.sequence_advanced.notify_waiters();
                 match result {
+                    Ok(r) if r.record_count == 0 && count > 0 => {
+                        // Stored blank: Raft refused an earlier batch of
+                        // this producer and accepted this one
+                        // (ferrolog_raft_store::appends). Nothing of it is
+                        // in the log; it comes again after the earlier one.
+                        seq.invalidate();
+                        let expected = match this.replica.check_sequence(pid, epoch, first, count) {
+                            SequenceCheck::OutOfOrder { expected } => expected,
+                            _ => first,
+                        };
+                        Err(ApiError::OutOfOrderSequence { expected, got: first })
+                    }
                     Ok(r) => Ok((r.base_offset, false)),
                     Err(e) => {
+                        if let Some(key) = key {
+                            this.replica.append_watch().forget(key);
+                        }
                         seq.invalidate();
                         Err(this.propose_error(e))
                     }
@@ -610,10 +623,32 @@ impl Partition {
         self.await_apply_caught_up().await
     }
 
+    /// Waits until every idempotent proposal of this leader has reached the
+    /// log or failed, then until every entry in the log is applied: the
+    /// applied producer state then covers every proposal that may still
+    /// commit, and a sequencer reset forgets nothing still on its way.
+    /// Called with the sequencer locked, so no proposal starts meanwhile.
+    async fn await_proposals_settled(&self) -> Result<(), ApiError> {
+        let watch = self.replica.append_watch();
+        let deadline = tokio::time::Instant::now() + LEADER_READY_WAIT;
+        loop {
+            let changed = watch.changed();
+            if watch.is_idle() {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return Err(ApiError::Unavailable("waiting for earlier proposals to reach the log".into()));
+            }
+        }
+        self.await_apply_caught_up().await
+    }
+
     /// Waits until every entry in the local log is applied, so the applied
     /// producer state covers every proposal that may still commit.
     async fn await_apply_caught_up(&self) -> Result<(), ApiError> {
-        let last = self.raft.state(|s| s.last_log_index());
+        // The log as stored: the Raft library may publish its last index
+        // after an append that a caller has just seen.
+        let last = self.raft.state(|s| s.last_log_index()).max(self.replica.last_log_index());
         if let Some(last) = last
             && !self.raft.wait_applied(last, LEADER_READY_WAIT).await
         {

@@ -7,12 +7,17 @@
 //! snapshots); this adds the leader's own proposals that are not applied
 //! yet. It is valid only while nothing unknown sits between the two: after
 //! becoming leader, or after a proposal failed (it may still commit), the
-//! caller waits until apply has reached the log's end and calls
-//! [`Sequencer::reset`].
+//! caller waits until every proposal has reached the log or failed and
+//! apply has reached the log's end, and calls [`Sequencer::reset`].
+//!
+//! Raft may refuse a proposal and accept a later one: each idempotent
+//! proposal is registered with the replica's [`AppendWatch`], whose log
+//! store stores blank a batch that would overtake a refused one (see
+//! [`ferrolog_raft_store::appends`]).
 
 use std::collections::{BTreeSet, HashMap};
 
-use ferrolog_raft_store::{NO_PRODUCER_ID, Replica, SequenceCheck, producer};
+use ferrolog_raft_store::{AppendWatch, NO_PRODUCER_ID, ProposalKey, Replica, SequenceCheck, producer};
 
 /// Verdict on a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,16 +106,33 @@ impl Sequencer {
         Verdict::InFlight
     }
 
-    /// Notes that the batch was proposed.
-    pub fn reserve(&mut self, producer_id: i64, epoch: i16, first: i32, record_count: u32) {
-        if producer_id == NO_PRODUCER_ID {
-            return;
+    /// Reserves the batch's place in its producer's sequence and registers
+    /// it with `watch`, before it is proposed. The returned guard gives
+    /// the place back unless told the proposal was handed to Raft.
+    pub fn reserve<'a>(
+        &'a mut self,
+        watch: &'a AppendWatch,
+        producer_id: i64,
+        epoch: i16,
+        first: i32,
+        record_count: u32,
+    ) -> Reservation<'a> {
+        let key = (producer_id != NO_PRODUCER_ID).then_some(ProposalKey {
+            producer_id,
+            epoch,
+            base_sequence: first,
+        });
+        if key.is_some() {
+            let p = self.pending.entry(producer_id).or_default();
+            p.epoch = epoch;
+            let last = producer::last_sequence(first, record_count);
+            p.next_sequence = producer::next_sequence(last);
+            p.in_flight.insert(first);
         }
-        let p = self.pending.entry(producer_id).or_default();
-        p.epoch = epoch;
-        let last = producer::last_sequence(first, record_count);
-        p.next_sequence = producer::next_sequence(last);
-        p.in_flight.insert(first);
+        if let Some(key) = key {
+            watch.expect(key);
+        }
+        Reservation { seq: self, watch, producer_id, first, key, armed: true }
     }
 
     /// Notes that the proposal of the batch finished (applied or failed).
@@ -121,5 +143,81 @@ impl Sequencer {
                 self.pending.remove(&producer_id);
             }
         }
+    }
+}
+
+/// A batch's place in its producer's sequence, reserved before its
+/// proposal ([`Sequencer::reserve`]). Dropped before
+/// [`Reservation::proposed`] (the proposal failed, or the request was
+/// cancelled while the proposal waited for room in Raft's queue) it gives
+/// the place back: the batch is no longer in flight, the watch forgets it,
+/// and the state is marked invalid, since what else was reserved behind
+/// it is unknown. A reservation must never outlive its proposal.
+#[must_use = "dropping a reservation gives its place back"]
+pub struct Reservation<'a> {
+    seq: &'a mut Sequencer,
+    watch: &'a AppendWatch,
+    producer_id: i64,
+    first: i32,
+    key: Option<ProposalKey>,
+    armed: bool,
+}
+
+impl Reservation<'_> {
+    /// The proposal was handed to Raft: its outcome is now the settling's
+    /// to report ([`Sequencer::complete`], [`AppendWatch::forget`]).
+    pub fn proposed(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.seq.complete(self.producer_id, self.first);
+        self.seq.invalidate();
+        if let Some(key) = self.key {
+            self.watch.forget(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrolog_raft_store::{Flusher, StoreConfig};
+
+    const PID: i64 = 7;
+
+    fn replica(dir: &std::path::Path) -> Replica {
+        let flusher = Flusher::spawn("sequencer-test").expect("flusher");
+        Replica::open(dir, StoreConfig::default(), flusher).expect("replica")
+    }
+
+    /// A reservation dropped before its proposal was handed over (the
+    /// proposal failed, or the request was cancelled) leaves nothing
+    /// behind that a later batch could be judged against.
+    #[test]
+    fn a_dropped_reservation_gives_its_place_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let replica = replica(dir.path());
+        let watch = replica.append_watch();
+        let mut seq = Sequencer::default();
+        seq.reset(1);
+        seq.reserve(watch, PID, 0, 0, 2).proposed();
+        assert!(!watch.is_idle(), "registered before it is handed to Raft");
+        drop(seq.reserve(watch, PID, 0, 2, 1));
+        assert!(!seq.is_valid_for(1), "what was reserved behind it is unknown");
+        assert!(watch.admit(ProposalKey { producer_id: PID, epoch: 0, base_sequence: 0 }));
+        assert!(watch.is_idle(), "the watch forgot the dropped one");
+        seq.reset(1);
+        assert_eq!(
+            seq.check(&replica, PID, 0, 3, 1),
+            Verdict::Applied(SequenceCheck::OutOfOrder { expected: 0 }),
+            "judged by the applied state alone (nothing applied here)"
+        );
+        assert_eq!(seq.check(&replica, PID, 0, 0, 2), Verdict::Append);
     }
 }
