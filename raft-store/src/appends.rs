@@ -23,10 +23,18 @@
 //! refused, is stored blank (no records; every replica applies it as
 //! nothing), and the leader answers its producer out of order. Waiting for
 //! each batch to reach the log before proposing the next would do too, at
-//! a cost: 13–15% of one producer's records/s at 100 B, measured. The
-//! leader crosses off a proposal that failed ([`AppendWatch::forget`]).
-//! A proposal is known by its producer id, epoch and first sequence: the
-//! leader never has two proposals of the same batch in flight.
+//! a cost: 13–15% of one producer's records/s at 100 B, measured.
+//!
+//! The Raft node marks a refused proposal as soon as it hears of it
+//! ([`AppendWatch::fail`]); it stays registered, holding its producer's
+//! later batches back, until the leader starts over: once every
+//! registered proposal has reached the log or failed, it clears the watch
+//! ([`AppendWatch::clear`]) and judges sequences by the applied state
+//! again. A proposal never handed over is forgotten
+//! ([`AppendWatch::forget`]). A proposal is known by its producer id,
+//! epoch and first sequence, and the term it was proposed in: the leader
+//! never has two proposals of the same batch in flight, and a deposed
+//! leader's registrations leave a later leader's entries alone.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -58,10 +66,12 @@ impl ProposalKey {
     }
 }
 
-/// A registered proposal: its key, and whether it failed.
+/// A registered proposal: its key, the term it was proposed in, and
+/// whether it is known to have failed.
 #[derive(Debug)]
 struct Sent {
     key: ProposalKey,
+    term: u64,
     failed: bool,
 }
 
@@ -83,11 +93,42 @@ impl AppendWatch {
         self.sent.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Registers a proposal about to be handed to Raft. Proposals must be
-    /// registered in the order they are handed over.
-    pub fn expect(&self, key: ProposalKey) {
-        self.sent().entry(key.producer_id).or_default().push_back(Sent { key, failed: false });
+    /// Registers a proposal about to be handed to Raft by the leader of
+    /// `term`. Proposals must be registered in the order they are handed
+    /// over.
+    pub fn expect(&self, key: ProposalKey, term: u64) {
+        self.sent().entry(key.producer_id).or_default().push_back(Sent { key, term, failed: false });
         self.count.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Marks a proposal that Raft refused or dropped: it will never be
+    /// appended. It stays registered, holding back every later proposal of
+    /// its producer (those are stored blank), until [`AppendWatch::clear`].
+    /// A no-op if it is not registered.
+    pub fn fail(&self, key: ProposalKey) {
+        let mut sent = self.sent();
+        let found = sent.get_mut(&key.producer_id).and_then(|q| q.iter_mut().find(|s| s.key == key));
+        if let Some(s) = found {
+            s.failed = true;
+            drop(sent);
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Whether every registered proposal has reached the log or failed:
+    /// none is still on its way.
+    pub fn is_settled(&self) -> bool {
+        self.is_idle() || self.sent().values().flatten().all(|s| s.failed)
+    }
+
+    /// Forgets every registered proposal. For the leader when it starts
+    /// over ([`AppendWatch::is_settled`] first: what is left failed, and
+    /// holds nothing back any more).
+    pub fn clear(&self) {
+        let mut sent = self.sent();
+        debug_assert!(sent.values().flatten().all(|s| s.failed), "cleared while proposals were on their way");
+        sent.clear();
+        self.count.store(0, Ordering::Release);
     }
 
     /// Whether no registered proposal is waiting to be appended.
@@ -95,57 +136,48 @@ impl AppendWatch {
         self.count.load(Ordering::Acquire) == 0
     }
 
-    /// Marks a proposal that failed (or whose caller gave up before handing
-    /// it over): it will never be appended. It stays registered while a
-    /// later proposal of its producer is, so that one is stored blank if it
-    /// reaches the log. A no-op if it is not registered.
+    /// Forgets a proposal that was never handed to Raft (its hand-over
+    /// failed, or its caller gave up first): the leader calls it under the
+    /// same lock as it registered the proposal, and marks its own state
+    /// invalid with it, so nothing was registered behind it meanwhile. A
+    /// no-op if it is not registered.
     pub fn forget(&self, key: ProposalKey) {
-        self.update(key, |queue, position| {
-            queue[position].failed = true;
-        });
+        self.remove(key, None);
     }
 
     /// Called by the log store for each idempotent entry it is about to
-    /// append, in log order: crosses the entry's proposal off and returns
-    /// whether the entry may be stored as it is. `false`: an earlier
-    /// proposal of the same producer is still registered, so it never
-    /// reached the log (it was refused; its failure may not be known yet),
-    /// and this one must be stored blank, as must every later one while
-    /// the earlier stays registered. An entry that was not registered here
-    /// (a follower's, an earlier leader's) is admitted.
-    pub fn admit(&self, key: ProposalKey) -> bool {
+    /// append, in log order, with the term of the entry's log id: crosses
+    /// the entry's proposal off and returns whether the entry may be
+    /// stored as it is. `false`: an earlier proposal of the same producer
+    /// in that term is still registered, so it never reached the log (it
+    /// was refused; its failure may not be known yet), and this one must be
+    /// stored blank, as must every later one until the leader starts over
+    /// ([`AppendWatch::clear`]). An entry that was not registered here, in
+    /// its term (a follower's, another leader's), is admitted.
+    pub fn admit(&self, key: ProposalKey, term: u64) -> bool {
         if self.is_idle() {
             return true;
         }
-        let mut admitted = true;
-        self.update(key, |queue, position| {
-            queue.remove(position);
-            admitted = position == 0;
-        });
-        admitted
+        self.remove(key, Some(term)).is_none_or(|held_back| !held_back)
     }
 
-    /// Applies `change` to the registered proposal `key` (its producer's
-    /// queue, its position there), then drops the failed proposals left
-    /// with nothing after them: they hold nothing back.
-    fn update(&self, key: ProposalKey, change: impl FnOnce(&mut VecDeque<Sent>, usize)) {
+    /// Removes the registration of `key` (of `term`, if given; else the
+    /// last one). Returns whether a registration of the same term was
+    /// before it, or `None` if there was none to remove.
+    fn remove(&self, key: ProposalKey, term: Option<u64>) -> Option<bool> {
         let mut sent = self.sent();
-        let Some(queue) = sent.get_mut(&key.producer_id) else { return };
-        let Some(position) = queue.iter().position(|s| s.key == key) else { return };
-        let before = queue.len();
-        change(queue, position);
-        while queue.back().is_some_and(|s| s.failed) {
-            queue.pop_back();
-        }
-        let gone = before - queue.len();
+        let queue = sent.get_mut(&key.producer_id)?;
+        let position = queue.iter().rposition(|s| s.key == key && term.is_none_or(|t| s.term == t))?;
+        let term = queue[position].term;
+        let held_back = queue.iter().take(position).any(|s| s.term == term);
+        queue.remove(position);
         if queue.is_empty() {
             sent.remove(&key.producer_id);
         }
         drop(sent);
-        if gone > 0 {
-            self.count.fetch_sub(gone, Ordering::AcqRel);
-            self.changed.notify_waiters();
-        }
+        self.count.fetch_sub(1, Ordering::AcqRel);
+        self.changed.notify_waiters();
+        Some(held_back)
     }
 
     /// A future that completes at the next crossing off. Create it before
@@ -160,6 +192,8 @@ impl AppendWatch {
 mod tests {
     use super::*;
 
+    const TERM: u64 = 3;
+
     fn key(producer_id: i64, base_sequence: i32) -> ProposalKey {
         ProposalKey { producer_id, epoch: 0, base_sequence }
     }
@@ -168,59 +202,82 @@ mod tests {
     fn entries_reaching_the_log_in_order_are_admitted() {
         let w = AppendWatch::default();
         assert!(w.is_idle());
-        w.expect(key(7, 0));
-        w.expect(key(7, 2));
-        w.expect(key(8, 0));
-        assert!(w.admit(key(8, 0)), "another producer's batches do not hold it back");
-        assert!(w.admit(key(7, 0)));
-        assert!(w.admit(key(9, 5)), "not registered: a follower's or an earlier leader's entry");
-        assert!(w.admit(key(7, 2)));
+        w.expect(key(7, 0), TERM);
+        w.expect(key(7, 2), TERM);
+        w.expect(key(8, 0), TERM);
+        assert!(w.admit(key(8, 0), TERM), "another producer's batches do not hold it back");
+        assert!(w.admit(key(7, 0), TERM));
+        assert!(w.admit(key(9, 5), TERM), "not registered: a follower's or an earlier leader's entry");
+        assert!(w.admit(key(7, 2), TERM));
         assert!(w.is_idle());
     }
 
-    /// The lease case: batch 0 refused, batch 2 (proposed behind it)
-    /// accepted; and whether or not the leader has heard of the refusal
-    /// yet when batch 2 reaches the log.
+    /// The lease case: batch 0 refused, batches 2 and 3 (proposed behind
+    /// it) accepted; whether or not the leader has heard of the refusal
+    /// when they reach the log.
     #[test]
     fn a_batch_that_would_overtake_a_refused_one_is_not_admitted() {
         for refusal_known in [false, true] {
             let w = AppendWatch::default();
-            w.expect(key(7, 0));
-            w.expect(key(7, 2));
-            w.expect(key(7, 3));
+            w.expect(key(7, 0), TERM);
+            w.expect(key(7, 2), TERM);
+            w.expect(key(7, 3), TERM);
             if refusal_known {
-                w.forget(key(7, 0));
-                assert!(!w.is_idle(), "batch 0 still holds back the ones after it");
+                w.fail(key(7, 0));
             }
-            assert!(!w.admit(key(7, 2)), "batch 0 never reached the log");
-            assert!(!w.admit(key(7, 3)), "nor does it later: 3 would overtake it too");
-            w.forget(key(7, 0));
-            assert!(w.is_idle(), "refusal known: {refusal_known}");
-            assert!(w.admit(key(7, 3)), "nothing registered: the sequencer has started over");
+            assert!(!w.is_settled(), "batches 2 and 3 are on their way");
+            assert!(!w.admit(key(7, 2), TERM), "batch 0 never reached the log");
+            assert!(!w.admit(key(7, 3), TERM), "nor does it later: 3 would overtake it too");
+            w.fail(key(7, 0));
+            assert!(w.is_settled(), "refusal known: {refusal_known}");
+            assert!(!w.is_idle(), "batch 0 holds the producer back until the leader starts over");
+            w.clear();
+            assert!(w.is_idle());
+            w.expect(key(7, 0), TERM);
+            assert!(w.admit(key(7, 0), TERM), "started over");
         }
     }
 
+    /// A deposed leader's registrations do not touch what a later leader
+    /// sends it: only entries of the term they were proposed in match.
     #[test]
-    fn failed_proposals_with_nothing_after_them_are_dropped() {
+    fn only_entries_of_the_registering_term_are_judged() {
         let w = AppendWatch::default();
-        w.expect(key(7, 0));
-        w.expect(key(7, 1));
+        w.expect(key(7, 0), TERM);
+        w.expect(key(7, 1), TERM);
+        assert!(w.admit(key(7, 1), TERM + 1), "another leader's entry, stored as sent");
+        assert!(!w.is_settled(), "the registrations of TERM are still there");
+    }
+
+    #[test]
+    fn a_proposal_never_handed_over_is_forgotten() {
+        let w = AppendWatch::default();
+        w.expect(key(7, 0), TERM);
+        w.expect(key(7, 1), TERM);
         w.forget(key(7, 1));
         assert!(!w.is_idle(), "batch 0 is still on its way");
-        w.forget(key(7, 0));
+        assert!(w.admit(key(7, 0), TERM));
         assert!(w.is_idle());
+        w.expect(key(7, 0), TERM);
+        w.fail(key(7, 0));
+        w.expect(key(7, 1), TERM);
+        w.forget(key(7, 1));
+        assert!(!w.is_idle(), "a failure is kept until the leader starts over");
         w.forget(key(7, 0));
-        assert!(w.is_idle(), "forgetting twice is harmless");
-        assert!(w.admit(key(7, 0)));
+        assert!(w.is_idle(), "forgetting what is not registered is harmless");
         assert_eq!(ProposalKey::of(&RecordBatch { producer_id: NO_PRODUCER_ID, ..Default::default() }), None);
     }
 
     #[tokio::test]
     async fn crossing_off_wakes_a_waiter_created_before() {
         let w = AppendWatch::default();
-        w.expect(key(7, 0));
+        w.expect(key(7, 0), TERM);
         let changed = w.changed();
-        assert!(w.admit(key(7, 0)));
+        assert!(w.admit(key(7, 0), TERM));
         tokio::time::timeout(std::time::Duration::from_secs(5), changed).await.expect("woken");
+        w.expect(key(7, 1), TERM);
+        let changed = w.changed();
+        w.fail(key(7, 1));
+        tokio::time::timeout(std::time::Duration::from_secs(5), changed).await.expect("woken by a failure");
     }
 }

@@ -87,7 +87,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             for e in &mut entries {
                 let EntryPayload::Normal(b) = &e.payload else { continue };
                 let Some(key) = ProposalKey::of(b) else { continue };
-                if !watch.admit(key) {
+                if !watch.admit(key, e.log_id.leader_id.term) {
                     tracing::warn!(log_id = %e.log_id, batch = %b,
                         "stored blank: an earlier batch of its producer was refused by Raft");
                     e.payload = EntryPayload::Blank;

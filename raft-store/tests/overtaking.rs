@@ -54,7 +54,7 @@ fn a_batch_that_overtakes_a_refused_one_is_stored_blank() {
         // The leader proposed batches 0, 1 and 2; Raft refused 0 and
         // accepted 1 and 2, which reach the log store first.
         for s in 0..3 {
-            watch.expect(key(s));
+            watch.expect(key(s), 1);
         }
         common::append_durable(&mut replica.log_store(), vec![entry(0, 1), entry(1, 2)])
             .await
@@ -68,13 +68,14 @@ fn a_batch_that_overtakes_a_refused_one_is_stored_blank() {
             SequenceCheck::Append,
             "the producer still expects 0"
         );
-        // The leader learns of the refusal; nothing is left to hold back.
-        watch.forget(key(0));
-        assert!(watch.is_idle());
+        // The leader learns of the refusal, and starts over.
+        watch.fail(key(0));
+        assert!(watch.is_settled());
+        watch.clear();
 
-        // Started over, in order: batch 0 then 1, stored as they are.
-        watch.expect(key(0));
-        watch.expect(key(1));
+        // In order: batch 0 then 1, stored as they are.
+        watch.expect(key(0), 1);
+        watch.expect(key(1), 1);
         common::append_durable(&mut replica.log_store(), vec![entry(2, 0)]).await.expect("append");
         common::append_durable(&mut replica.log_store(), vec![entry(3, 1)]).await.expect("append");
         let entries = stored(&replica, 2, 4).await;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use ferrolog_proto::raft as pb;
 use ferrolog_raft_store::state_machine::{PartitionRaft, Snapshot};
 use ferrolog_raft_store::types::{Node, NodeId, TypeConfig, Vote};
-use ferrolog_raft_store::{AppendResult, FOUNDING_TERM, RecordBatch, Replica, wire};
+use ferrolog_raft_store::{AppendResult, FOUNDING_TERM, ProposalKey, RecordBatch, Replica, wire};
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::error::ClientWriteError;
 use openraft::impls::ProgressResponder;
@@ -100,6 +100,10 @@ pub struct Pending {
     /// With [`crate::InjectedBug::AckBeforeCommit`] on: the answer it
     /// gives if the commit takes longer than [`crate::inject::ACK_EARLY_MS`].
     early: Option<AppendResult>,
+    /// An idempotent batch's key and its replica: a refusal is marked in
+    /// the replica's [`ferrolog_raft_store::AppendWatch`] as soon as it is
+    /// known, before the caller hears of it.
+    watched: Option<(Replica, ProposalKey)>,
 }
 
 impl Pending {
@@ -110,16 +114,33 @@ impl Pending {
     /// [`ProposeError::NotLeader`] if leadership moved first;
     /// [`ProposeError::Unavailable`] if the node stopped or dropped it.
     pub async fn committed(self) -> Result<AppendResult, ProposeError> {
-        let answer = match self.early {
-            None => self.rx.await,
+        let Pending { mut rx, early, watched } = self;
+        let answer = match early {
+            None => rx.await,
             Some(guess) => {
                 let early = Duration::from_millis(crate::inject::ACK_EARLY_MS);
-                match tokio::time::timeout(early, self.rx).await {
+                match tokio::time::timeout(early, &mut rx).await {
                     Ok(answer) => answer,
-                    Err(_) => return Ok(guess),
+                    Err(_) => {
+                        // The injected bug answers now; the real answer
+                        // still reaches the watch.
+                        if let Some((replica, key)) = watched {
+                            tokio::spawn(async move {
+                                if !matches!(rx.await, Ok(Ok(_))) {
+                                    replica.append_watch().fail(key);
+                                }
+                            });
+                        }
+                        return Ok(guess);
+                    }
                 }
             }
         };
+        if !matches!(answer, Ok(Ok(_)))
+            && let Some((replica, key)) = &watched
+        {
+            replica.append_watch().fail(*key);
+        }
         match answer {
             Ok(Ok(resp)) => Ok(resp.data),
             Ok(Err(ClientWriteError::ForwardToLeader(f))) => {
@@ -423,6 +444,7 @@ impl RaftNode {
             base_offset: self.life.replica().log_end_offset(),
             record_count: batch.record_count,
         });
+        let watched = ProposalKey::of(&batch).map(|key| (self.life.replica().clone(), key));
         let (responder, rx) = ProgressResponder::complete_only();
         leader
             .write(batch)
@@ -430,7 +452,7 @@ impl RaftNode {
             .responder(responder)
             .await
             .map_err(|e| ProposeError::Unavailable(format!("raft stopped: {e}")))?;
-        Ok(Pending { rx, early })
+        Ok(Pending { rx, early, watched })
     }
 
     /// Proposes `batch` and waits until it is committed and applied.

@@ -416,7 +416,9 @@ impl Cluster {
 impl Drop for Cluster {
     /// Kills the brokers; then, unless the test is failing already or
     /// injected a bug, fails it if a broker applied a producer's batch out
-    /// of sequence: every test with a cluster checks that invariant.
+    /// of sequence: every test with a cluster checks that invariant. (The
+    /// line is a warning: a `FERROLOG_TEST_LOG` filter that drops warnings
+    /// hides it.)
     fn drop(&mut self) {
         for b in &mut self.brokers {
             if let Some(mut c) = b.child.take() {

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use ferrolog_raft_store::{ProposalKey, SequenceCheck};
+use ferrolog_raft_store::SequenceCheck;
 use ferrolog_raft_store::{RecordBatch, Replica, StoreError, StoredBatch};
 use ferrolog_replica::{NodeId, ProposeError, RaftNode, State};
 use tokio::sync::{Mutex, Notify};
@@ -559,7 +559,7 @@ impl Partition {
                 }
                 Verdict::Applied(SequenceCheck::Append) => {}
             }
-            let reservation = seq.reserve(watch, pid, epoch, first, count);
+            let reservation = seq.reserve(watch, term, pid, epoch, first, count);
             // Proposed as the leader of `term` only: the sequence checks
             // above were made against that term's applied state. A failure,
             // or this request's cancellation while the proposal waits for
@@ -573,7 +573,6 @@ impl Partition {
         // its outcome even if this request is cancelled (a client timeout
         // drops this future): a reservation must never outlive its write.
         let this = self.clone();
-        let key = ProposalKey::of(&batch);
         let settled = tokio::spawn(
             async move {
                 let result = pending.committed().await;
@@ -595,9 +594,7 @@ impl Partition {
                     }
                     Ok(r) => Ok((r.base_offset, false)),
                     Err(e) => {
-                        if let Some(key) = key {
-                            this.replica.append_watch().forget(key);
-                        }
+                        // The Raft node has marked it failed in the watch.
                         seq.invalidate();
                         Err(this.propose_error(e))
                     }
@@ -624,16 +621,19 @@ impl Partition {
     }
 
     /// Waits until every idempotent proposal of this leader has reached the
-    /// log or failed, then until every entry in the log is applied: the
-    /// applied producer state then covers every proposal that may still
-    /// commit, and a sequencer reset forgets nothing still on its way.
-    /// Called with the sequencer locked, so no proposal starts meanwhile.
+    /// log or failed, then clears the watch, then waits until every entry in
+    /// the log is applied: the applied producer state then covers every
+    /// proposal that may still commit, and a sequencer reset forgets
+    /// nothing still on its way. Called with the sequencer locked, so no
+    /// proposal starts meanwhile; the Raft node marks failures without
+    /// that lock.
     async fn await_proposals_settled(&self) -> Result<(), ApiError> {
         let watch = self.replica.append_watch();
         let deadline = tokio::time::Instant::now() + LEADER_READY_WAIT;
         loop {
             let changed = watch.changed();
-            if watch.is_idle() {
+            if watch.is_settled() {
+                watch.clear();
                 break;
             }
             if tokio::time::timeout_at(deadline, changed).await.is_err() {

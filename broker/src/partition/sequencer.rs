@@ -112,6 +112,7 @@ impl Sequencer {
     pub fn reserve<'a>(
         &'a mut self,
         watch: &'a AppendWatch,
+        term: u64,
         producer_id: i64,
         epoch: i16,
         first: i32,
@@ -130,7 +131,7 @@ impl Sequencer {
             p.in_flight.insert(first);
         }
         if let Some(key) = key {
-            watch.expect(key);
+            watch.expect(key, term);
         }
         Reservation { seq: self, watch, producer_id, first, key, armed: true }
     }
@@ -165,7 +166,8 @@ pub struct Reservation<'a> {
 
 impl Reservation<'_> {
     /// The proposal was handed to Raft: its outcome is now the settling's
-    /// to report ([`Sequencer::complete`], [`AppendWatch::forget`]).
+    /// to report ([`Sequencer::complete`]; a refusal is marked in the watch
+    /// by the Raft node, [`ferrolog_replica::Pending::committed`]).
     pub fn proposed(mut self) {
         self.armed = false;
     }
@@ -206,11 +208,11 @@ mod tests {
         let watch = replica.append_watch();
         let mut seq = Sequencer::default();
         seq.reset(1);
-        seq.reserve(watch, PID, 0, 0, 2).proposed();
+        seq.reserve(watch, 1, PID, 0, 0, 2).proposed();
         assert!(!watch.is_idle(), "registered before it is handed to Raft");
-        drop(seq.reserve(watch, PID, 0, 2, 1));
+        drop(seq.reserve(watch, 1, PID, 0, 2, 1));
         assert!(!seq.is_valid_for(1), "what was reserved behind it is unknown");
-        assert!(watch.admit(ProposalKey { producer_id: PID, epoch: 0, base_sequence: 0 }));
+        assert!(watch.admit(ProposalKey { producer_id: PID, epoch: 0, base_sequence: 0 }, 1));
         assert!(watch.is_idle(), "the watch forgot the dropped one");
         seq.reset(1);
         assert_eq!(
