@@ -32,9 +32,10 @@
 //! ([`AppendWatch::clear`]) and judges sequences by the applied state
 //! again. A proposal never handed over is forgotten
 //! ([`AppendWatch::forget`]). A proposal is known by its producer id,
-//! epoch and first sequence, and the term it was proposed in: the leader
-//! never has two proposals of the same batch in flight, and a deposed
-//! leader's registrations leave a later leader's entries alone.
+//! epoch and first sequence, and the leadership (term and leader node)
+//! that proposed it: the leader never has two proposals of the same batch
+//! in flight, and a deposed leader's registrations leave every other
+//! leadership's entries alone.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -66,12 +67,24 @@ impl ProposalKey {
     }
 }
 
-/// A registered proposal: its key, the term it was proposed in, and
+/// A leadership: its term and its leader's node id. One term can see two
+/// leaders (openraft orders leader ids by term, then node id, and a voter
+/// whose leader's lease lapsed may grant a higher id of the same term), so
+/// a leader's own entries are known by both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Leadership {
+    /// The Raft term.
+    pub term: u64,
+    /// The leader's Raft node id.
+    pub node: u64,
+}
+
+/// A registered proposal: its key, the leadership that proposed it, and
 /// whether it is known to have failed.
 #[derive(Debug)]
 struct Sent {
     key: ProposalKey,
-    term: u64,
+    leadership: Leadership,
     failed: bool,
 }
 
@@ -93,11 +106,13 @@ impl AppendWatch {
         self.sent.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Registers a proposal about to be handed to Raft by the leader of
-    /// `term`. Proposals must be registered in the order they are handed
-    /// over.
-    pub fn expect(&self, key: ProposalKey, term: u64) {
-        self.sent().entry(key.producer_id).or_default().push_back(Sent { key, term, failed: false });
+    /// Registers a proposal about to be handed to Raft by `leadership`.
+    /// Proposals must be registered in the order they are handed over.
+    pub fn expect(&self, key: ProposalKey, leadership: Leadership) {
+        let mut sent = self.sent();
+        sent.entry(key.producer_id).or_default().push_back(Sent { key, leadership, failed: false });
+        // Under the lock, as every change of the count: it must never
+        // disagree with the map once the lock is free.
         self.count.fetch_add(1, Ordering::AcqRel);
     }
 
@@ -146,36 +161,38 @@ impl AppendWatch {
     }
 
     /// Called by the log store for each idempotent entry it is about to
-    /// append, in log order, with the term of the entry's log id: crosses
-    /// the entry's proposal off and returns whether the entry may be
-    /// stored as it is. `false`: an earlier proposal of the same producer
-    /// in that term is still registered, so it never reached the log (it
+    /// append, in log order, with the leadership of the entry's log id:
+    /// crosses the entry's proposal off and returns whether the entry may
+    /// be stored as it is. `false`: an earlier proposal of the same
+    /// producer by that leadership is still registered, so it never reached the log (it
     /// was refused; its failure may not be known yet), and this one must be
     /// stored blank, as must every later one until the leader starts over
     /// ([`AppendWatch::clear`]). An entry that was not registered here, in
-    /// its term (a follower's, another leader's), is admitted.
-    pub fn admit(&self, key: ProposalKey, term: u64) -> bool {
+    /// its leadership (a follower's, another leader's), is admitted.
+    pub fn admit(&self, key: ProposalKey, leadership: Leadership) -> bool {
         if self.is_idle() {
             return true;
         }
-        self.remove(key, Some(term)).is_none_or(|held_back| !held_back)
+        self.remove(key, Some(leadership)).is_none_or(|held_back| !held_back)
     }
 
-    /// Removes the registration of `key` (of `term`, if given; else the
-    /// last one). Returns whether a registration of the same term was
+    /// Removes the registration of `key` (by `leadership`, if given; else
+    /// the last one). Returns whether a registration of the same leadership
+    /// was
     /// before it, or `None` if there was none to remove.
-    fn remove(&self, key: ProposalKey, term: Option<u64>) -> Option<bool> {
+    fn remove(&self, key: ProposalKey, leadership: Option<Leadership>) -> Option<bool> {
         let mut sent = self.sent();
         let queue = sent.get_mut(&key.producer_id)?;
-        let position = queue.iter().rposition(|s| s.key == key && term.is_none_or(|t| s.term == t))?;
-        let term = queue[position].term;
-        let held_back = queue.iter().take(position).any(|s| s.term == term);
+        let position =
+            queue.iter().rposition(|s| s.key == key && leadership.is_none_or(|l| s.leadership == l))?;
+        let leadership = queue[position].leadership;
+        let held_back = queue.iter().take(position).any(|s| s.leadership == leadership);
         queue.remove(position);
         if queue.is_empty() {
             sent.remove(&key.producer_id);
         }
-        drop(sent);
         self.count.fetch_sub(1, Ordering::AcqRel);
+        drop(sent);
         self.changed.notify_waiters();
         Some(held_back)
     }
@@ -192,7 +209,7 @@ impl AppendWatch {
 mod tests {
     use super::*;
 
-    const TERM: u64 = 3;
+    const TERM: Leadership = Leadership { term: 3, node: 1 };
 
     fn key(producer_id: i64, base_sequence: i32) -> ProposalKey {
         ProposalKey { producer_id, epoch: 0, base_sequence }
@@ -239,13 +256,18 @@ mod tests {
     }
 
     /// A deposed leader's registrations do not touch what a later leader
-    /// sends it: only entries of the term they were proposed in match.
+    /// sends it: only entries of the leadership that proposed them match,
+    /// whether the later leader leads a later term or, after it, the same
+    /// term (a higher node id).
     #[test]
-    fn only_entries_of_the_registering_term_are_judged() {
+    fn only_entries_of_the_registering_leadership_are_judged() {
         let w = AppendWatch::default();
         w.expect(key(7, 0), TERM);
         w.expect(key(7, 1), TERM);
-        assert!(w.admit(key(7, 1), TERM + 1), "another leader's entry, stored as sent");
+        let later_term = Leadership { term: TERM.term + 1, ..TERM };
+        let same_term = Leadership { node: TERM.node + 1, ..TERM };
+        assert!(w.admit(key(7, 1), later_term), "another leader's entry, stored as sent");
+        assert!(w.admit(key(7, 1), same_term), "another leader's entry, stored as sent");
         assert!(!w.is_settled(), "the registrations of TERM are still there");
     }
 

@@ -61,7 +61,7 @@ pub mod unsynced;
 pub mod vfs;
 pub mod wire;
 
-pub use appends::{AppendWatch, ProposalKey};
+pub use appends::{AppendWatch, Leadership, ProposalKey};
 pub use batch::{AppendResult, CONTROL_PRODUCER_ID, Control, NO_PRODUCER_ID, RecordBatch};
 pub use compaction::{CompactionStats, CompactionTarget, KeyedRecord, RecordCodec};
 pub use config::{FlushPolicy, StoreConfig};

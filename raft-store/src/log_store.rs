@@ -7,7 +7,7 @@ use std::ops::{Bound, RangeBounds};
 use openraft::OptionalSend;
 use openraft::storage::{RaftLogReader, RaftLogStorage};
 
-use crate::appends::ProposalKey;
+use crate::appends::{Leadership, ProposalKey};
 use crate::replica::Replica;
 use crate::types::{Entry, EntryPayload, IoFlushed, LogId, LogState, TypeConfig, Vote};
 
@@ -87,7 +87,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             for e in &mut entries {
                 let EntryPayload::Normal(b) = &e.payload else { continue };
                 let Some(key) = ProposalKey::of(b) else { continue };
-                if !watch.admit(key, e.log_id.leader_id.term) {
+                let leadership =
+                    Leadership { term: e.log_id.leader_id.term, node: e.log_id.leader_id.node_id };
+                if !watch.admit(key, leadership) {
                     tracing::warn!(log_id = %e.log_id, batch = %b,
                         "stored blank: an earlier batch of its producer was refused by Raft");
                     e.payload = EntryPayload::Blank;

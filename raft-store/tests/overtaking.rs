@@ -9,11 +9,15 @@
 mod common;
 
 use ferrolog_raft_store::types::{Entry, EntryPayload, TypeConfig, log_id};
-use ferrolog_raft_store::{Flusher, ProposalKey, RecordBatch, Replica, SequenceCheck, StoreConfig};
+use ferrolog_raft_store::{
+    Flusher, Leadership, ProposalKey, RecordBatch, Replica, SequenceCheck, StoreConfig,
+};
 use openraft::storage::RaftLogReader;
 use openraft::type_config::TypeConfigExt;
 
 const PID: i64 = 7;
+/// The leadership of every entry here: `log_id(1, 1, _)`.
+const LEADER: Leadership = Leadership { term: 1, node: 1 };
 
 fn open(dir: &std::path::Path) -> Replica {
     Replica::open(dir, StoreConfig::default(), Flusher::spawn("overtaking").expect("flusher")).expect("open")
@@ -54,7 +58,7 @@ fn a_batch_that_overtakes_a_refused_one_is_stored_blank() {
         // The leader proposed batches 0, 1 and 2; Raft refused 0 and
         // accepted 1 and 2, which reach the log store first.
         for s in 0..3 {
-            watch.expect(key(s), 1);
+            watch.expect(key(s), LEADER);
         }
         common::append_durable(&mut replica.log_store(), vec![entry(0, 1), entry(1, 2)])
             .await
@@ -74,8 +78,8 @@ fn a_batch_that_overtakes_a_refused_one_is_stored_blank() {
         watch.clear();
 
         // In order: batch 0 then 1, stored as they are.
-        watch.expect(key(0), 1);
-        watch.expect(key(1), 1);
+        watch.expect(key(0), LEADER);
+        watch.expect(key(1), LEADER);
         common::append_durable(&mut replica.log_store(), vec![entry(2, 0)]).await.expect("append");
         common::append_durable(&mut replica.log_store(), vec![entry(3, 1)]).await.expect("append");
         let entries = stored(&replica, 2, 4).await;

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use ferrolog_raft_store::SequenceCheck;
+use ferrolog_raft_store::{Leadership, SequenceCheck};
 use ferrolog_raft_store::{RecordBatch, Replica, StoreError, StoredBatch};
 use ferrolog_replica::{NodeId, ProposeError, RaftNode, State};
 use tokio::sync::{Mutex, Notify};
@@ -559,7 +559,8 @@ impl Partition {
                 }
                 Verdict::Applied(SequenceCheck::Append) => {}
             }
-            let reservation = seq.reserve(watch, term, pid, epoch, first, count);
+            let leadership = Leadership { term, node: self.node_id };
+            let reservation = seq.reserve(watch, leadership, pid, epoch, first, count);
             // Proposed as the leader of `term` only: the sequence checks
             // above were made against that term's applied state. A failure,
             // or this request's cancellation while the proposal waits for

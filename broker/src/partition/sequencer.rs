@@ -17,7 +17,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use ferrolog_raft_store::{AppendWatch, NO_PRODUCER_ID, ProposalKey, Replica, SequenceCheck, producer};
+use ferrolog_raft_store::{
+    AppendWatch, Leadership, NO_PRODUCER_ID, ProposalKey, Replica, SequenceCheck, producer,
+};
 
 /// Verdict on a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,7 +114,7 @@ impl Sequencer {
     pub fn reserve<'a>(
         &'a mut self,
         watch: &'a AppendWatch,
-        term: u64,
+        leadership: Leadership,
         producer_id: i64,
         epoch: i16,
         first: i32,
@@ -131,7 +133,7 @@ impl Sequencer {
             p.in_flight.insert(first);
         }
         if let Some(key) = key {
-            watch.expect(key, term);
+            watch.expect(key, leadership);
         }
         Reservation { seq: self, watch, producer_id, first, key, armed: true }
     }
@@ -192,6 +194,7 @@ mod tests {
     use ferrolog_raft_store::{Flusher, StoreConfig};
 
     const PID: i64 = 7;
+    const LEADER: Leadership = Leadership { term: 1, node: 1 };
 
     fn replica(dir: &std::path::Path) -> Replica {
         let flusher = Flusher::spawn("sequencer-test").expect("flusher");
@@ -208,11 +211,11 @@ mod tests {
         let watch = replica.append_watch();
         let mut seq = Sequencer::default();
         seq.reset(1);
-        seq.reserve(watch, 1, PID, 0, 0, 2).proposed();
+        seq.reserve(watch, LEADER, PID, 0, 0, 2).proposed();
         assert!(!watch.is_idle(), "registered before it is handed to Raft");
-        drop(seq.reserve(watch, 1, PID, 0, 2, 1));
+        drop(seq.reserve(watch, LEADER, PID, 0, 2, 1));
         assert!(!seq.is_valid_for(1), "what was reserved behind it is unknown");
-        assert!(watch.admit(ProposalKey { producer_id: PID, epoch: 0, base_sequence: 0 }, 1));
+        assert!(watch.admit(ProposalKey { producer_id: PID, epoch: 0, base_sequence: 0 }, LEADER));
         assert!(watch.is_idle(), "the watch forgot the dropped one");
         seq.reset(1);
         assert_eq!(
