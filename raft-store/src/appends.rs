@@ -164,11 +164,12 @@ impl AppendWatch {
     /// append, in log order, with the leadership of the entry's log id:
     /// crosses the entry's proposal off and returns whether the entry may
     /// be stored as it is. `false`: an earlier proposal of the same
-    /// producer by that leadership is still registered, so it never reached the log (it
-    /// was refused; its failure may not be known yet), and this one must be
-    /// stored blank, as must every later one until the leader starts over
-    /// ([`AppendWatch::clear`]). An entry that was not registered here, in
-    /// its leadership (a follower's, another leader's), is admitted.
+    /// producer by that leadership is still registered, so it never
+    /// reached the log (it was refused; its failure may not be known yet),
+    /// and this one must be stored blank, as must every later one until
+    /// the leader starts over ([`AppendWatch::clear`]). An entry that was
+    /// not registered here by its leadership (a follower's, another
+    /// leader's) is admitted.
     pub fn admit(&self, key: ProposalKey, leadership: Leadership) -> bool {
         if self.is_idle() {
             return true;
@@ -177,9 +178,8 @@ impl AppendWatch {
     }
 
     /// Removes the registration of `key` (by `leadership`, if given; else
-    /// the last one). Returns whether a registration of the same leadership
-    /// was
-    /// before it, or `None` if there was none to remove.
+    /// the last one). Returns whether a registration of the same
+    /// leadership was before it, or `None` if there was none to remove.
     fn remove(&self, key: ProposalKey, leadership: Option<Leadership>) -> Option<bool> {
         let mut sent = self.sent();
         let queue = sent.get_mut(&key.producer_id)?;

@@ -81,8 +81,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut entries: Vec<Entry> = entries.into_iter().collect();
         let done = Box::new(move |r: io::Result<()>| callback.io_completed(r));
         let watch = self.replica.append_watch();
-        // Only a leader registers its proposals (crate::appends); a
-        // follower's appends skip the gate.
+        // Only a leader registers its proposals (crate::appends), so a
+        // follower's appends skip the gate; a deposed leader's leftover
+        // registrations match only entries of its own leadership.
         if !watch.is_idle() {
             for e in &mut entries {
                 let EntryPayload::Normal(b) = &e.payload else { continue };
