@@ -179,12 +179,23 @@ async fn offsets_are_committed_checked_kept_across_a_coordinator_kill_and_never_
     // Deleted and re-created: the old incarnation's offsets are not answered,
     // and a commit for the old incarnation (by its topic id) is refused.
     let old_id = groups.metadata().refresh().await?.topics["orders"].topic_id.expect("a topic id");
-    let r = connect(c.broker(moved.broker).client_addr)
-        .await?
-        .delete_topic(DeleteTopicRequest { name: "orders".into() })
-        .await?
-        .into_inner();
-    assert!(r.error.is_none(), "{r:?}");
+    // Forwarded to the controller, which may be the broker just started
+    // again and not listening yet: UNAVAILABLE is retried.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = connect(c.broker(moved.broker).client_addr)
+            .await?
+            .delete_topic(DeleteTopicRequest { name: "orders".into() })
+            .await?
+            .into_inner();
+        match &r.error {
+            None => break,
+            Some(_) if code(&r.error) == ErrorCode::Unavailable && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Some(_) => panic!("{r:?}"),
+        }
+    }
     create_topic(&c, "orders", 3, 3).await?;
     assert_eq!(committed(&groups, "g").await?, BTreeMap::new(), "offsets carried into the new topic");
     let fresh = groups.committed("g", &[("orders".into(), 1)]).await?;
