@@ -38,8 +38,11 @@ fn request(i: usize) -> ProduceRequest {
     }
 }
 
-/// Bytes of segment files of broker `id`'s replica of `t`-0.
+/// Bytes of segment files of broker `id`'s replica of `t`-0. Retention
+/// deletes segments while this runs: a file listed and gone before its
+/// size is read counts as 0 bytes (it is gone), any other error is one.
 fn segment_bytes(c: &Cluster, id: u32) -> anyhow::Result<u64> {
+    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
     let mut total = 0;
     for e in fs::read_dir(c.data_dir(id).join("partitions"))? {
         let log = e?.path().join("replica").join("log");
@@ -47,7 +50,11 @@ fn segment_bytes(c: &Cluster, id: u32) -> anyhow::Result<u64> {
             for f in fs::read_dir(&log)? {
                 let f = f?;
                 if f.path().extension().is_some_and(|x| x == "seg") {
-                    total += f.metadata()?.len();
+                    match f.metadata() {
+                        Ok(m) => total += m.len(),
+                        Err(e) if gone(&e) => {}
+                        Err(e) => return Err(e.into()),
+                    }
                 }
             }
         }
