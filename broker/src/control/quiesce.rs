@@ -60,6 +60,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ferrolog_replica::NodeId;
+use tracing::Instrument;
 
 use crate::config::BrokerId;
 use crate::control::liveness::Liveness;
@@ -277,6 +278,16 @@ impl Campaign {
         }
         self.heartbeat_after_ms.store(now + RECHECK_EVERY.as_millis() as u64, Ordering::Relaxed);
         true
+    }
+
+    /// Pushes the end of the back-off of a campaign started earlier to
+    /// `until` (ms since [`ORIGIN`]), once it was sent (it first waited
+    /// for its node to wake); not if a live leader was known meanwhile
+    /// ([`Campaign::led`] cleared it).
+    fn not_before(&self, until: u64) {
+        let _ = self.not_before_ms.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+            (t != 0).then_some(t.max(until))
+        });
     }
 
     /// Records a campaign started now; the next one waits a randomised
@@ -705,14 +716,23 @@ pub async fn run(
     // rounds came every 110-140 ms and the campaign budget, counted per
     // round, shrank just when it was needed: one broker's restart among
     // 10,000 partitions ran at 273 elections a second, 5,000 at 292
-    // (budget 320), and the time grew faster than the partitions. `Skip`
-    // keeps the budget per unit of time without bursts: a round later than
-    // a whole period is skipped, not made up.
+    // (budget 320), and the time grew faster than the partitions. With
+    // `Skip` each slot of the grid has at most one round: a late round may
+    // be followed closely by the next (two budgets within a few ms), but
+    // a round missed altogether is not made up, so the budget holds per
+    // period on average.
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut schedule = Schedule::default();
     // The groups whose campaign was started here, and when its back-off
     // ends (ms since ORIGIN): at most CAMPAIGNS_IN_FLIGHT unresolved.
     let mut backing_off: HashMap<u64, u64> = HashMap::new();
+    // Campaigns being sent, each on a task of its own (a campaign may first
+    // wake a dormant node), by task: unresolved until sent, and their
+    // back-off counted from then. Dropped with this loop, which aborts the
+    // ones not sent yet (a broker stopping sends none).
+    // Each task answers when it sent its campaign (ms since ORIGIN).
+    let mut sending: tokio::task::JoinSet<u64> = tokio::task::JoinSet::new();
+    let mut sending_groups: HashMap<tokio::task::Id, (u64, u64)> = HashMap::new();
     let mut changes = None;
     let mut full_at = Instant::now();
     // Fallbacks wait longer while this broker has many campaigns due.
@@ -734,13 +754,40 @@ pub async fn run(
         // cache misses each, twice) was a quarter of a broker's CPU at
         // 10,000 partitions.
         let now = now_ms();
-        // Unresolved campaigns: started here, back-off not over, and not
-        // leading here (as this broker's leadership watcher has it,
-        // `GroupRegistry::is_led`). They count against the broker's
+        // Campaigns sent since the last round: their back-off runs from
+        // when each was sent (a slow wake must not let it end before, and a
+        // second campaign of the group follow the first at once).
+        while let Some(done) = sending.try_join_next_with_id() {
+            let (id, sent) = match done {
+                Ok((id, sent)) => (id, sent),
+                Err(e) => {
+                    if e.is_panic() {
+                        tracing::error!("a campaign's task panicked: {e}");
+                    }
+                    (e.id(), now)
+                }
+            };
+            if let Some((group, wait)) = sending_groups.remove(&id) {
+                let until = sent + wait;
+                let e = backing_off.entry(group).or_insert(until);
+                *e = (*e).max(until);
+                if let Some(p) = groups.partition_of(group) {
+                    p.campaign.not_before(until);
+                }
+            }
+        }
+        // Unresolved campaigns: started here, back-off not over or not sent
+        // yet, and not leading here (as this broker's leadership watcher
+        // has it, `GroupRegistry::is_led`). They count against the broker's
         // CAMPAIGNS_IN_FLIGHT and are not looked at: such a group cannot
         // start another campaign before its back-off ends.
         backing_off.retain(|_, until| *until > now);
-        let unresolved: HashSet<u64> = backing_off.keys().copied().filter(|g| !groups.is_led(*g)).collect();
+        let unresolved: HashSet<u64> = backing_off
+            .keys()
+            .copied()
+            .chain(sending_groups.values().map(|(g, _)| *g))
+            .filter(|g| !groups.is_led(*g))
+            .collect();
         let in_flight = unresolved.len();
         // Not looked at while unresolved, and awake once resolved.
         schedule.keep_awake(unresolved.iter().copied());
@@ -828,7 +875,8 @@ pub async fn run(
             .take(fallback_n)
             .map(|p| (p, "no live leader, and the first live replica did not win: campaigning"));
         for (p, why) in first.chain(fallbacks) {
-            backing_off.insert(p.group, p.campaign.started(election_timeout));
+            let until = p.campaign.started(election_timeout);
+            backing_off.insert(p.group, until);
             tracing::debug!(topic = %p.topic, partition = p.partition, "{why}");
             // Each on a task of its own: a campaign first wakes a dormant
             // follower (`crate::control::dormant`), which starts its Raft
@@ -836,10 +884,18 @@ pub async fn run(
             // round last tens of milliseconds under load, so rounds came
             // late or were skipped and the budget was not spent (one
             // broker's restart among 10,000 partitions: 176-348 campaigns
-            // a second instead of 320). The budget and the back-off above
-            // still bound them: a group is not started again before its
-            // back-off ends.
-            tokio::spawn(async move { p.raft.campaign().await });
+            // a second instead of 320). Until it is sent the group counts
+            // as unresolved (against CAMPAIGNS_IN_FLIGHT, not looked at),
+            // and its back-off is counted again from when it was.
+            let group = p.group;
+            let task = sending.spawn(
+                async move {
+                    p.raft.campaign().await;
+                    now_ms()
+                }
+                .in_current_span(),
+            );
+            sending_groups.insert(task.id(), (group, until.saturating_sub(now_ms())));
         }
         if started > 0 || deferred > 0 {
             crate::logging::every(
