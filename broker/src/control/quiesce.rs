@@ -108,6 +108,11 @@ pub const CAMPAIGNS_PER_ROUND: usize = 32;
 /// not leader, back-off not over).
 pub const CAMPAIGNS_IN_FLIGHT: usize = 256;
 
+/// How long [`run`] lets one campaign take to be sent, at most: waking a
+/// dormant node waits up to 5 s for it to start (`ferrolog_replica`'s
+/// lifecycle), then the Raft core takes the command.
+pub const CAMPAIGN_SEND_MAX: Duration = Duration::from_secs(10);
+
 /// How long a leaderless replica waits, at most, for a majority of its
 /// group's replicas to have the group open (as their pings say,
 /// [`Liveness::has_open`]) before it campaigns anyway.
@@ -283,11 +288,11 @@ impl Campaign {
     /// Pushes the end of the back-off of a campaign started earlier to
     /// `until` (ms since [`ORIGIN`]), once it was sent (it first waited
     /// for its node to wake); not if a live leader was known meanwhile
-    /// ([`Campaign::led`] cleared it).
-    fn not_before(&self, until: u64) {
-        let _ = self.not_before_ms.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
-            (t != 0).then_some(t.max(until))
-        });
+    /// ([`Campaign::led`] cleared it). Returns whether it did.
+    fn not_before(&self, until: u64) -> bool {
+        self.not_before_ms
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| (t != 0).then_some(t.max(until)))
+            .is_ok()
     }
 
     /// Records a campaign started now; the next one waits a randomised
@@ -769,10 +774,13 @@ pub async fn run(
             };
             if let Some((group, wait)) = sending_groups.remove(&id) {
                 let until = sent + wait;
-                let e = backing_off.entry(group).or_insert(until);
-                *e = (*e).max(until);
-                if let Some(p) = groups.partition_of(group) {
-                    p.campaign.not_before(until);
+                // Not for a group resolved meanwhile (a live leader known)
+                // or no longer hosted: it would hold a slot for nothing.
+                if groups.partition_of(group).is_some_and(|p| p.campaign.not_before(until)) {
+                    let e = backing_off.entry(group).or_insert(until);
+                    *e = (*e).max(until);
+                } else {
+                    backing_off.remove(&group);
                 }
             }
         }
@@ -863,6 +871,8 @@ pub async fn run(
         if groups.draining() {
             first.clear();
             fallbacks.clear();
+            // Nor sends one started before (still waking its node).
+            sending.abort_all();
         }
         let (first_n, fallback_n) = admit(first.len(), fallbacks.len(), in_flight);
         fallback_wait = fallback_after(first.len() + fallbacks.len() + skipped_waiting, period);
@@ -890,7 +900,9 @@ pub async fn run(
             let group = p.group;
             let task = sending.spawn(
                 async move {
-                    p.raft.campaign().await;
+                    // A wake or a Raft core that hangs must not hold the
+                    // group (never looked at while being sent) for good.
+                    let _ = tokio::time::timeout(CAMPAIGN_SEND_MAX, p.raft.campaign()).await;
                     now_ms()
                 }
                 .in_current_span(),
