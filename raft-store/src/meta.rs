@@ -121,6 +121,18 @@ impl MetaStore {
         Ok(Self { db, claim, values: Arc::new(Mutex::new(values)) })
     }
 
+    /// A new handle on the same replica's metadata, taking its claim over
+    /// ([`MetaDb::reclaim`]): for reopening a replica in place after a
+    /// storage error, while clones of the old handle may still be alive.
+    /// The new handle starts from the values this one holds (every write
+    /// that succeeded, lazy ones included); the old handle's writes are
+    /// refused from now on.
+    pub fn reopen(&self) -> Self {
+        let claim = self.db.reclaim(self.claim.name());
+        let values = self.values.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Self { db: self.db.clone(), claim, values: Arc::new(Mutex::new(values)) }
+    }
+
     /// Reads and decodes the value under `key`.
     ///
     /// # Errors

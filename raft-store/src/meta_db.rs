@@ -341,6 +341,20 @@ impl MetaDb {
         Ok(Claim { name: name.to_owned(), id, shared: self.shared.clone() })
     }
 
+    /// Takes replica `name`'s claim over from whoever holds it, for a
+    /// replica reopened in place while the handle that held the claim may
+    /// still be alive (see `Replica::reopen`): from now on only the new
+    /// claim writes the replica's keys; the old one's writes are refused
+    /// ("removed or reopened") and its drop leaves the new claim alone.
+    /// Writes the old claim queued before this call still land.
+    pub fn reclaim(&self, name: &str) -> Claim {
+        let mut q = self.shared.lock();
+        q.next_handle += 1;
+        let id = q.next_handle;
+        q.open.insert(name.to_owned(), id);
+        Claim { name: name.to_owned(), id, shared: self.shared.clone() }
+    }
+
     /// Writes `value` under the claimed replica's `key` (removes the key for
     /// `None`); the future resolves once a durable commit holds it.
     ///

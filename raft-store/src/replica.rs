@@ -133,6 +133,29 @@ impl Replica {
         Self::open_with_meta(dir, meta, config, flusher, rescan)
     }
 
+    /// Opens this replica again in place, every segment verified frame by
+    /// frame (as [`Replica::open_with`] with `rescan`), for a replica whose
+    /// Raft node stopped on a storage error and which must come back
+    /// without a process restart while clones of this handle may still be
+    /// alive (requests under way). The new handle takes over the replica's
+    /// metadata ([`crate::meta::MetaStore::reopen`]): this handle's writes
+    /// to them are refused from then on. Entries after a failed fsync are
+    /// cut as on any open (see [`crate::unsynced`]).
+    ///
+    /// The caller must have stopped whatever wrote through this handle (its
+    /// Raft node) first: two handles appending to one log would interleave.
+    ///
+    /// # Errors
+    /// As [`Replica::open`]: the disk still failing, or damage opening
+    /// cannot set aside.
+    pub fn reopen(&self, config: StoreConfig, flusher: Flusher) -> Result<Self> {
+        let dir = self.inner.snapshot_root.parent().map(Path::to_owned).ok_or_else(|| {
+            StoreError::Invalid(format!("replica at {} has no directory", self.inner.snapshot_root.display()))
+        })?;
+        let meta = self.log().meta().reopen();
+        Self::open_with_meta(&dir, meta, config, flusher, true)
+    }
+
     /// The metadata of a replica alone in `dir` (opened with
     /// [`Replica::open`]): a database in `dir` itself.
     fn own_meta(fs: &Fs, dir: &Path) -> Result<MetaStore> {

@@ -10,7 +10,7 @@ use std::path::Path;
 use ferrolog_raft_store::types::{Entry, flush_signal};
 use ferrolog_raft_store::vfs::{Faults, FaultyFs, PowerCut, Vfs};
 use ferrolog_raft_store::{Flusher, LogStore, Replica, StoreConfig};
-use openraft::storage::RaftLogStorage;
+use openraft::storage::{RaftLogReader, RaftLogStorage};
 
 fn dir() -> &'static Path {
     Path::new("/data/replica")
@@ -152,4 +152,44 @@ fn last_index_with(disk: &FaultyFs, config: &StoreConfig) -> Option<u64> {
         );
     }
     last
+}
+
+/// A replica reopened in place after a failed fsync (as the broker does for
+/// its metadata group's replica, whose old handle may still be held by
+/// requests under way): the new handle cuts the unsynced tail, takes the
+/// appends the leader sends again, and alone owns the replica's metadata:
+/// the old handle's writes are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_reopened_in_place_cuts_the_unsynced_tail_and_owns_its_metadata() {
+    let disk = disk();
+    let flusher = Flusher::spawn_on("disk-faults", disk.mount()).expect("flusher");
+    let old = Replica::open(dir(), StoreConfig::default(), flusher.clone()).expect("open");
+    let mut old_store = old.log_store();
+    append(&mut old_store, entries(0, 10)).await.expect("entries 0..10 durable");
+    disk.set_faults(Faults { eio_on_sync: true, ..Faults::default() });
+    assert!(
+        append(&mut old_store, entries(10, 15)).await.is_err(),
+        "a failed fsync must not be acknowledged"
+    );
+    disk.set_faults(Faults::default());
+
+    let new = old.reopen(StoreConfig::default(), flusher).expect("reopen in place");
+    let mut store = new.log_store();
+    let state = store.get_log_state().await.expect("state");
+    assert_eq!(
+        state.last_log_id.map(|l| l.index),
+        Some(9),
+        "entries of unknown durability survived the reopen"
+    );
+    append(&mut store, entries(10, 20)).await.expect("entries 10..20 durable through the new handle");
+    let vote = ferrolog_raft_store::types::Vote::new(2, 1);
+    store.save_vote(&vote).await.expect("the new handle saves a vote");
+    let refused = old_store.save_vote(&ferrolog_raft_store::types::Vote::new(3, 2)).await;
+    let refused = refused.expect_err("the old handle still writes the replica's metadata").to_string();
+    assert!(refused.contains("removed or reopened"), "refused for another reason: {refused}");
+    assert_eq!(store.read_vote().await.expect("read vote"), Some(vote));
+
+    drop((store, old_store, new, old));
+    disk.power_cut(PowerCut::Clean);
+    assert_eq!(last_index(&disk), Some(19), "an acknowledged entry was lost");
 }
