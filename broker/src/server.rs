@@ -22,6 +22,7 @@ use crate::identity;
 use crate::metadata::METADATA_GROUP;
 use crate::metadata::command::ControllerRequest;
 use crate::metadata::controller::{self, Controller};
+use crate::metadata::hosted::HostedMetadata;
 use crate::metadata::image::MetadataImage;
 use crate::network::{PeerAddresses, RaftPeerServer};
 use crate::partition::records::batch_encoded_bytes_max;
@@ -67,7 +68,7 @@ pub struct Broker {
     /// Resolves when the broker is asked to stop at once (a second signal):
     /// it cuts the controlled shutdown short ([`Broker::with_hurry`]).
     hurry: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
-    metadata: RaftNode,
+    metadata: HostedMetadata,
     reconciler: Reconciler,
     hand_over: crate::control::handover::HandOver,
 }
@@ -271,14 +272,15 @@ impl Broker {
             flush: ferrolog_raft_store::FlushPolicy::Always,
             ..config.storage.clone()
         };
-        let meta_replica = Replica::open(&meta_dir.join("replica"), meta_storage, flusher.clone())
+        let meta_replica = Replica::open(&meta_dir.join("replica"), meta_storage.clone(), flusher.clone())
             .context("opening the metadata log")?;
         // Every broker answers Metadata from its own applied image: a
         // commit index it learns late would hide a created topic there.
+        let meta_settings = raft_settings.clone().with_commit_notice_hold(Duration::ZERO);
         let metadata = RaftNode::start(
             METADATA_GROUP,
             identity.metadata_node,
-            &raft_settings.clone().with_commit_notice_hold(Duration::ZERO),
+            &meta_settings,
             &meta_replica,
             peers.clone(),
         )
@@ -290,7 +292,7 @@ impl Broker {
                 node_id: identity.metadata_node,
                 raft: metadata.clone(),
                 replica: meta_replica.clone(),
-                staging_dir,
+                staging_dir: staging_dir.clone(),
                 partition: None,
             },
         );
@@ -307,21 +309,41 @@ impl Broker {
             tracing::info!(members = ?config.initial_cluster, "founded the metadata group");
         }
 
+        let hosted_metadata =
+            HostedMetadata::new(identity.metadata_node, metadata.clone(), meta_replica.clone());
         let (image_tx, image_rx) = watch::channel(Arc::new(MetadataImage::new()));
-        let mut tasks = vec![spawn_task(
-            "metadata_image",
-            me,
-            &stopping,
-            controller::follow(meta_replica.clone(), image_tx),
-        )];
+        let metadata_failure = crate::control::metadata_restart::MetadataFailure::default();
+        let mut tasks = vec![
+            spawn_task(
+                "metadata_image",
+                me,
+                &stopping,
+                controller::follow(hosted_metadata.clone(), image_tx),
+            ),
+            spawn_task(
+                "metadata_restart",
+                me,
+                &stopping,
+                crate::control::metadata_restart::run(crate::control::metadata_restart::MetadataRestart {
+                    metadata: hosted_metadata.clone(),
+                    groups: groups.clone(),
+                    settings: meta_settings,
+                    peers: peers.clone(),
+                    storage: meta_storage,
+                    flusher: flusher.clone(),
+                    dir: meta_dir.clone(),
+                    staging_dir,
+                    failure: metadata_failure.clone(),
+                }),
+            ),
+        ];
         let controller = Controller::new(
-            metadata.clone(),
+            hosted_metadata.clone(),
             image_rx.clone(),
             peers.clone(),
             config.limits.clone(),
             me,
             liveness.clone(),
-            meta_replica.clone(),
         )
         .with_seeds(
             config
@@ -445,11 +467,7 @@ impl Broker {
             crate::control::balance::run(me, hand_over.clone(), image_rx.clone(), config.balance.clone()),
         ));
         let checker = crate::control::checkquorum::Checker {
-            metadata: crate::control::checkquorum::MetadataGroup {
-                raft: metadata.clone(),
-                node: identity.metadata_node,
-                started: std::time::Instant::now(),
-            },
+            metadata: hosted_metadata.clone(),
             groups: reconciler.groups.clone(),
             liveness: liveness.clone(),
             image: image_rx.clone(),
@@ -508,6 +526,7 @@ impl Broker {
             controller,
             groups: reconciler.groups.clone(),
             failures,
+            metadata_failure,
             liveness: liveness.clone(),
             hand_over: hand_over.clone(),
             topic_defaults: topic_defaults.clone(),
@@ -534,7 +553,7 @@ impl Broker {
             stopping,
             shutdown,
             hurry: None,
-            metadata,
+            metadata: hosted_metadata,
             reconciler,
             hand_over,
         })
@@ -637,7 +656,7 @@ impl Broker {
             );
         }
         let replicas_stopped = t0.elapsed();
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.metadata.shutdown()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.metadata.raft().shutdown()).await;
         // The servers finish the requests in flight, within what is left.
         let left = STOP_WITHIN.saturating_sub(t0.elapsed()).max(Duration::from_millis(500));
         let _ = tokio::time::timeout(left, futures::future::join_all(self.servers)).await;

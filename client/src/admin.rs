@@ -145,6 +145,11 @@ pub struct ClusterStatus {
     /// many of them are dormant (idle followers whose Raft node is stopped
     /// until their group's next message).
     pub replicas: BTreeMap<u32, (u64, u64)>,
+    /// Per broker that answered and whose replica of the metadata group is
+    /// not running: the error it stopped on and what its restart waits for
+    /// (the broker restarts it by itself; meanwhile it misses metadata
+    /// changes, such as topics created).
+    pub metadata_failures: BTreeMap<u32, String>,
 }
 
 /// Whether the cluster can take topics of any replication factor up to its
@@ -842,11 +847,15 @@ impl Admin {
             }
         }
         partitions.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
-        let (mut open_files, mut replicas) = (BTreeMap::new(), BTreeMap::new());
+        let (mut open_files, mut replicas, mut metadata_failures) =
+            (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
         while let Some(joined) = files.join_next().await {
             if let Ok((id, Some(b))) = joined {
                 open_files.insert(id, (b.open_files, b.open_files_limit));
                 replicas.insert(id, (b.replicas, b.dormant_replicas));
+                if !b.metadata_replica_failure.is_empty() {
+                    metadata_failures.insert(id, b.metadata_replica_failure);
+                }
             }
         }
         Ok(ClusterStatus {
@@ -857,6 +866,7 @@ impl Admin {
             partitions,
             open_files,
             replicas,
+            metadata_failures,
         })
     }
 }
@@ -1039,6 +1049,7 @@ mod tests {
             cluster_brokers: cluster.to_vec(),
             open_files: BTreeMap::new(),
             replicas: BTreeMap::new(),
+            metadata_failures: BTreeMap::new(),
             controller,
             answered_by: "a1".into(),
             partitions: vec![],

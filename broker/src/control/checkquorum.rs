@@ -47,6 +47,7 @@ use tokio::sync::watch;
 use crate::control::liveness::Liveness;
 use crate::groups::GroupRegistry;
 use crate::metadata::METADATA_GROUP;
+use crate::metadata::hosted::HostedMetadata;
 use crate::metadata::image::MetadataImage;
 
 /// What the rule reads of one group, all local.
@@ -215,22 +216,11 @@ impl Judgement {
     }
 }
 
-/// The metadata group as this broker hosts it: its Raft node, its node id
-/// here, and when it started (it never parks its ticker).
-#[derive(Clone)]
-pub struct MetadataGroup {
-    /// The Raft node.
-    pub raft: RaftNode,
-    /// This broker's node id in it.
-    pub node: NodeId,
-    /// When it started.
-    pub started: Instant,
-}
-
 /// What [`run`] works with.
 pub struct Checker {
-    /// The metadata group.
-    pub metadata: MetadataGroup,
+    /// The metadata group's replica here (replaced in place after it
+    /// stopped on an error).
+    pub metadata: HostedMetadata,
     /// Every hosted group (partitions, and the metadata group, whose ping
     /// answers list the groups led here).
     pub groups: GroupRegistry,
@@ -273,16 +263,17 @@ pub async fn run(c: Checker, period: Duration) {
             continue;
         }
         let m = &c.metadata;
+        let raft = m.raft();
         let exam = {
             let image = c.image.borrow();
             let live = |node: NodeId| match image.brokers.iter().find(|(_, b)| b.metadata_node == node) {
                 Some((id, _)) => c.liveness.is_alive(*id),
                 None => true,
             };
-            examine(&m.raft, m.node, Some(m.started.elapsed()), live)
+            examine(&raft, m.node(), Some(m.started().elapsed()), live)
         };
         let v = judge(&mut judged, METADATA_GROUP, &exam, now, &c);
-        act(&m.raft, METADATA_GROUP, || "metadata".to_owned(), &exam, v).await;
+        act(&raft, METADATA_GROUP, || "metadata".to_owned(), &exam, v).await;
         for p in partitions {
             // A group whose ticker is parked (every follower, and a quiesced
             // leader) sends no heartbeats: nothing to judge, and [`judge`]

@@ -19,6 +19,8 @@
 //! - [`recovery`]: drives the recovery of replicas whose log was found
 //!   damaged (vote floors, release once a leader brought them back); the
 //!   rules, and the refusal of votes, are `ferrolog_replica::recovery`'s.
+//! - [`metadata_restart`]: this broker's metadata replica, stopped on an
+//!   error (a full or read-only disk), is opened again and restarted.
 //! - [`writable`]: whether a data directory takes writes again before a failed
 //!   replica on it is restarted.
 //! - [`memory`]: memory of stopped replicas is given back to the system.
@@ -43,6 +45,7 @@ pub mod handover;
 pub mod liveness;
 pub mod membership;
 pub mod memory;
+pub mod metadata_restart;
 pub mod producer_expiry;
 pub mod quiesce;
 pub mod recovery;

@@ -84,6 +84,9 @@ pub struct ClientService {
     pub groups: GroupRegistry,
     /// Replicas that failed (shown by partition status).
     pub failures: Failures,
+    /// Why this broker's metadata replica is not running, if it is not
+    /// (reported in its own entry of `Metadata`'s brokers).
+    pub metadata_failure: crate::control::metadata_restart::MetadataFailure,
     /// Peer liveness.
     pub liveness: Liveness,
     /// Leadership transfers.
@@ -744,6 +747,7 @@ impl Ferrolog for ClientService {
         let replicas = self.groups.partition_count() as u64;
         let dormant_replicas = ferrolog_replica::dormant_count() as u64;
         let dormant_wakes = ferrolog_replica::woken_count();
+        let metadata_failure = self.metadata_failure.get().unwrap_or_default();
         let brokers = image
             .brokers
             .iter()
@@ -760,6 +764,7 @@ impl Ferrolog for ClientService {
                     dormant_replicas: if own { dormant_replicas } else { 0 },
                     dormant_wakes: if own { dormant_wakes } else { 0 },
                     decommissioned: b.decommissioned,
+                    metadata_replica_failure: if own { metadata_failure.clone() } else { String::new() },
                 }
             })
             .collect();

@@ -10,13 +10,14 @@ use bytes::Bytes;
 use ferrolog_proto::TopicId;
 use ferrolog_proto::client::{Record, RecordSet};
 use ferrolog_proto::raft::ControllerCall;
-use ferrolog_raft_store::{NO_PRODUCER_ID, RecordBatch, Replica};
+use ferrolog_raft_store::{NO_PRODUCER_ID, RecordBatch};
 use ferrolog_replica::RaftNode;
 use prost::Message;
 use tokio::sync::{Mutex, watch};
 
 use super::command::{ControllerReply, ControllerRequest, MetadataCommand};
 use super::decide::{Decision, Facts, decide};
+use super::hosted::HostedMetadata;
 use super::image::MetadataImage;
 use crate::config::{BrokerId, Limits};
 use crate::control::liveness::Liveness;
@@ -82,14 +83,15 @@ pub fn validate_topic_name(name: &str) -> Result<(), ApiError> {
 /// group, forwards otherwise. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Controller {
-    raft: RaftNode,
+    /// The metadata group's replica here (Raft node and storage), asked
+    /// each time: a replica that stopped on an error is replaced in place.
+    metadata: HostedMetadata,
     image: watch::Receiver<Arc<MetadataImage>>,
     peers: PeerAddresses,
     limits: Limits,
     serial: Arc<Mutex<()>>,
     me: BrokerId,
     liveness: Liveness,
-    replica: Replica,
     /// The founding brokers' peer addresses from the configuration
     /// (`initial_cluster`), asked by [`Controller::handle_via_any`] when
     /// the image does not list them (yet).
@@ -105,31 +107,34 @@ pub struct Controller {
 type ReadIndexAnswer = (std::time::Instant, Result<u64, ApiError>);
 
 impl Controller {
-    /// A controller over the metadata group's Raft node, its `replica` and
-    /// this broker's image; `liveness` tells which brokers may receive new
-    /// replicas.
+    /// A controller over this broker's replica of the metadata group
+    /// (`metadata`) and its image; `liveness` tells which brokers may
+    /// receive new replicas.
     pub fn new(
-        raft: RaftNode,
+        metadata: HostedMetadata,
         image: watch::Receiver<Arc<MetadataImage>>,
         peers: PeerAddresses,
         limits: Limits,
         me: BrokerId,
         liveness: Liveness,
-        replica: Replica,
     ) -> Self {
         let (seeds, confirmed) = (Arc::default(), Arc::default());
         Self {
-            raft,
+            metadata,
             image,
             peers,
             limits,
             serial: Arc::new(Mutex::new(())),
             me,
             liveness,
-            replica,
             seeds,
             confirmed,
         }
+    }
+
+    /// The metadata group's Raft node here, as it is now.
+    fn raft(&self) -> RaftNode {
+        self.metadata.raft()
     }
 
     /// Gives the founding brokers' peer addresses (`initial_cluster`), which
@@ -148,11 +153,11 @@ impl Controller {
     /// must not decide asks [`Controller::current_image`] instead.
     pub fn image_caught_up(&self) -> bool {
         let (leader, applied, committed) = self
-            .raft
+            .raft()
             .state(|s| (s.leader(), s.last_applied().map(|l| l.index), s.committed().map(|l| l.index)));
         leader.is_some()
             && applied >= committed
-            && self.image.borrow().applied_offset >= self.replica.high_watermark()
+            && self.image.borrow().applied_offset >= self.metadata.replica().high_watermark()
     }
 
     /// This broker's image, once it holds every metadata change the
@@ -241,9 +246,9 @@ impl Controller {
     /// offset its applied log then reaches. Given less time than the asking
     /// broker waits, so that its own reason (no quorum) reaches the asker.
     async fn read_index(&self) -> Result<ControllerReply, ApiError> {
-        self.raft.read_index(CONFIRM_WAIT / 2).await.map_err(write_error)?;
+        self.raft().read_index(CONFIRM_WAIT / 2).await.map_err(write_error)?;
         // Everything up to the read index is applied: the high watermark covers it.
-        Ok(ControllerReply::ReadIndex { offset: self.replica.high_watermark() })
+        Ok(ControllerReply::ReadIndex { offset: self.metadata.replica().high_watermark() })
     }
 
     /// The current image.
@@ -260,27 +265,27 @@ impl Controller {
         // the other's closure in the other order (CheckQuorum borrows the
         // image, then the state), which could deadlock with writers queued.
         let image = self.image.borrow().clone();
-        self.raft.state(|s| image.cluster_brokers(s.members()))
+        self.raft().state(|s| image.cluster_brokers(s.members()))
     }
 
     /// The brokers whose metadata-group replicas vote (the controller
     /// quorum), from this replica's view of the membership.
     pub fn voter_brokers(&self) -> std::collections::BTreeSet<BrokerId> {
         let image = self.image.borrow().clone();
-        let voters: Vec<ferrolog_replica::NodeId> = self.raft.state(|s| s.voters().collect());
+        let voters: Vec<ferrolog_replica::NodeId> = self.raft().state(|s| s.voters().collect());
         voters.into_iter().filter_map(|n| image.broker_of_node(0, n)).collect()
     }
 
     /// Voters of the metadata group that map to no registered broker.
     pub fn unregistered_voters(&self) -> Vec<ferrolog_replica::NodeId> {
         let image = self.image.borrow().clone();
-        let voters: Vec<ferrolog_replica::NodeId> = self.raft.state(|s| s.voters().collect());
+        let voters: Vec<ferrolog_replica::NodeId> = self.raft().state(|s| s.voters().collect());
         voters.into_iter().filter(|n| image.broker_of_node(0, *n).is_none()).collect()
     }
 
     /// The controller's broker id (the metadata group's leader), if known.
     pub fn leader(&self) -> Option<BrokerId> {
-        let node = self.raft.state(|s| s.leader())?;
+        let node = self.raft().state(|s| s.leader())?;
         self.image.borrow().broker_of_node(super::METADATA_GROUP, node)
     }
 
@@ -291,7 +296,7 @@ impl Controller {
     /// The request's own errors, or [`ApiError::Unavailable`] when there is
     /// no controller or it cannot be reached.
     pub async fn handle(&self, req: ControllerRequest) -> Result<ControllerReply, ApiError> {
-        if self.raft.leader_term().is_some() {
+        if self.raft().leader_term().is_some() {
             return self.execute(req).await;
         }
         let need = req.controller_minor();
@@ -306,7 +311,7 @@ impl Controller {
             )));
         }
         let (id, recorded) = self
-            .raft
+            .raft()
             .leader_address()
             .ok_or_else(|| ApiError::Unavailable("no controller elected yet".into()))?;
         // Where the controller's broker is now, not where the membership
@@ -386,11 +391,11 @@ impl Controller {
             return self.read_index().await;
         }
         let _serial = self.serial.lock().await;
-        if self.raft.leader_term().is_none() {
+        if self.raft().leader_term().is_none() {
             return Err(ApiError::NotLeader { leader: self.leader() });
         }
         // Apply everything committed before deciding anything.
-        let barrier = self.raft.write_barrier().await.map_err(write_error)?;
+        let barrier = self.raft().write_barrier().await.map_err(write_error)?;
         let image = self.wait_applied(barrier.base_offset).await?;
         let facts = Facts {
             limits: &self.limits,
@@ -468,7 +473,7 @@ impl Controller {
             records: Bytes::from(set.encode_to_vec()),
             ..RecordBatch::default()
         };
-        let offset = self.raft.write(batch).await.map_err(write_error)?.base_offset;
+        let offset = self.raft().write(batch).await.map_err(write_error)?.base_offset;
         self.wait_applied(offset + 1).await?;
         match &command {
             MetadataCommand::Batch { commands } => {
@@ -512,19 +517,31 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// Folds committed metadata records into the image, forever: reads from the
-/// metadata replica up to its high watermark, applies each command, and
-/// publishes the new image. Ends when the image's receivers are gone.
+/// Folds committed metadata records into the image, forever: reads from
+/// this broker's metadata replica up to its high watermark, applies each
+/// command, and publishes the new image. Ends when the image's receivers
+/// are gone. A replica replaced after it stopped on an error
+/// ([`HostedMetadata::replace`]) is followed from where the image stands:
+/// the reopened log holds every committed entry the old one held, or gets
+/// it back from the leader.
 ///
 /// A record that cannot be applied ([`fold`]) stops the image at its
 /// offset, with an error logged every 30 s, until the broker is restarted
 /// (upgraded, or its metadata replica rebuilt): the image is never built
 /// past a record it did not understand.
-pub async fn follow(replica: Replica, image: watch::Sender<Arc<MetadataImage>>) {
+pub async fn follow(metadata: HostedMetadata, image: watch::Sender<Arc<MetadataImage>>) {
+    let mut replaced = metadata.changes();
+    let mut generation = *replaced.borrow_and_update();
+    let mut replica = metadata.replica();
     let mut hw = replica.watch_high_watermark();
     let mut current = MetadataImage::new();
     let mut stuck = false;
     loop {
+        if *replaced.borrow() != generation {
+            generation = *replaced.borrow_and_update();
+            replica = metadata.replica();
+            hw = replica.watch_high_watermark();
+        }
         let mut changed = false;
         while !stuck && current.applied_offset < replica.high_watermark() {
             let (from, r) = (current.applied_offset, replica.clone());
@@ -544,6 +561,9 @@ pub async fn follow(replica: Replica, image: watch::Sender<Arc<MetadataImage>>) 
                         return;
                     }
                     tokio::time::sleep(Duration::from_secs(1)).await;
+                    if *replaced.borrow() != generation {
+                        break;
+                    }
                     continue;
                 }
             };
@@ -575,8 +595,9 @@ pub async fn follow(replica: Replica, image: watch::Sender<Arc<MetadataImage>>) 
             );
             continue;
         }
-        if hw.changed().await.is_err() {
-            return;
+        tokio::select! {
+            more = hw.changed() => if more.is_err() { return },
+            swapped = replaced.changed() => if swapped.is_err() { return },
         }
     }
 }

@@ -16,6 +16,7 @@
 pub mod command;
 pub mod controller;
 pub mod decide;
+pub mod hosted;
 pub mod image;
 pub mod placement;
 pub mod topic_config;

@@ -404,7 +404,11 @@ fn render_status(s: &ClusterStatus) -> String {
         &["BROKER", "ADDRESS", "PEER ADDRESS", "ALIVE", "OPEN FILES / LIMIT", "REPLICAS"],
         &brokers,
     ));
-    out.push_str("(* = controller)\n\n");
+    out.push_str("(* = controller)\n");
+    for (id, why) in &s.metadata_failures {
+        out.push_str(&format!("broker {id}: metadata replica FAILED: {why}\n"));
+    }
+    out.push('\n');
     if s.partitions.is_empty() {
         out.push_str("no topics\n");
         return out;
