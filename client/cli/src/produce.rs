@@ -72,6 +72,13 @@ pub struct ProduceArgs {
     /// producer `null.marker`). An empty value is never null.
     #[arg(long, value_name = "TEXT")]
     null_marker: Option<String>,
+    /// How long a record may wait for its acknowledgement, retries
+    /// included, ms (Kafka's `delivery.timeout.ms`, KIP-91). A record not
+    /// acknowledged by then is counted "unknown": it may or may not be
+    /// stored (its request may have reached a broker that had not answered
+    /// yet), so resending it may store it twice.
+    #[arg(long, value_name = "MS", default_value_t = ProducerConfig::default().delivery_timeout_ms)]
+    delivery_timeout_ms: u64,
 }
 
 /// Counts shared by the send loop, the collector and the progress bar.
@@ -137,7 +144,9 @@ pub async fn run(bootstrap: &str, args: ProduceArgs) -> anyhow::Result<()> {
         }
         other => anyhow::Error::new(other).context("asking the cluster for metadata"),
     })?;
-    let producer = Producer::new(meta, ProducerConfig::default())?;
+    let config =
+        ProducerConfig { delivery_timeout_ms: args.delivery_timeout_ms, ..ProducerConfig::default() };
+    let producer = Producer::new(meta, config)?;
 
     let source = args.file.clone().map_or(Source::Stdin, Source::File);
     let options = Options {

@@ -546,6 +546,60 @@ fn bad_input_stops_produce_or_is_skipped_and_counted() {
     assert_eq!(values(&c, "rows")[7..], ["before", "after"]);
 }
 
+/// Records sent to brokers that stopped answering (every broker SIGSTOPped
+/// after the first five were stored) are counted "unknown", never "not
+/// stored": their requests reached the brokers' sockets, and once the
+/// brokers run again some may be stored. The log holds the stored records
+/// and then at most the unknown ones, in order, each once.
+#[test]
+fn produce_counts_records_sent_to_brokers_that_stopped_answering_as_unknown() {
+    use std::io::Write;
+    let c = Brokers::start();
+    c.ok(&["topic", "create", "fate", "--partitions", "1", "--replication-factor", "3"], None);
+    let mut producer = Command::new(BIN)
+        .args(["--bootstrap", &c.bootstrap, "produce", "fate", "--delivery-timeout-ms", "3000"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ferrolog produce");
+    let mut stdin = producer.stdin.take().expect("stdin");
+    let stored: Vec<String> = (0..5).map(|i| format!("stored-{i}")).collect();
+    stdin.write_all(format!("{}\n", stored.join("\n")).as_bytes()).expect("write stdin");
+    stdin.flush().expect("flush stdin");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while values(&c, "fate").len() < stored.len() {
+        assert!(Instant::now() < deadline, "the first records were not stored: {:?}", values(&c, "fate"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    for broker in &c.children {
+        signal(broker, "-STOP");
+    }
+    let maybe: Vec<String> = (0..5).map(|i| format!("maybe-{i}")).collect();
+    stdin.write_all(format!("{}\n", maybe.join("\n")).as_bytes()).expect("write stdin");
+    drop(stdin);
+    let out = producer.wait_with_output().expect("wait for ferrolog produce");
+    for broker in &c.children {
+        signal(broker, "-CONT");
+    }
+    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "records of unknown outcome must fail the command\n{stdout}\n{err}");
+    assert!(
+        stdout.contains("10 records read: 5 stored, 0 refused, 5 unknown (may or may not be stored)"),
+        "{stdout}\n{err}"
+    );
+    assert!(err.contains("maybe not stored") && !err.contains(": not stored"), "{err}");
+    assert!(err.contains("0 records were refused and 5 have an unknown outcome"), "{err}");
+
+    // Once the brokers run again: the stored records, then a prefix of the
+    // unknown ones (those whose requests the leader still took), each once.
+    let got = values(&c, "fate");
+    assert_eq!(got[..stored.len()], stored[..], "{got:?}");
+    let rest = &got[stored.len()..];
+    assert!(rest.len() <= maybe.len() && rest == &maybe[..rest.len()], "{got:?}");
+}
+
 /// A `consume --follow` process stopped with SIGSTOP or SIGCONT (`kill`).
 fn signal(child: &Child, sig: &str) {
     let status = Command::new("kill").args([sig, &child.id().to_string()]).status().expect("run kill");
