@@ -693,6 +693,34 @@ mod tests {
     use super::*;
     use crate::metadata::command::ReplicaAssignment;
 
+    #[test]
+    fn a_failed_replica_restarts_after_1_s_doubling_to_60_s() {
+        let waits: Vec<u64> = (1..=9).map(|a| restart_backoff(a).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(restart_backoff(u32::MAX), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn each_consecutive_failure_of_a_replica_waits_longer_and_says_so() {
+        let failures = Failures::default();
+        let mut last_wait = Duration::ZERO;
+        for attempt in 1..=7u32 {
+            let before = Instant::now();
+            let f = failures.record_failure(7, "t", 0, format!("error {attempt}"));
+            assert_eq!(f.attempts, attempt);
+            let wait = f.retry_at.saturating_duration_since(before);
+            assert!(wait >= restart_backoff(attempt) && wait > last_wait, "attempt {attempt}: {wait:?}");
+            last_wait = wait;
+            let shown = failures.failure("t", 0).expect("a failed replica is reported").to_string();
+            assert!(
+                shown.starts_with(&format!("error {attempt} (failure {attempt}); next start in ")),
+                "{shown}"
+            );
+        }
+        // Another replica's failures are its own.
+        assert_eq!(failures.record_failure(8, "t", 1, "other".into()).attempts, 1);
+    }
+
     fn assignment(replicas: &[(BrokerId, NodeId)], initial: &[NodeId]) -> PartitionAssignment {
         PartitionAssignment {
             group: 7,
