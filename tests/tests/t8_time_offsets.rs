@@ -2,13 +2,14 @@
 //! the first record in offset order whose timestamp is at or after the
 //! target, at record granularity, with timestamps out of order within and
 //! across batches, and the same answers from a new leader after SIGKILL of
-//! the old one.
+//! the old one, and after every broker restarted with its segments' indexes
+//! deleted (rebuilt at open).
 
 use std::time::Duration;
 
 use ferrolog_proto::client::{ProduceRequest, Record};
 use ferrolog_tests::Cluster;
-use ferrolog_tests::raw::{create_topic, offsets_for_time, produce};
+use ferrolog_tests::raw::{create_topic, create_topic_with_config, offsets_for_time, produce};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferrolog-test-broker");
 const WAIT: Duration = Duration::from_secs(30);
@@ -82,5 +83,102 @@ async fn offsets_for_a_timestamp_are_per_record_and_survive_a_leader_kill() -> a
     );
     assert_eq!(at(&c, 900, 6).await?.0, Some((0, 1000)), "800 at offset 4 comes after 1000 at offset 0");
     assert_eq!(at(&c, 6001, 6).await?.0, None);
+    Ok(())
+}
+
+/// Every `.idx` file (a sealed segment's index) under `dir`, recursively.
+fn index_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(index_files(&path));
+        } else if path.extension().is_some_and(|e| e == "idx") {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// The answer Kafka's rule gives on `log` (timestamps in offset order):
+/// the first offset whose timestamp is at or after `ts`.
+fn expected(log: &[i64], ts: i64) -> Option<(u64, i64)> {
+    log.iter().position(|t| *t >= ts).map(|o| (o as u64, log[o]))
+}
+
+/// Many small segments (`segment.bytes` 4 KiB), timestamps out of order
+/// within and across batches: the answers are the same after every broker
+/// was SIGKILLed and started again, and again after a restart with every
+/// sealed segment's index deleted, so each replica rebuilt them at open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_for_a_timestamp_survive_a_restart_and_rebuilt_indexes() -> anyhow::Result<()> {
+    let mut c = Cluster::start("time-restart", BIN, 3, &[]).await?;
+    // Stamps here are in 1970: kept forever, not retired by retention.ms.
+    let configs = [("segment.bytes", "4096"), ("retention.ms", "-1")]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    create_topic_with_config(&c, "times", 1, 3, &configs).await?;
+    // 30 batches of 4; each batch's stamps go back and forth, and every
+    // fifth batch starts before everything written so far.
+    let mut log = Vec::new();
+    for b in 0..30i64 {
+        let base = if b % 5 == 4 { 500 + b } else { 10_000 + b * 100 };
+        let stamps = [base + 50, base, base + 90, base + 10];
+        let mut req = stamped("times", &stamps);
+        for r in &mut req.records {
+            r.value =
+                format!("{}-{}", String::from_utf8_lossy(&r.value), "p".repeat(200)).into_bytes().into();
+        }
+        let (r, _) = produce(&c, req, WAIT).await?;
+        assert_eq!(r.base_offset, log.len() as u64);
+        log.extend(stamps);
+    }
+    let hw = log.len() as u64;
+    let mut targets: Vec<i64> = log.iter().flat_map(|t| [t - 1, *t, t + 1]).collect();
+    targets.extend([0, i64::from(i32::MAX)]);
+    targets.sort_unstable();
+    targets.dedup();
+    let check = async |c: &Cluster, when: &str| -> anyhow::Result<()> {
+        for ts in &targets {
+            let (got, by) = at(c, *ts, hw).await?;
+            assert_eq!(got, expected(&log, *ts), "{when}: timestamp {ts} (answered by broker {by})");
+        }
+        Ok(())
+    };
+    check(&c, "before the restart").await?;
+
+    // Every broker SIGKILLed and started again.
+    for id in 1..=3 {
+        c.kill(id);
+    }
+    for id in 1..=3 {
+        c.spawn(id)?;
+    }
+    c.wait_ready(3, WAIT).await?;
+    check(&c, "after every broker restarted").await?;
+
+    // Again, with every sealed segment's index deleted: rebuilt at open.
+    for id in 1..=3 {
+        c.kill(id);
+    }
+    let mut deleted = 0;
+    for id in 1..=3 {
+        for idx in index_files(c.data_dir(id)) {
+            std::fs::remove_file(idx)?;
+            deleted += 1;
+        }
+    }
+    assert!(deleted >= 3 * 5, "only {deleted} segment indexes: the log did not roll into many segments");
+    for id in 1..=3 {
+        c.spawn(id)?;
+    }
+    c.wait_ready(3, WAIT).await?;
+    check(&c, "after a restart with the indexes deleted").await?;
+    let rebuilt: usize = (1..=3).map(|id| index_files(c.data_dir(id)).len()).sum();
+    eprintln!(
+        "{deleted} segment indexes deleted; {rebuilt} on disk after the restart; {} targets checked",
+        targets.len()
+    );
     Ok(())
 }
