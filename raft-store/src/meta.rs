@@ -124,13 +124,19 @@ impl MetaStore {
     /// A new handle on the same replica's metadata, taking its claim over
     /// ([`MetaDb::reclaim`]): for reopening a replica in place after a
     /// storage error, while clones of the old handle may still be alive.
-    /// The new handle starts from the values this one holds (every write
-    /// that succeeded, lazy ones included); the old handle's writes are
-    /// refused from now on.
-    pub fn reopen(&self) -> Self {
+    /// Its values are read back from the database after everything queued
+    /// so far (as [`MetaStore::open`] does), not copied from this handle: a
+    /// reopen that failed midway may have written decisions since (the
+    /// replica recovering, the unsynced tail cut) that this handle never
+    /// saw. The old handle's writes are refused from now on.
+    ///
+    /// # Errors
+    /// [`StoreError::Meta`] if the database cannot be read (or the commit
+    /// queued before the read failed: the disk still failing).
+    pub fn reopen(&self) -> Result<Self> {
         let claim = self.db.reclaim(self.claim.name());
-        let values = self.values.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        Self { db: self.db.clone(), claim, values: Arc::new(Mutex::new(values)) }
+        let values = futures::executor::block_on(self.db.load(&claim, false))?.into_iter().collect();
+        Ok(Self { db: self.db.clone(), claim, values: Arc::new(Mutex::new(values)) })
     }
 
     /// Reads and decodes the value under `key`.

@@ -146,13 +146,14 @@ impl Replica {
     /// Raft node) first: two handles appending to one log would interleave.
     ///
     /// # Errors
-    /// As [`Replica::open`]: the disk still failing, or damage opening
-    /// cannot set aside.
+    /// As [`Replica::open`]: the disk still failing (its metadata cannot be
+    /// read back, a file cannot be written), or damage opening cannot set
+    /// aside. A failed reopen may be tried again, from this handle.
     pub fn reopen(&self, config: StoreConfig, flusher: Flusher) -> Result<Self> {
         let dir = self.inner.snapshot_root.parent().map(Path::to_owned).ok_or_else(|| {
             StoreError::Invalid(format!("replica at {} has no directory", self.inner.snapshot_root.display()))
         })?;
-        let meta = self.log().meta().reopen();
+        let meta = self.log().meta().reopen()?;
         Self::open_with_meta(&dir, meta, config, flusher, true)
     }
 

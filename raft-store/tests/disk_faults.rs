@@ -166,6 +166,8 @@ async fn a_replica_reopened_in_place_cuts_the_unsynced_tail_and_owns_its_metadat
     let old = Replica::open(dir(), StoreConfig::default(), flusher.clone()).expect("open");
     let mut old_store = old.log_store();
     append(&mut old_store, entries(0, 10)).await.expect("entries 0..10 durable");
+    let voted = ferrolog_raft_store::types::Vote::new(1, 1);
+    old_store.save_vote(&voted).await.expect("a vote saved before the fault");
     disk.set_faults(Faults { eio_on_sync: true, ..Faults::default() });
     assert!(
         append(&mut old_store, entries(10, 15)).await.is_err(),
@@ -181,6 +183,7 @@ async fn a_replica_reopened_in_place_cuts_the_unsynced_tail_and_owns_its_metadat
         Some(9),
         "entries of unknown durability survived the reopen"
     );
+    assert_eq!(store.read_vote().await.expect("read vote"), Some(voted), "the vote did not carry over");
     append(&mut store, entries(10, 20)).await.expect("entries 10..20 durable through the new handle");
     let vote = ferrolog_raft_store::types::Vote::new(2, 1);
     store.save_vote(&vote).await.expect("the new handle saves a vote");

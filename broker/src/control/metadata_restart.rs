@@ -15,7 +15,8 @@
 //! 2. waits [`restart_backoff`] (1 s, doubling to 60 s; forgotten after
 //!    [`HEALTHY_AFTER`] of running), then until the data directory takes a
 //!    write again ([`writable::probe`]);
-//! 3. shuts the old node down, opens the log again in place with every
+//! 3. shuts the old node down (or tries again later: two nodes never write
+//!    one log), opens the log again in place with every
 //!    segment verified and the entries after a failed fsync cut
 //!    ([`Replica::reopen`]), starts a new node over it (held out of votes if
 //!    the log shows it may have lost acknowledged entries,
@@ -139,17 +140,29 @@ pub async fn run(r: MetadataRestart) {
 /// Replaces the stopped node `old`: shuts it down, reopens its log in
 /// place, starts a new node over it and swaps it in.
 async fn restart(r: &MetadataRestart, old: RaftNode) -> anyhow::Result<()> {
-    if tokio::time::timeout(SHUTDOWN_WITHIN, old.shutdown()).await.is_err() {
-        tracing::warn!(
-            "the stopped metadata node did not shut down within {SHUTDOWN_WITHIN:?}; reopening anyway"
-        );
+    // Two nodes must never write one log: no reopen before the old node's
+    // tasks are gone (tried again after the next back-off otherwise). An
+    // error here is a task that panicked: gone too.
+    match tokio::time::timeout(SHUTDOWN_WITHIN, old.shutdown()).await {
+        Err(_) => anyhow::bail!("the stopped node did not shut down within {SHUTDOWN_WITHIN:?}"),
+        Ok(Err(e)) => tracing::warn!("shutting the stopped metadata node down: {e}"),
+        Ok(Ok(())) => {}
     }
     let (replica, storage, flusher) = (r.metadata.replica(), r.storage.clone(), r.flusher.clone());
-    let reopened: Replica = tokio::task::spawn_blocking(move || replica.reopen(storage, flusher))
-        .await
-        .map_err(|e| anyhow::anyhow!("reopening the metadata log was cut off: {e}"))??;
+    let staging = r.staging_dir.clone();
+    let reopened = tokio::task::spawn_blocking(move || -> anyhow::Result<Replica> {
+        ferrolog_replica::snapshot::clear_staging(&staging)?;
+        Ok(replica.reopen(storage, flusher)?)
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("reopening the metadata log was cut off: {e}"))??;
     let node = r.metadata.node();
     let raft = RaftNode::start(METADATA_GROUP, node, &r.settings, &reopened, r.peers.clone()).await?;
+    if r.groups.draining() {
+        // A broker handing its leaderships over before it stops must not
+        // win the controller back (crate::control::handover).
+        raft.set_elections(false);
+    }
     r.groups.remove(METADATA_GROUP);
     r.groups.insert(
         METADATA_GROUP,

@@ -84,7 +84,8 @@ impl HostedMetadata {
     }
 
     /// Puts a new Raft node, over `replica` opened again, in place of the
-    /// one that stopped. The caller has stopped the old node.
+    /// one that stopped. The caller must have shut the old node down first
+    /// (`crate::control::metadata_restart` does, or does not replace it).
     pub fn replace(&self, raft: RaftNode, replica: Replica) {
         *self.current.write().unwrap_or_else(|p| p.into_inner()) =
             Current { raft, replica, started: Instant::now() };
