@@ -111,7 +111,13 @@ pub async fn run(r: MetadataRestart) {
         r.failure.set(Some(format!("stopped: {fatal}; restart in {} ms", wait.as_millis())));
         tokio::time::sleep(wait).await;
         let mut waited_since = None;
-        while let Err(why) = writable::probe(&r.dir) {
+        loop {
+            // A write and an fsync: off the async threads.
+            let dir = r.dir.clone();
+            let probed = tokio::task::spawn_blocking(move || writable::probe(&dir)).await;
+            let Err(why) = probed.unwrap_or_else(|e| Err(format!("the write probe failed: {e}"))) else {
+                break;
+            };
             let since = *waited_since.get_or_insert_with(Instant::now);
             crate::logging::every(
                 "metadata.restart.disk",
