@@ -57,43 +57,51 @@ pub async fn run(a: ContentionArgs) -> anyhow::Result<()> {
     let leader = raw::leader(&c, TOPIC, 0, Duration::from_secs(30)).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let (fetches, bytes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    // The reader is a consumer of its own, as it would be in production:
+    // its own thread and runtime (its connection's tasks too), so decoding
+    // 16 MiB answers does not delay the producer's acknowledgements in
+    // this process. What is measured is what the reads cost the brokers.
     let reader = {
         let (stop, fetches, bytes) = (stop.clone(), fetches.clone(), bytes.clone());
-        let mut client = connect(c.broker(leader).client_addr).await?;
+        let addr = c.broker(leader).client_addr;
         let max_bytes = a.fetch_bytes;
-        tokio::spawn(async move {
-            let mut offset = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let req = FetchRequest {
-                    topic: TOPIC.into(),
-                    partition: 0,
-                    offset,
-                    max_bytes,
-                    max_wait_ms: 0,
-                    ..Default::default()
-                };
-                let r = client.fetch(req).await?.into_inner();
-                anyhow::ensure!(r.error.is_none(), "fetch failed: {:?}", r.error);
-                let got: u64 = r.batches.iter().map(|b| b.records.len() as u64).sum();
-                fetches.fetch_add(1, Ordering::Relaxed);
-                bytes.fetch_add(got, Ordering::Relaxed);
-                // Wrap round to the start before the tail, so every fetch
-                // is a full one.
-                offset = match r.batches.last() {
-                    Some(b) if b.base_offset + u64::from(b.record_count) + 20_000 < r.high_watermark => {
-                        b.base_offset + u64::from(b.record_count)
-                    }
-                    _ => 0,
-                };
-            }
-            anyhow::Ok(())
+        std::thread::spawn(move || -> anyhow::Result<()> {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(async move {
+                let mut client = connect(addr).await?;
+                let mut offset = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let req = FetchRequest {
+                        topic: TOPIC.into(),
+                        partition: 0,
+                        offset,
+                        max_bytes,
+                        max_wait_ms: 0,
+                        ..Default::default()
+                    };
+                    let r = client.fetch(req).await?.into_inner();
+                    anyhow::ensure!(r.error.is_none(), "fetch failed: {:?}", r.error);
+                    let got: u64 = r.batches.iter().map(|b| b.records.len() as u64).sum();
+                    fetches.fetch_add(1, Ordering::Relaxed);
+                    bytes.fetch_add(got, Ordering::Relaxed);
+                    // Wrap round to the start before the tail, so every
+                    // fetch is a full one.
+                    offset = match r.batches.last() {
+                        Some(b) if b.base_offset + u64::from(b.record_count) + 20_000 < r.high_watermark => {
+                            b.base_offset + u64::from(b.record_count)
+                        }
+                        _ => 0,
+                    };
+                }
+                anyhow::Ok(())
+            })
         })
     };
     let started = Instant::now();
     let beside = load::produce(&meta, TOPIC, &one).await;
     stop.store(true, Ordering::Relaxed);
     let read_for = started.elapsed().as_secs_f64();
-    reader.await??;
+    reader.join().map_err(|_| anyhow::anyhow!("the fetch loop's thread panicked"))??;
     let beside = beside?;
     let (fetches, bytes) = (fetches.load(Ordering::Relaxed), bytes.load(Ordering::Relaxed));
     anyhow::ensure!(
