@@ -346,7 +346,9 @@ impl MetaDb {
     /// still be alive (see `Replica::reopen`): from now on only the new
     /// claim writes the replica's keys; the old one's writes are refused
     /// ("removed or reopened") and its drop leaves the new claim alone.
-    /// Writes the old claim queued before this call still land.
+    /// Writes the old claim queued before this call still land. Only the
+    /// holder of the claim may call it (it is not checked): a stale handle
+    /// reclaiming would cut off the live one.
     pub fn reclaim(&self, name: &str) -> Claim {
         let mut q = self.shared.lock();
         q.next_handle += 1;

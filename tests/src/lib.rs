@@ -279,9 +279,15 @@ impl Cluster {
         self.brokers.len() as u32
     }
 
-    /// Whether broker `id` is running.
+    /// Whether broker `id`'s process, as the test started it, still runs
+    /// (stopped by SIGSTOP counts as running): not killed by the test, not
+    /// exited (a zombie waiting to be reaped counts as exited).
     pub fn is_running(&self, id: u32) -> bool {
-        self.brokers[(id - 1) as usize].child.is_some()
+        let Some(child) = self.brokers[(id - 1) as usize].child.as_ref() else { return false };
+        std::fs::read_to_string(format!("/proc/{}/stat", child.id()))
+            .ok()
+            .and_then(|stat| stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next()))
+            .is_some_and(|state| state != 'Z' && state != 'X')
     }
 
     /// Gives broker `id` a new peer address (used from its next

@@ -259,26 +259,39 @@ pub async fn status(
         .into_inner())
 }
 
-/// The values (UTF-8) of partition 0 of `topic` from offset 0, up to
-/// 1 MiB, as the broker at `addr` serves them.
+/// The values (UTF-8) of partition 0 of `topic` from offset 0 up to its
+/// high watermark, as the broker at `addr` serves them (fetched 1 MiB at a
+/// time).
 ///
 /// # Errors
 /// Transport errors, an error the broker answered (not leader, a storage
 /// error), or as [`values`].
 pub async fn read_values(addr: SocketAddr, topic: &str) -> anyhow::Result<Vec<String>> {
-    let req = ferrolog_proto::client::FetchRequest {
-        topic: topic.into(),
-        partition: 0,
-        offset: 0,
-        max_bytes: 1 << 20,
-        max_wait_ms: 0,
-        ..Default::default()
-    };
-    let response = connect(addr).await?.fetch(req).await?.into_inner();
-    if let Some(e) = &response.error {
-        bail!("{addr} answered the fetch with {:?}: {}", e.code(), e.message);
+    let mut client = connect(addr).await?;
+    let mut out = Vec::new();
+    let mut offset = 0u64;
+    loop {
+        let req = ferrolog_proto::client::FetchRequest {
+            topic: topic.into(),
+            partition: 0,
+            offset,
+            max_bytes: 1 << 20,
+            max_wait_ms: 0,
+            ..Default::default()
+        };
+        let response = client.fetch(req).await?.into_inner();
+        if let Some(e) = &response.error {
+            bail!("{addr} answered the fetch with {:?}: {}", e.code(), e.message);
+        }
+        let next = response.batches.last().map(|b| b.base_offset + u64::from(b.record_count));
+        // The first batch may start before `offset`: skip what was read.
+        let skip = response.batches.first().map_or(0, |b| offset.saturating_sub(b.base_offset)) as usize;
+        out.extend(values(&response)?.into_iter().skip(skip));
+        match next {
+            Some(next) if next > offset && next < response.high_watermark => offset = next,
+            _ => return Ok(out),
+        }
     }
-    values(&response)
 }
 
 /// The values of every record of a fetch response, in order, as UTF-8.

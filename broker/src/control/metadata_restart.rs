@@ -164,11 +164,6 @@ async fn restart(r: &MetadataRestart, old: RaftNode) -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!("reopening the metadata log was cut off: {e}"))??;
     let node = r.metadata.node();
     let raft = RaftNode::start(METADATA_GROUP, node, &r.settings, &reopened, r.peers.clone()).await?;
-    if r.groups.draining() {
-        // A broker handing its leaderships over before it stops must not
-        // win the controller back (crate::control::handover).
-        raft.set_elections(false);
-    }
     r.groups.remove(METADATA_GROUP);
     r.groups.insert(
         METADATA_GROUP,
@@ -181,6 +176,13 @@ async fn restart(r: &MetadataRestart, old: RaftNode) -> anyhow::Result<()> {
         },
     );
     r.metadata.replace(raft.clone(), reopened);
+    // A broker handing its leaderships over before it stops must not win
+    // the controller back (crate::control::handover). Looked at after the
+    // new node is registered: a drain that began meanwhile switched off
+    // the node it found there, this one.
+    if r.groups.draining() {
+        raft.set_elections(false);
+    }
     raft.hold_if_recovering(node);
     Ok(())
 }

@@ -572,6 +572,8 @@ fn produce_counts_records_sent_to_brokers_that_stopped_answering_as_unknown() {
         assert!(Instant::now() < deadline, "the first records were not stored: {:?}", values(&c, "fate"));
         std::thread::sleep(Duration::from_millis(200));
     }
+    // Committed; give their acknowledgements time to reach the producer.
+    std::thread::sleep(Duration::from_secs(1));
 
     for broker in &c.children {
         signal(broker, "-STOP");
@@ -579,10 +581,21 @@ fn produce_counts_records_sent_to_brokers_that_stopped_answering_as_unknown() {
     let maybe: Vec<String> = (0..5).map(|i| format!("maybe-{i}")).collect();
     stdin.write_all(format!("{}\n", maybe.join("\n")).as_bytes()).expect("write stdin");
     drop(stdin);
+    // It gives up on the records after the 3 s delivery timeout; a hang
+    // fails the test instead of holding it (the brokers resume anyway).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while producer.try_wait().expect("poll ferrolog produce").is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let finished = producer.try_wait().expect("poll ferrolog produce").is_some();
+    if !finished {
+        let _ = producer.kill();
+    }
     let out = producer.wait_with_output().expect("wait for ferrolog produce");
     for broker in &c.children {
         signal(broker, "-CONT");
     }
+    assert!(finished, "ferrolog produce did not end within 60 s of its input's end, brokers stopped");
     let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(!out.status.success(), "records of unknown outcome must fail the command\n{stdout}\n{err}");
     assert!(
@@ -592,15 +605,27 @@ fn produce_counts_records_sent_to_brokers_that_stopped_answering_as_unknown() {
     assert!(err.contains("maybe not stored") && !err.contains(": not stored"), "{err}");
     assert!(err.contains("0 records were refused and 5 have an unknown outcome"), "{err}");
 
-    // Once the brokers run again: the stored records, then a prefix of the
-    // unknown ones (those whose requests the leader still took), each once.
-    let got = values(&c, "fate");
+    // Once the brokers run again and the log stops growing (requests the
+    // stopped leader had queued are handled now): the stored records, then
+    // a prefix of the unknown ones, each once.
+    let mut got = values(&c, "fate");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        std::thread::sleep(Duration::from_secs(2));
+        let again = values(&c, "fate");
+        if again == got || Instant::now() > deadline {
+            got = again;
+            break;
+        }
+        got = again;
+    }
     assert_eq!(got[..stored.len()], stored[..], "{got:?}");
     let rest = &got[stored.len()..];
     assert!(rest.len() <= maybe.len() && rest == &maybe[..rest.len()], "{got:?}");
 }
 
-/// A `consume --follow` process stopped with SIGSTOP or SIGCONT (`kill`).
+/// Sends `sig` (`-STOP`, `-CONT`) to a child process (a `consume
+/// --follow`, a broker) with `kill`.
 fn signal(child: &Child, sig: &str) {
     let status = Command::new("kill").args([sig, &child.id().to_string()]).status().expect("run kill");
     assert!(status.success(), "kill {sig}");
