@@ -249,7 +249,18 @@ async fn run_seed(seed: u64, lying_disks: bool) -> Result<(usize, u64, u32), Str
     }
     let _ = barrier;
 
-    let logs: BTreeMap<NodeId, Vec<(u64, u64)>> = members.iter().map(|(id, m)| (*id, log_of(m))).collect();
+    // A proposal whose producer gave up (indefinite) may still commit after
+    // the barrier: the replicas then apply it one after another. They must
+    // converge on one log; until then each is a prefix of the longest.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let logs = loop {
+        let logs: BTreeMap<NodeId, Vec<(u64, u64)>> =
+            members.iter().map(|(id, m)| (*id, log_of(m))).collect();
+        if logs.values().all(|l| *l == logs[&1]) || tokio::time::Instant::now() >= deadline {
+            break logs;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let acked = history.acked.lock().expect("acked").clone();
     let reference = &logs[&1];
     for m in members.values() {
@@ -257,7 +268,17 @@ async fn run_seed(seed: u64, lying_disks: bool) -> Result<(usize, u64, u32), Str
     }
     for (id, log) in &logs {
         if log != reference {
-            return Err(format!("seed {seed}: node {id}'s log differs from node 1's"));
+            let (short, long) = if log.len() < reference.len() { (log, reference) } else { (reference, log) };
+            let how = if long.starts_with(short) {
+                format!(
+                    "one is a prefix of the other ({} and {} records) after {WAIT:?}",
+                    log.len(),
+                    reference.len()
+                )
+            } else {
+                "they diverge".to_owned()
+            };
+            return Err(format!("seed {seed}: node {id}'s log differs from node 1's: {how}"));
         }
     }
     let mut seen: HashMap<u64, u64> = HashMap::new();
