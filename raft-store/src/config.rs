@@ -45,6 +45,18 @@ pub struct StoreConfig {
     /// Budget of the in-memory cache of the log tail, bytes of payload. Raft
     /// replication and apply read recent entries from it, not from disk.
     pub tail_cache_bytes: u64,
+    /// Once fsynced, the active segment's bytes more than this far behind
+    /// its end are dropped from the OS page cache (`posix_fadvise(2)`
+    /// `POSIX_FADV_DONTNEED`, by the flusher after the sync, at least
+    /// [`crate::segment::CACHE_DROP_STEP_BYTES`] at a time), bytes; 0:
+    /// never. Consumers within this distance of the end read from memory,
+    /// further behind from disk. The page cache then recycles pages instead
+    /// of growing with every byte written, which costs little on bare metal
+    /// but a page fault of the hypervisor per new page on a virtual machine
+    /// that returns free memory to its host (`benches/LOG.md`, 2026-12-05).
+    /// Apache BookKeeper drops its journal's pages the same way
+    /// (`journalRemoveFromPageCache`). Default 64 MiB.
+    pub page_cache_drop_behind_bytes: u64,
 }
 
 impl Default for StoreConfig {
@@ -55,6 +67,7 @@ impl Default for StoreConfig {
             index_interval_bytes: 4096,
             flush: FlushPolicy::Always,
             tail_cache_bytes: 8 << 20,
+            page_cache_drop_behind_bytes: 64 << 20,
         }
     }
 }

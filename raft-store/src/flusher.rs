@@ -42,6 +42,9 @@ pub type FlushCallback = Box<dyn FnOnce(io::Result<()>) + Send>;
 struct Request {
     file: FileRef,
     done: Option<FlushCallback>,
+    /// Bytes of `file` (offset, length) to drop from the page cache once
+    /// the sync succeeded.
+    drop: Option<(u64, u64)>,
 }
 
 /// The way to the flusher: its thread's bounded queue, or its task's.
@@ -62,6 +65,8 @@ pub struct FlushStats {
     pub syncfs: AtomicU64,
     /// Requests completed.
     pub requests: AtomicU64,
+    /// Ranges of synced files dropped from the page cache.
+    pub cache_drops: AtomicU64,
 }
 
 /// Handle to the flusher of one data directory. Cloning shares it; the
@@ -146,7 +151,16 @@ impl Flusher {
     /// If the flusher is gone (it never stops while a handle lives, so only
     /// during shutdown) the callback runs at once with an error.
     pub fn request(&self, file: FileRef, done: Option<FlushCallback>) {
-        let req = Request { file, done };
+        self.request_dropping(file, None, done);
+    }
+
+    /// As [`Flusher::request`], and once the sync succeeded (and the
+    /// callbacks ran) the bytes `drop` = (offset, length) of `file` are
+    /// dropped from the OS page cache ([`crate::vfs::VfsFile::drop_cached`]):
+    /// they were written before this request, so the sync made them clean.
+    /// After a failed sync nothing is dropped.
+    pub fn request_dropping(&self, file: FileRef, drop: Option<(u64, u64)>, done: Option<FlushCallback>) {
+        let req = Request { file, done, drop };
         let req = match &self.tx {
             Queue::Thread(tx) => match tx.try_send(req) {
                 Ok(()) => return,
@@ -203,17 +217,33 @@ fn round_from(first: Request, mut next: impl FnMut() -> Option<Request>) -> Vec<
 }
 
 /// Syncs one round's files (unless `fsync` is off: the negative control)
-/// and runs its callbacks with the outcome.
+/// and runs its callbacks with the outcome; then, if the sync succeeded,
+/// drops the ranges the requests asked for from the page cache (after the
+/// callbacks, so that acknowledgements do not wait for it).
 fn finish_round(round: Vec<Request>, stats: &FlushStats, fsync: bool) {
     let result = if fsync { sync_round(&round, stats) } else { Ok(()) };
     stats.rounds.fetch_add(1, Ordering::Relaxed);
     stats.requests.fetch_add(round.len() as u64, Ordering::Relaxed);
+    let mut drops = Vec::new();
     for r in round {
         if let Some(done) = r.done {
             done(match &result {
                 Ok(()) => Ok(()),
                 Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
             });
+        }
+        if let Some(range) = r.drop {
+            drops.push((r.file, range));
+        }
+    }
+    if result.is_err() {
+        return;
+    }
+    for (file, (offset, len)) in drops {
+        // A hint: a failure costs only memory, and is not worth a log line
+        // per round.
+        if file.drop_cached(offset, len).is_ok() {
+            stats.cache_drops.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -237,4 +267,47 @@ fn sync_round(round: &[Request], stats: &FlushStats) -> io::Result<()> {
         }
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::vfs::{Faults, FaultyFs, OpenMode};
+
+    /// Requests `file` with a drop and waits for the callback's outcome.
+    fn flush(flusher: &Flusher, file: &FileRef) -> io::Result<()> {
+        let (tx, rx) = mpsc::channel();
+        flusher.request_dropping(
+            file.clone(),
+            Some((0, 1 << 20)),
+            Some(Box::new(move |r| tx.send(r).unwrap())),
+        );
+        let outcome = rx.recv_timeout(Duration::from_secs(10)).expect("the flusher answers");
+        // A second round after it: its drops are done by then.
+        let (tx, rx) = mpsc::channel();
+        flusher.request(file.clone(), Some(Box::new(move |r| tx.send(r.is_ok()).unwrap())));
+        let _ = rx.recv_timeout(Duration::from_secs(10)).expect("the flusher answers");
+        outcome
+    }
+
+    #[test]
+    fn a_range_is_dropped_only_after_a_sync_that_succeeded() {
+        let fs = FaultyFs::new(7);
+        let mount: Fs = fs.mount();
+        let file = mount.open(Path::new("/seg"), OpenMode::CreateTruncate).expect("create");
+        file.write_all_at(&[1; 4096], 0).expect("write");
+        let flusher = Flusher::spawn_on("drops", mount).expect("flusher");
+
+        fs.set_faults(Faults { eio_on_sync: true, ..Faults::default() });
+        assert!(flush(&flusher, &file).is_err(), "the injected EIO did not reach the callback");
+        assert_eq!(flusher.stats().cache_drops.load(Ordering::Relaxed), 0, "dropped after a failed sync");
+
+        fs.set_faults(Faults::default());
+        flush(&flusher, &file).expect("sync");
+        assert_eq!(flusher.stats().cache_drops.load(Ordering::Relaxed), 1);
+    }
 }

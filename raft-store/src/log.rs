@@ -830,6 +830,7 @@ impl PartitionLog {
             self.cache.push(e);
         }
         result?;
+        let drop_behind = self.config.page_cache_drop_behind_bytes;
         let file = self.active()?.file().clone();
         let (mark, covered) = (self.sync_mark.clone(), self.sync_mark.request(self.next_index()));
         match self.config.flush {
@@ -842,7 +843,8 @@ impl PartitionLog {
                     }
                     done(r)
                 });
-                self.flusher.request(file, Some(checked));
+                let drop = self.active()?.take_cache_drop(drop_behind);
+                self.flusher.request_dropping(file, drop, Some(checked));
             }
             FlushPolicy::Interval { interval_ms } => {
                 done(Ok(()));
@@ -857,7 +859,8 @@ impl PartitionLog {
                             latch.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e.to_string());
                         }
                     });
-                    self.flusher.request(file, Some(record));
+                    let drop = self.active()?.take_cache_drop(drop_behind);
+                    self.flusher.request_dropping(file, drop, Some(record));
                 }
             }
         }

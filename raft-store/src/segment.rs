@@ -24,6 +24,9 @@ use crate::vfs::{FileRef, Fs, OpenMode, VfsFile};
 
 /// Bytes read per IO when walking frames.
 const READ_CHUNK_BYTES: usize = 256 * 1024;
+/// Granularity of the ranges [`Segment::take_cache_drop`] hands out,
+/// bytes: at most one `posix_fadvise(2)` per MiB written.
+pub const CACHE_DROP_STEP_BYTES: u64 = 1 << 20;
 
 /// File name of the segment whose first entry has Raft index `base_index`.
 pub fn segment_file_name(base_index: u64) -> String {
@@ -53,6 +56,9 @@ pub struct Segment {
     index_interval_bytes: u64,
     opened_at: Instant,
     sealed: bool,
+    /// File position below which this segment's pages were asked to leave
+    /// the page cache ([`Segment::take_cache_drop`]), bytes.
+    cache_dropped_to: u64,
 }
 
 /// A read-only view of one segment, for reading frames without the log's
@@ -269,6 +275,7 @@ impl Segment {
             index_interval_bytes,
             opened_at: Instant::now(),
             sealed: false,
+            cache_dropped_to: 0,
         }
     }
 
@@ -495,6 +502,10 @@ impl Segment {
             f.sync_data().map_err(|e| StoreError::io("fsync", &self.path, e))?;
             f
         };
+        // A file cut in place keeps its pages; a copy starts uncached. Either
+        // way nothing past the cut was dropped.
+        self.cache_dropped_to =
+            self.cache_dropped_to.min(position / CACHE_DROP_STEP_BYTES * CACHE_DROP_STEP_BYTES);
         // Restart the in-memory state from the last index row before the cut.
         self.rows.retain(|r| r.position < position);
         match self.rows.pop() {
@@ -724,6 +735,27 @@ impl Segment {
     /// The open file, shared with the flusher.
     pub fn file(&self) -> &FileRef {
         &self.file
+    }
+
+    /// The bytes of the file (offset, length) that may leave the OS page
+    /// cache once what is written now is fsynced: from where the last such
+    /// range ended up to `behind` bytes before the end of the written data,
+    /// both at multiples of [`CACHE_DROP_STEP_BYTES`] (so whole pages of
+    /// any page size up to it: the kernel keeps a page a range covers only
+    /// in part). `None` when `behind` is 0 (never drop) or no whole step
+    /// lies between. The next call starts where this range ends.
+    pub fn take_cache_drop(&mut self, behind: u64) -> Option<(u64, u64)> {
+        if behind == 0 {
+            return None;
+        }
+        let to = self.size_bytes.saturating_sub(behind) / CACHE_DROP_STEP_BYTES * CACHE_DROP_STEP_BYTES;
+        let from = self.cache_dropped_to;
+        if to <= from {
+            return None;
+        }
+        debug_assert_eq!(from % CACHE_DROP_STEP_BYTES, 0, "drop ranges start at whole steps");
+        self.cache_dropped_to = to;
+        Some((from, to - from))
     }
 }
 

@@ -140,4 +140,16 @@ pub trait VfsFile: Send + Sync + Debug {
     fn sync_file_system(&self) -> io::Result<()>;
     /// Sets the file's modification time.
     fn set_modified(&self, time: SystemTime) -> io::Result<()>;
+    /// Tells the OS that the file's cached pages in `[offset, offset +
+    /// len)` (bytes) will not be read soon (`posix_fadvise(2)`
+    /// `POSIX_FADV_DONTNEED`): clean pages are dropped from the page cache,
+    /// dirty ones stay. A hint, with no effect on what the file holds or on
+    /// durability. Default (file systems without a page cache): nothing.
+    ///
+    /// # Errors
+    /// As the OS reports them (EBADF, EINVAL); callers may ignore them.
+    fn drop_cached(&self, offset: u64, len: u64) -> io::Result<()> {
+        let _ = (offset, len);
+        Ok(())
+    }
 }

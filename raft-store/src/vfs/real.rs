@@ -1,4 +1,5 @@
-//! The real file system: `std::fs` and, for `syncfs(2)`, libc.
+//! The real file system: `std::fs` and, for `syncfs(2)` and
+//! `posix_fadvise(2)`, libc.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -110,5 +111,16 @@ impl VfsFile for RealFile {
 
     fn set_modified(&self, time: SystemTime) -> io::Result<()> {
         self.0.set_modified(time)
+    }
+
+    fn drop_cached(&self, offset: u64, len: u64) -> io::Result<()> {
+        let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        };
+        // SAFETY: the descriptor is valid for the call (self owns the
+        // file); the advice only affects the page cache.
+        let rc = unsafe { libc::posix_fadvise(self.0.as_raw_fd(), offset, len, libc::POSIX_FADV_DONTNEED) };
+        // posix_fadvise returns the error number instead of setting errno.
+        if rc == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(rc)) }
     }
 }
