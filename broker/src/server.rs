@@ -543,6 +543,11 @@ impl Broker {
         servers.push(server);
         let kafka = if config.kafka.enabled { config.kafka_addr.to_string() } else { "off".into() };
         tracing::info!(client = %config.client_addr, peer = %config.peer_addr, %kafka, data = %config.data_dir.display(), "broker started");
+        tracing::info!(
+            drop_behind_bytes = config.storage.page_cache_drop_behind(),
+            "fsynced segment pages further than this behind a segment's end leave the page cache (0: never; \
+             storage.page_cache_drop_behind_bytes)"
+        );
         let shutdown =
             Some(Box::pin(shutdown) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>);
         Ok(Self {

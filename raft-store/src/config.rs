@@ -47,16 +47,52 @@ pub struct StoreConfig {
     pub tail_cache_bytes: u64,
     /// Once fsynced, the active segment's bytes more than this far behind
     /// its end are dropped from the OS page cache (`posix_fadvise(2)`
-    /// `POSIX_FADV_DONTNEED`, by the flusher after the sync, at least
-    /// [`crate::segment::CACHE_DROP_STEP_BYTES`] at a time), bytes; 0:
-    /// never. Consumers within this distance of the end read from memory,
-    /// further behind from disk. The page cache then recycles pages instead
-    /// of growing with every byte written, which costs little on bare metal
-    /// but a page fault of the hypervisor per new page on a virtual machine
-    /// that returns free memory to its host (`benches/LOG.md`, 2026-12-05).
-    /// Apache BookKeeper drops its journal's pages the same way
-    /// (`journalRemoveFromPageCache`). Default 64 MiB.
-    pub page_cache_drop_behind_bytes: u64,
+    /// `POSIX_FADV_DONTNEED`, by the flusher after the sync, in whole
+    /// [`crate::segment::CACHE_DROP_STEP_BYTES`]), bytes; 0: never, as
+    /// Kafka, whose readers count on the page cache. `None` (the default,
+    /// the key left out): [`AUTO_DROP_BEHIND_BYTES`] on a machine that
+    /// returns free memory to its host ([`host_reclaims_free_memory`]),
+    /// else 0. There each page the page cache takes that was not used
+    /// recently is a fault in the hypervisor, and dropping lets it reuse
+    /// pages instead of growing with every byte written (`benches/LOG.md`,
+    /// 2026-12-05: 57–59% of a 1 KiB produce run's CPU went to that copy).
+    /// Consumers within this distance of a segment's end read from memory,
+    /// further back from the disk; up to this much of each sealed segment's
+    /// end stays cached until the kernel evicts it. Apache BookKeeper drops
+    /// the pages of its journal, which nobody reads, the same way
+    /// (`journalRemoveFromPageCache`); here the segments also serve reads.
+    pub page_cache_drop_behind_bytes: Option<u64>,
+}
+
+/// The drop distance of [`StoreConfig::page_cache_drop_behind_bytes`] left
+/// out on a machine that returns free memory to its host, bytes.
+pub const AUTO_DROP_BEHIND_BYTES: u64 = 64 << 20;
+
+/// Whether this machine hands free memory back to its host: a virtio
+/// balloon device offers free page reporting (`VIRTIO_BALLOON_F_REPORTING`,
+/// feature bit 5, virtio 1.2 §5.5.3; sysfs lists a device's features as a
+/// string of `0`/`1`, bit 0 first). Read once per process; logged once
+/// when true.
+pub fn host_reclaims_free_memory() -> bool {
+    static DETECTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *DETECTED.get_or_init(|| {
+        let Ok(devices) = std::fs::read_dir("/sys/bus/virtio/drivers/virtio_balloon") else {
+            return false;
+        };
+        let reporting = devices.filter_map(|d| d.ok()).any(|d| {
+            std::fs::read_to_string(d.path().join("features"))
+                .is_ok_and(|f| f.as_bytes().get(5) == Some(&b'1'))
+        });
+        if reporting {
+            tracing::info!(
+                drop_behind_bytes = AUTO_DROP_BEHIND_BYTES,
+                "this machine returns free memory to its host (virtio-balloon free page reporting): fsynced \
+                 segment pages further behind the end leave the page cache; \
+                 storage.page_cache_drop_behind_bytes sets this (0: never)"
+            );
+        }
+        reporting
+    })
 }
 
 impl Default for StoreConfig {
@@ -67,7 +103,7 @@ impl Default for StoreConfig {
             index_interval_bytes: 4096,
             flush: FlushPolicy::Always,
             tail_cache_bytes: 8 << 20,
-            page_cache_drop_behind_bytes: 64 << 20,
+            page_cache_drop_behind_bytes: None,
         }
     }
 }
@@ -95,7 +131,24 @@ impl StoreConfig {
         if let FlushPolicy::Interval { interval_ms: 0 } = self.flush {
             return Err(ConfigError("flush interval_ms must be > 0".into()));
         }
+        if let Some(n) = self.page_cache_drop_behind_bytes
+            && n != 0
+            && n < crate::segment::CACHE_DROP_STEP_BYTES
+        {
+            return Err(ConfigError(format!(
+                "page_cache_drop_behind_bytes = {n} must be 0 (never) or at least {}",
+                crate::segment::CACHE_DROP_STEP_BYTES
+            )));
+        }
         Ok(())
+    }
+
+    /// The page-cache drop distance in force, bytes (0: never): as
+    /// configured, or where left out as [`host_reclaims_free_memory`]
+    /// decides.
+    pub fn page_cache_drop_behind(&self) -> u64 {
+        self.page_cache_drop_behind_bytes
+            .unwrap_or_else(|| if host_reclaims_free_memory() { AUTO_DROP_BEHIND_BYTES } else { 0 })
     }
 
     /// `segment_ms` as a duration.

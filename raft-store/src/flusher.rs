@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::thread;
 
+use crate::unsynced::SyncMark;
 use crate::vfs::{FileRef, Fs};
 
 /// Above this many distinct dirty files in one round, one `syncfs(2)`
@@ -39,12 +40,25 @@ const ROUND_REQUESTS_MAX: usize = 16_384;
 /// What to run when the data is durable (or the sync failed).
 pub type FlushCallback = Box<dyn FnOnce(io::Result<()>) + Send>;
 
+/// Bytes of a file to drop from the OS page cache once a sync made them
+/// durable ([`Flusher::request_dropping`]).
+#[derive(Debug)]
+pub struct CacheDrop {
+    /// First byte, a file position.
+    pub offset: u64,
+    /// Length, bytes.
+    pub len: u64,
+    /// The durable point of the log the file belongs to: after a failed
+    /// fsync of it (a trip) nothing is dropped, since a later fsync that
+    /// returns success proves nothing of the pages the failed one lost
+    /// ("fsyncgate") and the cached copy is then the only good one.
+    pub mark: Arc<SyncMark>,
+}
+
 struct Request {
     file: FileRef,
     done: Option<FlushCallback>,
-    /// Bytes of `file` (offset, length) to drop from the page cache once
-    /// the sync succeeded.
-    drop: Option<(u64, u64)>,
+    drop: Option<CacheDrop>,
 }
 
 /// The way to the flusher: its thread's bounded queue, or its task's.
@@ -67,6 +81,8 @@ pub struct FlushStats {
     pub requests: AtomicU64,
     /// Ranges of synced files dropped from the page cache.
     pub cache_drops: AtomicU64,
+    /// Drops the OS refused (`posix_fadvise` errors); they cost memory only.
+    pub cache_drop_errors: AtomicU64,
 }
 
 /// Handle to the flusher of one data directory. Cloning shares it; the
@@ -155,11 +171,13 @@ impl Flusher {
     }
 
     /// As [`Flusher::request`], and once the sync succeeded (and the
-    /// callbacks ran) the bytes `drop` = (offset, length) of `file` are
-    /// dropped from the OS page cache ([`crate::vfs::VfsFile::drop_cached`]):
-    /// they were written before this request, so the sync made them clean.
-    /// After a failed sync nothing is dropped.
-    pub fn request_dropping(&self, file: FileRef, drop: Option<(u64, u64)>, done: Option<FlushCallback>) {
+    /// round's callbacks ran) the bytes `drop` names are dropped from the
+    /// OS page cache ([`crate::vfs::VfsFile::drop_cached`]). The caller
+    /// names only bytes written before this request, which its sync makes
+    /// durable. Nothing is dropped after a failed sync, after any failed
+    /// sync of the same log (`drop.mark` tripped), or by a flusher that
+    /// does not fsync (the negative control).
+    pub fn request_dropping(&self, file: FileRef, drop: Option<CacheDrop>, done: Option<FlushCallback>) {
         let req = Request { file, done, drop };
         let req = match &self.tx {
             Queue::Thread(tx) => match tx.try_send(req) {
@@ -219,7 +237,9 @@ fn round_from(first: Request, mut next: impl FnMut() -> Option<Request>) -> Vec<
 /// Syncs one round's files (unless `fsync` is off: the negative control)
 /// and runs its callbacks with the outcome; then, if the sync succeeded,
 /// drops the ranges the requests asked for from the page cache (after the
-/// callbacks, so that acknowledgements do not wait for it).
+/// callbacks, so that this round's acknowledgements do not wait for it;
+/// the next round does, which is why ranges are bounded, see
+/// [`crate::segment::CACHE_DROP_MAX_BYTES`]).
 fn finish_round(round: Vec<Request>, stats: &FlushStats, fsync: bool) {
     let result = if fsync { sync_round(&round, stats) } else { Ok(()) };
     stats.rounds.fetch_add(1, Ordering::Relaxed);
@@ -236,15 +256,22 @@ fn finish_round(round: Vec<Request>, stats: &FlushStats, fsync: bool) {
             drops.push((r.file, range));
         }
     }
-    if result.is_err() {
+    if result.is_err() || !fsync {
         return;
     }
-    for (file, (offset, len)) in drops {
-        // A hint: a failure costs only memory, and is not worth a log line
-        // per round.
-        if file.drop_cached(offset, len).is_ok() {
-            stats.cache_drops.fetch_add(1, Ordering::Relaxed);
+    for (file, drop) in drops {
+        // The round's callbacks ran first, so a failure of this log's
+        // earlier round has tripped its mark by now.
+        if drop.mark.is_tripped() {
+            continue;
         }
+        // A hint: a failure costs only memory, and is counted rather than
+        // logged once per round.
+        let counter = match file.drop_cached(drop.offset, drop.len) {
+            Ok(()) => &stats.cache_drops,
+            Err(_) => &stats.cache_drop_errors,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -278,36 +305,46 @@ mod tests {
     use super::*;
     use crate::vfs::{Faults, FaultyFs, OpenMode};
 
-    /// Requests `file` with a drop and waits for the callback's outcome.
-    fn flush(flusher: &Flusher, file: &FileRef) -> io::Result<()> {
+    /// Requests `file` with a drop, its callback reporting through `mark`
+    /// as a log's does, and waits for the outcome; then waits for a second
+    /// round, by which the first one's drops are done.
+    fn flush(flusher: &Flusher, file: &FileRef, mark: &Arc<SyncMark>) -> io::Result<()> {
         let (tx, rx) = mpsc::channel();
-        flusher.request_dropping(
-            file.clone(),
-            Some((0, 1 << 20)),
-            Some(Box::new(move |r| tx.send(r).unwrap())),
-        );
+        let (m, covered) = (mark.clone(), mark.request(1));
+        let drop = CacheDrop { offset: 0, len: 1 << 20, mark: mark.clone() };
+        let done: FlushCallback = Box::new(move |r| tx.send(m.checked(r, covered)).unwrap());
+        flusher.request_dropping(file.clone(), Some(drop), Some(done));
         let outcome = rx.recv_timeout(Duration::from_secs(10)).expect("the flusher answers");
-        // A second round after it: its drops are done by then.
         let (tx, rx) = mpsc::channel();
         flusher.request(file.clone(), Some(Box::new(move |r| tx.send(r.is_ok()).unwrap())));
         let _ = rx.recv_timeout(Duration::from_secs(10)).expect("the flusher answers");
         outcome
     }
 
+    fn drops(flusher: &Flusher) -> u64 {
+        flusher.stats().cache_drops.load(Ordering::Relaxed)
+    }
+
     #[test]
-    fn a_range_is_dropped_only_after_a_sync_that_succeeded() {
+    fn a_range_is_dropped_only_after_a_successful_sync_of_a_log_that_never_failed_one() {
         let fs = FaultyFs::new(7);
         let mount: Fs = fs.mount();
         let file = mount.open(Path::new("/seg"), OpenMode::CreateTruncate).expect("create");
         file.write_all_at(&[1; 4096], 0).expect("write");
-        let flusher = Flusher::spawn_on("drops", mount).expect("flusher");
+        let flusher = Flusher::spawn_on("drops", mount.clone()).expect("flusher");
 
+        // A healthy log: dropped.
+        let healthy = Arc::new(SyncMark::new(mount.clone(), Path::new("/"), 0));
+        flush(&flusher, &file, &healthy).expect("sync");
+        assert_eq!(drops(&flusher), 1, "a successful sync dropped nothing");
+
+        // A failed sync drops nothing, and neither does a later sync that
+        // reports success: the cached pages may be the only good copy.
+        let failing = Arc::new(SyncMark::new(mount.clone(), Path::new("/"), 0));
         fs.set_faults(Faults { eio_on_sync: true, ..Faults::default() });
-        assert!(flush(&flusher, &file).is_err(), "the injected EIO did not reach the callback");
-        assert_eq!(flusher.stats().cache_drops.load(Ordering::Relaxed), 0, "dropped after a failed sync");
-
+        assert!(flush(&flusher, &file, &failing).is_err(), "the injected EIO did not reach the callback");
         fs.set_faults(Faults::default());
-        flush(&flusher, &file).expect("sync");
-        assert_eq!(flusher.stats().cache_drops.load(Ordering::Relaxed), 1);
+        assert!(flush(&flusher, &file, &failing).is_err(), "a sync after a failed one proved something");
+        assert_eq!(drops(&flusher), 1, "dropped after a failed sync of the log");
     }
 }

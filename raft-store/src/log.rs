@@ -830,11 +830,11 @@ impl PartitionLog {
             self.cache.push(e);
         }
         result?;
-        let drop_behind = self.config.page_cache_drop_behind_bytes;
         let file = self.active()?.file().clone();
         let (mark, covered) = (self.sync_mark.clone(), self.sync_mark.request(self.next_index()));
         match self.config.flush {
             FlushPolicy::Always => {
+                let drop = self.take_cache_drop();
                 let record = Arc::downgrade(&self.flushed);
                 let checked: FlushCallback = Box::new(move |r| {
                     let r = mark.checked(r, covered);
@@ -843,13 +843,13 @@ impl PartitionLog {
                     }
                     done(r)
                 });
-                let drop = self.active()?.take_cache_drop(drop_behind);
                 self.flusher.request_dropping(file, drop, Some(checked));
             }
             FlushPolicy::Interval { interval_ms } => {
                 done(Ok(()));
                 if self.last_interval_flush.elapsed() >= Duration::from_millis(interval_ms) {
                     self.last_interval_flush = Instant::now();
+                    let drop = self.take_cache_drop();
                     let latch = self.flush_error.clone();
                     let flushed = Arc::downgrade(&self.flushed);
                     let record: FlushCallback = Box::new(move |r| match mark.checked(r, covered) {
@@ -859,12 +859,20 @@ impl PartitionLog {
                             latch.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e.to_string());
                         }
                     });
-                    let drop = self.active()?.take_cache_drop(drop_behind);
                     self.flusher.request_dropping(file, drop, Some(record));
                 }
             }
         }
         Ok(())
+    }
+
+    /// The part of the active segment to drop from the page cache with the
+    /// flush requested next (see [`StoreConfig::page_cache_drop_behind_bytes`]):
+    /// bytes written before the request, so made durable by its sync.
+    fn take_cache_drop(&mut self) -> Option<crate::flusher::CacheDrop> {
+        let behind = self.config.page_cache_drop_behind();
+        let (offset, len) = self.segments.last_mut()?.take_cache_drop(behind)?;
+        Some(crate::flusher::CacheDrop { offset, len, mark: self.sync_mark.clone() })
     }
 
     /// Counts a segment event on this log and in the process-wide total.

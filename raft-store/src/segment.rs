@@ -27,6 +27,16 @@ const READ_CHUNK_BYTES: usize = 256 * 1024;
 /// Granularity of the ranges [`Segment::take_cache_drop`] hands out,
 /// bytes: at most one `posix_fadvise(2)` per MiB written.
 pub const CACHE_DROP_STEP_BYTES: u64 = 1 << 20;
+/// Most bytes one range of [`Segment::take_cache_drop`] covers beyond
+/// its overlap: the flusher drops on its own thread between rounds, so a
+/// backlog (the whole segment after a reopen) is worked off a bounded
+/// piece per append.
+pub const CACHE_DROP_MAX_BYTES: u64 = 64 << 20;
+/// How far each range reaches back over the previous one, bytes: the
+/// kernel keeps a cached folio (up to 2 MiB on ext4 and XFS) that a range
+/// covers only in part, so one straddling a boundary between two ranges
+/// would otherwise stay.
+pub const CACHE_DROP_OVERLAP_BYTES: u64 = 2 << 20;
 
 /// File name of the segment whose first entry has Raft index `base_index`.
 pub fn segment_file_name(base_index: u64) -> String {
@@ -502,10 +512,13 @@ impl Segment {
             f.sync_data().map_err(|e| StoreError::io("fsync", &self.path, e))?;
             f
         };
-        // A file cut in place keeps its pages; a copy starts uncached. Either
-        // way nothing past the cut was dropped.
-        self.cache_dropped_to =
-            self.cache_dropped_to.min(position / CACHE_DROP_STEP_BYTES * CACHE_DROP_STEP_BYTES);
+        // A file cut in place keeps its dropped range below the cut; a copy
+        // (written through the page cache, and fsynced) starts over.
+        self.cache_dropped_to = if spare_links {
+            0
+        } else {
+            self.cache_dropped_to.min(position / CACHE_DROP_STEP_BYTES * CACHE_DROP_STEP_BYTES)
+        };
         // Restart the in-memory state from the last index row before the cut.
         self.rows.retain(|r| r.position < position);
         match self.rows.pop() {
@@ -739,21 +752,26 @@ impl Segment {
 
     /// The bytes of the file (offset, length) that may leave the OS page
     /// cache once what is written now is fsynced: from where the last such
-    /// range ended up to `behind` bytes before the end of the written data,
-    /// both at multiples of [`CACHE_DROP_STEP_BYTES`] (so whole pages of
-    /// any page size up to it: the kernel keeps a page a range covers only
-    /// in part). `None` when `behind` is 0 (never drop) or no whole step
-    /// lies between. The next call starts where this range ends.
+    /// range ended (less [`CACHE_DROP_OVERLAP_BYTES`]) up to `behind`
+    /// bytes before the end of the written data, at most
+    /// [`CACHE_DROP_MAX_BYTES`] past where the last one ended; both ends at
+    /// multiples of [`CACHE_DROP_STEP_BYTES`], so whole pages of any page
+    /// size up to it. `None` when `behind` is 0 (never drop) or no whole
+    /// step lies between. Every byte named was written before the call.
     pub fn take_cache_drop(&mut self, behind: u64) -> Option<(u64, u64)> {
         if behind == 0 {
             return None;
         }
-        let to = self.size_bytes.saturating_sub(behind) / CACHE_DROP_STEP_BYTES * CACHE_DROP_STEP_BYTES;
-        let from = self.cache_dropped_to;
-        if to <= from {
+        let step = CACHE_DROP_STEP_BYTES;
+        let end = self.size_bytes.saturating_sub(behind) / step * step;
+        let done = self.cache_dropped_to;
+        if end <= done {
             return None;
         }
-        debug_assert_eq!(from % CACHE_DROP_STEP_BYTES, 0, "drop ranges start at whole steps");
+        debug_assert_eq!(done % step, 0, "drop ranges end at whole steps");
+        let to = end.min(done + CACHE_DROP_MAX_BYTES);
+        let from = done.saturating_sub(CACHE_DROP_OVERLAP_BYTES);
+        assert!(to <= self.size_bytes, "a drop range past the written data");
         self.cache_dropped_to = to;
         Some((from, to - from))
     }

@@ -19,10 +19,8 @@ use openraft::storage::RaftLogReader;
 use openraft::type_config::TypeConfigExt;
 
 const MIB: usize = 1 << 20;
-/// Payload bytes per entry.
-const ENTRY: usize = 64 * 1024;
-/// Entries appended: 12 MiB of payload, in one segment.
-const ENTRIES: u64 = 192;
+/// Payload bytes appended: 12 MiB, in one segment.
+const PAYLOAD: usize = 12 * MIB;
 /// How far behind the end pages may stay cached in the dropping run.
 const BEHIND: u64 = 2 << 20;
 
@@ -30,7 +28,7 @@ fn config(drop_behind: u64) -> StoreConfig {
     StoreConfig {
         segment_bytes: 64 << 20,
         index_interval_bytes: 4096,
-        page_cache_drop_behind_bytes: drop_behind,
+        page_cache_drop_behind_bytes: Some(drop_behind),
         ..StoreConfig::default()
     }
 }
@@ -75,15 +73,16 @@ fn resident(path: &Path, split: u64) -> (usize, usize, usize) {
     (before, after, pages)
 }
 
-/// Appends the entries one by one (each durable before the next), waits
-/// for the flusher's drops and checks it made at least `drops_min`.
-/// Returns the replica, its flusher and the segment's path.
-fn fill(dir: &Path, drop_behind: u64, drops_min: u64) -> (Replica, Flusher, PathBuf) {
+/// Appends [`PAYLOAD`] bytes in entries of `entry` bytes, one by one (each
+/// durable before the next), waits for the flusher's drops and checks it
+/// made at least `drops_min`. Returns the replica, its flusher and the
+/// segment's path.
+fn fill(dir: &Path, entry: usize, drop_behind: u64, drops_min: u64) -> (Replica, Flusher, PathBuf) {
     let flusher = Flusher::spawn("page-cache").expect("flusher");
     let replica = Replica::open(dir, config(drop_behind), flusher.clone()).expect("open");
     TypeConfig::run(async {
-        for i in 0..ENTRIES {
-            common::append_durable(&mut replica.log_store(), vec![common::entry(1, i, ENTRY)])
+        for i in 0..(PAYLOAD / entry) as u64 {
+            common::append_durable(&mut replica.log_store(), vec![common::entry(1, i, entry)])
                 .await
                 .expect("append");
         }
@@ -101,24 +100,29 @@ fn fill(dir: &Path, drop_behind: u64, drops_min: u64) -> (Replica, Flusher, Path
     (replica, flusher, path)
 }
 
-#[test]
-fn fsynced_bytes_behind_the_end_leave_the_page_cache_and_still_read_back() {
+/// Fills a replica with entries of `entry` bytes, dropping 2 MiB behind
+/// the end, checks nothing before that is cached, and reads it all back.
+fn drops_and_reads_back(entry: usize, drops_min: u64) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
-    // 12 MiB written, 2 MiB kept, whole MiB steps: at least 9 drops.
-    let (replica, _flusher, path) = fill(dir.path(), BEHIND, 9);
+    let (replica, _flusher, path) = fill(dir.path(), entry, BEHIND, drops_min);
     let len = std::fs::metadata(&path).expect("metadata").len();
-    assert!(len > 12 * MIB as u64, "segment of {len} bytes");
+    assert!(len > PAYLOAD as u64, "segment of {len} bytes");
     // Everything up to the last whole MiB before `len - BEHIND` went.
     let dropped_to = (len - BEHIND) / MIB as u64 * MIB as u64;
     let (before, after, pages) = resident(&path, dropped_to);
-    assert_eq!(before, 0, "{before} pages of the first {dropped_to} bytes are still cached ({pages} pages)");
+    assert_eq!(
+        before, 0,
+        "{before} pages of the first {dropped_to} bytes are still cached ({pages} pages; a target \
+         directory on tmpfs, whose pages are the storage, cannot show this test anything)"
+    );
     assert!(after > 0, "nothing near the end is cached");
 
     // Reads come from the disk now, verified, and miss nothing.
+    let entries = (PAYLOAD / entry) as u64;
     TypeConfig::run(async {
-        let entries = replica.log_store().try_get_log_entries(0..ENTRIES).await.expect("entries");
-        assert_eq!(entries.len() as u64, ENTRIES);
-        for (i, e) in entries.iter().enumerate() {
+        let read = replica.log_store().try_get_log_entries(0..entries).await.expect("entries");
+        assert_eq!(read.len() as u64, entries);
+        for (i, e) in read.iter().enumerate() {
             assert_eq!(e.log_id.index, i as u64);
         }
     });
@@ -127,11 +131,26 @@ fn fsynced_bytes_behind_the_end_leave_the_page_cache_and_still_read_back() {
 }
 
 #[test]
+fn fsynced_bytes_behind_the_end_leave_the_page_cache_and_still_read_back() {
+    // 12 MiB in 64 KiB entries, 2 MiB kept, whole MiB steps: ≥ 9 drops.
+    drops_and_reads_back(64 * 1024, 9);
+}
+
+#[test]
+fn large_writes_leave_the_page_cache_too() {
+    // 4 MiB writes may be cached in folios of up to 2 MiB, which would
+    // straddle the boundaries of the 1 MiB steps; ranges overlap so none
+    // stays. (On this project's machine the test also passes without the
+    // overlap: its kernel caches these writes in smaller folios.)
+    drops_and_reads_back(4 * MIB, 2);
+}
+
+#[test]
 fn with_dropping_off_the_written_bytes_stay_cached() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
-    let (_replica, flusher, path) = fill(dir.path(), 0, 0);
+    let (_replica, flusher, path) = fill(dir.path(), 64 * 1024, 0, 0);
     assert_eq!(flusher.stats().cache_drops.load(Ordering::Relaxed), 0);
-    assert!(flusher.stats().requests.load(Ordering::Relaxed) >= ENTRIES, "the appends were not flushed");
+    assert!(flusher.stats().requests.load(Ordering::Relaxed) >= 192, "the appends were not flushed");
     let len = std::fs::metadata(&path).expect("metadata").len();
     let (before, after, pages) = resident(&path, len - BEHIND);
     // Written moments ago on a machine with memory to spare: cached.

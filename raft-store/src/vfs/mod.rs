@@ -142,9 +142,14 @@ pub trait VfsFile: Send + Sync + Debug {
     fn set_modified(&self, time: SystemTime) -> io::Result<()>;
     /// Tells the OS that the file's cached pages in `[offset, offset +
     /// len)` (bytes) will not be read soon (`posix_fadvise(2)`
-    /// `POSIX_FADV_DONTNEED`): clean pages are dropped from the page cache,
-    /// dirty ones stay. A hint, with no effect on what the file holds or on
-    /// durability. Default (file systems without a page cache): nothing.
+    /// `POSIX_FADV_DONTNEED`): clean pages the range covers whole, and
+    /// nobody maps or holds, leave the page cache; writeback of dirty ones
+    /// starts and they stay. Afterwards a read returns what the disk holds,
+    /// which is what was written only where a sync that succeeded covered
+    /// it (after a failed fsync, pages the disk never got may be clean): so
+    /// callers drop only bytes a successful sync made durable, on a file
+    /// whose syncs never failed ([`crate::flusher::CacheDrop`]). Default
+    /// (file systems without a page cache): nothing.
     ///
     /// # Errors
     /// As the OS reports them (EBADF, EINVAL); callers may ignore them.
