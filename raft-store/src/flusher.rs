@@ -341,10 +341,17 @@ mod tests {
         // A failed sync drops nothing, and neither does a later sync that
         // reports success: the cached pages may be the only good copy.
         let failing = Arc::new(SyncMark::new(mount.clone(), Path::new("/"), 0));
+        file.write_all_at(&[2; 4096], 4096).expect("write");
         fs.set_faults(Faults { eio_on_sync: true, ..Faults::default() });
         assert!(flush(&flusher, &file, &failing).is_err(), "the injected EIO did not reach the callback");
         fs.set_faults(Faults::default());
         assert!(flush(&flusher, &file, &failing).is_err(), "a sync after a failed one proved something");
         assert_eq!(drops(&flusher), 1, "dropped after a failed sync of the log");
+        // The page the failed sync lost is still readable: the cache holds
+        // the only copy (a drop would read zeros from the disk, as the
+        // fault-injecting file system's own test shows).
+        let mut page = [0u8; 4096];
+        assert_eq!(file.read_at(&mut page, 4096).expect("read"), 4096);
+        assert!(page.iter().all(|b| *b == 2), "the lost page's cached copy is gone");
     }
 }

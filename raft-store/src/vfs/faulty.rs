@@ -23,6 +23,11 @@
 //! reach the disk, yet reads still return them, and a later `sync_data`
 //! succeeds without writing them. A store that retries the fsync and then
 //! trusts those writes loses them at the next power cut.
+//!
+//! `drop_cached` behaves as `POSIX_FADV_DONTNEED`: each whole
+//! [`PAGE_BYTES`] page of the range that no unsynced write touches (a clean
+//! page) is read from the disk afterwards, so after a failed fsync a drop
+//! shows what the disk lost; dirty pages stay.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -370,6 +375,20 @@ impl FaultyMount {
 
     fn handle(&self, ino: Ino, writable: bool) -> FileRef {
         Arc::new(FaultyFile { fs: self.fs.clone(), ino, writable, incarnation: self.incarnation })
+    }
+}
+
+/// Page size of [`VfsFile::drop_cached`]'s model, bytes.
+pub const PAGE_BYTES: u64 = 4096;
+
+impl Op {
+    /// Whether this unsynced change leaves page `[start, end)` dirty.
+    fn touches(&self, start: u64, end: u64) -> bool {
+        match self {
+            Op::Write(pos, bytes) => *pos < end && pos + bytes.len() as u64 > start,
+            // A length change dirties the page it falls in and everything after.
+            Op::SetLen(len) => end > *len / PAGE_BYTES * PAGE_BYTES,
+        }
     }
 }
 
@@ -747,6 +766,29 @@ impl VfsFile for FaultyFile {
         s.files.get_mut(&self.ino).ok_or_else(not_found)?.modified = Some(time);
         Ok(())
     }
+
+    fn drop_cached(&self, offset: u64, len: u64) -> io::Result<()> {
+        let mut s = self.live()?;
+        let f = s.files.get_mut(&self.ino).ok_or_else(not_found)?;
+        let size = f.data.len() as u64;
+        let (first, end) = (offset.div_ceil(PAGE_BYTES), offset.saturating_add(len) / PAGE_BYTES);
+        for page in first..end {
+            let start = page * PAGE_BYTES;
+            if start >= size {
+                break;
+            }
+            let stop = (start + PAGE_BYTES).min(size);
+            if f.unsynced.iter().any(|op| op.touches(start, start + PAGE_BYTES)) {
+                continue;
+            }
+            // A clean page is read back from the disk (zeros where it holds
+            // nothing yet, as an unwritten block).
+            for at in start as usize..stop as usize {
+                f.data[at] = f.durable.get(at).copied().unwrap_or(0);
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -849,6 +891,32 @@ mod tests {
             b"",
             "the retried fsync must not have saved the writes"
         );
+    }
+
+    #[test]
+    fn a_drop_after_a_failed_fsync_shows_what_the_disk_lost_and_keeps_dirty_pages() {
+        let disk = FaultyFs::new(1);
+        let fs = disk.mount();
+        let f = fs.open(&p("/a"), OpenMode::CreateTruncate).unwrap();
+        fs.sync_dir(&p("/")).unwrap();
+        let page = PAGE_BYTES as usize;
+        f.write_all_at(&vec![1; page], 0).unwrap();
+        f.sync_data().unwrap();
+        f.write_all_at(&vec![2; page], page as u64).unwrap();
+        disk.set_faults(Faults { eio_on_sync: true, ..Faults::default() });
+        assert!(f.sync_data().is_err());
+        disk.set_faults(Faults::default());
+        f.sync_data().expect("the retry succeeds, as on Linux");
+        f.write_all_at(&vec![3; page], 2 * page as u64).unwrap();
+
+        // Synced page: unchanged. Page the failed fsync lost: what the disk
+        // holds (nothing). Dirty page: kept.
+        f.drop_cached(0, 3 * PAGE_BYTES).unwrap();
+        let data = read_all(&fs, "/a").unwrap();
+        assert_eq!(data.len(), 3 * page);
+        assert!(data[..page].iter().all(|b| *b == 1), "a durable page changed");
+        assert!(data[page..2 * page].iter().all(|b| *b == 0), "the lost page still reads as written");
+        assert!(data[2 * page..].iter().all(|b| *b == 3), "a dirty page was dropped");
     }
 
     #[test]
