@@ -55,10 +55,16 @@ pub struct StoreConfig {
     /// else 0. There each page the page cache takes that was not used
     /// recently is a fault in the hypervisor, and dropping lets it reuse
     /// pages instead of growing with every byte written (`benches/LOG.md`,
-    /// 2026-12-05: 57–59% of a 1 KiB produce run's CPU went to that copy).
-    /// Consumers within this distance of a segment's end read from memory,
-    /// further back from the disk; up to this much of each sealed segment's
-    /// end stays cached until the kernel evicts it. Apache BookKeeper drops
+    /// 2026-12-05: 57–59% of a 1 KiB produce run's CPU went to copying
+    /// written bytes into new page-cache pages). Consumers within this
+    /// distance of the active segment's end read from memory, further back
+    /// from the disk. Not dropped: the end of each sealed segment (up to
+    /// this much, more when a flush request's range, at most
+    /// [`crate::segment::CACHE_DROP_MAX_BYTES`], fell behind: under `flush =
+    /// interval` with more written per interval, or a large segment
+    /// reopened), left to the kernel to evict; a segment that never grows
+    /// past this plus 1 MiB (`segment.bytes` ≤ 65 MiB at 64 MiB) drops
+    /// nothing. Apache BookKeeper drops
     /// the pages of its journal, which nobody reads, the same way
     /// (`journalRemoveFromPageCache`); here the segments also serve reads.
     pub page_cache_drop_behind_bytes: Option<u64>,
@@ -69,10 +75,11 @@ pub struct StoreConfig {
 pub const AUTO_DROP_BEHIND_BYTES: u64 = 64 << 20;
 
 /// Whether this machine hands free memory back to its host: a virtio
-/// balloon device offers free page reporting (`VIRTIO_BALLOON_F_REPORTING`,
-/// feature bit 5, virtio 1.2 §5.5.3; sysfs lists a device's features as a
-/// string of `0`/`1`, bit 0 first). Read once per process; logged once
-/// when true.
+/// balloon device whose driver negotiated free page reporting
+/// (`VIRTIO_BALLOON_F_PAGE_REPORTING`, feature bit 5, virtio 1.2 §5.5.3;
+/// Linux's `VIRTIO_BALLOON_F_REPORTING`; sysfs `features` lists the
+/// negotiated bits as `0`/`1`, bit 0 first). Read once per process; logged
+/// once when true.
 pub fn host_reclaims_free_memory() -> bool {
     static DETECTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *DETECTED.get_or_init(|| {

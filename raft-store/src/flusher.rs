@@ -51,7 +51,12 @@ pub struct CacheDrop {
     /// The durable point of the log the file belongs to: after a failed
     /// fsync of it (a trip) nothing is dropped, since a later fsync that
     /// returns success proves nothing of the pages the failed one lost
-    /// ("fsyncgate") and the cached copy is then the only good one.
+    /// ("fsyncgate"), and dropping them would turn reads of what may still
+    /// be cached into reads of what the disk never got. Best effort: the
+    /// kernel may evict such clean pages by itself, and an fsync outside
+    /// the flusher (a seal, a clean stop) that takes a file's error races
+    /// the flusher's own; what protects the data is the tripped mark and
+    /// the cut of the unsynced tail at the next open ([`crate::unsynced`]).
     pub mark: Arc<SyncMark>,
 }
 
@@ -83,6 +88,8 @@ pub struct FlushStats {
     pub cache_drops: AtomicU64,
     /// Drops the OS refused (`posix_fadvise` errors); they cost memory only.
     pub cache_drop_errors: AtomicU64,
+    /// Whether a sync round failed, after which nothing is dropped.
+    tainted: Tainted,
 }
 
 /// Handle to the flusher of one data directory. Cloning shares it; the
@@ -98,6 +105,13 @@ pub struct Flusher {
     stats: Arc<FlushStats>,
     fs: Fs,
 }
+
+/// Set once any sync round of a flusher failed: from then on it drops no
+/// page of any file. A `syncfs(2)` reports an error of one log's pages
+/// once, through whichever file the round used, so after any failure the
+/// flusher cannot tell which logs are clean.
+#[derive(Debug, Default)]
+struct Tainted(std::sync::atomic::AtomicBool);
 
 impl std::fmt::Debug for Flusher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -256,7 +270,10 @@ fn finish_round(round: Vec<Request>, stats: &FlushStats, fsync: bool) {
             drops.push((r.file, range));
         }
     }
-    if result.is_err() || !fsync {
+    if result.is_err() {
+        stats.tainted.0.store(true, Ordering::Relaxed);
+    }
+    if stats.tainted.0.load(Ordering::Relaxed) || !fsync {
         return;
     }
     for (file, drop) in drops {
@@ -347,6 +364,10 @@ mod tests {
         fs.set_faults(Faults::default());
         assert!(flush(&flusher, &file, &failing).is_err(), "a sync after a failed one proved something");
         assert_eq!(drops(&flusher), 1, "dropped after a failed sync of the log");
+        // Nor is any other log's range: a syncfs may have reported the
+        // failure through any file, so the flusher trusts none.
+        flush(&flusher, &file, &healthy).expect("sync");
+        assert_eq!(drops(&flusher), 1, "dropped after a failed round of the flusher");
         // The page the failed sync lost is still readable: the cache holds
         // the only copy (a drop would read zeros from the disk, as the
         // fault-injecting file system's own test shows).

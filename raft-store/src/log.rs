@@ -870,7 +870,13 @@ impl PartitionLog {
     /// flush requested next (see [`StoreConfig::page_cache_drop_behind_bytes`]):
     /// bytes written before the request, so made durable by its sync.
     fn take_cache_drop(&mut self) -> Option<crate::flusher::CacheDrop> {
-        let behind = self.config.page_cache_drop_behind();
+        // The machine's own memory decides a left-out setting only for the
+        // OS's files, not for an in-memory file system under test.
+        let behind = if self.fs.is_os() {
+            self.config.page_cache_drop_behind()
+        } else {
+            self.config.page_cache_drop_behind_bytes.unwrap_or(0)
+        };
         let (offset, len) = self.segments.last_mut()?.take_cache_drop(behind)?;
         Some(crate::flusher::CacheDrop { offset, len, mark: self.sync_mark.clone() })
     }

@@ -33,9 +33,10 @@ pub const CACHE_DROP_STEP_BYTES: u64 = 1 << 20;
 /// piece per append.
 pub const CACHE_DROP_MAX_BYTES: u64 = 64 << 20;
 /// How far each range reaches back over the previous one, bytes: the
-/// kernel keeps a cached folio (up to 2 MiB on ext4 and XFS) that a range
-/// covers only in part, so one straddling a boundary between two ranges
-/// would otherwise stay.
+/// kernel keeps a cached folio (up to 2 MiB on ext4 and XFS with 4 KiB
+/// pages; larger ones, on 64 KiB-page machines, may still straddle) that a
+/// range covers only in part, so one straddling a boundary between two
+/// ranges would otherwise stay.
 pub const CACHE_DROP_OVERLAP_BYTES: u64 = 2 << 20;
 
 /// File name of the segment whose first entry has Raft index `base_index`.
@@ -837,5 +838,59 @@ impl FrameCursor {
         self.buf = Bytes::from(fsutil::read_up_to(file, path, self.position, len)?);
         self.buf_start = self.position;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::vfs::FaultyFs;
+
+    const MIB: u64 = 1 << 20;
+
+    /// An empty segment on an in-memory disk, its size then set by hand
+    /// (the ranges depend on nothing else).
+    fn segment() -> Segment {
+        let fs: Fs = FaultyFs::new(3).mount();
+        fs.create_dir_all(Path::new("/log")).expect("dir");
+        Segment::create(&fs, Path::new("/log"), 0, 0, 4096).expect("create")
+    }
+
+    #[test]
+    fn cache_drop_ranges_are_whole_mib_bounded_and_overlapping() {
+        let mut s = segment();
+        assert_eq!(s.take_cache_drop(0), None, "0 never drops");
+        s.size_bytes = 10 * MIB;
+        assert_eq!(s.take_cache_drop(64 * MIB), None, "a distance larger than the file drops nothing");
+        // 10 MiB written, 2 MiB kept: [0, 8 MiB).
+        assert_eq!(s.take_cache_drop(2 * MIB), Some((0, 8 * MIB)));
+        // Less than a whole MiB more: nothing.
+        s.size_bytes = 10 * MIB + MIB / 2;
+        assert_eq!(s.take_cache_drop(2 * MIB), None);
+        // Next range reaches 2 MiB back over the last one.
+        s.size_bytes = 13 * MIB + 5;
+        assert_eq!(s.take_cache_drop(2 * MIB), Some((6 * MIB, 5 * MIB)));
+        // A backlog is worked off at most 64 MiB past the last range a call.
+        s.size_bytes = 300 * MIB;
+        assert_eq!(s.take_cache_drop(2 * MIB), Some((9 * MIB, 66 * MIB)));
+        assert_eq!(s.take_cache_drop(2 * MIB), Some((73 * MIB, 66 * MIB)));
+    }
+
+    #[test]
+    fn a_cut_moves_the_dropped_mark_back_and_a_copy_starts_over() {
+        let mut s = segment();
+        s.size_bytes = 40 * MIB;
+        assert_eq!(s.take_cache_drop(MIB), Some((0, 39 * MIB)));
+        // Cut in place below the mark (to the header: the file holds no
+        // frames to verify), then written again: drops start over below.
+        s.truncate_at(SEGMENT_HEADER_BYTES as u64, false).expect("cut");
+        assert_eq!(s.cache_dropped_to, 0);
+        s.size_bytes = 30 * MIB;
+        assert_eq!(s.take_cache_drop(MIB), Some((0, 29 * MIB)));
+        // A cut that copies the file starts over whatever the cut.
+        s.truncate_at(SEGMENT_HEADER_BYTES as u64, true).expect("cut by copy");
+        assert_eq!(s.cache_dropped_to, 0);
     }
 }

@@ -782,7 +782,10 @@ impl VfsFile for FaultyFile {
                 continue;
             }
             // A clean page is read back from the disk (zeros where it holds
-            // nothing yet, as an unwritten block).
+            // nothing yet, as an unwritten block). Not modelled: a shrink
+            // a failed sync lost, then a write past a gap, would show old
+            // disk bytes in the gap where Linux reads zeros; the store's
+            // appends are contiguous from any cut, so it never makes one.
             for at in start as usize..stop as usize {
                 f.data[at] = f.durable.get(at).copied().unwrap_or(0);
             }

@@ -104,7 +104,7 @@ impl VfsFile for RealFile {
     fn sync_file_system(&self) -> io::Result<()> {
         // SAFETY: the descriptor is valid for the call (self owns the
         // file); syncfs only reads it. Since Linux 5.8, syncfs reports
-        // writeback errors of the file system, so a failure is not lost.
+        // writeback errors of the file system, once per open file.
         let rc = unsafe { libc::syncfs(self.0.as_raw_fd()) };
         if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
     }
@@ -114,6 +114,10 @@ impl VfsFile for RealFile {
     }
 
     fn drop_cached(&self, offset: u64, len: u64) -> io::Result<()> {
+        // For posix_fadvise a length of 0 means "to the end of the file".
+        if len == 0 {
+            return Ok(());
+        }
         let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
         };
