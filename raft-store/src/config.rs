@@ -64,9 +64,9 @@ pub struct StoreConfig {
     /// interval` with more written per interval, or a large segment
     /// reopened), left to the kernel to evict; a segment that never grows
     /// past this plus 1 MiB (`segment.bytes` ≤ 65 MiB at 64 MiB) drops
-    /// nothing. Apache BookKeeper drops
-    /// the pages of its journal, which nobody reads, the same way
-    /// (`journalRemoveFromPageCache`); here the segments also serve reads.
+    /// nothing. Apache BookKeeper drops the pages of its journal, which
+    /// nobody reads, the same way (`journalRemoveFromPageCache`); here the
+    /// segments also serve reads.
     pub page_cache_drop_behind_bytes: Option<u64>,
 }
 

@@ -189,8 +189,9 @@ impl Flusher {
     /// OS page cache ([`crate::vfs::VfsFile::drop_cached`]). The caller
     /// names only bytes written before this request, which its sync makes
     /// durable. Nothing is dropped after a failed sync, after any failed
-    /// sync of the same log (`drop.mark` tripped), or by a flusher that
-    /// does not fsync (the negative control).
+    /// sync of the same log (`drop.mark` tripped) or any failed round of
+    /// this flusher, or by a flusher that does not fsync (the negative
+    /// control).
     pub fn request_dropping(&self, file: FileRef, drop: Option<CacheDrop>, done: Option<FlushCallback>) {
         let req = Request { file, done, drop };
         let req = match &self.tx {
