@@ -88,8 +88,11 @@ pub struct FlushStats {
     pub cache_drops: AtomicU64,
     /// Drops the OS refused (`posix_fadvise` errors); they cost memory only.
     pub cache_drop_errors: AtomicU64,
-    /// Whether a sync round failed, after which nothing is dropped.
-    tainted: Tainted,
+    /// Set once any sync round failed: from then on nothing is dropped
+    /// from the page cache. A `syncfs(2)` reports an error of one log's
+    /// pages once, through whichever file the round used, so after any
+    /// failure the flusher cannot tell which logs are clean.
+    tainted: std::sync::atomic::AtomicBool,
 }
 
 /// Handle to the flusher of one data directory. Cloning shares it; the
@@ -105,13 +108,6 @@ pub struct Flusher {
     stats: Arc<FlushStats>,
     fs: Fs,
 }
-
-/// Set once any sync round of a flusher failed: from then on it drops no
-/// page of any file. A `syncfs(2)` reports an error of one log's pages
-/// once, through whichever file the round used, so after any failure the
-/// flusher cannot tell which logs are clean.
-#[derive(Debug, Default)]
-struct Tainted(std::sync::atomic::AtomicBool);
 
 impl std::fmt::Debug for Flusher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -272,9 +268,9 @@ fn finish_round(round: Vec<Request>, stats: &FlushStats, fsync: bool) {
         }
     }
     if result.is_err() {
-        stats.tainted.0.store(true, Ordering::Relaxed);
+        stats.tainted.store(true, Ordering::Relaxed);
     }
-    if stats.tainted.0.load(Ordering::Relaxed) || !fsync {
+    if stats.tainted.load(Ordering::Relaxed) || !fsync {
         return;
     }
     for (file, drop) in drops {
