@@ -141,10 +141,11 @@ fn serve(
     listener: TcpListener,
     max_connections: usize,
     what: &'static str,
+    yield_every: Option<usize>,
 ) -> (oneshot::Sender<()>, JoinHandle<()>) {
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
-        let incoming = crate::listener::incoming(listener, max_connections, what);
+        let incoming = crate::listener::incoming(listener, max_connections, what, yield_every);
         let stopped = async {
             let _ = rx.await;
         };
@@ -225,7 +226,7 @@ impl Broker {
             .http2_max_pending_accept_reset_streams(Some(crate::network::PEER_RESETS_MAX))
             .http2_max_local_error_reset_streams(Some(crate::network::PEER_RESETS_MAX))
             .add_service(peer_server.into_service());
-        let (tx, server) = serve(router, peer_listener, PEER_CONNECTIONS_MAX, "peer");
+        let (tx, server) = serve(router, peer_listener, PEER_CONNECTIONS_MAX, "peer", None);
         stop.push(tx);
         servers.push(server);
 
@@ -538,7 +539,7 @@ impl Broker {
             servers.push(server);
         }
         let router = tonic::transport::Server::builder().add_service(service.into_service());
-        let (tx, server) = serve(router, client_listener, max_connections, "client");
+        let (tx, server) = serve(router, client_listener, max_connections, "client", Some(crate::listener::WRITE_BYTES_PER_YIELD));
         stop.push(tx);
         servers.push(server);
         let kafka = if config.kafka.enabled { config.kafka_addr.to_string() } else { "off".into() };

@@ -7,19 +7,22 @@ use std::path::Path;
 use crate::error::{Result, StoreError};
 use crate::vfs::{OpenMode, Vfs, VfsFile};
 
-/// Reads up to `len` bytes at `position`, fewer only at end of file.
+/// Reads up to `len` bytes at `position`, fewer only at end of file (into
+/// a buffer that is not zeroed first: [`VfsFile::read_into_spare`]).
 pub fn read_up_to(file: &dyn VfsFile, path: &Path, position: u64, len: usize) -> Result<Vec<u8>> {
-    let mut buf = vec![0u8; len];
-    let mut done = 0;
-    while done < len {
-        match file.read_at(&mut buf[done..], position + done as u64) {
+    let mut buf = Vec::with_capacity(len);
+    while buf.len() < len {
+        let at = position + buf.len() as u64;
+        match file.read_into_spare(&mut buf, at) {
             Ok(0) => break,
-            Ok(n) => done += n,
+            Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(StoreError::io("read", path, e)),
         }
     }
-    buf.truncate(done);
+    // Never more than `len` (a Vec<u8>'s capacity is what was asked); kept
+    // so that no read can return more than asked.
+    buf.truncate(len);
     Ok(buf)
 }
 

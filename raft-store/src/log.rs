@@ -65,6 +65,15 @@ pub struct ReadPlan {
 }
 
 impl ReadPlan {
+    /// This plan, its reads yielding the CPU between chunks
+    /// ([`SegmentReader::sharing_cpu`]): for a plan run without the log's
+    /// lock, so a large read does not hold a CPU that a Raft or produce
+    /// thread waits for.
+    pub fn sharing_cpu(mut self) -> Self {
+        self.parts = self.parts.into_iter().map(|(reader, pos)| (reader.sharing_cpu(), pos)).collect();
+        self
+    }
+
     /// Reads the planned batches (see [`PartitionLog::read`]). Blocking
     /// file IO: call it off async worker threads.
     ///

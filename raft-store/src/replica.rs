@@ -500,7 +500,7 @@ impl Replica {
         max_bytes: usize,
     ) -> Result<(Vec<StoredBatch>, u64)> {
         let (plan, hw) = self.plan_read(from_offset, max_bytes)?;
-        match plan.run() {
+        match plan.sharing_cpu().run() {
             Ok(batches) => Ok((batches, hw)),
             // A frame past the high watermark may have been truncated and
             // rewritten while the files were read: only a read under the

@@ -186,6 +186,29 @@ async fn produce_fetch_and_bad_input() -> anyhow::Result<()> {
     assert_eq!(code(&f.error), ErrorCode::OffsetOutOfRange);
     let e = f.error.expect("error");
     assert_eq!((e.log_start_offset, e.log_end_offset), (0, 4));
+
+    // A Fetch that is not a FetchRequest (field 1, the topic, sent as a
+    // number) gets a gRPC error from the broker's own Fetch route, and the
+    // connection goes on serving.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{leader}"))?.connect().await?;
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    grpc.ready().await?;
+    let not_a_fetch = ferrolog_proto::client::RecordBatch { base_offset: 5, ..Default::default() };
+    let answer: Result<tonic::Response<ferrolog_proto::client::FetchResponse>, tonic::Status> = grpc
+        .unary(
+            tonic::Request::new(not_a_fetch),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/ferrolog.client.v1.Ferrolog/Fetch"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await;
+    let status = answer.expect_err("an undecodable request is refused");
+    assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
+    let mut same = ferrolog_proto::client::ferrolog_client::FerrologClient::new(channel);
+    let f = same
+        .fetch(FetchRequest { topic: "events".into(), partition: 0, offset: 3, ..Default::default() })
+        .await?
+        .into_inner();
+    assert_eq!(f.batches.iter().map(|b| (b.base_offset, b.record_count)).collect::<Vec<_>>(), vec![(3, 1)]);
     let big = "x".repeat((1 << 20) + 1);
     let r = client
         .produce(ProduceRequest {

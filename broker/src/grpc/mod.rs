@@ -3,8 +3,11 @@
 //!
 //! - [`errors`]: the one place API errors become wire errors.
 //! - [`service`]: the handlers.
+//! - [`fetch_wire`]: `Fetch` answered without copying records, in front of
+//!   the generated service.
 
 pub mod errors;
+pub mod fetch_wire;
 pub mod service;
 
 pub use service::ClientService;

@@ -31,6 +31,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::errors::to_wire;
+use super::fetch_wire::ClientRoutes;
 use crate::config::{BrokerId, Limits};
 use crate::control::handover;
 use crate::control::liveness::Liveness;
@@ -96,8 +97,10 @@ pub struct ClientService {
 }
 
 impl ClientService {
-    /// The tonic service, with message limits from the config.
-    pub fn into_service(self) -> FerrologServer<Self> {
+    /// The client API's routes (the tonic service, `Fetch` answered
+    /// without copying records: [`super::fetch_wire`]), with message
+    /// limits from the config.
+    pub fn into_service(self) -> ClientRoutes {
         let max = request_bytes_max(&self.limits);
         // A fetch answers up to max_fetch_bytes, or one batch larger (KIP-74).
         let out = self
@@ -105,7 +108,9 @@ impl ClientService {
             .max_fetch_bytes
             .max(records::batch_encoded_bytes_max(self.limits.max_batch_bytes))
             .saturating_add(REQUEST_OVERHEAD_BYTES);
-        FerrologServer::new(self).max_decoding_message_size(max).max_encoding_message_size(out)
+        let generated =
+            FerrologServer::new(self.clone()).max_decoding_message_size(max).max_encoding_message_size(out);
+        ClientRoutes::new(generated, self, max, out)
     }
 
     fn wire(&self, e: &ApiError) -> Option<Error> {
@@ -239,6 +244,26 @@ impl ClientService {
             },
             Err(e) => FetchResponse { error: self.wire(&e), ..FetchResponse::default() },
         }
+    }
+
+    /// The answer to a Fetch (errors inside it, as the client API
+    /// carries them): committed batches of one partition from
+    /// `req.offset`, waiting up to `max_wait_ms` (capped by
+    /// `limits.max_fetch_wait_ms`) for some. Used by the `Fetch` route
+    /// ([`super::fetch_wire`]) and by the generated trait method.
+    pub(crate) async fn fetch_answer(&self, req: FetchRequest) -> FetchResponse {
+        let wait = Duration::from_millis(u64::from(req.max_wait_ms).min(self.limits.max_fetch_wait_ms));
+        let span = tracing::debug_span!("fetch", node = self.broker, partition = %format!("{}-{}", req.topic, req.partition));
+        let partition = match TopicId::from_wire(&req.topic_id).map_err(ApiError::Invalid) {
+            Ok(id) => self.partition(&req.topic, req.partition, id).await,
+            Err(e) => Err(e),
+        };
+        let max_bytes = self.max_bytes(req.max_bytes);
+        let result = match partition {
+            Ok(p) => p.fetch(req.offset, max_bytes, wait).instrument(span).await,
+            Err(e) => Err(e),
+        };
+        self.fetch_response(result, max_bytes)
     }
 
     fn max_bytes(&self, asked: u32) -> usize {
@@ -640,19 +665,7 @@ impl Ferrolog for ClientService {
     }
 
     async fn fetch(&self, request: Request<FetchRequest>) -> Result<Response<FetchResponse>, Status> {
-        let req = request.into_inner();
-        let wait = Duration::from_millis(u64::from(req.max_wait_ms).min(self.limits.max_fetch_wait_ms));
-        let span = tracing::debug_span!("fetch", node = self.broker, partition = %format!("{}-{}", req.topic, req.partition));
-        let partition = match TopicId::from_wire(&req.topic_id).map_err(ApiError::Invalid) {
-            Ok(id) => self.partition(&req.topic, req.partition, id).await,
-            Err(e) => Err(e),
-        };
-        let max_bytes = self.max_bytes(req.max_bytes);
-        let result = match partition {
-            Ok(p) => p.fetch(req.offset, max_bytes, wait).instrument(span).await,
-            Err(e) => Err(e),
-        };
-        Ok(Response::new(self.fetch_response(result, max_bytes)))
+        Ok(Response::new(self.fetch_answer(request.into_inner()).await))
     }
 
     type SubscribeStream = SubscribeStream;

@@ -60,7 +60,7 @@ pub fn serve(service: KafkaService, listener: TcpListener) -> (oneshot::Sender<(
     let service = Arc::new(service);
     let task = tokio::spawn(async move {
         let mut incoming =
-            Box::pin(crate::listener::incoming(listener, service.config.max_connections, "kafka"));
+            Box::pin(crate::listener::incoming(listener, service.config.max_connections, "kafka", None));
         loop {
             tokio::select! {
                 _ = &mut rx => return,

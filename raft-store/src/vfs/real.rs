@@ -81,6 +81,10 @@ impl VfsFile for RealFile {
         self.0.read_at(buf, position)
     }
 
+    fn read_into_spare(&self, buf: &mut Vec<u8>, position: u64) -> io::Result<usize> {
+        Ok(rustix::io::pread(&self.0, rustix::buffer::spare_capacity(buf), position)?)
+    }
+
     fn write_all_at(&self, buf: &[u8], position: u64) -> io::Result<()> {
         self.0.write_all_at(buf, position)
     }
