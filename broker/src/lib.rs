@@ -16,9 +16,11 @@
 //!        its fsync ──> ack
 //!  majority acked ──> commit ──> apply (raft-store state machine: offsets, high watermark)
 //!        ──> Produce answered with the batch's base offset
-//!  client ──gRPC Fetch──> grpc::service ──> partition::Partition::fetch (waits on the high
-//!        watermark) ──> blocking pool: Replica::read (planned under the log lock, files read
-//!        without it) ──> whole CRC-checked frames, none past the high watermark
+//!  client ──gRPC Fetch──> grpc::fetch_wire (own route) ──> grpc::service ──>
+//!        partition::Partition::fetch (waits on the high watermark) ──> blocking pool:
+//!        Replica::read (planned under the log lock, files read without it, yielding the CPU
+//!        between chunks) ──> whole CRC-checked frames, none past the high watermark ──>
+//!        answered as chunks, the records not copied
 //! ```
 //!
 //! Modules:
