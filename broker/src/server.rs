@@ -539,7 +539,13 @@ impl Broker {
             servers.push(server);
         }
         let router = tonic::transport::Server::builder().add_service(service.into_service());
-        let (tx, server) = serve(router, client_listener, max_connections, "client", Some(crate::listener::WRITE_BYTES_PER_YIELD));
+        let (tx, server) = serve(
+            router,
+            client_listener,
+            max_connections,
+            "client",
+            Some(crate::listener::WRITE_BYTES_PER_YIELD),
+        );
         stop.push(tx);
         servers.push(server);
         let kafka = if config.kafka.enabled { config.kafka_addr.to_string() } else { "off".into() };

@@ -119,7 +119,10 @@ impl Service<http::Request<tonic::body::Body>> for ClientRoutes {
 /// A `grpc-encoding` other than `identity` is `UNIMPLEMENTED`, with
 /// `grpc-accept-encoding: identity`: this port accepts no compression (as
 /// the generated service).
-async fn decode_request(req: http::Request<tonic::body::Body>, max_bytes: usize) -> Result<FetchRequest, Status> {
+async fn decode_request(
+    req: http::Request<tonic::body::Body>,
+    max_bytes: usize,
+) -> Result<FetchRequest, Status> {
     if let Some(encoding) = req.headers().get("grpc-encoding")
         && encoding.as_bytes() != b"identity"
     {
@@ -127,7 +130,9 @@ async fn decode_request(req: http::Request<tonic::body::Body>, max_bytes: usize)
             "Content is compressed with `{}`, which this broker does not accept",
             String::from_utf8_lossy(encoding.as_bytes())
         ));
-        status.metadata_mut().insert("grpc-accept-encoding", tonic::metadata::MetadataValue::from_static("identity"));
+        status
+            .metadata_mut()
+            .insert("grpc-accept-encoding", tonic::metadata::MetadataValue::from_static("identity"));
         return Err(status);
     }
     let mut codec = tonic_prost::ProstCodec::<FetchResponse, FetchRequest>::default();
