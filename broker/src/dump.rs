@@ -139,6 +139,14 @@ pub fn dump_replica(
                 line.insert("index".into(), json!(h.log_id.index));
                 line.insert("committed".into(), json!(o < committed_end));
                 line.insert("timestamp_ms".into(), json!(rec.timestamp_ms));
+                if h.producer_id >= 0 {
+                    // The idempotent producer's batch (KIP-98), as Kafka's
+                    // kafka-dump-log prints it: the record's sequence is the
+                    // batch's base sequence plus its offset delta.
+                    line.insert("producer_id".into(), json!(h.producer_id));
+                    line.insert("producer_epoch".into(), json!(h.producer_epoch));
+                    line.insert("base_sequence".into(), json!(h.base_sequence));
+                }
                 if let Some(k) = &rec.key {
                     text_or_hex("key", k, &mut line);
                 }

@@ -1,6 +1,7 @@
 //! The Kafka listener (issue 14) with real Kafka clients against 3 broker
-//! processes: kcat (librdkafka) and kafka-python, installed by the test
-//! set-up when missing (`ferrolog_tests::kafka_tools`).
+//! processes: kcat (librdkafka), kafka-python and kafkajs (three
+//! implementations of the protocol), installed by the test set-up when
+//! missing (`ferrolog_tests::kafka_tools`).
 //!
 //! - kcat lists the brokers; records it produces with keys, headers, a null
 //!   value and zstd compression are read through the gRPC API as they were
@@ -15,6 +16,12 @@
 //!   (`GROUP_SUBSCRIBED_TO_TOPIC`) until the member leaves; another topic's
 //!   goes at once; a group of the client library's consumers is described
 //!   to it in Kafka's encoding.
+//! - kafkajs (`tests/kafka/kafkajs_client.js`): its admin client makes a
+//!   topic and adds a partition; its idempotent producer's null and empty
+//!   keys and values, headers and timestamps, plain and gzip, come back
+//!   field for field through its consumer group and through gRPC; and
+//!   20,000 records through a leader's SIGKILL, every acknowledged one read
+//!   exactly once, in order.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -342,5 +349,177 @@ async fn kafka_python_admin_reads_a_group_of_the_client_library() -> anyhow::Res
     let (metadata, assignment) = (m["member_metadata"].to_string(), m["member_assignment"].to_string());
     assert!(metadata.contains("\"lib\""), "subscription: {metadata}");
     assert!(assignment.contains("\"lib\""), "assignment: {assignment}");
+    Ok(())
+}
+
+/// Runs `tests/kafka/kafkajs_client.js` with `args`, its stdin and stdout
+/// piped; the lines it prints arrive on the returned channel.
+fn kafkajs_script(
+    args: &[&str],
+) -> anyhow::Result<(
+    std::process::Child,
+    std::process::ChildStdin,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+)> {
+    let modules = ferrolog_tests::kafka_tools::kafkajs()?;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/kafka/kafkajs_client.js");
+    let mut child = Command::new("node")
+        .arg(script)
+        .args(args)
+        .env("NODE_PATH", modules)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let stdin = child.stdin.take().expect("stdin");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    Ok((child, stdin, rx))
+}
+
+/// kafkajs, a third implementation of the protocol: its admin client makes
+/// a topic and adds a partition; its idempotent producer writes null and
+/// empty keys and values, headers (one empty), its own timestamps, batches
+/// uncompressed and gzip; its consumer group reads every field back as
+/// written, in order at consecutive offsets, and commits the end; gRPC
+/// reads the same records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafkajs_reads_back_every_field_it_wrote() -> anyhow::Result<()> {
+    let c = Cluster::start("kafkajs-fields", BIN, 3, &[]).await?;
+    let bs = c.kafka_bootstrap();
+    let (mut child, _stdin, mut rx) =
+        tokio::task::spawn_blocking(move || kafkajs_script(&["fields", &bs, "js"])).await??;
+    let report = tokio::time::timeout(Duration::from_secs(300), rx.recv()).await?.expect("a report");
+    let status = tokio::task::spawn_blocking(move || child.wait()).await??;
+    assert!(status.success(), "the script failed: {report}");
+    let v: serde_json::Value = serde_json::from_str(&report)?;
+    assert!(v["error"].is_null(), "the script failed: {}", v["error"]);
+    assert_eq!(v["sent"].as_u64(), Some(3000), "{report}");
+    assert_eq!(v["read"].as_u64(), Some(3000), "{report}");
+    assert_eq!(v["mismatches"].as_array().map(Vec::len), Some(0), "{}", v["mismatches"]);
+    assert_eq!(v["committed"], serde_json::json!([1000, 1000, 1000]), "the group committed the end");
+    assert_eq!(v["partitions_after"].as_u64(), Some(4), "CreatePartitions took effect");
+
+    // The same records through gRPC: partition 0 holds records 0, 3, 6, ...
+    // of the script (key null when j % 7 == 0, else empty when j % 13 == 0;
+    // value null when j % 11 == 0, else empty when j % 17 == 0).
+    let got = grpc_records(&c, "js").await?;
+    assert_eq!(got.len(), 1000);
+    let (mut null_keys, mut empty_keys, mut null_values, mut empty_values) = (0, 0, 0, 0);
+    for (i, r) in got.iter().enumerate() {
+        let j = 3 * i;
+        let key = match (j % 7, j % 13) {
+            (0, _) => None,
+            (_, 0) => Some(String::new()),
+            _ => Some(format!("k{j}")),
+        };
+        assert_eq!(r.key.as_deref(), key.as_deref().map(str::as_bytes), "key of record {j}");
+        if j % 11 == 0 {
+            assert!(r.null_value, "value of record {j} is null");
+            null_values += 1;
+        } else {
+            let want = if j % 17 == 0 { String::new() } else { format!("v{j}") };
+            assert!(!r.null_value && r.value == want.as_bytes(), "value of record {j}: {r:?}");
+            empty_values += usize::from(want.is_empty());
+        }
+        null_keys += usize::from(key.is_none());
+        empty_keys += usize::from(key.as_deref() == Some(""));
+        let headers: Vec<(&str, &[u8])> = r.headers.iter().map(|h| (h.key.as_str(), &h.value[..])).collect();
+        assert_eq!(headers, [("h", format!("x{j}").as_bytes()), ("empty", &b""[..])], "headers of {j}");
+    }
+    // Every kind of field was there to compare.
+    assert!(null_keys > 0 && empty_keys > 0 && null_values > 0 && empty_values > 0);
+    Ok(())
+}
+
+/// kafkajs's idempotent producer (acks=all, sends of 100 records one at a
+/// time, the only way kafkajs keeps its guarantee: see the script) writes
+/// 20,000 records while the partition's leader is SIGKILLed with a send in
+/// flight; its consumer group reads back every acknowledged record exactly
+/// once, in order, and commits the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idempotent_kafkajs_producer_loses_and_repeats_nothing_across_a_leader_kill() -> anyhow::Result<()>
+{
+    const N: usize = 20_000;
+    let mut c = Cluster::start("kafkajs-kill", BIN, 3, &[]).await?;
+    create_topic(&c, "jsk", 1, 3).await?;
+    let bs = c.kafka_bootstrap();
+    let (mut child, mut stdin, mut rx) =
+        tokio::task::spawn_blocking(move || kafkajs_script(&["kill", &bs, "jsk", &N.to_string(), "jskg"]))
+            .await??;
+    let half = tokio::time::timeout(Duration::from_secs(300), rx.recv()).await?;
+    assert_eq!(half.as_deref(), Some("half"));
+    let l = leader(&c, "jsk", 0, Duration::from_secs(30)).await?;
+    c.kill(l);
+    // The script sends the second half only now: into the failover.
+    stdin.write_all(b"killed\n")?;
+    stdin.flush()?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.spawn(l)?;
+    let report = tokio::time::timeout(Duration::from_secs(600), rx.recv()).await?.expect("a report");
+    let status = tokio::task::spawn_blocking(move || child.wait()).await??;
+    assert!(status.success(), "the script failed: {report}");
+    let v: serde_json::Value = serde_json::from_str(&report)?;
+    assert!(v["error"].is_null(), "the script failed: {}", v["error"]);
+    let ints = |k: &str| -> Vec<u64> {
+        v[k].as_array().map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default()
+    };
+    let acked = ints("acked");
+    // (offset, value) once per offset, in offset order.
+    let pairs: Vec<(u64, u64)> = v["read"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|p| Some((p[0].as_u64()?, p[1].as_u64()?))).collect())
+        .unwrap_or_default();
+    assert!(pairs.iter().enumerate().all(|(i, p)| p.0 == i as u64), "consecutive offsets from 0");
+    let read: Vec<u64> = pairs.iter().map(|p| p.1).collect();
+    eprintln!("kafkajs: {} read, {} delivered again, {} retried sends", read.len(), v["again"], v["retried"]);
+    assert_eq!(acked.len(), N, "every record acknowledged after retries; failures: {}", v["failed"]);
+    assert!(v["retried"].as_u64() > Some(0), "the kill made the producer retry: {report:.200}");
+    if let Some(at) = read.windows(2).position(|w| w[0] >= w[1]) {
+        let around = &read[at.saturating_sub(3)..(at + 5).min(read.len())];
+        panic!("stored out of order or twice at offset {}: {around:?}", at + 1);
+    }
+    let read_set: std::collections::BTreeSet<u64> = read.iter().copied().collect();
+    assert_eq!(read_set.len(), read.len(), "no record stored twice");
+    let lost: Vec<&u64> = acked.iter().filter(|a| !read_set.contains(a)).take(10).collect();
+    assert!(lost.is_empty(), "acknowledged but not read: {lost:?}");
+    assert_eq!(v["committed"].as_u64(), Some(read.len() as u64), "the group committed the end");
+
+    // As stored (`dump-log` of every stopped broker): each record carries
+    // the producer's sequence number for it, which for one producer sending
+    // one batch at a time is its value.
+    for id in 1..=3 {
+        c.kill(id);
+    }
+    for id in 1..=3 {
+        let out = Command::new(BIN).arg("dump-log").arg("--data-dir").arg(c.data_dir(id)).output()?;
+        assert!(out.status.success(), "dump-log: {}", String::from_utf8_lossy(&out.stderr));
+        let (mut checked, mut pid) = (0, None);
+        let mut batch_start: Option<(u64, u64)> = None; // (Raft index, first offset)
+        for line in String::from_utf8(out.stdout)?.lines() {
+            let r: serde_json::Value = serde_json::from_str(line)?;
+            if r["topic"] != "jsk" {
+                continue;
+            }
+            let (index, offset) =
+                (r["index"].as_u64().expect("index"), r["offset"].as_u64().expect("offset"));
+            if batch_start.is_none_or(|(i, _)| i != index) {
+                batch_start = Some((index, offset));
+            }
+            let first = batch_start.map_or(offset, |(_, o)| o);
+            let seq = r["base_sequence"].as_u64().expect("a sequence") + (offset - first);
+            let value: u64 = r["value"].as_str().expect("a value").parse()?;
+            assert_eq!(seq, value, "broker {id}: offset {offset} stored under sequence {seq}");
+            let p = r["producer_id"].as_i64().expect("a producer id");
+            assert_eq!(*pid.get_or_insert(p), p, "broker {id}: one producer wrote every record");
+            checked += 1;
+        }
+        assert_eq!(checked, N, "broker {id} holds every record");
+    }
     Ok(())
 }

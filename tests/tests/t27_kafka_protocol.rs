@@ -8,6 +8,8 @@
 //! answering. A topic's `compression.type` recompresses batches from both
 //! APIs. The idle timeout closes a connection that owes nothing, never one
 //! waiting for a long answer (a JoinGroup through a rebalance delay).
+//! CreateTopics and CreatePartitions answer once the new partitions have
+//! leaders: a Metadata request right after names them.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -387,6 +389,51 @@ async fn every_advertised_api_answers_and_bad_frames_close_only_their_connection
     exchange(addr, &frame(ApiKey::CreateTopics, 7, 1, &RequestKind::CreateTopics(create)))
         .await?
         .expect("created");
+    // CreateTopics answered once the partition had a leader: the very next
+    // Metadata names it (without the wait it would be LEADER_NOT_AVAILABLE
+    // while the partition's Raft group elects). The same for
+    // CreatePartitions (the checks below use partition 0 only).
+    let leaders_of_pipe = || async {
+        let ask = frame(
+            ApiKey::Metadata,
+            12,
+            701,
+            &RequestKind::Metadata(MetadataRequest::default().with_topics(Some(vec![
+                metadata_request::MetadataRequestTopic::default()
+                    .with_name(Some(TopicName(StrBytes::from_static_str("pipe")))),
+            ]))),
+        );
+        let mut r = exchange(addr, &ask).await?.expect("answered");
+        r.get_i32();
+        r.get_u8();
+        let ResponseKind::Metadata(m) = ResponseKind::decode(ApiKey::Metadata, &mut r, 12)? else {
+            panic!("metadata")
+        };
+        anyhow::Ok(
+            m.topics[0].partitions.iter().map(|p| (p.error_code, p.leader_id.0 > 0)).collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(leaders_of_pipe().await?, [(0, true)], "a leader as soon as CreateTopics answered");
+    let grow = CreatePartitionsRequest::default().with_timeout_ms(10_000).with_topics(vec![
+        create_partitions_request::CreatePartitionsTopic::default()
+            .with_name(TopicName(StrBytes::from_static_str("pipe")))
+            .with_count(3)
+            .with_assignments(None),
+    ]);
+    let mut r = exchange(addr, &frame(ApiKey::CreatePartitions, 3, 2, &RequestKind::CreatePartitions(grow)))
+        .await?
+        .expect("grown");
+    r.get_i32();
+    r.get_u8();
+    let ResponseKind::CreatePartitions(g) = ResponseKind::decode(ApiKey::CreatePartitions, &mut r, 3)? else {
+        panic!("create partitions")
+    };
+    assert_eq!(g.results[0].error_code, 0, "{:?}", g.results[0].error_message);
+    assert_eq!(
+        leaders_of_pipe().await?,
+        [(0, true); 3],
+        "leaders for the new partitions as soon as CreatePartitions answered"
+    );
     let latest = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![
         list_offsets_request::ListOffsetsTopic::default()
             .with_name(TopicName(StrBytes::from_static_str("pipe")))
@@ -472,7 +519,7 @@ async fn every_advertised_api_answers_and_bad_frames_close_only_their_connection
         .iter()
         .map(|t| (t.name.as_ref().map(|n| n.to_string()), t.error_code, t.partitions.len()))
         .collect();
-    assert!(named.contains(&(Some("pipe".into()), 0, 1)), "{named:?}");
+    assert!(named.contains(&(Some("pipe".into()), 0, 3)), "{named:?}");
     assert!(
         m.topics.iter().any(|t| t.topic_id == unknown && t.error_code == 100),
         "UNKNOWN_TOPIC_ID for an unknown id: {named:?}"

@@ -32,18 +32,59 @@ const NO_ASSIGNMENTS: &str = "explicit replica assignments are not taken: the co
 /// Kafka's resource type of a topic in DescribeConfigs.
 const TOPIC_RESOURCE: i8 = 2;
 
+/// Longest wait, ms, for the leaders of new partitions, whatever the
+/// request's `timeout_ms` asks.
+const LEADERS_WAIT_MS_MAX: i32 = 30_000;
+
+/// How often the wait for leaders looks again.
+const LEADERS_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
 fn message(e: &ApiError) -> Option<StrBytes> {
     Some(StrBytes::from_string(e.to_string()))
+}
+
+/// The deadline for a request's `timeout_ms` (at most
+/// [`LEADERS_WAIT_MS_MAX`]); none when it is 0 or less, which asks for no
+/// wait (as Kafka's CreateTopics and CreatePartitions read it).
+fn leaders_deadline(timeout_ms: i32) -> Option<tokio::time::Instant> {
+    let ms = u64::try_from(timeout_ms.min(LEADERS_WAIT_MS_MAX)).ok().filter(|&ms| ms > 0)?;
+    Some(tokio::time::Instant::now() + std::time::Duration::from_millis(ms))
+}
+
+/// Waits until this broker's metadata shows topic `name` with at least
+/// `count` partitions, each with a leader, or until `deadline`. Kafka's
+/// controller names a new partition's leader when it creates it; here each
+/// new partition is a Raft group that elects one first, so without the wait
+/// a client's Metadata request just after CreateTopics or CreatePartitions
+/// would find `LEADER_NOT_AVAILABLE` (kafkajs 2.2.4's admin client then
+/// fails `fetchTopicMetadata` outright). The topic is created either way:
+/// reaching the deadline is not an error.
+async fn await_leaders(s: &KafkaService, name: &str, count: usize, deadline: Option<tokio::time::Instant>) {
+    let Some(deadline) = deadline else { return };
+    loop {
+        let ready = s.core.controller.image().topics.get(name).is_some_and(|t| {
+            t.partitions.len() >= count && t.partitions.iter().all(|a| s.core.leader_of(a) != 0)
+        });
+        if ready || tokio::time::Instant::now() + LEADERS_POLL > deadline {
+            return;
+        }
+        tokio::time::sleep(LEADERS_POLL).await;
+    }
 }
 
 /// Answers CreateTopics. `num_partitions` -1 is 1 (Kafka's
 /// `num.partitions`); `replication_factor` -1 is 3, or the number of
 /// brokers when fewer. Explicit replica assignments are refused
-/// (`INVALID_REPLICA_ASSIGNMENT`): placement is the controller's.
+/// (`INVALID_REPLICA_ASSIGNMENT`): placement is the controller's. A created
+/// topic is answered once its partitions have leaders, or after the
+/// request's `timeout_ms` (see [`await_leaders`]).
 pub async fn create_topics(s: &KafkaService, r: CreateTopicsRequest) -> CreateTopicsResponse {
+    let deadline = leaders_deadline(r.timeout_ms);
     let mut out = Vec::with_capacity(r.topics.len());
     for t in r.topics {
         let name = t.name.0.to_string();
+        // Partitions to wait leaders for (-1 is 1; a bad count is refused).
+        let want = usize::try_from(t.num_partitions).unwrap_or(1).max(1);
         let result: Result<(), ApiError> = async {
             if !t.assignments.is_empty() {
                 return Err(ApiError::InvalidReplicaAssignment(NO_ASSIGNMENTS.into()));
@@ -82,6 +123,9 @@ pub async fn create_topics(s: &KafkaService, r: CreateTopicsRequest) -> CreateTo
             .with_replication_factor(-1);
         match result {
             Ok(()) => {
+                if !r.validate_only {
+                    await_leaders(s, &name, want, deadline).await;
+                }
                 if let Some(e) = s.core.controller.image().topics.get(&name) {
                     res = res
                         .with_topic_id(Uuid::from_u128(e.topic_id.0))
@@ -123,8 +167,10 @@ pub async fn delete_topics(s: &KafkaService, r: DeleteTopicsRequest) -> DeleteTo
 }
 
 /// Answers CreatePartitions. Explicit assignments are refused, as for
-/// CreateTopics.
+/// CreateTopics. Answers once every partition has a leader, or after the
+/// request's `timeout_ms` (see [`await_leaders`]).
 pub async fn create_partitions(s: &KafkaService, r: CreatePartitionsRequest) -> CreatePartitionsResponse {
+    let deadline = leaders_deadline(r.timeout_ms);
     let mut out = Vec::with_capacity(r.topics.len());
     for t in r.topics {
         let result = async {
@@ -136,7 +182,9 @@ pub async fn create_partitions(s: &KafkaService, r: CreatePartitionsRequest) -> 
             if r.validate_only {
                 return Ok(());
             }
-            s.core.create_partitions_op(t.name.0.to_string(), count).await
+            s.core.create_partitions_op(t.name.0.to_string(), count).await?;
+            await_leaders(s, &t.name, count as usize, deadline).await;
+            Ok(())
         }
         .await;
         let res = CreatePartitionsTopicResult::default().with_name(t.name);
