@@ -140,12 +140,15 @@ pub fn dump_replica(
                 line.insert("committed".into(), json!(o < committed_end));
                 line.insert("timestamp_ms".into(), json!(rec.timestamp_ms));
                 if h.producer_id >= 0 {
-                    // The idempotent producer's batch (KIP-98), as Kafka's
-                    // kafka-dump-log prints it: the record's sequence is the
-                    // batch's base sequence plus its offset delta.
+                    // The idempotent producer's fields (KIP-98), as Kafka's
+                    // kafka-dump-log prints them, and the record's own
+                    // sequence: the batch's base sequence plus the record's
+                    // offset delta, wrapping past i32::MAX to 0 as Kafka's do.
                     line.insert("producer_id".into(), json!(h.producer_id));
                     line.insert("producer_epoch".into(), json!(h.producer_epoch));
                     line.insert("base_sequence".into(), json!(h.base_sequence));
+                    let seq = (i64::from(h.base_sequence) + i64::from(delta)) % (i64::from(i32::MAX) + 1);
+                    line.insert("sequence".into(), json!(seq));
                 }
                 if let Some(k) = &rec.key {
                     text_or_hex("key", k, &mut line);

@@ -13,14 +13,16 @@
 //     "committed": [per partition], "partitions_after": n}.
 //   node kafkajs_client.js kill BOOTSTRAP TOPIC N GROUP
 //     Produces N records (values "0".."N-1") to partition 0 of TOPIC with an
-//     idempotent producer, in sends of 100 records one at a time; halfway,
-//     with a send in flight, prints "half" and waits for a line on stdin (the
-//     test SIGKILLs the partition's leader meanwhile), then sends the rest
-//     into the failover,
+//     idempotent producer, in sends of 100 records one at a time. Halfway
+//     it prints "half" and waits for a line on stdin (the test SIGSTOPs the
+//     partition's leader), starts the next send, prints "sent" 300 ms later
+//     and waits for a line again (the test SIGKILLs the stopped leader), then
+//     sends the rest into the failover,
 //     and reads the partition back in group GROUP, committing. Report:
 //     {"acked": [...], "failed": [...], "read": [[offset, value], ...] once
-//     per offset, "again": deliveries of an offset already read, "retried": sends the
-//     producer logged as failed and retried, "committed": offset}.
+//     per offset, "again": deliveries of an offset already read, "retried":
+//     failed sends the producer logged (each then retried), "half_ms": the
+//     time the send across the kill took, "committed": offset}.
 'use strict';
 const { Kafka, logLevel, CompressionTypes, Partitioners } = require('kafkajs');
 const readline = require('readline');
@@ -51,19 +53,21 @@ const idempotent = () => kafka.producer({
 // Exits once the line is written: stdout to a pipe is asynchronous, and
 // exiting at once would cut a long line.
 const report = (o) => process.stdout.write(JSON.stringify(o) + '\n', () => process.exit(0));
-setTimeout(() => report({ error: 'watchdog: no report after 400 s' }), 400_000).unref();
+setTimeout(() => report({ error: 'watchdog: no report after 240 s' }), 240_000).unref();
 
 // Reads messages of `topic` in group `groupId` until `want` distinct
 // offsets arrived or `seconds` passed. Returns the messages per partition in
 // offset order, once each, and how many were delivered again (a consumer
 // group delivers at least once: after a rebalance it starts again from the
-// committed offset).
+// committed offset), and the offsets delivered again with another value
+// (none may be).
 async function consume(groupId, want, seconds) {
   const consumer = kafka.consumer({ groupId, maxBytesPerPartition: 16384, maxBytes: 65536 });
   await consumer.connect();
   await consumer.subscribe({ topic, fromBeginning: true });
   const byOffset = new Map();
   let n = 0, again = 0;
+  const changed = [];
   await new Promise((resolve) => {
     const timer = setTimeout(resolve, seconds * 1000);
     consumer.run({
@@ -74,18 +78,18 @@ async function consume(groupId, want, seconds) {
         if (seen.has(message.offset)) {
           again++;
           const first = seen.get(message.offset);
-          if (text(first.value) !== text(message.value)) throw new Error(`offset ${message.offset} of partition ${partition} changed`);
+          if (text(first.value) !== text(message.value)) changed.push(`partition ${partition} offset ${message.offset}`);
           return;
         }
         seen.set(message.offset, message);
         if (++n >= want) { clearTimeout(timer); resolve(); }
       },
-    });
+    }).catch((e) => report({ error: `consumer.run: ${e && e.stack || e}` }));
   });
   await consumer.disconnect(); // commits what was consumed
   const got = new Map();
   for (const [p, seen] of byOffset) got.set(p, [...seen.values()].sort((a, b) => Number(a.offset) - Number(b.offset)));
-  return { got, again };
+  return { got, again, changed };
 }
 
 const text = (b) => (b === null || b === undefined ? null : b.toString());
@@ -113,7 +117,7 @@ async function fields() {
   }
   await producer.disconnect();
   const group = `${topic}-g`;
-  const { got, again } = await consume(group, N, 60);
+  const { got, again, changed } = await consume(group, N, 60);
   const mismatches = [];
   let read = 0;
   for (let p = 0; p < 3; p++) {
@@ -137,7 +141,7 @@ async function fields() {
   await admin.createPartitions({ topicPartitions: [{ topic, count: 4 }] });
   const md = await admin.fetchTopicMetadata({ topics: [topic] });
   await admin.disconnect();
-  report({ sent: sent.length, read, again, mismatches, committed, partitions_after: md.topics[0].partitions.length });
+  report({ sent: sent.length, read, again, changed, mismatches, committed, partitions_after: md.topics[0].partitions.length });
 }
 
 async function kill() {
@@ -160,17 +164,27 @@ async function kill() {
   // a batch stored twice (under two sequence numbers) and another
   // acknowledged as a duplicate of a different batch that had taken its
   // number, never stored. The broker checked every number as Kafka does.
+  let halfMs = null;
   for (let i = 0; i < n; i += 100) {
-    const sent = send(i, Math.min(100, n - i));
     if (i === n / 2) {
-      // This send is in flight while the test kills the leader.
+      // The test stops the leader (SIGSTOP); this send goes to it and waits
+      // there; once it has been on the wire a while the test kills the
+      // leader, so it is in flight across the kill by construction.
       process.stdout.write('half\n');
       await lines.next();
+      const t0 = Date.now();
+      const sent = send(i, Math.min(100, n - i));
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      process.stdout.write('sent\n');
+      await lines.next();
+      await sent;
+      halfMs = Date.now() - t0;
+      continue;
     }
-    await sent;
+    await send(i, Math.min(100, n - i));
   }
   await producer.disconnect();
-  const { got, again } = await consume(group, acked.length, 120);
+  const { got, again, changed } = await consume(group, acked.length, 120);
   const read = (got.get(0) || []).map((m) => [Number(m.offset), Number(text(m.value))]);
   const admin = kafka.admin();
   await admin.connect();
@@ -179,7 +193,7 @@ async function kill() {
   acked.sort((a, b) => a - b);
   // How many times the producer logged a failed send it then retried.
   const retried = [...logged].filter(([k]) => k.startsWith('Producer:')).reduce((n, [, c]) => n + c, 0);
-  report({ acked, failed, read, again, retried, committed: Number(offsets[0].partitions.find((x) => x.partition === 0).offset) });
+  report({ acked, failed, read, again, changed, retried, half_ms: halfMs, committed: Number(offsets[0].partitions.find((x) => x.partition === 0).offset) });
 }
 
 (mode === 'fields' ? fields() : kill()).catch((e) => report({ error: String(e && e.stack || e) }));

@@ -72,7 +72,8 @@ pub fn kafka_python() -> anyhow::Result<PathBuf> {
 
 /// A `node_modules` folder holding kafkajs (a Kafka client written in
 /// JavaScript, its own implementation of the protocol): the workspace's
-/// `target/kafka-node`, filled with `npm install` if missing. Node.js and
+/// `target/kafka-node`, filled with `npm install` if missing (or another
+/// version is there). Node.js and
 /// npm are installed with apt-get if missing. Run scripts with
 /// `NODE_PATH` set to the returned folder.
 ///
@@ -92,7 +93,7 @@ pub fn kafkajs() -> anyhow::Result<PathBuf> {
     let modules = prefix.join("node_modules");
     let ready = || {
         Command::new("node")
-            .args(["-e", "require('kafkajs')"])
+            .args(["-e", "process.exit(require('kafkajs/package.json').version === '2.2.4' ? 0 : 1)"])
             .env("NODE_PATH", &modules)
             .output()
             .is_ok_and(|o| o.status.success())

@@ -18,7 +18,7 @@ use kafka_protocol::messages::describe_configs_response::{
 use kafka_protocol::protocol::StrBytes;
 use uuid::Uuid;
 
-use super::{KafkaService, errors};
+use super::{KafkaService, errors, metadata};
 use crate::error::ApiError;
 use crate::metadata::topic_config::{self, ConfigSource};
 
@@ -33,8 +33,10 @@ const NO_ASSIGNMENTS: &str = "explicit replica assignments are not taken: the co
 const TOPIC_RESOURCE: i8 = 2;
 
 /// Longest wait, ms, for the leaders of new partitions, whatever the
-/// request's `timeout_ms` asks.
-const LEADERS_WAIT_MS_MAX: i32 = 30_000;
+/// request's `timeout_ms` asks: well below the 30 s request timeouts of
+/// Kafka's clients, so the answer is not taken for a lost one (a retry
+/// would then find `TOPIC_ALREADY_EXISTS`).
+const LEADERS_WAIT_MS_MAX: i32 = 10_000;
 
 /// How often the wait for leaders looks again.
 const LEADERS_POLL: std::time::Duration = std::time::Duration::from_millis(20);
@@ -43,29 +45,67 @@ fn message(e: &ApiError) -> Option<StrBytes> {
     Some(StrBytes::from_string(e.to_string()))
 }
 
-/// The deadline for a request's `timeout_ms` (at most
+/// The wait for leaders a request's `timeout_ms` allows (at most
 /// [`LEADERS_WAIT_MS_MAX`]); none when it is 0 or less, which asks for no
 /// wait (as Kafka's CreateTopics and CreatePartitions read it).
-fn leaders_deadline(timeout_ms: i32) -> Option<tokio::time::Instant> {
+fn leaders_wait(timeout_ms: i32) -> Option<std::time::Duration> {
     let ms = u64::try_from(timeout_ms.min(LEADERS_WAIT_MS_MAX)).ok().filter(|&ms| ms > 0)?;
-    Some(tokio::time::Instant::now() + std::time::Duration::from_millis(ms))
+    Some(std::time::Duration::from_millis(ms))
 }
 
-/// Waits until this broker's metadata shows topic `name` with at least
-/// `count` partitions, each with a leader, or until `deadline`. Kafka's
-/// controller names a new partition's leader when it creates it; here each
-/// new partition is a Raft group that elects one first, so without the wait
-/// a client's Metadata request just after CreateTopics or CreatePartitions
-/// would find `LEADER_NOT_AVAILABLE` (kafkajs 2.2.4's admin client then
-/// fails `fetchTopicMetadata` outright). The topic is created either way:
-/// reaching the deadline is not an error.
-async fn await_leaders(s: &KafkaService, name: &str, count: usize, deadline: Option<tokio::time::Instant>) {
+/// The deadline of [`leaders_wait`] from now.
+fn leaders_deadline(timeout_ms: i32) -> Option<tokio::time::Instant> {
+    leaders_wait(timeout_ms).map(|w| tokio::time::Instant::now() + w)
+}
+
+/// New partitions whose leaders a request waits for: partitions
+/// `from..to` of topic `name`.
+struct NewPartitions {
+    name: String,
+    from: usize,
+    to: usize,
+}
+
+/// Waits until a Metadata answer from this broker would name a leader for
+/// every partition of `new` ([`metadata::names_leader`]), or until
+/// `deadline` (none: no wait). Kafka's controller names a new partition's
+/// leader when it creates it; here each new partition is a Raft group that
+/// elects one first, so without the wait a client's Metadata request just
+/// after CreateTopics or CreatePartitions would find
+/// `LEADER_NOT_AVAILABLE` (kafkajs 2.2.4's admin client then fails
+/// `fetchTopicMetadata` outright). Other brokers learn the leaders soon
+/// after, not necessarily before the answer. A topic deleted meanwhile is
+/// waited for no more. Reaching the deadline is not an error: the topics
+/// are created either way.
+async fn await_leaders(
+    s: &KafkaService,
+    mut new: Vec<NewPartitions>,
+    deadline: Option<tokio::time::Instant>,
+) {
     let Some(deadline) = deadline else { return };
+    let mut seen = vec![false; new.len()];
     loop {
-        let ready = s.core.controller.image().topics.get(name).is_some_and(|t| {
-            t.partitions.len() >= count && t.partitions.iter().all(|a| s.core.leader_of(a) != 0)
-        });
-        if ready || tokio::time::Instant::now() + LEADERS_POLL > deadline {
+        let image = s.core.controller.image();
+        let mut i = 0;
+        while i < new.len() {
+            let n = &new[i];
+            let ready = match image.topics.get(&n.name) {
+                // Not in this broker's image yet, or deleted since.
+                None => seen[i],
+                Some(t) => {
+                    seen[i] = true;
+                    t.partitions.len() >= n.to
+                        && t.partitions[n.from..n.to].iter().all(|a| metadata::names_leader(s, &image, a))
+                }
+            };
+            if ready {
+                new.swap_remove(i);
+                seen.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        if new.is_empty() || tokio::time::Instant::now() + LEADERS_POLL > deadline {
             return;
         }
         tokio::time::sleep(LEADERS_POLL).await;
@@ -75,12 +115,15 @@ async fn await_leaders(s: &KafkaService, name: &str, count: usize, deadline: Opt
 /// Answers CreateTopics. `num_partitions` -1 is 1 (Kafka's
 /// `num.partitions`); `replication_factor` -1 is 3, or the number of
 /// brokers when fewer. Explicit replica assignments are refused
-/// (`INVALID_REPLICA_ASSIGNMENT`): placement is the controller's. A created
-/// topic is answered once its partitions have leaders, or after the
-/// request's `timeout_ms` (see [`await_leaders`]).
+/// (`INVALID_REPLICA_ASSIGNMENT`): placement is the controller's. Every
+/// topic is created first; then the answer waits until their partitions
+/// have leaders, or for the request's `timeout_ms` (see [`await_leaders`]).
 pub async fn create_topics(s: &KafkaService, r: CreateTopicsRequest) -> CreateTopicsResponse {
     let deadline = leaders_deadline(r.timeout_ms);
-    let mut out = Vec::with_capacity(r.topics.len());
+    // Every topic is created first, then the leaders of all are awaited
+    // together against the one deadline.
+    let mut results = Vec::with_capacity(r.topics.len());
+    let mut new = Vec::new();
     for t in r.topics {
         let name = t.name.0.to_string();
         // Partitions to wait leaders for (-1 is 1; a bad count is refused).
@@ -117,15 +160,20 @@ pub async fn create_topics(s: &KafkaService, r: CreateTopicsRequest) -> CreateTo
             s.core.create_topic_op(name.clone(), partitions, replication_factor, config).await
         }
         .await;
+        if result.is_ok() && !r.validate_only {
+            new.push(NewPartitions { name: name.clone(), from: 0, to: want });
+        }
+        results.push((t.name, name, result));
+    }
+    await_leaders(s, new, deadline).await;
+    let mut out = Vec::with_capacity(results.len());
+    for (topic, name, result) in results {
         let mut res = CreatableTopicResult::default()
-            .with_name(t.name)
+            .with_name(topic)
             .with_num_partitions(-1)
             .with_replication_factor(-1);
         match result {
             Ok(()) => {
-                if !r.validate_only {
-                    await_leaders(s, &name, want, deadline).await;
-                }
                 if let Some(e) = s.core.controller.image().topics.get(&name) {
                     res = res
                         .with_topic_id(Uuid::from_u128(e.topic_id.0))
@@ -167,11 +215,12 @@ pub async fn delete_topics(s: &KafkaService, r: DeleteTopicsRequest) -> DeleteTo
 }
 
 /// Answers CreatePartitions. Explicit assignments are refused, as for
-/// CreateTopics. Answers once every partition has a leader, or after the
-/// request's `timeout_ms` (see [`await_leaders`]).
+/// CreateTopics. Answers once every new partition has a leader, or after
+/// the request's `timeout_ms` (see [`await_leaders`]).
 pub async fn create_partitions(s: &KafkaService, r: CreatePartitionsRequest) -> CreatePartitionsResponse {
     let deadline = leaders_deadline(r.timeout_ms);
     let mut out = Vec::with_capacity(r.topics.len());
+    let mut new = Vec::new();
     for t in r.topics {
         let result = async {
             if t.assignments.is_some() {
@@ -182,8 +231,12 @@ pub async fn create_partitions(s: &KafkaService, r: CreatePartitionsRequest) -> 
             if r.validate_only {
                 return Ok(());
             }
-            s.core.create_partitions_op(t.name.0.to_string(), count).await?;
-            await_leaders(s, &t.name, count as usize, deadline).await;
+            let name = t.name.0.to_string();
+            // The partitions there before (as this broker knows them; the
+            // controller refuses a count that does not grow the topic).
+            let before = s.core.controller.image().topics.get(&name).map_or(0, |e| e.partitions.len());
+            s.core.create_partitions_op(name.clone(), count).await?;
+            new.push(NewPartitions { name, from: before.min(count as usize), to: count as usize });
             Ok(())
         }
         .await;
@@ -193,6 +246,7 @@ pub async fn create_partitions(s: &KafkaService, r: CreatePartitionsRequest) -> 
             Err(e) => res.with_error_code(errors::code(&e)).with_error_message(message(&e)),
         });
     }
+    await_leaders(s, new, deadline).await;
     CreatePartitionsResponse::default().with_results(out)
 }
 
@@ -246,4 +300,21 @@ pub async fn describe_configs(s: &KafkaService, r: DescribeConfigsRequest) -> De
         }
     }
     DescribeConfigsResponse::default().with_results(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeout_of_zero_or_less_waits_not_and_a_long_one_is_capped() {
+        let ms = |t: i32| leaders_wait(t).map(|d| d.as_millis());
+        assert_eq!(ms(0), None);
+        assert_eq!(ms(-1), None);
+        assert_eq!(ms(i32::MIN), None);
+        assert_eq!(ms(1), Some(1));
+        assert_eq!(ms(5_000), Some(5_000));
+        assert_eq!(ms(LEADERS_WAIT_MS_MAX + 1), Some(LEADERS_WAIT_MS_MAX as u128));
+        assert_eq!(ms(i32::MAX), Some(LEADERS_WAIT_MS_MAX as u128));
+    }
 }

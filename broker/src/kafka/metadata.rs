@@ -14,6 +14,7 @@ use super::KafkaService;
 use super::errors;
 use crate::coordinator::OFFSETS_TOPIC;
 use crate::metadata::command::PartitionAssignment;
+use crate::metadata::image::MetadataImage;
 
 /// Cluster id reported to clients (Ferrolog has one cluster per metadata
 /// group and no id of its own yet).
@@ -106,6 +107,16 @@ pub async fn metadata(s: &KafkaService, r: MetadataRequest, version: i16) -> Met
         .with_cluster_id(Some(StrBytes::from_static_str(CLUSTER_ID)))
         .with_controller_id(BrokerId(controller))
         .with_topics(topics)
+}
+
+/// Whether a Metadata answer from this broker would name a leader for
+/// partition `a` now (see [`partition`]): one is known and it is a broker
+/// the answer lists (live, with a Kafka listener).
+pub(super) fn names_leader(s: &KafkaService, image: &MetadataImage, a: &PartitionAssignment) -> bool {
+    let leader = s.core.leader_of(a);
+    leader != 0
+        && image.brokers.get(&leader).is_some_and(|b| b.kafka_addr.parse::<std::net::SocketAddr>().is_ok())
+        && (leader == s.core.broker || s.core.liveness.is_alive(leader))
 }
 
 /// One partition: leader (-1 and `LEADER_NOT_AVAILABLE` when none is
