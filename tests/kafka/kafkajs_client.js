@@ -22,7 +22,9 @@
 //     {"acked": [...], "failed": [...], "read": [[offset, value], ...] once
 //     per offset, "again": deliveries of an offset already read, "retried":
 //     failed sends the producer logged (each then retried), "half_ms": the
-//     time the send across the kill took, "committed": offset}.
+//     time the send across the kill took, "settled_before_kill": whether it
+//     had been answered when "sent" was printed (it may not), "committed":
+//     offset}.
 'use strict';
 const { Kafka, logLevel, CompressionTypes, Partitioners } = require('kafkajs');
 const readline = require('readline');
@@ -164,17 +166,19 @@ async function kill() {
   // a batch stored twice (under two sequence numbers) and another
   // acknowledged as a duplicate of a different batch that had taken its
   // number, never stored. The broker checked every number as Kafka does.
-  let halfMs = null;
+  let halfMs = null, settledBeforeKill = null;
   for (let i = 0; i < n; i += 100) {
-    if (i === n / 2) {
+    if (halfMs === null && i >= n / 2) {
       // The test stops the leader (SIGSTOP); this send goes to it and waits
       // there; once it has been on the wire a while the test kills the
       // leader, so it is in flight across the kill by construction.
       process.stdout.write('half\n');
       await lines.next();
       const t0 = Date.now();
-      const sent = send(i, Math.min(100, n - i));
+      let settled = false;
+      const sent = send(i, Math.min(100, n - i)).finally(() => { settled = true; });
       await new Promise((resolve) => setTimeout(resolve, 300));
+      settledBeforeKill = settled;
       process.stdout.write('sent\n');
       await lines.next();
       await sent;
@@ -193,7 +197,7 @@ async function kill() {
   acked.sort((a, b) => a - b);
   // How many times the producer logged a failed send it then retried.
   const retried = [...logged].filter(([k]) => k.startsWith('Producer:')).reduce((n, [, c]) => n + c, 0);
-  report({ acked, failed, read, again, changed, retried, half_ms: halfMs, committed: Number(offsets[0].partitions.find((x) => x.partition === 0).offset) });
+  report({ acked, failed, read, again, changed, retried, half_ms: halfMs, settled_before_kill: settledBeforeKill, committed: Number(offsets[0].partitions.find((x) => x.partition === 0).offset) });
 }
 
 (mode === 'fields' ? fields() : kill()).catch((e) => report({ error: String(e && e.stack || e) }));

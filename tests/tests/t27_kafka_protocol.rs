@@ -385,24 +385,32 @@ async fn every_advertised_api_answers_and_bad_frames_close_only_their_connection
             .with_name(TopicName(StrBytes::from_static_str("pipe")))
             .with_num_partitions(1)
             .with_replication_factor(-1),
+        create_topics_request::CreatableTopic::default()
+            .with_name(TopicName(StrBytes::from_static_str("pipe2")))
+            .with_num_partitions(2)
+            .with_replication_factor(-1),
     ]);
     exchange(addr, &frame(ApiKey::CreateTopics, 7, 1, &RequestKind::CreateTopics(create)))
         .await?
         .expect("created");
-    // CreateTopics answered once the partition had a leader: the very next
-    // Metadata names it (without the wait it would be LEADER_NOT_AVAILABLE
-    // while the partition's Raft group elects). The same for
-    // CreatePartitions (the checks below use partition 0 only).
-    let leaders_of_pipe = || async {
-        let ask = frame(
+    // CreateTopics answered once every partition of both topics had a
+    // leader: the very next Metadata names them (without the wait they
+    // would be LEADER_NOT_AVAILABLE while the partitions' Raft groups
+    // elect). The same for CreatePartitions (the checks below use
+    // partition 0 only).
+    let metadata_of = |topics: Vec<metadata_request::MetadataRequestTopic>| {
+        frame(
             ApiKey::Metadata,
             12,
-            701,
-            &RequestKind::Metadata(MetadataRequest::default().with_topics(Some(vec![
-                metadata_request::MetadataRequestTopic::default()
-                    .with_name(Some(TopicName(StrBytes::from_static_str("pipe")))),
-            ]))),
-        );
+            700,
+            &RequestKind::Metadata(MetadataRequest::default().with_topics(Some(topics))),
+        )
+    };
+    let leaders_of = |topic: &'static str| async move {
+        let ask = metadata_of(vec![
+            metadata_request::MetadataRequestTopic::default()
+                .with_name(Some(TopicName(StrBytes::from_static_str(topic)))),
+        ]);
         let mut r = exchange(addr, &ask).await?.expect("answered");
         r.get_i32();
         r.get_u8();
@@ -413,7 +421,8 @@ async fn every_advertised_api_answers_and_bad_frames_close_only_their_connection
             m.topics[0].partitions.iter().map(|p| (p.error_code, p.leader_id.0 > 0)).collect::<Vec<_>>(),
         )
     };
-    assert_eq!(leaders_of_pipe().await?, [(0, true)], "a leader as soon as CreateTopics answered");
+    assert_eq!(leaders_of("pipe").await?, [(0, true)], "a leader as soon as CreateTopics answered");
+    assert_eq!(leaders_of("pipe2").await?, [(0, true); 2], "leaders for the request's second topic too");
     let grow = CreatePartitionsRequest::default().with_timeout_ms(10_000).with_topics(vec![
         create_partitions_request::CreatePartitionsTopic::default()
             .with_name(TopicName(StrBytes::from_static_str("pipe")))
@@ -430,7 +439,7 @@ async fn every_advertised_api_answers_and_bad_frames_close_only_their_connection
     };
     assert_eq!(g.results[0].error_code, 0, "{:?}", g.results[0].error_message);
     assert_eq!(
-        leaders_of_pipe().await?,
+        leaders_of("pipe").await?,
         [(0, true); 3],
         "leaders for the new partitions as soon as CreatePartitions answered"
     );
@@ -483,14 +492,6 @@ async fn every_advertised_api_answers_and_bad_frames_close_only_their_connection
 
     // Metadata by topic id alone (v10+, KIP-516): the id a by-name answer
     // gave finds the topic; an unknown id is UNKNOWN_TOPIC_ID.
-    let metadata_of = |topics: Vec<metadata_request::MetadataRequestTopic>| {
-        frame(
-            ApiKey::Metadata,
-            12,
-            700,
-            &RequestKind::Metadata(MetadataRequest::default().with_topics(Some(topics))),
-        )
-    };
     let by_name = metadata_of(vec![
         metadata_request::MetadataRequestTopic::default()
             .with_name(Some(TopicName(StrBytes::from_static_str("pipe")))),

@@ -74,16 +74,17 @@ struct NewPartitions {
 /// after CreateTopics or CreatePartitions would find
 /// `LEADER_NOT_AVAILABLE` (kafkajs 2.2.4's admin client then fails
 /// `fetchTopicMetadata` outright). Other brokers learn the leaders soon
-/// after, not necessarily before the answer. A topic deleted meanwhile is
-/// waited for no more. Reaching the deadline is not an error: the topics
-/// are created either way.
+/// after, not necessarily before the answer. A topic deleted meanwhile (or
+/// deleted and created again) is waited for no more. Reaching the deadline
+/// is not an error: the topics are created either way.
 async fn await_leaders(
     s: &KafkaService,
     mut new: Vec<NewPartitions>,
     deadline: Option<tokio::time::Instant>,
 ) {
     let Some(deadline) = deadline else { return };
-    let mut seen = vec![false; new.len()];
+    // The topic id each was first seen with.
+    let mut seen: Vec<Option<u128>> = vec![None; new.len()];
     loop {
         let image = s.core.controller.image();
         let mut i = 0;
@@ -91,9 +92,11 @@ async fn await_leaders(
             let n = &new[i];
             let ready = match image.topics.get(&n.name) {
                 // Not in this broker's image yet, or deleted since.
-                None => seen[i],
+                None => seen[i].is_some(),
+                // Deleted and created again meanwhile: not the one asked.
+                Some(t) if seen[i].is_some_and(|id| id != t.topic_id.0) => true,
                 Some(t) => {
-                    seen[i] = true;
+                    seen[i] = Some(t.topic_id.0);
                     t.partitions.len() >= n.to
                         && t.partitions[n.from..n.to].iter().all(|a| metadata::names_leader(s, &image, a))
                 }
