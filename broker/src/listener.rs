@@ -70,9 +70,7 @@ impl Conn {
             Poll::Ready(Err(_)) => {}
         }
     }
-}
 
-impl Conn {
     /// The remote address, if the socket still knows it.
     pub fn peer(&self) -> Option<std::net::SocketAddr> {
         self.stream.peer_addr().ok()

@@ -109,13 +109,12 @@ impl SegmentReader {
         first_whole: bool,
         keep: impl FnMut(&FrameHeader) -> bool,
     ) -> Result<(Vec<(FrameHeader, Bytes)>, bool)> {
-        let cursor = FrameCursor::new(position, self.end);
-        let cursor = if self.share_cpu { cursor.sharing_cpu() } else { cursor };
+        let cursor = FrameCursor::new(position, self.end, self.share_cpu);
         read_frames(cursor, &*self.file, &self.path, max_bytes, first_whole, keep)
     }
 
     /// This view, reading with yields of the CPU between chunks (see
-    /// `FrameCursor::sharing_cpu`). Only for reads made without the log's
+    /// `FrameCursor::share_cpu`). Only for reads made without the log's
     /// lock: a yield holding it would hold up the appends that need it.
     /// (Compaction's key map reads this way holding only the replica's
     /// compaction flag, which others only try to take.)
@@ -371,7 +370,7 @@ impl Segment {
     /// Walks frames from the current end (`size_bytes`) to `file_len`,
     /// verifying each and indexing it.
     fn scan(&mut self, file_len: u64, policy: OnBadFrame) -> Result<Option<u64>> {
-        let mut cursor = FrameCursor::new(self.size_bytes, file_len);
+        let mut cursor = FrameCursor::new(self.size_bytes, file_len, false);
         loop {
             let position = cursor.position;
             match cursor.next(&*self.file, &self.path)? {
@@ -602,7 +601,7 @@ impl Segment {
     /// returns its position, or the segment end. Bounded by one index
     /// interval plus one frame in the common case.
     fn walk_headers(&self, position: u64, stop: impl Fn(&FrameHeader) -> bool) -> Result<u64> {
-        let mut cursor = FrameCursor::new(position, self.size_bytes);
+        let mut cursor = FrameCursor::new(position, self.size_bytes, false);
         loop {
             let at = cursor.position;
             match cursor.next(&*self.file, &self.path)? {
@@ -627,7 +626,7 @@ impl Segment {
         first_whole: bool,
         keep: impl FnMut(&FrameHeader) -> bool,
     ) -> Result<(Vec<(FrameHeader, Bytes)>, bool)> {
-        let cursor = FrameCursor::new(position, self.size_bytes);
+        let cursor = FrameCursor::new(position, self.size_bytes, false);
         read_frames(cursor, &*self.file, &self.path, max_bytes, first_whole, keep)
     }
 
@@ -803,16 +802,7 @@ struct FrameCursor {
     end: u64,
     buf: Bytes,
     buf_start: u64,
-    /// Whether to yield the CPU before each read after the first.
-    share_cpu: bool,
-}
-
-impl FrameCursor {
-    fn new(position: u64, end: u64) -> Self {
-        Self { position, end, buf: Bytes::new(), buf_start: position, share_cpu: false }
-    }
-
-    /// A cursor that yields its thread's CPU (`sched_yield(2)`) before each
+    /// Whether the cursor yields its thread's CPU (`sched_yield(2)`) before each
     /// read after its first, i.e. every [`READ_CHUNK_BYTES`] (a larger
     /// frame is one read, with no yield inside it; each segment of a plan
     /// has a cursor of its own, which does not yield before its first
@@ -825,9 +815,12 @@ impl FrameCursor {
     /// byte of records (a probe build, to see the reads alone), yielding
     /// between chunks took the fetch loop's cost to one-in-flight appends'
     /// p99 from +3.2–3.6 ms to +1.0–1.4 ms.
-    fn sharing_cpu(mut self) -> Self {
-        self.share_cpu = true;
-        self
+    share_cpu: bool,
+}
+
+impl FrameCursor {
+    fn new(position: u64, end: u64, share_cpu: bool) -> Self {
+        Self { position, end, buf: Bytes::new(), buf_start: position, share_cpu }
     }
 
     /// Next frame: `None` at the end, `Some(Err)` for a frame that does not

@@ -23,15 +23,13 @@
 //! Every other method, `Subscribe` included, goes to the generated
 //! service.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use ferrolog_proto::client::ferrolog_server::FerrologServer;
 use ferrolog_proto::client::{FetchRequest, FetchResponse, RecordBatch};
-use http_body::{Frame, SizeHint};
+use http_body::Frame;
 use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint};
 use tonic::Status;
@@ -155,7 +153,15 @@ fn respond(answer: &FetchResponse, max_bytes: usize) -> http::Response<tonic::bo
     }
     let mut trailers = http::HeaderMap::new();
     trailers.insert(Status::GRPC_STATUS, http::HeaderValue::from_static("0"));
-    let body = ChunkedBody { chunks: message_chunks(answer).into(), trailers: Some(trailers) };
+    // The chunks, then the trailers. A stream body gives no size hint, so no
+    // `content-length` is sent (tonic's answers carry none).
+    let frames: Vec<Result<Frame<Bytes>, Infallible>> = message_chunks(answer)
+        .into_iter()
+        .map(Frame::data)
+        .chain(std::iter::once(Frame::trailers(trailers)))
+        .map(Ok)
+        .collect();
+    let body = http_body_util::StreamBody::new(futures::stream::iter(frames));
     let mut response = http::Response::new(tonic::body::Body::new(body));
     response.headers_mut().insert(http::header::CONTENT_TYPE, tonic::metadata::GRPC_CONTENT_TYPE);
     response
@@ -224,37 +230,6 @@ fn batch_fields(b: &RecordBatch, head: &mut BytesMut, out: &mut Vec<Bytes>) {
     } else {
         out.push(head.split().freeze());
         out.push(records.clone());
-    }
-}
-
-/// An HTTP body of ready chunks, then trailers.
-struct ChunkedBody {
-    chunks: VecDeque<Bytes>,
-    trailers: Option<http::HeaderMap>,
-}
-
-impl http_body::Body for ChunkedBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if let Some(chunk) = self.chunks.pop_front() {
-            return Poll::Ready(Some(Ok(Frame::data(chunk))));
-        }
-        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.chunks.is_empty() && self.trailers.is_none()
-    }
-
-    /// Unknown, as tonic's bodies: an exact hint would make hyper send a
-    /// `content-length`, which tonic's answers never carry.
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::default()
     }
 }
 

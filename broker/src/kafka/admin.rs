@@ -67,7 +67,7 @@ struct NewPartitions {
 }
 
 /// Waits until a Metadata answer from this broker would name a leader for
-/// every partition of `new` ([`metadata::names_leader`]), or until
+/// every partition of `new` ([`metadata::named_leader`]), or until
 /// `deadline` (none: no wait). Kafka's controller names a new partition's
 /// leader when it creates it; here each new partition is a Raft group that
 /// elects one first, so without the wait a client's Metadata request just
@@ -87,6 +87,7 @@ async fn await_leaders(
     let mut seen: Vec<Option<u128>> = vec![None; new.len()];
     loop {
         let image = s.core.controller.image();
+        let listed = metadata::listed_ids(s, &image);
         let mut i = 0;
         while i < new.len() {
             let n = &new[i];
@@ -98,7 +99,9 @@ async fn await_leaders(
                 Some(t) => {
                     seen[i] = Some(t.topic_id.0);
                     t.partitions.len() >= n.to
-                        && t.partitions[n.from..n.to].iter().all(|a| metadata::names_leader(s, &image, a))
+                        && t.partitions[n.from..n.to]
+                            .iter()
+                            .all(|a| metadata::named_leader(s, a, &listed) != 0)
                 }
             };
             if ready {

@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use super::KafkaService;
 use super::errors;
+use crate::config::BrokerId as BrokerIdNum;
 use crate::coordinator::OFFSETS_TOPIC;
 use crate::metadata::command::PartitionAssignment;
 use crate::metadata::image::MetadataImage;
@@ -29,22 +30,7 @@ const CLUSTER_ID: &str = "ferrolog";
 pub async fn metadata(s: &KafkaService, r: MetadataRequest, version: i16) -> MetadataResponse {
     let core = &s.core;
     let image = core.controller.image();
-    // Live brokers only, as Kafka lists them: a client must not pick a dead
-    // one to bootstrap from or to ask for a coordinator.
-    let brokers: Vec<MetadataResponseBroker> = image
-        .brokers
-        .iter()
-        .filter(|(id, _)| **id == core.broker || core.liveness.is_alive(**id))
-        .filter_map(|(id, b)| {
-            let addr: std::net::SocketAddr = b.kafka_addr.parse().ok()?;
-            Some(
-                MetadataResponseBroker::default()
-                    .with_node_id(BrokerId(i32::try_from(*id).ok()?))
-                    .with_host(StrBytes::from_string(addr.ip().to_string()))
-                    .with_port(i32::from(addr.port())),
-            )
-        })
-        .collect();
+    let brokers = listed_brokers(s, &image);
     // v0: an empty list means all topics; v1+: null means all, empty none.
     // From v10 a topic may be named by its id alone (KIP-516): one the
     // image does not hold is answered UNKNOWN_TOPIC_ID with that id.
@@ -74,9 +60,7 @@ pub async fn metadata(s: &KafkaService, r: MetadataRequest, version: i16) -> Met
             })
             .collect(),
     };
-    // A leader is named only if it is listed: clients look the id up among
-    // the brokers (kafka-python's sender stops on one it cannot find).
-    let listed: Vec<i32> = brokers.iter().map(|b| b.node_id.0).collect();
+    let listed = ids(&brokers);
     topics.reserve(names.len());
     for name in names {
         let mut t = MetadataResponseTopic::default()
@@ -109,14 +93,45 @@ pub async fn metadata(s: &KafkaService, r: MetadataRequest, version: i16) -> Met
         .with_topics(topics)
 }
 
-/// Whether a Metadata answer from this broker would name a leader for
-/// partition `a` now (see [`partition`]): one is known and it is a broker
-/// the answer lists (live, with a Kafka listener).
-pub(super) fn names_leader(s: &KafkaService, image: &MetadataImage, a: &PartitionAssignment) -> bool {
+/// The brokers a Metadata answer lists: live ones only, as Kafka lists
+/// them (a client must not pick a dead one to bootstrap from or to ask for
+/// a coordinator), with a Kafka listener.
+fn listed_brokers(s: &KafkaService, image: &MetadataImage) -> Vec<MetadataResponseBroker> {
+    let core = &s.core;
+    image
+        .brokers
+        .iter()
+        .filter(|(id, _)| **id == core.broker || core.liveness.is_alive(**id))
+        .filter_map(|(id, b)| {
+            let addr: std::net::SocketAddr = b.kafka_addr.parse().ok()?;
+            Some(
+                MetadataResponseBroker::default()
+                    .with_node_id(BrokerId(i32::try_from(*id).ok()?))
+                    .with_host(StrBytes::from_string(addr.ip().to_string()))
+                    .with_port(i32::from(addr.port())),
+            )
+        })
+        .collect()
+}
+
+fn ids(brokers: &[MetadataResponseBroker]) -> Vec<i32> {
+    brokers.iter().map(|b| b.node_id.0).collect()
+}
+
+/// The ids of the brokers a Metadata answer from this broker lists now
+/// ([`named_leader`] takes them).
+pub(super) fn listed_ids(s: &KafkaService, image: &MetadataImage) -> Vec<i32> {
+    ids(&listed_brokers(s, image))
+}
+
+/// The leader a Metadata answer names for partition `a`, or 0 for none: a
+/// leader is named only if it is `listed` (clients look the id up among the
+/// brokers; kafka-python's sender stops on one it cannot find), so one this
+/// broker does not hear from (its view not updated yet after the leader
+/// died) is no leader to send to.
+pub(super) fn named_leader(s: &KafkaService, a: &PartitionAssignment, listed: &[i32]) -> BrokerIdNum {
     let leader = s.core.leader_of(a);
-    leader != 0
-        && image.brokers.get(&leader).is_some_and(|b| b.kafka_addr.parse::<std::net::SocketAddr>().is_ok())
-        && (leader == s.core.broker || s.core.liveness.is_alive(leader))
+    if listed.contains(&(leader as i32)) { leader } else { 0 }
 }
 
 /// One partition: leader (-1 and `LEADER_NOT_AVAILABLE` when none is
@@ -131,10 +146,7 @@ fn partition(
     listed: &[i32],
 ) -> MetadataResponsePartition {
     let core = &s.core;
-    let leader = core.leader_of(a);
-    // A leader this broker does not hear from (its own view not updated yet
-    // after the leader died) is no leader to send to.
-    let leader = if listed.contains(&(leader as i32)) { leader } else { 0 };
+    let leader = named_leader(s, a, listed);
     let replicas: Vec<BrokerId> = a.replicas.iter().map(|r| BrokerId(r.broker as i32)).collect();
     let isr: Vec<BrokerId> =
         match core.groups.partition_of(a.group).filter(|p| p.leader_broker() == Some(core.broker)) {
