@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use ferrolog_raft_store::meta_db::MetaDb;
-use ferrolog_raft_store::{Flusher, Replica};
+use ferrolog_raft_store::{Flusher, RealFs, Replica, create_dir_durable};
 use ferrolog_replica::{NodeId, RaftNode, Settings, ValidSettings};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
@@ -189,7 +189,11 @@ impl Broker {
         let (stopping, _) = watch::channel(false);
         crate::inject::announce();
         crate::control::files::raise_limit();
-        std::fs::create_dir_all(&config.data_dir)
+        // Every directory the broker makes is fsynced into its parent: a
+        // directory made with a plain mkdir can vanish in a power cut with
+        // every fsynced file under it (caught with the power-loss disk of
+        // tests/src/fuse_disk.rs).
+        create_dir_durable(&RealFs, &config.data_dir)
             .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;
         check_writable(&config.data_dir)?;
         let peers = PeerAddresses::new(
@@ -264,7 +268,7 @@ impl Broker {
         };
         let meta_dir = config.data_dir.join("metadata");
         let staging_dir = meta_dir.join("staging");
-        std::fs::create_dir_all(&staging_dir)?;
+        create_dir_durable(&RealFs, &staging_dir)?;
         ferrolog_replica::snapshot::clear_staging(&staging_dir)?;
         // The metadata log is always fsynced before it acknowledges, whatever
         // storage.flush says: its writes are rare, and it must never need
@@ -358,7 +362,7 @@ impl Broker {
 
         let failures = Failures::default();
         let partitions_root = config.data_dir.join("partitions");
-        std::fs::create_dir_all(&partitions_root)
+        create_dir_durable(&RealFs, &partitions_root)
             .with_context(|| format!("creating {}", partitions_root.display()))?;
         let meta_db = MetaDb::open(&partitions_root).context("opening the replicas' metadata database")?;
         let reconciler = Reconciler {

@@ -296,7 +296,13 @@ fn sync_round(round: &[Request], stats: &FlushStats) -> io::Result<()> {
             files.push(&r.file);
         }
     }
-    if files.len() >= SYNCFS_FILES_MIN {
+    // One syncfs covers them only if they share a file system whose
+    // syncfs makes data durable (not FUSE: `VfsFile::syncfs_domain`).
+    let domain = files.first().and_then(|f| f.syncfs_domain());
+    if files.len() >= SYNCFS_FILES_MIN
+        && domain.is_some()
+        && files.iter().all(|f| f.syncfs_domain() == domain)
+    {
         stats.syncfs.fetch_add(1, Ordering::Relaxed);
         return files[0].sync_file_system();
     }

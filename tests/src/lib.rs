@@ -7,6 +7,7 @@
 //! `ferrolog-jepsen`'s fault-injecting TCP proxy on every link between
 //! brokers, for tests of partitions.
 
+pub mod fuse_disk;
 pub mod kafka_tools;
 pub mod load;
 pub mod raw;

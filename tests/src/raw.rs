@@ -267,13 +267,21 @@ pub async fn status(
 /// Transport errors, an error the broker answered (not leader, a storage
 /// error), or as [`values`].
 pub async fn read_values(addr: SocketAddr, topic: &str) -> anyhow::Result<Vec<String>> {
+    read_partition(addr, topic, 0).await
+}
+
+/// As [`read_values`], for partition `partition`.
+///
+/// # Errors
+/// As [`read_values`].
+pub async fn read_partition(addr: SocketAddr, topic: &str, partition: u32) -> anyhow::Result<Vec<String>> {
     let mut client = connect(addr).await?;
     let mut out = Vec::new();
     let mut offset = 0u64;
     loop {
         let req = ferrolog_proto::client::FetchRequest {
             topic: topic.into(),
-            partition: 0,
+            partition,
             offset,
             max_bytes: 1 << 20,
             max_wait_ms: 0,

@@ -373,6 +373,21 @@ impl FaultyMount {
         Ok(s)
     }
 
+    /// The inode number of the file or directory at `path` (`/` is 0): two
+    /// names of one file (hard links) give the same number, and a file
+    /// keeps its number across renames and power cuts. For a file-system
+    /// server that exposes this disk to other processes (FUSE), which
+    /// names files by inode.
+    ///
+    /// # Errors
+    /// `NotFound`, `NotADirectory` on the way, or the power was cut since
+    /// this mount was made.
+    pub fn inode(&self, path: &Path) -> io::Result<u64> {
+        match self.live()?.lookup(path)? {
+            Entry::File(ino) | Entry::Dir(ino) => Ok(ino),
+        }
+    }
+
     fn handle(&self, ino: Ino, writable: bool) -> FileRef {
         Arc::new(FaultyFile { fs: self.fs.clone(), ino, writable, incarnation: self.incarnation })
     }
@@ -738,6 +753,11 @@ impl VfsFile for FaultyFile {
         }
         s.stats.file_syncs += 1;
         Ok(())
+    }
+
+    fn syncfs_domain(&self) -> Option<u64> {
+        // One syncfs of the model covers every file of this disk.
+        Some(self.fs.id)
     }
 
     fn sync_file_system(&self) -> io::Result<()> {

@@ -154,8 +154,20 @@ pub trait VfsFile: Send + Sync + Debug {
         self.sync_data()
     }
     /// Makes everything written on this file's file system durable
-    /// (`syncfs(2)`); one call instead of many `sync_data`.
+    /// (`syncfs(2)`); one call instead of many `sync_data`. Only where
+    /// [`VfsFile::syncfs_domain`] says it does.
     fn sync_file_system(&self) -> io::Result<()>;
+    /// Which file system a [`VfsFile::sync_file_system`] of this file makes
+    /// durable (files with equal values share one), or `None` where it is
+    /// not known to make anything durable: then each file must be synced
+    /// on its own. `syncfs(2)` writes back the page cache and asks the
+    /// file system to commit; a FUSE file system never hears of it (Linux
+    /// sends `FUSE_SYNCFS` to virtiofs only) and returns success with the
+    /// data nowhere safe, and a network file system may do as little.
+    /// Default: `None`.
+    fn syncfs_domain(&self) -> Option<u64> {
+        None
+    }
     /// Sets the file's modification time.
     fn set_modified(&self, time: SystemTime) -> io::Result<()>;
     /// Tells the OS that the file's cached pages in `[offset, offset +
