@@ -500,3 +500,71 @@ pub async fn caught_up(c: &Cluster, topic: &str, id: u32, partitions: u32) -> an
     }
     Ok(())
 }
+
+/// How a produce through [`produce_to_leader`] ended.
+#[derive(Debug)]
+pub enum Sent {
+    /// Acknowledged.
+    Acked,
+    /// `OUT_OF_ORDER_SEQUENCE`: the leader expects an earlier sequence
+    /// number than the one after what this producer had acknowledged, so
+    /// acknowledged batches are gone from its log (KIP-98). The message.
+    OutOfOrder(String),
+}
+
+/// Produces one record `value` as batch `seq` of idempotent producer
+/// `pid` to `topic`/`partition`, through whichever broker the others name
+/// leader, retrying (as an idempotent producer does) until acknowledged or
+/// 60 s pass. Takes the brokers' client addresses (index = id - 1) rather
+/// than the [`Cluster`], so that a test can restart brokers meanwhile.
+///
+/// # Errors
+/// A non-retriable error code other than `OUT_OF_ORDER_SEQUENCE`, or the
+/// timeout (with the last error seen).
+pub async fn produce_to_leader(
+    addrs: &[SocketAddr],
+    topic: &str,
+    partition: u32,
+    pid: i64,
+    seq: i32,
+    value: &str,
+) -> anyhow::Result<Sent> {
+    let req = ProduceRequest {
+        topic: topic.into(),
+        partition,
+        records: vec![record("k", value)],
+        producer_id: pid,
+        producer_epoch: 0,
+        base_sequence: seq,
+        ..ProduceRequest::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        for addr in addrs {
+            let Ok(m) = metadata(*addr).await else { continue };
+            let leader = m
+                .topics
+                .iter()
+                .find(|t| t.name == topic)
+                .and_then(|t| t.partitions.get(partition as usize))
+                .map_or(0, |p| p.leader);
+            let Some(to) = (leader as usize).checked_sub(1).and_then(|i| addrs.get(i)) else { continue };
+            match produce_once(*to, req.clone()).await {
+                Ok(r) if r.error.is_none() => return Ok(Sent::Acked),
+                Ok(r) => match code(&r.error) {
+                    ErrorCode::OutOfOrderSequence => {
+                        return Ok(Sent::OutOfOrder(format!("{value}: {:?}", r.error)));
+                    }
+                    ErrorCode::NotLeader | ErrorCode::Unavailable | ErrorCode::DuplicateInFlight => {
+                        last = format!("{:?}", r.error);
+                    }
+                    _ => bail!("produce {value}: {:?}", r.error),
+                },
+                Err(e) => last = format!("{e:#}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("{value} not acknowledged within 60 s: {last}")
+}

@@ -9,15 +9,14 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use ferrolog_proto::client::{ErrorCode, ProduceRequest};
 use ferrolog_raft_store::vfs::PowerCut;
+use ferrolog_tests::Cluster;
 use ferrolog_tests::fuse_disk::FuseDisk;
 use ferrolog_tests::raw::{
-    caught_up, code, create_topic, init_producer_id, leader, produce_once, read_partition, record,
+    Sent, caught_up, create_topic, init_producer_id, leader, produce_to_leader, read_partition,
 };
-use ferrolog_tests::{Cluster, metadata};
 
 /// The disk itself, seen through the kernel as a process sees it: a write
 /// an fsync covered survives a power cut, one after it does not, and a
@@ -83,68 +82,6 @@ struct Outcome {
     lost_bytes: u64,
 }
 
-/// How a produce ended.
-enum Sent {
-    Acked,
-    /// The leader expected an earlier sequence number than the next one
-    /// after what was acknowledged: acknowledged batches are gone.
-    OutOfOrder(String),
-}
-
-/// Produces `value` as batch `seq` of idempotent producer `pid` to
-/// `partition`, through whichever broker leads, retrying (as an
-/// idempotent producer does) until acknowledged or 60 s pass. Takes the
-/// brokers' addresses rather than the cluster, which the test restarts
-/// meanwhile.
-async fn produce(
-    addrs: &[SocketAddr],
-    partition: u32,
-    pid: i64,
-    seq: i32,
-    value: &str,
-) -> anyhow::Result<Sent> {
-    let req = ProduceRequest {
-        topic: TOPIC.into(),
-        partition,
-        records: vec![record("k", value)],
-        producer_id: pid,
-        producer_epoch: 0,
-        base_sequence: seq,
-        ..ProduceRequest::default()
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut last = String::new();
-    while Instant::now() < deadline {
-        for addr in addrs {
-            let leader = match metadata(*addr).await {
-                Ok(m) => m
-                    .topics
-                    .iter()
-                    .find(|t| t.name == TOPIC)
-                    .and_then(|t| t.partitions.get(partition as usize))
-                    .map_or(0, |p| p.leader),
-                Err(_) => continue,
-            };
-            let Some(to) = (leader as usize).checked_sub(1).and_then(|i| addrs.get(i)) else { continue };
-            match produce_once(*to, req.clone()).await {
-                Ok(r) if r.error.is_none() => return Ok(Sent::Acked),
-                Ok(r) => match code(&r.error) {
-                    ErrorCode::OutOfOrderSequence => {
-                        return Ok(Sent::OutOfOrder(format!("{value}: {:?}", r.error)));
-                    }
-                    ErrorCode::NotLeader | ErrorCode::Unavailable | ErrorCode::DuplicateInFlight => {
-                        last = format!("{:?}", r.error);
-                    }
-                    _ => anyhow::bail!("produce {value}: {:?}", r.error),
-                },
-                Err(e) => last = format!("{e:#}"),
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    anyhow::bail!("{value} not acknowledged within 60 s: {last}")
-}
-
 /// Three brokers, each on its own in-memory disk, `PARTITIONS` idempotent
 /// producers (one per partition, one batch in flight each), and the power
 /// cut as [`CUTS`] says, with 2 s of load between cuts: each broker that
@@ -178,7 +115,7 @@ async fn run(name: &str, lie: bool) -> anyhow::Result<Outcome> {
             let mut seq = 0;
             while !stop.load(Ordering::Relaxed) {
                 let value = format!("p{p}-{seq}");
-                match produce(addrs, p, pid, seq, &value).await? {
+                match produce_to_leader(addrs, TOPIC, p, pid, seq, &value).await? {
                     Sent::Acked => acked.push(value),
                     Sent::OutOfOrder(e) => return anyhow::Ok((acked, Some(e))),
                 }
