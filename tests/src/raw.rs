@@ -515,8 +515,9 @@ pub enum Sent {
 /// Produces one record `value` as batch `seq` of idempotent producer
 /// `pid` to `topic`/`partition`, through whichever broker the others name
 /// leader, retrying (as an idempotent producer does) until acknowledged or
-/// 60 s pass. Takes the brokers' client addresses (index = id - 1) rather
-/// than the [`Cluster`], so that a test can restart brokers meanwhile.
+/// `timeout` passes. Takes the brokers' client addresses (index = id - 1)
+/// rather than the [`Cluster`], so that a test can restart brokers
+/// meanwhile.
 ///
 /// # Errors
 /// A non-retriable error code other than `OUT_OF_ORDER_SEQUENCE`, or the
@@ -524,10 +525,9 @@ pub enum Sent {
 pub async fn produce_to_leader(
     addrs: &[SocketAddr],
     topic: &str,
-    partition: u32,
-    pid: i64,
-    seq: i32,
+    (partition, pid, seq): (u32, i64, i32),
     value: &str,
+    timeout: Duration,
 ) -> anyhow::Result<Sent> {
     let req = ProduceRequest {
         topic: topic.into(),
@@ -538,7 +538,7 @@ pub async fn produce_to_leader(
         base_sequence: seq,
         ..ProduceRequest::default()
     };
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + timeout;
     let mut last = String::new();
     while Instant::now() < deadline {
         for addr in addrs {
@@ -566,5 +566,5 @@ pub async fn produce_to_leader(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    bail!("{value} not acknowledged within 60 s: {last}")
+    bail!("{value} not acknowledged within {timeout:?}: {last}")
 }

@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferrolog_raft_store::vfs::PowerCut;
 use ferrolog_tests::Cluster;
@@ -62,6 +62,14 @@ const TOPIC: &str = "t";
 /// each broker that it syncs them with one `syncfs(2)` where it would.
 const PARTITIONS: u32 = 8;
 
+/// Segments roll every 4 KiB (a few dozen records) and snapshots are
+/// built every 50 entries, so the cuts also land in the middle of segment
+/// rolls, snapshot builds and log purges.
+const CONFIG: &str = "[raft]\nsnapshot_after_entries = 50\n[storage]\nsegment_bytes = 4096\n";
+
+/// Records acknowledged in all before each cut, since the previous one.
+const PROGRESS: usize = 100;
+
 /// Which brokers lose power in each round: one, all, another one, all.
 const CUTS: [&[u32]; 4] = [&[1], &[1, 2, 3], &[2], &[1, 2, 3]];
 
@@ -75,7 +83,8 @@ struct Outcome {
     /// `OUT_OF_ORDER_SEQUENCE` answers: a leader whose log lacks batches
     /// of this producer that were acknowledged (KIP-98), as messages.
     out_of_order: Vec<String>,
-    /// Records acknowledged in all before each cut.
+    /// Records acknowledged in all at the start (0), before each cut, and
+    /// at the end.
     acked_at_cuts: Vec<usize>,
     /// Power cuts the disks counted, and unsynced bytes they threw away.
     power_cuts: u64,
@@ -84,12 +93,16 @@ struct Outcome {
 
 /// Three brokers, each on its own in-memory disk, `PARTITIONS` idempotent
 /// producers (one per partition, one batch in flight each), and the power
-/// cut as [`CUTS`] says, with 2 s of load between cuts: each broker that
+/// cut as [`CUTS`] says, with [`PROGRESS`] records acknowledged between cuts: each broker that
 /// loses power is SIGKILLed, its disk loses what no fsync covered (the
 /// next write torn at a random byte), and it starts again on what is
 /// left. `lie` makes the disks' fsync of segment files a no-op.
 async fn run(name: &str, lie: bool) -> anyhow::Result<Outcome> {
-    let mut c = Cluster::prepare(name, BIN, 3, &[])?;
+    let config_dir = tempfile::tempdir()?;
+    let config = config_dir.path().join("broker.toml");
+    std::fs::write(&config, CONFIG)?;
+    let config = config.to_string_lossy().into_owned();
+    let mut c = Cluster::prepare(name, BIN, 3, &[("FERROLOG_CONFIG", &config)])?;
     // Unmounted before the cluster's directory is removed (dropped first).
     let mut disks = Vec::new();
     for id in 1..=3 {
@@ -108,6 +121,7 @@ async fn run(name: &str, lie: bool) -> anyhow::Result<Outcome> {
     for _ in 0..PARTITIONS {
         pids.push(init_producer_id(addrs[0]).await?);
     }
+    let timeout = Duration::from_secs(if lie { 10 } else { 60 });
     let producing = futures::future::try_join_all((0..PARTITIONS).map(|p| {
         let (addrs, stop, total, pid) = (&addrs, &stop, &total, pids[p as usize]);
         async move {
@@ -115,9 +129,14 @@ async fn run(name: &str, lie: bool) -> anyhow::Result<Outcome> {
             let mut seq = 0;
             while !stop.load(Ordering::Relaxed) {
                 let value = format!("p{p}-{seq}");
-                match produce_to_leader(addrs, TOPIC, p, pid, seq, &value).await? {
-                    Sent::Acked => acked.push(value),
-                    Sent::OutOfOrder(e) => return anyhow::Ok((acked, Some(e))),
+                match produce_to_leader(addrs, TOPIC, (p, pid, seq), &value, timeout).await {
+                    Ok(Sent::Acked) => acked.push(value),
+                    Ok(Sent::OutOfOrder(e)) => return anyhow::Ok((acked, Some(e))),
+                    // On disks that lie, a partition whose every replica lost
+                    // acknowledged entries may have no leader again; that
+                    // producer stops, the others go on.
+                    Err(_) if lie => return anyhow::Ok((acked, None)),
+                    Err(e) => return Err(e),
                 }
                 total.fetch_add(1, Ordering::Relaxed);
                 seq += 1;
@@ -125,12 +144,29 @@ async fn run(name: &str, lie: bool) -> anyhow::Result<Outcome> {
             anyhow::Ok((acked, None))
         }
     }));
+    // Before each cut and at the end: PROGRESS more records acknowledged
+    // since the last cut (on disks that lie, producers may stall for good:
+    // then the run goes on after 10 s).
+    let progress = |since: usize| {
+        let total = &total;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(if lie { 10 } else { 60 });
+            while total.load(Ordering::Relaxed) < since + PROGRESS {
+                if Instant::now() >= deadline {
+                    anyhow::ensure!(lie, "fewer than {PROGRESS} records acknowledged in 60 s after a cut");
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            anyhow::Ok(total.load(Ordering::Relaxed))
+        }
+    };
     let cutting = async {
-        let mut acked_at_cuts = Vec::new();
+        let mut acked_at_cuts = vec![0];
         let result = async {
             for brokers in CUTS {
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                acked_at_cuts.push(total.load(Ordering::Relaxed));
+                let now = progress(acked_at_cuts[acked_at_cuts.len() - 1]).await?;
+                acked_at_cuts.push(now);
                 for id in brokers {
                     c.kill(*id);
                 }
@@ -145,8 +181,8 @@ async fn run(name: &str, lie: bool) -> anyhow::Result<Outcome> {
                 }
             }
             // Load after the last cut, on the cluster it left.
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            acked_at_cuts.push(total.load(Ordering::Relaxed));
+            let now = progress(acked_at_cuts[acked_at_cuts.len() - 1]).await?;
+            acked_at_cuts.push(now);
             anyhow::Ok(())
         }
         .await;
@@ -160,13 +196,27 @@ async fn run(name: &str, lie: bool) -> anyhow::Result<Outcome> {
     let (acked, out_of_order): (Vec<_>, Vec<_>) = acked?.into_iter().unzip();
     let out_of_order = out_of_order.into_iter().flatten().collect();
     let acked_at_cuts = cut?;
-    let mut stored = Vec::new();
-    for p in 0..PARTITIONS {
-        stored.push(match leader(&c, TOPIC, p, Duration::from_secs(30)).await {
-            Ok(l) => Some(read_partition(c.broker(l).client_addr, TOPIC, p).await?),
-            Err(_) => None,
-        });
-    }
+    let stored = futures::future::try_join_all((0..PARTITIONS).map(|p| {
+        let c = &c;
+        async move {
+            // The leader named may have just lost its leadership: asked
+            // again until one serves the read.
+            let deadline = Instant::now() + Duration::from_secs(if lie { 10 } else { 30 });
+            loop {
+                let read = match leader(c, TOPIC, p, Duration::from_secs(5)).await {
+                    Ok(l) => read_partition(c.broker(l).client_addr, TOPIC, p).await,
+                    Err(e) => Err(e),
+                };
+                match read {
+                    Ok(values) => return anyhow::Ok(Some(values)),
+                    Err(_) if lie && Instant::now() >= deadline => return Ok(None),
+                    Err(e) if Instant::now() >= deadline => return Err(e),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        }
+    }))
+    .await?;
     if !lie {
         // Every replica ends with the leader's high watermark.
         for id in 1..=3 {
@@ -194,11 +244,7 @@ async fn power_cuts_of_a_minority_and_of_the_whole_cluster_lose_no_acknowledged_
     // Not vacuous: every cut happened, with records acknowledged before
     // it and after it.
     assert_eq!(o.power_cuts, CUTS.iter().map(|b| b.len() as u64).sum::<u64>());
-    assert!(
-        o.acked_at_cuts[0] > 0 && o.acked_at_cuts.windows(2).all(|w| w[1] > w[0]),
-        "{:?}",
-        o.acked_at_cuts
-    );
+    assert!(o.acked_at_cuts.windows(2).all(|w| w[1] >= w[0] + PROGRESS), "{:?}", o.acked_at_cuts);
     assert!(o.out_of_order.is_empty(), "acknowledged batches lost: {:?}", o.out_of_order);
     for (p, (acked, stored)) in o.acked.iter().zip(&o.stored).enumerate() {
         assert_eq!(stored.as_ref(), Some(acked), "partition {p}: stored differs from acknowledged");

@@ -69,7 +69,7 @@ async fn eio_on_fsync_at_the_leader_moves_it_and_loses_no_acknowledged_record() 
         let mut seq = 0;
         while !stop.load(Ordering::Relaxed) {
             let value = format!("v{seq}");
-            match produce_to_leader(&addrs, TOPIC, 0, pid, seq, &value).await? {
+            match produce_to_leader(&addrs, TOPIC, (0, pid, seq), &value, Duration::from_secs(60)).await? {
                 Sent::Acked => acked.push(value),
                 Sent::OutOfOrder(e) => anyhow::bail!("acknowledged batches lost: {e}"),
             }
