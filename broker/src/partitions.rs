@@ -554,7 +554,7 @@ impl Reconciler {
         tokio::task::spawn_blocking(move || {
             let _span = span.enter();
             let result = (|| -> anyhow::Result<Replica> {
-                ferrolog_raft_store::create_dir_durable(&ferrolog_raft_store::RealFs, &staging)?;
+                std::fs::create_dir_all(&staging)?;
                 ferrolog_replica::snapshot::clear_staging(&staging)?;
                 Ok(Replica::open_in(&meta_db, &dir.join(REPLICA_DIR), storage, flusher, rescan)?)
             })();

@@ -189,9 +189,10 @@ impl Broker {
         let (stopping, _) = watch::channel(false);
         crate::inject::announce();
         crate::control::files::raise_limit();
-        // Every directory the broker makes is fsynced into its parent: a
-        // directory made with a plain mkdir can vanish in a power cut with
-        // every fsynced file under it (caught with the power-loss disk of
+        // The broker's top directories are fsynced into their parents (as
+        // a replica's own are when it is made): a directory made with a
+        // plain mkdir can vanish in a power cut with every fsynced file
+        // under it (caught with the power-loss disk of
         // tests/src/fuse_disk.rs).
         create_dir_durable(&RealFs, &config.data_dir)
             .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;

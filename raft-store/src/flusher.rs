@@ -89,7 +89,8 @@ pub struct FlushStats {
     /// Drops the OS refused (`posix_fadvise` errors); they cost memory only.
     pub cache_drop_errors: AtomicU64,
     /// Set once any sync round failed: from then on nothing is dropped
-    /// from the page cache. A `syncfs(2)` reports an error of one log's
+    /// from the page cache, and every file gets its own `fdatasync`
+    /// (never `syncfs`). A `syncfs(2)` reports an error of one log's
     /// pages once, through whichever file the round used, so after any
     /// failure the flusher cannot tell which logs are clean.
     tainted: std::sync::atomic::AtomicBool,
@@ -297,9 +298,14 @@ fn sync_round(round: &[Request], stats: &FlushStats) -> io::Result<()> {
         }
     }
     // One syncfs covers them only if they share a file system whose
-    // syncfs makes data durable (not FUSE: `VfsFile::syncfs_domain`).
+    // syncfs makes data durable (not FUSE: `VfsFile::syncfs_domain`), and
+    // only while no round has failed: syncfs reports a writeback error
+    // once per open file, so after one a later syncfs through the same
+    // file can succeed over pages the disk never got, where each file's
+    // own fdatasync still reports it.
     let domain = files.first().and_then(|f| f.syncfs_domain());
     if files.len() >= SYNCFS_FILES_MIN
+        && !stats.tainted.load(Ordering::Relaxed)
         && domain.is_some()
         && files.iter().all(|f| f.syncfs_domain() == domain)
     {
@@ -377,5 +383,62 @@ mod tests {
         let mut page = [0u8; 4096];
         assert_eq!(file.read_at(&mut page, 4096).expect("read"), 4096);
         assert!(page.iter().all(|b| *b == 2), "the lost page's cached copy is gone");
+    }
+
+    /// Requests every file in one round (the flusher is blocked meanwhile
+    /// by a first request's callback) and waits for all outcomes.
+    fn flush_together(flusher: &Flusher, files: &[FileRef]) -> Vec<io::Result<()>> {
+        let (gate_tx, gate_rx) = mpsc::channel::<()>();
+        let (tx, rx) = mpsc::channel();
+        let (first_tx, first_rx) = mpsc::channel();
+        flusher.request(
+            files[0].clone(),
+            Some(Box::new(move |_| {
+                first_tx.send(()).unwrap();
+                let _ = gate_rx.recv_timeout(Duration::from_secs(10));
+            })),
+        );
+        first_rx.recv_timeout(Duration::from_secs(10)).expect("the flusher answers");
+        for f in files {
+            let tx = tx.clone();
+            flusher.request(f.clone(), Some(Box::new(move |r| tx.send(r).unwrap())));
+        }
+        drop(gate_tx);
+        (0..files.len())
+            .map(|_| rx.recv_timeout(Duration::from_secs(10)).expect("the flusher answers"))
+            .collect()
+    }
+
+    #[test]
+    fn after_a_failed_round_every_file_gets_its_own_fdatasync_never_syncfs() {
+        let fs = FaultyFs::new(9);
+        let mount: Fs = fs.mount();
+        let files: Vec<FileRef> = (0..SYNCFS_FILES_MIN)
+            .map(|i| {
+                mount.open(&Path::new("/").join(format!("f{i}")), OpenMode::CreateTruncate).expect("create")
+            })
+            .collect();
+        let flusher = Flusher::spawn_on("syncfs", mount.clone()).expect("flusher");
+        let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let write = |n: u8| files.iter().for_each(|f| f.write_all_at(&[n; 16], 0).expect("write"));
+
+        write(1);
+        assert!(flush_together(&flusher, &files).iter().all(Result::is_ok));
+        assert_eq!(count(&flusher.stats().syncfs), 1, "a round of {SYNCFS_FILES_MIN} files used no syncfs");
+
+        write(2);
+        fs.set_faults(Faults { eio_on_sync: true, ..Faults::default() });
+        assert!(
+            flush_together(&flusher, &files).iter().all(Result::is_err),
+            "the injected EIO was not reported"
+        );
+        fs.set_faults(Faults::default());
+
+        write(3);
+        let before = count(&flusher.stats().fdatasyncs);
+        assert!(flush_together(&flusher, &files).iter().all(Result::is_ok));
+        // (The failing step's first round, the gate's alone, already failed.)
+        assert_eq!(count(&flusher.stats().syncfs), 1, "syncfs used after a failed round");
+        assert!(count(&flusher.stats().fdatasyncs) >= before + files.len() as u64);
     }
 }

@@ -56,8 +56,8 @@ const TTL: Duration = Duration::ZERO;
 const BLOCK_BYTES: u32 = 4096;
 const BLOCKS: u64 = 1 << 22;
 
-/// One mounted in-memory disk. Dropping it unmounts it (the processes
-/// using it must be gone first).
+/// One mounted in-memory disk. Dropping it unmounts it: stop the
+/// processes using it first ([`DiskCluster`] does).
 pub struct FuseDisk {
     fs: FaultyFs,
     table: Arc<Mutex<Table>>,
@@ -137,9 +137,13 @@ impl Drop for FuseDisk {
 /// cycle, the path of each inode it has handed out, and open files.
 struct Table {
     mount: Arc<FaultyMount>,
-    /// FUSE inode number (the disk's inode + 1) → a path it was last seen at.
-    paths: HashMap<u64, PathBuf>,
+    /// FUSE inode number (the disk's inode + 1) → the paths it was seen
+    /// at (a file with hard links has several; some may be gone since).
+    paths: HashMap<u64, Vec<PathBuf>>,
     handles: HashMap<u64, FileRef>,
+    /// Directory listings taken at `opendir`, by handle: `readdir` serves
+    /// offsets into one fixed listing while entries are removed.
+    listings: HashMap<u64, Vec<(INodeNo, FileType, String)>>,
     next_fh: u64,
     /// See [`FuseDisk::lie_about_fsync_of`].
     lying_extension: Option<String>,
@@ -148,18 +152,29 @@ struct Table {
 impl Table {
     fn new(mount: Arc<FaultyMount>) -> Self {
         let mut paths = HashMap::new();
-        paths.insert(INodeNo::ROOT.0, PathBuf::from("/"));
-        Self { mount, paths, handles: HashMap::new(), next_fh: 1, lying_extension: None }
+        paths.insert(INodeNo::ROOT.0, vec![PathBuf::from("/")]);
+        Self {
+            mount,
+            paths,
+            handles: HashMap::new(),
+            listings: HashMap::new(),
+            next_fh: 1,
+            lying_extension: None,
+        }
     }
 
-    /// The path of inode `ino`, if a name still leads to it.
+    /// A path of inode `ino` that still leads to it.
     fn path(&self, ino: INodeNo) -> Result<PathBuf, Errno> {
-        let path = self.paths.get(&ino.0).ok_or(Errno::ENOENT)?;
-        match self.mount.inode(path) {
-            Ok(i) if i + 1 == ino.0 => Ok(path.clone()),
-            Ok(_) => Err(Errno::ENOENT),
-            Err(e) => Err(errno(&e)),
+        let paths = self.paths.get(&ino.0).ok_or(Errno::ENOENT)?;
+        let mut error = Errno::ENOENT;
+        for path in paths {
+            match self.mount.inode(path) {
+                Ok(i) if i + 1 == ino.0 => return Ok(path.clone()),
+                Ok(_) => {}
+                Err(e) => error = errno(&e),
+            }
         }
+        Err(error)
     }
 
     fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf, Errno> {
@@ -170,12 +185,16 @@ impl Table {
     fn attr(&mut self, path: &Path) -> Result<FileAttr, Errno> {
         let ino = self.mount.inode(path).map_err(|e| errno(&e))? + 1;
         let meta = self.mount.metadata(path).map_err(|e| errno(&e))?;
-        self.paths.insert(ino, path.to_owned());
+        let known = self.paths.entry(ino).or_default();
+        if !known.iter().any(|p| p == path) {
+            known.push(path.to_owned());
+        }
         Ok(attr(INodeNo(ino), &meta))
     }
 
-    /// The attributes of inode `ino`: by its path, or by an open handle
-    /// of it once its name is gone (`fstat` of an unlinked file).
+    /// The attributes of inode `ino`: by a path of it, or by the handle
+    /// the kernel names once no name leads to it (`ftruncate` of an
+    /// unlinked file; `fstat` carries no handle and gets ENOENT then).
     fn attr_of(&mut self, ino: INodeNo, fh: Option<FileHandle>) -> Result<FileAttr, Errno> {
         match self.path(ino) {
             Ok(path) => self.attr(&path),
@@ -202,7 +221,7 @@ impl Table {
     /// After `from` was renamed to `to`: every remembered path under
     /// `from` now lives under `to`.
     fn renamed(&mut self, from: &Path, to: &Path) {
-        for p in self.paths.values_mut() {
+        for p in self.paths.values_mut().flatten() {
             if let Ok(rest) = p.strip_prefix(from) {
                 *p = if rest.as_os_str().is_empty() { to.to_owned() } else { to.join(rest) };
             }
@@ -300,8 +319,9 @@ impl Filesystem for Server {
         let mut t = self.table();
         let result = (|| {
             if size.is_some() || mtime.is_some() {
-                let file = match fh.and_then(|fh| t.handles.get(&fh.0)) {
-                    Some(h) => h.clone(),
+                let file = match fh {
+                    // A handle from before a power cut is gone with its process.
+                    Some(fh) => t.handle(fh)?.clone(),
                     None => t.mount.open(&t.path(ino)?, OpenMode::ReadWrite).map_err(|e| errno(&e))?,
                 };
                 if let Some(len) = size {
@@ -536,7 +556,11 @@ impl Filesystem for Server {
     fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
         let t = self.table();
         if let Some(ext) = &t.lying_extension
-            && t.paths.get(&ino.0).and_then(|p| p.extension()).is_some_and(|e| e == ext.as_str())
+            && t.paths
+                .get(&ino.0)
+                .into_iter()
+                .flatten()
+                .any(|p| p.extension().is_some_and(|e| e == ext.as_str()))
         {
             reply.ok();
             return;
@@ -551,7 +575,7 @@ impl Filesystem for Server {
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let mut t = self.table();
         let result = (|| {
             let path = t.path(ino)?;
@@ -565,19 +589,41 @@ impl Filesystem for Server {
                     entries.push((a.ino, a.kind, name));
                 }
             }
-            Ok(entries)
+            let fh = t.next_fh;
+            t.next_fh += 1;
+            t.listings.insert(fh, entries);
+            Ok(FileHandle(fh))
         })();
         match result {
-            Ok(entries) => {
-                for (i, (ino, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
-                    if reply.add(ino, i as u64 + 1, kind, name) {
-                        break;
-                    }
-                }
-                reply.ok();
-            }
+            Ok(fh) => reply.opened(fh, FopenFlags::empty()),
             Err(e) => reply.error(e),
         }
+    }
+
+    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let t = self.table();
+        let Some(entries) = t.listings.get(&fh.0) else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(*ino, i as u64 + 1, *kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.table().listings.remove(&fh.0);
+        reply.ok();
     }
 
     fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
@@ -590,5 +636,41 @@ impl Filesystem for Server {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         reply.statfs(BLOCKS, BLOCKS, BLOCKS, 1 << 20, 1 << 20, BLOCK_BYTES, 255, BLOCK_BYTES);
+    }
+}
+
+/// A cluster whose every broker runs on its own [`FuseDisk`]. Dropping it
+/// kills the brokers first, then unmounts the disks, then removes the
+/// cluster's directory (a disk unmounted under a running broker would
+/// leave it writing into the empty directory beneath).
+#[derive(Debug)]
+pub struct DiskCluster {
+    /// The disks, index = broker id - 1 (dropped before `cluster`).
+    pub disks: Vec<FuseDisk>,
+    /// The brokers, not started.
+    pub cluster: crate::Cluster,
+}
+
+impl DiskCluster {
+    /// As [`crate::Cluster::prepare`], with a fresh disk mounted at each
+    /// broker's data directory (seeded by the broker id).
+    ///
+    /// # Errors
+    /// As [`crate::Cluster::prepare`] and [`FuseDisk::mount`].
+    pub fn prepare(name: &str, binary: &str, n: u32, env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let cluster = crate::Cluster::prepare(name, binary, n, env)?;
+        let mut disks = Vec::new();
+        for id in 1..=n {
+            disks.push(FuseDisk::mount(cluster.data_dir(id), u64::from(id))?);
+        }
+        Ok(Self { disks, cluster })
+    }
+}
+
+impl Drop for DiskCluster {
+    fn drop(&mut self) {
+        for id in 1..=self.cluster.size() {
+            self.cluster.kill(id);
+        }
     }
 }

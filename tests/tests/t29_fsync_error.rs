@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use ferrolog_proto::client::ReplicaState;
 use ferrolog_raft_store::vfs::{Faults, PowerCut};
-use ferrolog_tests::fuse_disk::FuseDisk;
+use ferrolog_tests::fuse_disk::DiskCluster;
 use ferrolog_tests::raw::{
     Sent, caught_up, create_topic, init_producer_id, produce_to_leader, read_partition, status,
 };
@@ -53,14 +53,10 @@ async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(
 /// replica catches up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eio_on_fsync_at_the_leader_moves_it_and_loses_no_acknowledged_record() -> anyhow::Result<()> {
-    let mut c = Cluster::prepare("fsynceio", BIN, 3, &[])?;
-    // Unmounted before the cluster's directory is removed (dropped first).
-    let mut disks = Vec::new();
-    for id in 1..=3 {
-        disks.push(FuseDisk::mount(c.data_dir(id), u64::from(id))?);
-    }
+    let mut rig = DiskCluster::prepare("fsynceio", BIN, 3, &[])?;
+    let DiskCluster { disks, cluster: c } = &mut rig;
     c.launch().await?;
-    create_topic(&c, TOPIC, 1, 3).await?;
+    create_topic(c, TOPIC, 1, 3).await?;
     let addrs: Vec<SocketAddr> = c.brokers.iter().map(|b| b.client_addr).collect();
     let pid = init_producer_id(addrs[0]).await?;
     let (stop, total) = (AtomicBool::new(false), AtomicUsize::new(0));
@@ -82,7 +78,7 @@ async fn eio_on_fsync_at_the_leader_moves_it_and_loses_no_acknowledged_record() 
         let result = async {
             tokio::time::sleep(Duration::from_secs(1)).await;
             let failing =
-                wait_for("a leader", 30, || async { leader_named_by(&c, 1).await.filter(|l| *l != 0) })
+                wait_for("a leader", 30, || async { leader_named_by(c, 1).await.filter(|l| *l != 0) })
                     .await?;
             let disk = &disks[failing as usize - 1];
             disk.set_faults(Faults { eio_on_sync: true, ..Faults::default() });
@@ -91,14 +87,14 @@ async fn eio_on_fsync_at_the_leader_moves_it_and_loses_no_acknowledged_record() 
             wait_for("every broker naming a leader other than the failing one", 30, || async {
                 let mut named = Vec::new();
                 for id in 1..=3 {
-                    named.push(leader_named_by(&c, id).await);
+                    named.push(leader_named_by(c, id).await);
                 }
                 named.iter().all(|l| l.is_some_and(|l| l != 0 && l != failing)).then_some(())
             })
             .await?;
             // The failing broker says why its replica is out of service.
             let detail = wait_for("the failing broker reporting its replica failed", 30, || async {
-                let s = status(&c, failing, TOPIC, 0).await.ok()?;
+                let s = status(c, failing, TOPIC, 0).await.ok()?;
                 (s.replica_state == ReplicaState::Failed as i32).then_some(s.replica_detail)
             })
             .await?;
@@ -115,9 +111,9 @@ async fn eio_on_fsync_at_the_leader_moves_it_and_loses_no_acknowledged_record() 
             let injected = disk.stats().injected_errors;
             disk.set_faults(Faults::default());
             wait_for("the failed replica back, running and caught up", 60, || async {
-                let l = leader_named_by(&c, 1).await.filter(|l| *l != 0)?;
-                let want = status(&c, l, TOPIC, 0).await.ok()?.last_log_index;
-                let s = status(&c, failing, TOPIC, 0).await.ok()?;
+                let l = leader_named_by(c, 1).await.filter(|l| *l != 0)?;
+                let want = status(c, l, TOPIC, 0).await.ok()?.last_log_index;
+                let s = status(c, failing, TOPIC, 0).await.ok()?;
                 (s.replica_state == ReplicaState::Running as i32 && s.last_log_index >= want).then_some(())
             })
             .await?;
@@ -132,8 +128,7 @@ async fn eio_on_fsync_at_the_leader_moves_it_and_loses_no_acknowledged_record() 
             for id in 1..=3 {
                 c.kill(id);
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            for d in &disks {
+            for d in disks.iter() {
                 d.power_cut(PowerCut::Torn);
             }
             for id in 1..=3 {
@@ -155,14 +150,12 @@ async fn eio_on_fsync_at_the_leader_moves_it_and_loses_no_acknowledged_record() 
         anyhow::bail!("{e:#}\n{}", c.logs_tail(60));
     }
     let acked = acked?;
-    let l =
-        wait_for("a leader at the end", 30, || async { leader_named_by(&c, 1).await.filter(|l| *l != 0) })
-            .await?;
+    let l = wait_for("a leader at the end", 30, || async { leader_named_by(c, 1).await.filter(|l| *l != 0) })
+        .await?;
     assert_eq!(read_partition(c.broker(l).client_addr, TOPIC, 0).await?, acked);
     for id in 1..=3 {
-        caught_up(&c, TOPIC, id, 1).await?;
+        caught_up(c, TOPIC, id, 1).await?;
     }
-    drop(disks);
-    drop(c);
+    drop(rig);
     Ok(())
 }

@@ -163,7 +163,8 @@ pub trait VfsFile: Send + Sync + Debug {
     /// on its own. `syncfs(2)` writes back the page cache and asks the
     /// file system to commit; a FUSE file system never hears of it (Linux
     /// sends `FUSE_SYNCFS` to virtiofs only) and returns success with the
-    /// data nowhere safe, and a network file system may do as little.
+    /// data nowhere safe, a network file system may do as little, and
+    /// before Linux 5.8 `syncfs` reported no writeback error at all.
     /// Default: `None`.
     fn syncfs_domain(&self) -> Option<u64> {
         None

@@ -74,20 +74,34 @@ impl Vfs for RealFs {
     }
 }
 
-/// Local block file systems whose `syncfs(2)` writes back and commits
-/// every file's data as `fdatasync(2)` of each would (`statfs(2)`'s
-/// `f_type`, from `linux/magic.h`): ext2/3/4, XFS, Btrfs, F2FS, and tmpfs
-/// (where nothing survives a power cut either way). Any other (FUSE, NFS,
-/// overlays, unknown) gets one `fdatasync` per file.
-const SYNCFS_DURABLE_MAGICS: [u64; 5] = [0xEF53, 0x5846_5342, 0x9123_683E, 0xF2F5_2010, 0x0102_1994];
+/// Local block file systems whose `syncfs(2)` writes back every file's
+/// data and commits it to the disk (`statfs(2)`'s `f_type`, from
+/// `linux/magic.h`): ext2/3/4, XFS, Btrfs, F2FS, and tmpfs (where nothing
+/// survives a power cut either way). Any other (FUSE, NFS, overlays,
+/// unknown) gets one `fdatasync(2)` per file. Unlike `fdatasync`, `syncfs`
+/// reports a writeback error only once per open file (and only since Linux
+/// 5.8): the flusher stops using it after any failed round.
+const SYNCFS_DURABLE_MAGICS: [u32; 5] = [0xEF53, 0x5846_5342, 0x9123_683E, 0xF2F5_2010, 0x0102_1994];
+
+/// Whether this kernel's `syncfs(2)` reports writeback errors: Linux 5.8
+/// and later (before, it returned 0 whatever writeback did).
+static SYNCFS_REPORTS_ERRORS: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().ok());
+    matches!((parts.next().flatten(), parts.next().flatten()), (Some(major), Some(minor)) if (major, minor) >= (5, 8))
+});
 
 /// The device of `file`'s file system if its `syncfs(2)` is known to make
-/// its data durable (see [`VfsFile::syncfs_domain`]).
+/// its data durable and to report failures (see [`VfsFile::syncfs_domain`]).
 fn syncfs_domain(file: &File) -> Option<u64> {
+    if !*SYNCFS_REPORTS_ERRORS {
+        return None;
+    }
     let st = rustix::fs::fstatfs(file).ok()?;
-    // `f_type`'s integer type differs between architectures.
-    #[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
-    let magic = st.f_type as u64;
+    // Magic numbers are 32 bits; `f_type` is wider and signed on some
+    // architectures, where a sign-extended value would not compare equal.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let magic = st.f_type as u32;
     if !SYNCFS_DURABLE_MAGICS.contains(&magic) {
         return None;
     }
