@@ -86,6 +86,10 @@ pub struct Cluster {
     initial_cluster: String,
     /// The config file every broker reads.
     config: PathBuf,
+    /// The in-memory disks at the data directories (index = id - 1), if
+    /// [`Cluster::use_memory_disks`] mounted them; unmounted after the
+    /// brokers are killed (fields drop after `Drop::drop`).
+    disks: Vec<crate::disk::FuseDisk>,
 }
 
 fn signal(pid: u32, sig: libc::c_int) {
@@ -136,7 +140,57 @@ impl Cluster {
             .collect();
         let initial_cluster =
             brokers.iter().map(|b| format!("{}={}", b.id, b.peer_addr())).collect::<Vec<_>>().join(",");
-        Ok(Cluster { brokers, binary: binary.to_owned(), initial_cluster, config })
+        Ok(Cluster { brokers, binary: binary.to_owned(), initial_cluster, config, disks: Vec::new() })
+    }
+
+    /// Mounts an in-memory disk that keeps only what fsync covered
+    /// ([`crate::disk::FuseDisk`], seeded by `seed` and the slot) at every
+    /// broker's data directory, for [`Cluster::power_cut`]. Before any
+    /// broker starts.
+    ///
+    /// # Errors
+    /// A disk that cannot be mounted (needs root and `/dev/fuse`).
+    pub fn use_memory_disks(&mut self, seed: u64) -> anyhow::Result<()> {
+        anyhow::ensure!(self.disks.is_empty(), "the memory disks are mounted already");
+        for b in &self.brokers {
+            let disk = crate::disk::FuseDisk::mount(
+                &b.data_dir,
+                seed.wrapping_mul(31).wrapping_add(u64::from(b.id)),
+            )?;
+            self.disks.push(disk);
+        }
+        Ok(())
+    }
+
+    /// Cuts the power of broker `id`: SIGKILLs it, then its disk loses
+    /// every write and directory entry no completed fsync covered, the
+    /// next unsynced write of each file torn at a random byte (see
+    /// [`crate::disk::FuseDisk::power_cut`]). Restart it with
+    /// [`Cluster::spawn`].
+    ///
+    /// # Errors
+    /// The cluster runs on real disks ([`Cluster::use_memory_disks`] was
+    /// not called).
+    pub fn power_cut(&mut self, id: u32) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.disks.is_empty(), "the power fault needs the memory disks");
+        self.resume(id);
+        self.kill(id);
+        self.disks[(id - 1) as usize].power_cut(ferrolog_raft_store::vfs::PowerCut::Torn);
+        Ok(())
+    }
+
+    /// Counters of the memory disks, summed (`None` on real disks).
+    pub fn disk_stats(&self) -> Option<ferrolog_raft_store::vfs::FaultyStats> {
+        let mut all = self.disks.first()?.stats();
+        for d in &self.disks[1..] {
+            let s = d.stats();
+            all.file_syncs += s.file_syncs;
+            all.dir_syncs += s.dir_syncs;
+            all.injected_errors += s.injected_errors;
+            all.power_cuts += s.power_cuts;
+            all.lost_bytes += s.lost_bytes;
+        }
+        Some(all)
     }
 
     /// Slot numbers (the founding broker ids).
@@ -171,9 +225,14 @@ impl Cluster {
         self.resume(id);
         self.kill(id);
         let b = self.slot(id);
+        // What is in it, not the directory itself: it may be a mount point.
         if b.data_dir.exists() {
-            std::fs::remove_dir_all(&b.data_dir)
-                .with_context(|| format!("deleting {}", b.data_dir.display()))?;
+            for entry in std::fs::read_dir(&b.data_dir)? {
+                let path = entry?.path();
+                let removed =
+                    if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+                removed.with_context(|| format!("deleting {}", path.display()))?;
+            }
         }
         b.joined = true;
         self.spawn(id)

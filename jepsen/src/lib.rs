@@ -5,7 +5,7 @@
 //!  network = net (namespaces, blackhole routes) | proxy (TCP proxy per link)
 //!        ▲          └──> cluster (broker processes, dump-log)
 //!        │                                              ▲
-//!        └──────────── nemesis (kill, pause, partition, netem on a seeded schedule)
+//!        └──────────── nemesis (kill, power, pause, partition, netem on a seeded schedule)
 //!  workload (producers, consumers, final read) ──ferrolog-client──> brokers
 //!        └──> history (ops with invoke/complete times, JSON lines)
 //!                 └──> checker (anomaly classes) ──> results.json; plot (SVG)
@@ -24,6 +24,8 @@
 //! - [`proxy`]: the fault-injecting TCP proxy on every directed broker link,
 //!   where namespaces cannot be made.
 //! - [`cluster`]: the broker processes.
+//! - [`disk`]: the in-memory disk over FUSE that keeps only what fsync
+//!   covered, for the `power` fault (and the power-loss tests of `tests/`).
 //! - [`nemesis`]: the fault schedule.
 //! - [`rejoin`]: the `membership` fault's decommission and re-add of a broker.
 //! - [`run`]: the phases of one run and its output directory.
@@ -32,6 +34,7 @@
 
 pub mod checker;
 pub mod cluster;
+pub mod disk;
 pub mod history;
 pub mod matrix;
 pub mod nemesis;

@@ -98,7 +98,9 @@ struct TestArgs {
     /// Seconds of the fault phase.
     #[arg(long, default_value_t = 60)]
     time_limit: u64,
-    /// Faults: kill, pause, partition, netem, membership, mixed, none (comma-separated).
+    /// Faults: kill, power, pause, partition, netem, membership, mixed, none (comma-separated).
+    /// `power` runs every broker on an in-memory disk over FUSE that keeps only what fsync
+    /// covered (needs root and /dev/fuse) and cuts the power of one, a majority or all.
     #[arg(long, default_value = "kill,partition")]
     faults: String,
     /// Mean seconds of each quiet and each fault period.

@@ -54,6 +54,11 @@ pub enum Fault {
     Netem,
     /// Reassignments, cancels and leadership transfers.
     Membership,
+    /// Power loss: SIGKILL, then the broker's in-memory disk loses what
+    /// no fsync covered (the run mounts those disks, see
+    /// [`crate::cluster::Cluster::use_memory_disks`]); one broker, a
+    /// majority or all of them; restart at the end.
+    Power,
 }
 
 impl Fault {
@@ -65,6 +70,7 @@ impl Fault {
             Fault::Partition => "partition",
             Fault::Netem => "netem",
             Fault::Membership => "membership",
+            Fault::Power => "power",
         }
     }
 }
@@ -82,13 +88,16 @@ pub fn parse_faults(s: &str) -> anyhow::Result<Vec<Fault>> {
             "partition" => out.insert(Fault::Partition),
             "netem" => out.insert(Fault::Netem),
             "membership" => out.insert(Fault::Membership),
+            "power" => out.insert(Fault::Power),
             "mixed" | "all" => {
                 out.extend([Fault::Kill, Fault::Pause, Fault::Partition, Fault::Netem]);
                 true
             }
             "none" => true,
             other => {
-                bail!("unknown fault {other:?} (kill, pause, partition, netem, membership, mixed, none)")
+                bail!(
+                    "unknown fault {other:?} (kill, power, pause, partition, netem, membership, mixed, none)"
+                )
             }
         };
     }
@@ -324,6 +333,23 @@ impl Targets {
                 }
                 Ok((format!("kill {t:?}"), Active::Killed(t)))
             }
+            Fault::Power => {
+                // One broker, a majority, or the whole cluster at once.
+                let mut t = ids.clone();
+                t.shuffle(rng);
+                let k = match rng.gen_range(0..3) {
+                    0 => 1,
+                    1 => ids.len() / 2 + 1,
+                    _ => ids.len(),
+                };
+                t.truncate(k);
+                t.sort_unstable();
+                let mut c = lock(&self.cluster);
+                for id in &t {
+                    c.power_cut(*id)?;
+                }
+                Ok((format!("power {t:?}"), Active::Killed(t)))
+            }
             Fault::Pause => {
                 let t = targets(&ids, rng);
                 let mut c = lock(&self.cluster);
@@ -514,6 +540,8 @@ mod tests {
     #[test]
     fn fault_lists() -> anyhow::Result<()> {
         assert_eq!(parse_faults("kill,partition")?, vec![Fault::Kill, Fault::Partition]);
+        assert_eq!(parse_faults("power,partition")?, vec![Fault::Partition, Fault::Power]);
+        assert!(!parse_faults("mixed")?.contains(&Fault::Power), "mixed runs on real disks");
         assert_eq!(
             parse_faults("membership,kill,partition")?,
             vec![Fault::Kill, Fault::Partition, Fault::Membership]

@@ -16,6 +16,7 @@ fn fault_colour(f: Fault) -> RGBColor {
         Fault::Partition => RGBColor(90, 120, 230),
         Fault::Netem => RGBColor(150, 90, 200),
         Fault::Membership => RGBColor(60, 170, 110),
+        Fault::Power => RGBColor(120, 60, 160),
     }
 }
 
@@ -81,7 +82,8 @@ fn draw_inner(
                 .legend(move |(x, y)| Circle::new((x + 8, y), 3, c.filled()));
         }
     }
-    for fault in [Fault::Kill, Fault::Pause, Fault::Partition, Fault::Netem, Fault::Membership] {
+    for fault in [Fault::Kill, Fault::Pause, Fault::Partition, Fault::Netem, Fault::Membership, Fault::Power]
+    {
         if faults.iter().any(|f| f.fault == fault) {
             let c = fault_colour(fault);
             chart

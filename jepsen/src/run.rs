@@ -156,6 +156,9 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
         ""
     };
     let mut cluster = Cluster::new(&opts.broker_bin, dir, &sites, opts.dormant_after_ms, more_config)?;
+    if faults.contains(&Fault::Power) {
+        cluster.use_memory_disks(opts.workload.seed)?;
+    }
     for id in cluster.ids() {
         cluster.spawn(id)?;
     }
@@ -334,6 +337,13 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
                 Ok(mut copies) => replicas.append(&mut copies),
                 Err(e) => problems.push(format!("dump-log of broker {id}: {e:#}")),
             }
+        }
+        if let Some(d) = c.disk_stats() {
+            eprintln!(
+                "ferrolog-jepsen: memory disks: {} power cuts of one broker's disk, {} unsynced bytes they lost; \
+                 {} file and {} directory fsyncs",
+                d.power_cuts, d.lost_bytes, d.file_syncs, d.dir_syncs
+            );
         }
     }
     problems.extend(lock(&targets.net).problems());
