@@ -146,17 +146,19 @@ impl Cluster {
     /// Mounts an in-memory disk that keeps only what fsync covered
     /// ([`crate::disk::FuseDisk`], seeded by `seed` and the slot) at every
     /// broker's data directory, for [`Cluster::power_cut`]. Before any
-    /// broker starts.
+    /// broker starts. `lie_about`: an extension whose files' fsync does
+    /// nothing (a negative control, [`crate::disk::FuseDisk::lie_about_fsync_of`]).
     ///
     /// # Errors
     /// A disk that cannot be mounted (needs root and `/dev/fuse`).
-    pub fn use_memory_disks(&mut self, seed: u64) -> anyhow::Result<()> {
+    pub fn use_memory_disks(&mut self, seed: u64, lie_about: Option<&str>) -> anyhow::Result<()> {
         anyhow::ensure!(self.disks.is_empty(), "the memory disks are mounted already");
         for b in &self.brokers {
             let disk = crate::disk::FuseDisk::mount(
                 &b.data_dir,
                 seed.wrapping_mul(31).wrapping_add(u64::from(b.id)),
             )?;
+            disk.lie_about_fsync_of(lie_about);
             self.disks.push(disk);
         }
         Ok(())

@@ -150,6 +150,13 @@ struct TestArgs {
     /// go dormant and wake again while the faults run.
     #[arg(long, default_value_t = 2000)]
     dormant_after_ms: u64,
+    /// A negative control for the `power` fault: the memory disks answer
+    /// fsync of files with this extension (`seg`: the partitions' segment
+    /// files) without making anything durable, as if the brokers skipped
+    /// those syncs; power cuts must then lose acknowledged records and the
+    /// run must be INVALID.
+    #[arg(long, value_name = "EXTENSION")]
+    disk_lies_about: Option<String>,
     /// The network between brokers: namespaces, the TCP proxy, or auto
     /// (namespaces where they, and tc netem if netem is asked for, work).
     #[arg(long, value_enum, default_value = "auto")]
@@ -207,6 +214,7 @@ impl TestArgs {
             broker_bin,
             keep_data: self.keep_data,
             dormant_after_ms: self.dormant_after_ms,
+            disk_lies_about: self.disk_lies_about.clone(),
             network: self.network,
             min_acked_fraction: self.min_acked_fraction,
         })

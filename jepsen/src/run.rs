@@ -55,6 +55,9 @@ pub struct TestOptions {
     pub keep_data: bool,
     /// The brokers' `raft.dormant_after_ms`.
     pub dormant_after_ms: u64,
+    /// The memory disks' fsync of files with this extension does nothing
+    /// (a negative control of the `power` fault).
+    pub disk_lies_about: Option<String>,
     /// The share of the offered load that must be acknowledged (see
     /// [`vacuity::min_values_acknowledged`]).
     pub min_acked_fraction: f64,
@@ -157,7 +160,9 @@ pub async fn run_test(opts: &TestOptions, dir: &Path) -> anyhow::Result<Summary>
     };
     let mut cluster = Cluster::new(&opts.broker_bin, dir, &sites, opts.dormant_after_ms, more_config)?;
     if faults.contains(&Fault::Power) {
-        cluster.use_memory_disks(opts.workload.seed)?;
+        cluster.use_memory_disks(opts.workload.seed, opts.disk_lies_about.as_deref())?;
+    } else {
+        anyhow::ensure!(opts.disk_lies_about.is_none(), "--disk-lies-about needs the power fault");
     }
     for id in cluster.ids() {
         cluster.spawn(id)?;
