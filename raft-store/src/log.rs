@@ -315,12 +315,17 @@ impl PartitionLog {
             log.set_recovering(Some(reason))?;
         } else if !clean_stop
             && matches!(log.config.flush, FlushPolicy::Interval { .. })
-            && log.last_stored_log_id().is_some()
+            && (log.last_stored_log_id().is_some() || log.vote.is_some())
             && log.recovering.is_none()
         {
             // Writes were acknowledged before they were fsynced; after a
             // crash nothing proves they survived (Raft §5.4.1 needs voters
-            // that kept what they acknowledged).
+            // that kept what they acknowledged). An empty log proves
+            // nothing either once the replica has a vote: a power cut can
+            // take every entry it acknowledged before the first fsync, and
+            // trusted, it would vote for a candidate without them (one
+            // replica's power loss, then its leader's crash: the loss
+            // `interval` promises to survive).
             log.set_recovering(Some(
                 "stopped uncleanly under flush = interval: entries acknowledged since the last fsync may be gone"
                     .into(),

@@ -656,6 +656,20 @@ fn an_unclean_stop_under_flush_interval_marks_the_replica_recovering() {
     // A new, empty log has nothing to lose.
     drop(PartitionLog::open(&log_dir, interval.clone(), flusher()).expect("open"));
     assert!(PartitionLog::open(&log_dir, interval.clone(), flusher()).expect("open").recovering().is_none());
+    // An empty log with a vote may have lost every entry it acknowledged
+    // (nothing was fsynced before the power went): it must not vote for a
+    // candidate without them either.
+    let voted = tempfile::tempdir().expect("tempdir");
+    let voted_log = voted.path().join("log");
+    let mut log = PartitionLog::open(&voted_log, interval.clone(), flusher()).expect("open");
+    log.save_vote(&Vote::new(3, 1)).expect("vote");
+    drop(log);
+    let log = PartitionLog::open(&voted_log, interval.clone(), flusher()).expect("open");
+    assert!(
+        log.recovering().is_some(),
+        "an emptied log with a vote was trusted after a crash under interval"
+    );
+    drop(log);
     write_entries(dir.path(), interval.clone(), 5);
     let log = PartitionLog::open(&log_dir, interval.clone(), flusher()).expect("open");
     let why = log.recovering().expect("a crash under interval may have lost acknowledged entries");
