@@ -164,20 +164,24 @@ impl Cluster {
         Ok(())
     }
 
-    /// Cuts the power of broker `id`: SIGKILLs it, then its disk loses
-    /// every write and directory entry no completed fsync covered, the
-    /// next unsynced write of each file torn at a random byte (see
-    /// [`crate::disk::FuseDisk::power_cut`]). Restart it with
+    /// Cuts the power of brokers `ids` at once: SIGKILLs them all, then
+    /// their disks lose every write and directory entry no completed fsync
+    /// covered, the next unsynced write of each file torn at a random byte
+    /// (see [`crate::disk::FuseDisk::power_cut`]). Restart them with
     /// [`Cluster::spawn`].
     ///
     /// # Errors
     /// The cluster runs on real disks ([`Cluster::use_memory_disks`] was
     /// not called).
-    pub fn power_cut(&mut self, id: u32) -> anyhow::Result<()> {
+    pub fn power_cut(&mut self, ids: &[u32]) -> anyhow::Result<()> {
         anyhow::ensure!(!self.disks.is_empty(), "the power fault needs the memory disks");
-        self.resume(id);
-        self.kill(id);
-        self.disks[(id - 1) as usize].power_cut(ferrolog_raft_store::vfs::PowerCut::Torn);
+        for id in ids {
+            self.resume(*id);
+            self.kill(*id);
+        }
+        for id in ids {
+            self.disks[(id - 1) as usize].power_cut(ferrolog_raft_store::vfs::PowerCut::Torn);
+        }
         Ok(())
     }
 
@@ -235,6 +239,8 @@ impl Cluster {
                     if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
                 removed.with_context(|| format!("deleting {}", path.display()))?;
             }
+            // Durably empty: a power cut must not bring the old broker back.
+            std::fs::File::open(&b.data_dir)?.sync_all()?;
         }
         b.joined = true;
         self.spawn(id)

@@ -344,10 +344,7 @@ impl Targets {
                 };
                 t.truncate(k);
                 t.sort_unstable();
-                let mut c = lock(&self.cluster);
-                for id in &t {
-                    c.power_cut(*id)?;
-                }
+                lock(&self.cluster).power_cut(&t)?;
                 Ok((format!("power {t:?}"), Active::Killed(t)))
             }
             Fault::Pause => {

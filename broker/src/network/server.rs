@@ -19,6 +19,7 @@ use ferrolog_proto::raft::{
 };
 use futures::StreamExt;
 use std::sync::{Arc, OnceLock};
+use tracing::Instrument;
 
 /// This process's boot id (see `PingResponse.boot_id`): random, non-zero,
 /// fixed until the process exits.
@@ -388,7 +389,26 @@ impl Peer for RaftPeerServer {
                 return Ok(Response::new(LogStateResponse { error: Some(e), ..LogStateResponse::default() }));
             }
         };
-        Ok(Response::new(h.raft.log_state()))
+        let state = h.raft.log_state();
+        if h.raft.is_leader() {
+            // Only a recovering replica asks (`RaftNode::seek_vote_floor`).
+            // It is released once it applies an entry of this leader's
+            // term past what this answer names, and an idle partition
+            // appends none: a blank entry gives it one (it holds no
+            // records, so no offset moves). Not awaited; a failure (lost
+            // leadership) leaves the next question to try again.
+            let raft = h.raft.clone();
+            let span = tracing::info_span!("barrier for a recovering replica", group = req.group_id);
+            tokio::spawn(
+                async move {
+                    if let Err(e) = raft.write_barrier().await {
+                        tracing::debug!("blank entry for a recovering replica not written: {e}");
+                    }
+                }
+                .instrument(span),
+            );
+        }
+        Ok(Response::new(state))
     }
 
     async fn ping(&self, request: Request<PingRequest>) -> Result<Response<PingResponse>, Status> {
