@@ -391,7 +391,13 @@ impl MetadataCache {
     }
 
     /// As [`MetadataCache::call`], with a timeout of `timeout_ms`.
-    async fn call_within<T, F, Fut>(&self, op: &Op<'_>, address: &str, timeout_ms: u64, f: F) -> Result<T>
+    pub(crate) async fn call_within<T, F, Fut>(
+        &self,
+        op: &Op<'_>,
+        address: &str,
+        timeout_ms: u64,
+        f: F,
+    ) -> Result<T>
     where
         F: FnOnce(FerrologClient<Channel>) -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,

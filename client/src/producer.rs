@@ -17,8 +17,10 @@
 //!   errors and timeouts refresh metadata, back off (20 ms doubling to 1 s)
 //!   and resend every unacknowledged batch of the partition in order, until
 //!   `delivery_timeout_ms` after the record was sent (Kafka's
-//!   `delivery.timeout.ms`, KIP-91). `OUT_OF_ORDER_SEQUENCE` is retried only
-//!   while an earlier batch is unacknowledged.
+//!   `delivery.timeout.ms`, KIP-91); a request in flight is not awaited past
+//!   that either (its batch fails as of unknown outcome, `maybe_stored`).
+//!   `OUT_OF_ORDER_SEQUENCE` is retried only while an earlier batch is
+//!   unacknowledged.
 //! - Permanent errors (`RECORD_TOO_LARGE`, `INVALID_REQUEST`, ...) fail the
 //!   batch's records; the partition then continues under a new producer id.
 //!   A record over the broker's `limits.max_record_bytes` (which `Metadata`

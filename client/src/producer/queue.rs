@@ -160,6 +160,9 @@ pub(crate) struct SendSpec {
     pub producer: ProducerId,
     pub base_sequence: i32,
     pub topic_id: Option<TopicId>,
+    /// When the batch was made: its delivery timeout counts from here, and
+    /// bounds how long the request may wait for an answer.
+    pub created: Instant,
 }
 
 /// One partition's queue. See the module documentation for the rules.
@@ -310,6 +313,7 @@ impl PartitionQueue {
             producer,
             base_sequence,
             topic_id: batch.topic_id,
+            created: batch.created,
         })
     }
 

@@ -640,6 +640,14 @@ impl Worker {
     fn send(&self, topic: String, partition: u32, address: String, spec: SendSpec) {
         tracing::trace!(%topic, partition, batch_id = spec.batch_id, producer_id = spec.producer.id, base_sequence = spec.base_sequence, records = spec.records.len(), "produce");
         let (meta, events) = (self.meta.clone(), self.events_tx.clone());
+        // A request waits for its answer no longer than its batch may live
+        // (Kafka expires in-flight batches at `delivery.timeout.ms` too,
+        // KIP-91): past that the batch fails as of unknown outcome, rather
+        // than a full `request_timeout_ms` after a broker stopped answering.
+        let deadline = spec.created + Duration::from_millis(self.config.delivery_timeout_ms);
+        let left_ms = deadline.saturating_duration_since(Instant::now()).as_millis();
+        let timeout_ms =
+            u64::try_from(left_ms).unwrap_or(u64::MAX).clamp(1, meta.config().request_timeout_ms);
         let task = async move {
             let op = Op { bytes: spec.bytes, ..Op::partition("produce to", &topic, partition) };
             let request = pb::ProduceRequest {
@@ -652,7 +660,7 @@ impl Worker {
                 topic_id: spec.topic_id.map(TopicId::to_wire).unwrap_or_default(),
             };
             let result = meta
-                .call(&op, &address, 0, |mut c| async move { c.produce(request).await })
+                .call_within(&op, &address, timeout_ms, |mut c| async move { c.produce(request).await })
                 .await
                 .map_err(|e| oversized_request(&topic, partition, spec.bytes, e))
                 .and_then(|r| Error::from_wire(&op, r.error).map(|()| r.base_offset));
