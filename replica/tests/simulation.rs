@@ -24,18 +24,19 @@
 //! (`runtime::seed_thread_rng`); no unordered map iterated on the way; and
 //! tokio's own generator seeded (it picks the order in which a watch
 //! channel's receivers wake), which tokio allows only when built with
-//! `--cfg tokio_unstable`. So the simulation has a build of its own, in its
-//! own target directory (the flag rebuilds every dependency):
+//! `--cfg tokio_unstable`. The workspace's `.cargo/config.toml` sets that
+//! flag for every build, so
 //!
 //! ```text
-//! RUSTFLAGS="--cfg tokio_unstable" CARGO_TARGET_DIR=target/sim \
-//!     cargo test -p ferrolog-replica --test simulation
+//! cargo test -p ferrolog-replica --test simulation
 //! ```
 //!
-//! runs [`SEEDS_IN_TEST`] (300) seeds, the exact-replay check and the
-//! negative control (`.ci/run` runs it). In the workspace's default build
-//! (`cargo test --workspace`) the same test runs 40 seeds whose
-//! interleavings may differ from run to run; the checks hold all the same.
+//! (and `cargo test --workspace`, which `.ci/run` runs) runs
+//! [`SEEDS_IN_TEST`] (300) seeds, the exact-replay check and the negative
+//! controls. A build without the flag (a `RUSTFLAGS` variable replaces the
+//! config's list) runs 40 seeds whose interleavings may differ from run to
+//! run, and skips the checks that need exact replay; the others hold all
+//! the same.
 //! `FERROLOG_SIM_SEEDS=10000` (and `--release`) runs more, from
 //! `FERROLOG_SIM_SEED` (default 1); `FERROLOG_SIM_SEED=n FERROLOG_SIM_SEEDS=1`
 //! replays seed `n`, `FERROLOG_SIM_NOTE=1` adds every AppendEntries sent
@@ -75,9 +76,9 @@ use ferrolog_raft_store::vfs::{Faults, FaultyFs, PowerCut, Vfs};
 use ferrolog_raft_store::{Flusher, Replica, StoreConfig};
 use ferrolog_replica::{InjectedBug, NodeId, RaftNode};
 
-/// Seeds `cargo test` runs: in the simulation's own build (`--cfg
-/// tokio_unstable`, see the module's documentation) 300; in the workspace's
-/// default build, where a seed does not replay every interleaving, fewer.
+/// Seeds `cargo test` runs: with `--cfg tokio_unstable` (the workspace's
+/// default, see the module's documentation) 300; without it, where a seed
+/// does not replay every interleaving, fewer.
 const SEEDS_IN_TEST: u64 = if cfg!(tokio_unstable) { 300 } else { 40 };
 /// Threads the seeds are spread over.
 const THREADS: u64 = 2;
@@ -160,7 +161,7 @@ impl Trace {
 
 /// The safety bug a run carries, for the negative controls.
 #[derive(Clone, Copy, Debug, PartialEq)]
-#[cfg_attr(not(tokio_unstable), allow(dead_code, reason = "the controls run in the simulation's build"))]
+#[cfg_attr(not(tokio_unstable), allow(dead_code, reason = "the controls need --cfg tokio_unstable"))]
 enum Bug {
     None,
     /// Appends are acknowledged as flushed without an fsync (a flusher
@@ -977,10 +978,9 @@ fn interval_seeds() {
     assert!(c.acked >= 20 * seeds && c.power_cuts >= seeds / 2 && c.recoveries > 0, "too little work: {c:?}");
 }
 
-/// Seeds that found bugs, kept passing (each replays exactly in the
-/// simulation's own build): 5280 (bit rot in a follower's last frame was
-/// cut as a torn tail and its flushed record lagged: it elected a lagging
-/// replica), 8607 (a recovering follower was released by an entry of the
+/// Seeds that found bugs, kept passing (each replays exactly with `--cfg
+/// tokio_unstable`): 5280 (bit rot in a follower's last frame was cut as a
+/// torn tail and its flushed record lagged: it elected a lagging replica), 8607 (a recovering follower was released by an entry of the
 /// same term before it held what it had acknowledged).
 #[cfg(tokio_unstable)]
 #[test]
@@ -992,8 +992,8 @@ fn seeds_that_found_bugs() {
 }
 
 /// Two runs of one seed see the same events at the same simulated times
-/// (only in the simulation's own build: tokio's generator is seeded only
-/// with `tokio_unstable`).
+/// (only with `--cfg tokio_unstable`, which lets tokio's generator be
+/// seeded).
 #[cfg(tokio_unstable)]
 #[test]
 fn a_seed_replays_exactly() {
@@ -1018,7 +1018,7 @@ fn a_seed_replays_exactly() {
 /// that only fails to recover does not count: with acknowledgements before
 /// fsync that is the store noticing the loss (its log ends below its
 /// recorded flushed index, so it stops voting), not the checker.
-#[cfg_attr(not(tokio_unstable), allow(dead_code, reason = "the controls run in the simulation's build"))]
+#[cfg_attr(not(tokio_unstable), allow(dead_code, reason = "the controls need --cfg tokio_unstable"))]
 fn must_break_safety(bug: Bug) {
     let mut unavailable = 0;
     for seed in 1..=SEEDS_IN_TEST {
@@ -1035,8 +1035,8 @@ fn must_break_safety(bug: Bug) {
     panic!("{bug:?} broke no safety check in {SEEDS_IN_TEST} seeds");
 }
 
-/// Negative control: appends acknowledged before their fsync (only in the
-/// simulation's own build, where its outcome does not vary between runs).
+/// Negative control: appends acknowledged before their fsync (only with
+/// `--cfg tokio_unstable`, where its outcome does not vary between runs).
 #[cfg(tokio_unstable)]
 #[test]
 fn negative_control_finds_acks_before_fsync() {
@@ -1044,7 +1044,7 @@ fn negative_control_finds_acks_before_fsync() {
 }
 
 /// Negative control: a replica that found its log damaged votes as if it
-/// were whole (in the simulation's own build).
+/// were whole (with `--cfg tokio_unstable`).
 #[cfg(tokio_unstable)]
 #[test]
 fn negative_control_finds_votes_while_recovering() {

@@ -331,6 +331,17 @@ async fn metadata_failure(c: &Cluster, id: u32) -> Option<String> {
     m.brokers.into_iter().find(|b| b.id == id).map(|b| b.metadata_replica_failure)
 }
 
+/// Waits until broker `id` reports its metadata replica failed, and returns
+/// the failure (polled every 200 ms, without end).
+async fn reported_metadata_failure(c: &Cluster, id: u32) -> String {
+    loop {
+        if let Some(f) = metadata_failure(c, id).await.filter(|f| !f.is_empty()) {
+            return f;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Waits until broker `id` runs a replica of `topic`-0 holding everything
 /// its leader holds.
 async fn hosts_caught_up(c: &Cluster, id: u32, topic: &str) -> anyhow::Result<()> {
@@ -403,10 +414,18 @@ async fn a_full_disk_stops_the_metadata_replica_and_it_comes_back_when_space_is_
             during.len()
         );
         let name = format!("during-{}", during.len());
-        // It waits until every broker lists the topic: the full one may
-        // not, its metadata replica having stopped.
-        let created = create_topic(&c, &name, 1, 3).await;
+        // The creation waits until every broker lists the topic, which the
+        // full one may never do, its metadata replica having stopped: the
+        // failure it reports meanwhile ends the wait.
+        let step = tokio::select! {
+            f = reported_metadata_failure(&c, full) => Err(f),
+            created = create_topic(&c, &name, 1, 3) => Ok(created),
+        };
         during.push(name);
+        let created = match step {
+            Err(f) => break f,
+            Ok(created) => created,
+        };
         let deadline = Instant::now() + Duration::from_secs(3);
         let mut seen = None;
         while Instant::now() < deadline {
