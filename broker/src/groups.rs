@@ -3,7 +3,7 @@
 //! RPC names one), with an index by topic and partition (every client
 //! request names one).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
@@ -37,8 +37,8 @@ pub struct HostedGroup {
 /// stay listed (and get stopped) until removed by group.
 #[derive(Debug, Default)]
 struct Groups {
-    by_id: HashMap<GroupId, HostedGroup>,
-    by_name: HashMap<(String, u32), GroupId>,
+    by_id: BTreeMap<GroupId, HostedGroup>,
+    by_name: BTreeMap<(String, u32), GroupId>,
 }
 
 /// The groups this broker hosts. Cheap to clone; clones share the map.
@@ -47,7 +47,7 @@ pub struct GroupRegistry {
     groups: Arc<RwLock<Groups>>,
     /// Groups whose leader here is handing over, with the term handed over
     /// (set by `crate::control::checkquorum`).
-    handing_over: Arc<RwLock<HashMap<GroupId, u64>>>,
+    handing_over: Arc<RwLock<BTreeMap<GroupId, u64>>>,
     /// The reconciler has opened every replica the metadata assigns this
     /// broker at least once since it started (reported in pings).
     replicas_open: Arc<std::sync::atomic::AtomicBool>,
@@ -59,10 +59,10 @@ pub struct GroupRegistry {
     /// The groups whose replica here leads and runs, with the term, kept
     /// current by [`GroupRegistry::watch_leadership`] from the nodes' own
     /// change notifications (see [`GroupRegistry::leading`]).
-    led: Arc<RwLock<HashMap<GroupId, u64>>>,
+    led: Arc<RwLock<BTreeMap<GroupId, u64>>>,
     /// The groups whose Raft node stopped on an error, with the error, kept
     /// current by the same watcher (see [`GroupRegistry::stopped_on_error`]).
-    fatal: Arc<RwLock<HashMap<GroupId, String>>>,
+    fatal: Arc<RwLock<BTreeMap<GroupId, String>>>,
     /// Hands newly registered groups to the leadership watcher, once it runs.
     watcher: Arc<std::sync::Mutex<Option<NewGroups>>>,
     /// [`GroupRegistry::leading`]'s answer until `led` or a hand-over changes.
@@ -88,7 +88,7 @@ pub struct GroupRegistry {
 /// replica (`crate::control::recovery`) instead of refusing the same read
 /// forever.
 #[derive(Clone, Debug, Default)]
-pub struct Damaged(Arc<std::sync::Mutex<std::collections::HashSet<GroupId>>>);
+pub struct Damaged(Arc<std::sync::Mutex<BTreeSet<GroupId>>>);
 
 impl Damaged {
     /// Records that the replica of `group` found damage.
@@ -110,7 +110,7 @@ impl Damaged {
 /// parked leader), or kept by `crate::control::liveness` (groups whose
 /// leader changed in the pings), and drained by `crate::control::quiesce`.
 #[derive(Clone, Debug, Default)]
-pub struct Stirred(Arc<std::sync::Mutex<std::collections::HashSet<GroupId>>>);
+pub struct Stirred(Arc<std::sync::Mutex<BTreeSet<GroupId>>>);
 
 impl Stirred {
     /// Adds `groups` to the set.
@@ -119,7 +119,7 @@ impl Stirred {
     }
 
     /// Empties the set, returning what it held.
-    pub fn take(&self) -> std::collections::HashSet<GroupId> {
+    pub fn take(&self) -> BTreeSet<GroupId> {
         std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
@@ -165,7 +165,7 @@ impl GroupRegistry {
     /// parked leader a write woke, or that [`GroupRegistry::stir`] named,
     /// since the last call. One consumer (`crate::control::quiesce`), which
     /// looks again only at what changed instead of at every group each round.
-    pub fn take_stirred(&self) -> std::collections::HashSet<GroupId> {
+    pub fn take_stirred(&self) -> BTreeSet<GroupId> {
         self.stirred.take()
     }
 
@@ -266,7 +266,7 @@ impl GroupRegistry {
         }
         drop(tx);
         let mut changes = futures::stream::SelectAll::new();
-        let mut changed: std::collections::HashSet<GroupId> = std::collections::HashSet::new();
+        let mut changed: BTreeSet<GroupId> = BTreeSet::new();
         loop {
             tokio::select! {
                 new = rx.recv() => match new {
@@ -305,7 +305,7 @@ impl GroupRegistry {
             for g in &changed {
                 self.update_leadership(*g);
             }
-            self.stir(changed.drain());
+            self.stir(std::mem::take(&mut changed));
         }
     }
 

@@ -39,12 +39,10 @@ impl Identity {
     }
 }
 
-/// A random non-zero id from the clock and process id (incarnations, boot ids).
+/// A random non-zero id (incarnations, boot ids), from the generator a
+/// simulation seeds ([`ferrolog_raft_store::runtime::random_u64`]).
 pub fn random_id() -> u64 {
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    let mixed = (nanos ^ (u64::from(std::process::id()) << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    mixed.max(1)
+    ferrolog_raft_store::runtime::random_u64().max(1)
 }
 
 /// Loads the identity of `data_dir`, or `None` for a directory that has

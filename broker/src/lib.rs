@@ -52,6 +52,17 @@
 //!   group's partition of `__consumer_offsets`) and committed offsets.
 //! - [`identity`]: a data directory's broker id and incarnation.
 //! - [`logging`]: log output, with repeated warnings rate-limited and summarised.
+//!
+//! Clocks, randomness and order, kept under a simulation's control (the
+//! groundwork for a deterministic simulation of whole brokers, issue 15;
+//! the crate's `clippy.toml` rejects the alternatives): deadlines,
+//! timeouts and silences are measured on tokio's clock
+//! (`tokio::time::Instant`), which a simulation pauses and advances;
+//! wall-clock time and random numbers (topic ids, member ids, boot ids,
+//! back-off jitter) come from `ferrolog_raft_store::runtime`, which a
+//! simulation sets and seeds; and the registries whose iteration decides
+//! what is sent first (the hosted groups, the quiesce scheduler, liveness,
+//! retention) are ordered maps, not hash maps with a per-process seed.
 
 pub mod cli;
 pub mod config;

@@ -7,6 +7,11 @@
 //! ones are counted, and once per window a summary names the call site, how
 //! many were suppressed, and the first suppressed message. Information and
 //! debug events are not limited (they are off by default where they repeat).
+//!
+//! The limits measure real time (`std::time::Instant`, which the crate's
+//! clippy.toml otherwise forbids): they change what is logged, never what
+//! the broker does.
+#![allow(clippy::disallowed_methods, reason = "log rate limits measure real time; see the module comment")]
 
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};

@@ -5,7 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use ferrolog_raft_store::meta_db::MetaDb;
 use ferrolog_raft_store::{Flusher, Founding, Replica, StoreConfig};

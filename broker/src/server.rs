@@ -640,7 +640,7 @@ impl Broker {
     /// not marked as cleanly stopped is treated as after a crash when it is
     /// opened again).
     pub async fn shutdown(self) {
-        let t0 = std::time::Instant::now();
+        let t0 = tokio::time::Instant::now();
         let hosted = self.reconciler.groups.partitions().len();
         for s in self.stop {
             let _ = s.send(());

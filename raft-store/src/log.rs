@@ -1908,8 +1908,7 @@ fn set_aside(fs: &Fs, dir: &Path, bases: &mut Vec<u64>, at: usize, error: &Store
         StoreError::Corruption { path, position, source } => (path.clone(), *position, source.to_string()),
         other => (dir.join(crate::segment::segment_file_name(bases[at])), 0, other.to_string()),
     };
-    let stamp =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    let stamp = crate::runtime::wall_clock_ms();
     let aside = dir.join(DAMAGED_DIR).join(stamp.to_string());
     fsutil::create_dir_durable(&**fs, &aside)?;
     let move_aside = |base: u64| -> Result<()> {

@@ -5,11 +5,18 @@
 //! simulation can seed for its thread ([`seed_thread_rng`]), so one seed
 //! replays the same elections. Unseeded, each draw comes from rand's
 //! thread-local generator, as with openraft's runtime.
+//!
+//! The same module is where the brokers above it get their other
+//! nondeterministic inputs, so that a simulation controls them in one place:
+//! [`random_u64`] and [`random_u128`] (ids, back-off jitter) draw from that
+//! generator, and [`wall_clock`] (record timestamps, retention by time,
+//! producer id expiry) reads the system clock, or a simulation's wall clock
+//! that moves with tokio's paused clock ([`simulate_wall_clock`]).
 
 use std::cell::Cell;
 use std::convert::Infallible;
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use openraft::{AsyncRuntime, OptionalSend};
 use openraft_rt_tokio::TokioRuntime;
@@ -18,6 +25,46 @@ use rand::TryRng;
 thread_local! {
     /// The state of this thread's seeded generator, if a simulation set one.
     static SEEDED: Cell<Option<u64>> = const { Cell::new(None) };
+    /// This thread's simulated wall clock, if a simulation set one: the
+    /// time since the Unix epoch at an instant of tokio's clock.
+    static SIMULATED_WALL: Cell<Option<(Duration, tokio::time::Instant)>> = const { Cell::new(None) };
+}
+
+/// Makes [`wall_clock`] on this thread read `since_epoch` now and advance
+/// with tokio's clock from here on (`None`: the system clock again). For
+/// deterministic simulations, whose runtime's clock is paused; call it
+/// inside that runtime. Nothing else should call it.
+pub fn simulate_wall_clock(since_epoch: Option<Duration>) {
+    SIMULATED_WALL.with(|w| w.set(since_epoch.map(|d| (d, tokio::time::Instant::now()))));
+}
+
+/// The wall-clock time: the system's (`SystemTime::now`), or this thread's
+/// simulated one ([`simulate_wall_clock`]). Use it, not the system clock,
+/// for every wall-clock reading a broker acts on.
+#[allow(clippy::disallowed_methods, reason = "the one place the system's wall clock is read")]
+pub fn wall_clock() -> SystemTime {
+    match SIMULATED_WALL.with(Cell::get) {
+        Some((since_epoch, at)) => UNIX_EPOCH + since_epoch + at.elapsed(),
+        None => SystemTime::now(),
+    }
+}
+
+/// [`wall_clock`] in milliseconds since the Unix epoch (0 for a clock set
+/// before 1970).
+pub fn wall_clock_ms() -> i64 {
+    wall_clock().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A random number from this thread's generator ([`RaftRng`]: seeded in a
+/// simulation, else rand's thread-local generator, seeded by the OS).
+pub fn random_u64() -> u64 {
+    let Ok(v) = RaftRng.try_next_u64();
+    v
+}
+
+/// As [`random_u64`], 128 bits (random ids: topic ids, member ids).
+pub fn random_u128() -> u128 {
+    (u128::from(random_u64()) << 64) | u128::from(random_u64())
 }
 
 /// Seeds the generator the Raft library draws from on this thread (`None`:
@@ -148,5 +195,30 @@ mod tests {
         assert_ne!(draw(), first, "another seed, another sequence");
         seed_thread_rng(None);
         assert!(first.iter().all(|t| (150..300).contains(t)));
+    }
+
+    #[test]
+    fn ids_drawn_on_a_seeded_thread_repeat_with_the_seed() {
+        let draw = || (random_u64(), random_u128());
+        seed_thread_rng(Some(7));
+        let first = draw();
+        seed_thread_rng(Some(7));
+        assert_eq!(draw(), first);
+        seed_thread_rng(None);
+        assert_ne!(draw(), first, "unseeded: from the OS-seeded generator");
+    }
+
+    /// A simulation's wall clock moves with tokio's paused clock, and only
+    /// with it.
+    #[tokio::test(start_paused = true)]
+    async fn a_simulated_wall_clock_moves_with_the_paused_clock() {
+        simulate_wall_clock(Some(Duration::from_millis(1_700_000_000_000)));
+        assert_eq!(wall_clock_ms(), 1_700_000_000_000);
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(wall_clock_ms(), 1_700_000_000_000, "real time passing moves nothing");
+        tokio::time::advance(Duration::from_millis(1_234)).await;
+        assert_eq!(wall_clock_ms(), 1_700_000_001_234);
+        simulate_wall_clock(None);
+        assert!(wall_clock_ms() > 1_700_000_001_234, "the system clock again (this is after 2023)");
     }
 }

@@ -291,8 +291,10 @@ pub fn remove_others(fs: &dyn Vfs, root: &Path, keep: Option<&Path>, building: b
     Ok(())
 }
 
-fn unique_suffix() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+/// A suffix no other snapshot directory of the replica has: random, from
+/// the generator a simulation seeds (a clock's reading could repeat there).
+fn unique_suffix() -> u64 {
+    crate::runtime::random_u64()
 }
 
 /// Makes the first `len` bytes of `src` (a segment still being appended

@@ -77,9 +77,7 @@ fn iterations() -> u32 {
 fn crash_recovery_keeps_every_acknowledged_entry() {
     let mut dir = tempfile::tempdir().expect("tempdir");
     let exe = std::env::current_exe().expect("current exe");
-    let mut seed: u64 =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-            | 1;
+    let mut seed: u64 = ferrolog_raft_store::runtime::random_u64() | 1;
     println!("seed {seed}");
     let mut max_acked: Option<u64> = None;
     let mut total_acks = 0u64;

@@ -124,12 +124,10 @@ fn served(log: &PartitionLog) -> Result<Vec<Entry>, String> {
 fn every_kind_of_damage_is_set_aside_never_served_and_marks_the_replica_recovering() {
     let rounds: u64 =
         std::env::var("FERROLOG_DAMAGE_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
-    let seed: u64 =
-        std::env::var("FERROLOG_DAMAGE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
+    let seed: u64 = std::env::var("FERROLOG_DAMAGE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| ferrolog_raft_store::runtime::random_u64());
     println!("seed {seed}");
     let (mut lost_rounds, mut rescans) = (0, 0);
     for round in 0..rounds {

@@ -251,9 +251,10 @@ fn rounds() -> u32 {
 }
 
 fn seed() -> u64 {
-    std::env::var("FERROLOG_POWER_LOSS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-    })
+    std::env::var("FERROLOG_POWER_LOSS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| ferrolog_raft_store::runtime::random_u64())
 }
 
 #[test]

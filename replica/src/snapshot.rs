@@ -223,9 +223,9 @@ where
         .map_err(|e| invalid(format!("meta: {e}")))?;
     let (group, target) = (first.group_id, first.target_node);
     let root = staging_root(group).ok_or_else(|| invalid(format!("unknown group {group}")))?;
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let dir = root.join(format!("incoming-{nanos}"));
+    // Random, from the generator a simulation seeds: a clock's reading
+    // could repeat there.
+    let dir = root.join(format!("incoming-{:016x}", ferrolog_raft_store::runtime::random_u64()));
     fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
     let result = receive_files(&mut stream, &dir, group).await;
     if let Err(e) = result {

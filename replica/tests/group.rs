@@ -476,7 +476,7 @@ async fn dormant_followers_keep_their_state_and_wake_for_the_leaders_appends() {
     assert_eq!(ferrolog_replica::woken_count(), wakes, "a vote within the lease woke a follower");
 
     // The next write commits only if a dormant follower wakes to store it.
-    let t0 = std::time::Instant::now();
+    let t0 = tokio::time::Instant::now();
     let (base, count) = produce(&members[&l], 10).await;
     println!("a write to a group with both followers dormant committed in {:?}", t0.elapsed());
     assert_eq!(base, next);

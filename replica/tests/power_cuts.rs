@@ -300,12 +300,10 @@ async fn run_seed(seed: u64, lying_disks: bool) -> Result<(usize, u64, u32), Str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_cuts_of_one_replica_or_the_whole_cluster_lose_no_acknowledged_entry() {
     let seeds: u64 = std::env::var("FERROLOG_POWER_CUT_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
-    let first: u64 =
-        std::env::var("FERROLOG_POWER_CUT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
+    let first: u64 = std::env::var("FERROLOG_POWER_CUT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| ferrolog_raft_store::runtime::random_u64());
     let (mut acked_all, mut cuts_all) = (0, 0);
     for seed in first..first + seeds {
         let (acked, indefinite, cuts) = run_seed(seed, false).await.unwrap_or_else(|e| panic!("{e}"));
@@ -329,12 +327,10 @@ async fn power_cuts_of_one_replica_or_the_whole_cluster_lose_no_acknowledged_ent
 /// flushed entries no longer votes, and the group stays safe.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn negative_control_on_lying_disks_loses_acknowledged_entries() {
-    let first: u64 =
-        std::env::var("FERROLOG_POWER_CUT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
+    let first: u64 = std::env::var("FERROLOG_POWER_CUT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| ferrolog_raft_store::runtime::random_u64());
     let outcome = run_seed(first, true).await;
     println!("seed {first} on lying disks: {outcome:?}");
     match outcome {

@@ -39,7 +39,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use ferrolog_replica::{LogPosition, NodeId, RaftNode};
 use tokio::sync::watch;

@@ -47,7 +47,8 @@
 //! most until its segment rolls (`segment.ms`, `segment.bytes`) plus the lag.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use ferrolog_raft_store::{CompactionTarget, Control, SegmentSummary};
 use tokio::sync::watch;

@@ -32,7 +32,8 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use ferrolog_replica::NodeId;
 use futures::StreamExt;

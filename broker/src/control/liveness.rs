@@ -17,10 +17,11 @@
 //! leaders elsewhere wake their groups until each follower there has
 //! acknowledged a heartbeat since (`crate::control::quiesce`).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use ferrolog_proto::raft::{PingRequest, PingResponse};
@@ -71,7 +72,7 @@ struct Heard {
 /// Last successful ping per broker. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Liveness {
-    seen: Arc<Mutex<HashMap<BrokerId, Heard>>>,
+    seen: Arc<Mutex<BTreeMap<BrokerId, Heard>>>,
     dead_after: Arc<Mutex<Duration>>,
     /// When [`Liveness::run`] started pinging.
     started: Arc<Mutex<Option<Instant>>>,
@@ -142,7 +143,7 @@ impl Liveness {
     }
 
     /// How answers are judged now, given `seen` (see [`Judge`]).
-    fn judge(&self, seen: &HashMap<BrokerId, Heard>) -> Judge {
+    fn judge(&self, seen: &BTreeMap<BrokerId, Heard>) -> Judge {
         let me = self.me.load(Ordering::Relaxed);
         let self_asked = (me != 0).then(|| seen.get(&me)).flatten().filter(|h| !h.refused).map(|h| h.asked);
         Judge { dead_after: self.dead_after(), self_asked }
@@ -256,7 +257,7 @@ impl Liveness {
     /// A change of which groups a broker leads touches only those groups'
     /// decisions; while thousands of partitions elect, counting it as a
     /// change of everything had every group looked at every round.
-    pub fn take_stirred(&self) -> std::collections::HashSet<u64> {
+    pub fn take_stirred(&self) -> std::collections::BTreeSet<u64> {
         self.stirred.take()
     }
 
@@ -533,6 +534,22 @@ mod tests {
             opening_floor,
             ..PingResponse::default()
         }
+    }
+
+    /// Liveness is judged on tokio's clock, which a simulation pauses and
+    /// advances: a peer dies when its silence passes on that clock, with
+    /// no real time passing (on `std::time::Instant` it would never die
+    /// here).
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_peer_dies_when_the_paused_clock_passes_its_silence() {
+        let l = Liveness::default();
+        let dead_after = *l.dead_after.lock().unwrap();
+        l.mark(2, answer(&[], 1, 0), Duration::from_millis(1));
+        assert!(l.is_alive(2));
+        tokio::time::advance(dead_after - Duration::from_millis(100)).await;
+        assert!(l.is_alive(2), "silent for less than dead_after");
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert!(!l.is_alive(2), "silent for dead_after on the paused clock");
     }
 
     #[test]

@@ -290,7 +290,12 @@ async fn reconcile(
             if !env.hand_over.groups.draining() {
                 let outcome = env
                     .hand_over
-                    .hand_over(group, &in_order(&wanted), None, std::time::Instant::now() + HAND_OVER_WITHIN)
+                    .hand_over(
+                        group,
+                        &in_order(&wanted),
+                        None,
+                        tokio::time::Instant::now() + HAND_OVER_WITHIN,
+                    )
                     .await;
                 tracing::info!(group, ?outcome, "removed leader hands over before the move is reported done");
             }
@@ -365,7 +370,7 @@ async fn reconcile(
             "this replica leaves the group: handing its leadership to one that stays"
         );
         let outcome =
-            env.hand_over.hand_over(group, &to, None, std::time::Instant::now() + HAND_OVER_WITHIN).await;
+            env.hand_over.hand_over(group, &to, None, tokio::time::Instant::now() + HAND_OVER_WITHIN).await;
         if matches!(outcome, crate::control::handover::Outcome::HandedOver(_)) {
             tracing::info!(
                 group,
@@ -394,7 +399,7 @@ async fn reconcile(
         // No voter stayed (every replica moved): the new voters take over.
         let outcome = env
             .hand_over
-            .hand_over(group, &in_order(&wanted), None, std::time::Instant::now() + HAND_OVER_WITHIN)
+            .hand_over(group, &in_order(&wanted), None, tokio::time::Instant::now() + HAND_OVER_WITHIN)
             .await;
         tracing::info!(group, ?outcome, "leaving leader handed over to the new voters");
     }

@@ -20,7 +20,7 @@
 //! would also return memory but brings a C build and another allocator's
 //! behaviour to every path; trimming after a stop is enough here.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 /// Returns the memory freed by stopped replicas to the operating system
 /// (glibc's `malloc_trim(0)`; elsewhere nothing), off the async runtime's

@@ -26,7 +26,8 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use ferrolog_raft_store::{Flusher, Replica, StoreConfig};
 use ferrolog_replica::{RaftNode, ValidSettings};

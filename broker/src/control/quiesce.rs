@@ -54,10 +54,11 @@
 //! run and when elections start; votes and commits are Raft's (§5.2, §5.4).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use ferrolog_replica::NodeId;
 use tracing::Instrument;
@@ -312,10 +313,7 @@ impl Campaign {
 
 /// A pseudo-random number below `n` (back-off jitter only).
 fn jitter(n: u64) -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(n);
-    h.finish() % n.max(1)
+    ferrolog_raft_store::runtime::random_u64() % n.max(1)
 }
 
 /// What a group should do now.
@@ -730,14 +728,14 @@ pub async fn run(
     let mut schedule = Schedule::default();
     // The groups whose campaign was started here, and when its back-off
     // ends (ms since ORIGIN): at most CAMPAIGNS_IN_FLIGHT unresolved.
-    let mut backing_off: HashMap<u64, u64> = HashMap::new();
+    let mut backing_off: BTreeMap<u64, u64> = BTreeMap::new();
     // Campaigns being sent, each on a task of its own (a campaign may first
     // wake a dormant node), by task: unresolved until sent, and their
     // back-off counted from then. Dropped with this loop, which aborts the
     // ones not sent yet (a broker stopping sends none).
     // Each task answers when it sent its campaign (ms since ORIGIN).
     let mut sending: tokio::task::JoinSet<u64> = tokio::task::JoinSet::new();
-    let mut sending_groups: HashMap<tokio::task::Id, (u64, u64)> = HashMap::new();
+    let mut sending_groups: BTreeMap<tokio::task::Id, (u64, u64)> = BTreeMap::new();
     let mut changes = None;
     let mut full_at = Instant::now();
     // Fallbacks wait longer while this broker has many campaigns due.
@@ -790,7 +788,7 @@ pub async fn run(
         // CAMPAIGNS_IN_FLIGHT and are not looked at: such a group cannot
         // start another campaign before its back-off ends.
         backing_off.retain(|_, until| *until > now);
-        let unresolved: HashSet<u64> = backing_off
+        let unresolved: BTreeSet<u64> = backing_off
             .keys()
             .copied()
             .chain(sending_groups.values().map(|(g, _)| *g))
@@ -812,7 +810,7 @@ pub async fn run(
         // Parked leaders to send one heartbeat round.
         let mut heartbeats = Vec::new();
         // Brokers whose campaigns groups here wait for.
-        let mut waiting_for: HashSet<BrokerId> = HashSet::new();
+        let mut waiting_for: BTreeSet<BrokerId> = BTreeSet::new();
         // Groups skipped below that still wait for the budget.
         let mut skipped_waiting = 0usize;
         for p in visit {
@@ -943,7 +941,7 @@ struct Awaited {
     /// Per broker: how many groups it led at the last fresh look, when that
     /// count last grew (or the broker was first awaited), and when a group
     /// here last waited for it, ms since [`ORIGIN`].
-    brokers: HashMap<BrokerId, AwaitedBroker>,
+    brokers: BTreeMap<BrokerId, AwaitedBroker>,
 }
 
 /// One broker's entry in [`Awaited`].
@@ -970,7 +968,7 @@ impl Awaited {
     /// restart its idle time at each of their retries.
     fn after_round(
         &mut self,
-        awaited: &HashSet<BrokerId>,
+        awaited: &BTreeSet<BrokerId>,
         led: impl Fn(BrokerId) -> Option<usize>,
         now: u64,
     ) {
@@ -998,11 +996,11 @@ impl Awaited {
 /// awake ones, and those whose timed rest ended (times in ms since ORIGIN).
 #[derive(Debug, Default)]
 struct Schedule {
-    awake: HashSet<u64>,
+    awake: BTreeSet<u64>,
     /// Ends of timed rests; an entry is live only while `rest_until` names
     /// it (a group looked at again meanwhile leaves a stale one behind).
     resting: BinaryHeap<Reverse<(u64, u64)>>,
-    rest_until: HashMap<u64, u64>,
+    rest_until: BTreeMap<u64, u64>,
 }
 
 impl Schedule {
@@ -1023,7 +1021,7 @@ impl Schedule {
         match rest {
             Rest::For(d) => {
                 self.awake.remove(&group);
-                if let std::collections::hash_map::Entry::Vacant(e) = self.rest_until.entry(group) {
+                if let std::collections::btree_map::Entry::Vacant(e) = self.rest_until.entry(group) {
                     let until = now + d.as_millis() as u64;
                     e.insert(until);
                     self.resting.push(Reverse((until, group)));
@@ -1041,7 +1039,7 @@ impl Schedule {
     }
 
     /// Adds to `look` the awake groups and those whose rest ended by `now`.
-    fn due(&mut self, now: u64, look: &mut HashSet<u64>) {
+    fn due(&mut self, now: u64, look: &mut BTreeSet<u64>) {
         while let Some(Reverse((until, g))) = self.resting.peek().copied() {
             if until > now {
                 break;
@@ -1150,7 +1148,7 @@ mod tests {
     }
 
     fn due(s: &mut Schedule, now: u64) -> Vec<u64> {
-        let mut look = HashSet::new();
+        let mut look = BTreeSet::new();
         s.due(now, &mut look);
         let mut look: Vec<u64> = look.into_iter().collect();
         look.sort_unstable();
@@ -1248,7 +1246,7 @@ mod tests {
     #[test]
     fn fallbacks_wait_while_the_first_live_replica_wins_groups() {
         let mut awaited = Awaited::default();
-        let three = HashSet::from([3]);
+        let three = BTreeSet::from([3]);
         // Broker 3 is awaited from 1,000 ms on, leading 100 groups.
         assert_eq!(awaited.idle_for(3, 1_000), Duration::ZERO);
         awaited.after_round(&three, |_| Some(100), 1_000);
@@ -1266,11 +1264,11 @@ mod tests {
         awaited.after_round(&three, |_| Some(390), 9_200);
         assert_eq!(awaited.idle_for(3, 12_000), Duration::from_secs(5));
         // Not awaited for a while (the groups waiting for it back off): kept.
-        awaited.after_round(&HashSet::new(), |_| Some(390), 13_000);
+        awaited.after_round(&BTreeSet::new(), |_| Some(390), 13_000);
         assert_eq!(awaited.idle_for(3, 13_000), Duration::from_secs(6));
         // Awaited by no group for FALLBACK_AFTER: forgotten, and a new
         // episode starts afresh.
-        awaited.after_round(&HashSet::new(), |_| Some(390), 14_200);
+        awaited.after_round(&BTreeSet::new(), |_| Some(390), 14_200);
         assert_eq!(awaited.idle_for(3, 20_000), Duration::ZERO);
 
         let waiting = GroupView {

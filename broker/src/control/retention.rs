@@ -35,9 +35,10 @@
 //! ```
 //!
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use ferrolog_raft_store::{Control, Replica, SegmentSummary};
 use futures::StreamExt;
@@ -150,9 +151,9 @@ pub async fn run(
     // Per Raft group: the segment event count last seen, the purge asked
     // for and not seen done, and when to retry a step that did not finish
     // (with how many in a row did not).
-    let mut seen: HashMap<u64, u64> = HashMap::new();
-    let mut purges: HashMap<u64, AskedPurge> = HashMap::new();
-    let mut retry: HashMap<u64, Retry> = HashMap::new();
+    let mut seen: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut purges: BTreeMap<u64, AskedPurge> = BTreeMap::new();
+    let mut retry: BTreeMap<u64, Retry> = BTreeMap::new();
     let mut total_seen = Replica::segment_events_total();
     loop {
         let every = tokio::select! {
@@ -163,7 +164,7 @@ pub async fn run(
         let now = Instant::now();
         let partitions = if every {
             let all = groups.partitions();
-            let hosted: std::collections::HashSet<u64> = all.iter().map(|p| p.group).collect();
+            let hosted: std::collections::BTreeSet<u64> = all.iter().map(|p| p.group).collect();
             seen.retain(|g, _| hosted.contains(g));
             purges.retain(|g, _| hosted.contains(g));
             retry.retain(|g, _| hosted.contains(g));

@@ -27,7 +27,8 @@
 //! under a cached page shows once the kernel has evicted it.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use crate::control::cleaner::{Cleaner, IoThrottle};
 use crate::groups::GroupRegistry;

@@ -3,7 +3,8 @@
 //! background loop that stores what rebalances need stored and answers the
 //! members waiting for it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 

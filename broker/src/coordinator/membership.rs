@@ -22,7 +22,8 @@
 //! member's generation is refused (`ILLEGAL_GENERATION`, `UNKNOWN_MEMBER_ID`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::oneshot;
@@ -511,7 +512,7 @@ impl Membership {
             let id = format!(
                 "{}-{}",
                 if req.client_id.is_empty() { "member" } else { req.client_id.as_str() },
-                ferrolog_proto::TopicId::v4_from_random(rand::random())
+                ferrolog_proto::TopicId::v4_from_random(ferrolog_raft_store::runtime::random_u128())
             );
             let replaced = req.instance_id.as_ref().and_then(|i| self.instances.get(i).cloned());
             let mut member = Member {

@@ -1,7 +1,7 @@
 //! The offset calls of the group coordinator (OffsetCommit, OffsetFetch,
 //! DescribeGroup, DeleteGroup, ListGroups) and the expiry of offsets.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use ferrolog_proto::TopicId;
 use ferrolog_proto::client::Record;

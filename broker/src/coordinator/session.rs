@@ -2,7 +2,8 @@
 //! from the partition's log for the current Raft term, and its writes.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use ferrolog_proto::client::Record;
 use ferrolog_raft_store::NO_PRODUCER_ID;

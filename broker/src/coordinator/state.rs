@@ -4,7 +4,7 @@
 //! applies the records once they are committed.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use ferrolog_proto::TopicId;
 

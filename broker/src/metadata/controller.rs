@@ -104,7 +104,7 @@ pub struct Controller {
 
 /// When a ReadIndex was asked of the controller, and the metadata log
 /// offset it answered (or why it did not).
-type ReadIndexAnswer = (std::time::Instant, Result<u64, ApiError>);
+type ReadIndexAnswer = (tokio::time::Instant, Result<u64, ApiError>);
 
 impl Controller {
     /// A controller over this broker's replica of the metadata group
@@ -197,7 +197,7 @@ impl Controller {
                 Err(ApiError::Unavailable("this broker's metadata is catching up".into()))
             };
         }
-        let began = std::time::Instant::now();
+        let began = tokio::time::Instant::now();
         let offset = {
             let mut last = self.confirmed.lock().await;
             match &*last {
@@ -207,9 +207,9 @@ impl Controller {
                     // hammering an unknown topic costs the controller a
                     // bounded rate of heartbeat rounds.
                     if let Some((asked, _)) = previous {
-                        tokio::time::sleep_until((*asked + READ_INDEX_GAP).into()).await;
+                        tokio::time::sleep_until(*asked + READ_INDEX_GAP).await;
                     }
-                    let asked = std::time::Instant::now();
+                    let asked = tokio::time::Instant::now();
                     let answer = match tokio::time::timeout(
                         CONFIRM_WAIT,
                         self.handle(ControllerRequest::ReadIndex),
@@ -406,7 +406,7 @@ impl Controller {
                 .filter(|b| *b == self.me || self.liveness.is_alive(*b))
                 .collect(),
             cluster: self.cluster_brokers(),
-            new_topic_id: TopicId::v4_from_random(rand::random::<u128>()),
+            new_topic_id: TopicId::v4_from_random(ferrolog_raft_store::runtime::random_u128()),
             older_peers: self.liveness.older_than(crate::network::protocol::MINOR),
             controller_voters: self.voter_brokers(),
             unregistered_voters: self.unregistered_voters(),
@@ -510,11 +510,10 @@ fn write_error(e: ferrolog_replica::ProposeError) -> ApiError {
     }
 }
 
-/// Milliseconds since the Unix epoch.
+/// Milliseconds since the Unix epoch, by the wall clock a simulation can
+/// replace ([`ferrolog_raft_store::runtime::wall_clock`]).
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    ferrolog_raft_store::runtime::wall_clock_ms()
 }
 
 /// Folds committed metadata records into the image, forever: reads from

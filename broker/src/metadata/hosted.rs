@@ -12,7 +12,7 @@
 //! [`HostedMetadata::changes`] tells those that keep a handle.
 
 use std::sync::{Arc, RwLock};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use ferrolog_raft_store::Replica;
 use ferrolog_replica::{NodeId, RaftNode};

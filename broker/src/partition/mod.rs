@@ -18,7 +18,8 @@ pub mod sequencer;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use ferrolog_raft_store::{Leadership, SequenceCheck};
 use ferrolog_raft_store::{RecordBatch, Replica, StoreError, StoredBatch};

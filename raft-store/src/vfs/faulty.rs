@@ -478,7 +478,7 @@ impl Vfs for FaultyMount {
                 let f = s.files.get_mut(&ino).ok_or_else(not_found)?;
                 f.data.clear();
                 f.unsynced.push(Op::SetLen(0));
-                f.modified = Some(SystemTime::now());
+                f.modified = Some(crate::runtime::wall_clock());
                 ino
             }
             (Ok(Entry::File(ino)), _) => ino,
@@ -487,7 +487,10 @@ impl Vfs for FaultyMount {
                 let (dir, name) = s.parent(path)?;
                 let ino = s.next_ino;
                 s.next_ino += 1;
-                s.files.insert(ino, FileNode { modified: Some(SystemTime::now()), ..FileNode::default() });
+                s.files.insert(
+                    ino,
+                    FileNode { modified: Some(crate::runtime::wall_clock()), ..FileNode::default() },
+                );
                 s.dir_mut(dir)?.entries.insert(name, Entry::File(ino));
                 ino
             }
@@ -704,7 +707,7 @@ impl VfsFile for FaultyFile {
         let op = Op::Write(position, buf.to_vec());
         apply(&mut f.data, &op);
         f.unsynced.push(op);
-        f.modified = Some(SystemTime::now());
+        f.modified = Some(crate::runtime::wall_clock());
         Ok(())
     }
 
