@@ -71,6 +71,8 @@ pub struct Broker {
     metadata: HostedMetadata,
     reconciler: Reconciler,
     hand_over: crate::control::handover::HandOver,
+    /// This start's boot id, as the broker's pings answer it.
+    boot_id: u64,
 }
 
 impl std::fmt::Debug for Broker {
@@ -217,6 +219,7 @@ impl Broker {
             .with_message_bytes_max(peer_message_bytes_max(config.limits.max_batch_bytes))
             .with_liveness(liveness.clone());
         let controller_slot = peer_server.controller_slot();
+        let boot_id = peer_server.boot_id();
         let mut stop = Vec::new();
         let mut servers = Vec::new();
         // One HTTP/2 connection carries every group's RPCs between two
@@ -573,6 +576,7 @@ impl Broker {
             metadata: hosted_metadata,
             reconciler,
             hand_over,
+            boot_id,
         })
     }
 
@@ -632,6 +636,12 @@ impl Broker {
     /// The configuration it runs with.
     pub fn config(&self) -> &BrokerConfig {
         &self.config
+    }
+
+    /// This start's boot id (`PingResponse.boot_id`): random, non-zero,
+    /// new at every start, even of a broker restarted in the same process.
+    pub fn boot_id(&self) -> u64 {
+        self.boot_id
     }
 
     /// Stops serving, stops every Raft group, and waits for the servers,

@@ -898,8 +898,7 @@ impl PartitionLog {
     /// Counts a segment event on this log and in the process-wide total.
     fn note_segment_event(&self) {
         self.segment_events.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        SEGMENT_EVENTS_TOTAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        SEGMENT_EVENT.notify_one();
+        SEGMENT_EVENTS.send_modify(|total| *total += 1);
     }
 
     /// Writes encoded frames (`frames`, described by `headers`) to the
@@ -1847,23 +1846,25 @@ impl FlushedRecord {
     }
 }
 
-static SEGMENT_EVENTS_TOTAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// The process-wide count of segment events (see
+/// [`PartitionLog::segment_events`]), watched: every waiter sees every
+/// change, so several brokers in one process (a simulation, an embedding)
+/// each wake for it.
+static SEGMENT_EVENTS: std::sync::LazyLock<tokio::sync::watch::Sender<u64>> =
+    std::sync::LazyLock::new(|| tokio::sync::watch::Sender::new(0));
 
 /// The process-wide count of segment events (see
 /// [`PartitionLog::segment_events`]).
 pub fn segment_events_total() -> u64 {
-    SEGMENT_EVENTS_TOTAL.load(std::sync::atomic::Ordering::Relaxed)
+    *SEGMENT_EVENTS.borrow()
 }
 
-/// Woken on every segment event of any log in this process, so a task can
-/// react at once instead of at its next poll (one stored permit: an event
-/// while nobody waits wakes the next wait).
-static SEGMENT_EVENT: tokio::sync::Notify = tokio::sync::Notify::const_new();
-
-/// Completes at the next segment event of any log in this process (or at
-/// once if one happened since the last wait returned).
-pub async fn segment_event() {
-    SEGMENT_EVENT.notified().await;
+/// Completes once the process-wide count of segment events differs from
+/// `seen` (at once if it already does).
+pub async fn segment_event_after(seen: u64) {
+    let mut events = SEGMENT_EVENTS.subscribe();
+    // The sender is a static: it is never dropped, so this cannot fail.
+    let _ = events.wait_for(|total| *total != seen).await;
 }
 
 /// Damage that [`PartitionLog::open`] found in the segment files and set

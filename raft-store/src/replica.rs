@@ -637,12 +637,12 @@ impl Replica {
         crate::log::segment_events_total()
     }
 
-    /// Completes at the next segment event of any replica in this process
-    /// (or at once if one happened since the last wait returned): a roll of
-    /// an active segment or a move of a log start. One waiter is meant (the
-    /// broker's retention task).
-    pub async fn segment_event() {
-        crate::log::segment_event().await;
+    /// Completes once [`Replica::segment_events_total`] differs from `seen`
+    /// (at once if it already does): a roll of an active segment or a move
+    /// of a log start in any replica of this process. Every waiter wakes
+    /// (each broker's retention task, when several run in one process).
+    pub async fn segment_event_after(seen: u64) {
+        crate::log::segment_event_after(seen).await;
     }
 
     /// The Raft index of the last entry of the segments retention retired

@@ -127,7 +127,7 @@ fn every_kind_of_damage_is_set_aside_never_served_and_marks_the_replica_recoveri
     let seed: u64 = std::env::var("FERROLOG_DAMAGE_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| ferrolog_raft_store::runtime::random_u64());
+        .unwrap_or_else(ferrolog_raft_store::runtime::random_u64);
     println!("seed {seed}");
     let (mut lost_rounds, mut rescans) = (0, 0);
     for round in 0..rounds {

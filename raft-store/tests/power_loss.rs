@@ -254,7 +254,7 @@ fn seed() -> u64 {
     std::env::var("FERROLOG_POWER_LOSS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| ferrolog_raft_store::runtime::random_u64())
+        .unwrap_or_else(ferrolog_raft_store::runtime::random_u64)
 }
 
 #[test]

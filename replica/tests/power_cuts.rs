@@ -303,7 +303,7 @@ async fn power_cuts_of_one_replica_or_the_whole_cluster_lose_no_acknowledged_ent
     let first: u64 = std::env::var("FERROLOG_POWER_CUT_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| ferrolog_raft_store::runtime::random_u64());
+        .unwrap_or_else(ferrolog_raft_store::runtime::random_u64);
     let (mut acked_all, mut cuts_all) = (0, 0);
     for seed in first..first + seeds {
         let (acked, indefinite, cuts) = run_seed(seed, false).await.unwrap_or_else(|e| panic!("{e}"));
@@ -330,7 +330,7 @@ async fn negative_control_on_lying_disks_loses_acknowledged_entries() {
     let first: u64 = std::env::var("FERROLOG_POWER_CUT_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| ferrolog_raft_store::runtime::random_u64());
+        .unwrap_or_else(ferrolog_raft_store::runtime::random_u64);
     let outcome = run_seed(first, true).await;
     println!("seed {first} on lying disks: {outcome:?}");
     match outcome {

@@ -159,7 +159,7 @@ pub async fn run(
         let every = tokio::select! {
             _ = tick.tick() => true,
             _ = poll.tick() => false,
-            () = Replica::segment_event() => false,
+            () = Replica::segment_event_after(total_seen) => false,
         };
         let now = Instant::now();
         let partitions = if every {

@@ -21,10 +21,6 @@ use futures::StreamExt;
 use std::sync::{Arc, OnceLock};
 use tracing::Instrument;
 
-/// This process's boot id (see `PingResponse.boot_id`): random, non-zero,
-/// fixed until the process exits.
-static BOOT_ID: std::sync::LazyLock<u64> = std::sync::LazyLock::new(crate::identity::random_id);
-
 /// The `RaftPeer` service of a broker.
 #[derive(Clone, Debug)]
 pub struct RaftPeerServer {
@@ -33,6 +29,11 @@ pub struct RaftPeerServer {
     groups: GroupRegistry,
     controller: Arc<OnceLock<Controller>>,
     liveness: Liveness,
+    /// This start's boot id (see `PingResponse.boot_id`): random, non-zero,
+    /// drawn when the broker starts. Per server, not per process: a broker
+    /// restarted inside one process (a simulation, an embedding) gets a
+    /// new one, so its peers see the restart.
+    boot_id: u64,
 }
 
 impl RaftPeerServer {
@@ -44,7 +45,13 @@ impl RaftPeerServer {
             controller: Arc::default(),
             message_bytes_max: 64 << 20,
             liveness: Liveness::default(),
+            boot_id: crate::identity::random_id(),
         }
+    }
+
+    /// This start's boot id, as pings answer it.
+    pub fn boot_id(&self) -> u64 {
+        self.boot_id
     }
 
     /// Judges pre-votes with what `liveness` (this broker's pings) says of
@@ -427,7 +434,7 @@ impl Peer for RaftPeerServer {
             your_incarnation,
             image_caught_up,
             metadata_last_index,
-            boot_id: *BOOT_ID,
+            boot_id: self.boot_id,
             replicas_open: self.groups.replicas_open(),
             protocol_major: protocol::ours().major,
             protocol_minor: protocol::ours().minor,

@@ -1,0 +1,235 @@
+//! Three brokers in one process (issue 15: the ground a simulation of whole
+//! brokers stands on): they form a cluster on loopback listeners bound by
+//! the caller, replicate a topic, and one is stopped and started again
+//! inside the process on the same data directory and ports. Nothing they
+//! keep per process may mix them up: the restarted broker gets a new boot
+//! id (its peers tell a restart from a pause by it) and catches up.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ferrolog_broker::config::BrokerConfig;
+use ferrolog_broker::server::{Broker, Listeners};
+use ferrolog_proto::client::ferrolog_client::FerrologClient;
+use ferrolog_proto::client::{
+    CreateTopicRequest, FetchRequest, PartitionStatusRequest, PartitionStatusResponse, ProduceRequest,
+    Record, RecordSet, ReplicaState,
+};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+const TOPIC: &str = "in-process";
+
+/// One broker of the process: its addresses, and while it runs, the means
+/// to stop it.
+struct Member {
+    peer: SocketAddr,
+    client: SocketAddr,
+    dir: PathBuf,
+    running: Option<(oneshot::Sender<()>, JoinHandle<()>)>,
+}
+
+/// A started broker: its boot id, the sender that stops it, its task.
+type Started = (u64, oneshot::Sender<()>, JoinHandle<()>);
+
+/// Starts broker `id` of `cluster` on `listeners`, with data in `dir`.
+/// (A founding broker may wait for its peers to answer before it returns:
+/// start the founders together.)
+async fn start(
+    id: u32,
+    dir: PathBuf,
+    cluster: &BTreeMap<u32, SocketAddr>,
+    listeners: Listeners,
+) -> anyhow::Result<Started> {
+    let config = BrokerConfig {
+        node_id: id,
+        client_addr: listeners.client.local_addr()?,
+        peer_addr: listeners.peer.local_addr()?,
+        data_dir: dir,
+        initial_cluster: cluster.clone(),
+        ..BrokerConfig::default()
+    };
+    let (stop, stopped) = oneshot::channel::<()>();
+    let signal = async move {
+        let _ = stopped.await;
+    };
+    let broker = Broker::start(config, listeners, signal).await?;
+    Ok((broker.boot_id(), stop, tokio::spawn(broker.serve())))
+}
+
+async fn stop(m: &mut Member) -> anyhow::Result<()> {
+    let (stop, serving) = m.running.take().expect("running");
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(30), serving).await??;
+    Ok(())
+}
+
+async fn bind(peer: SocketAddr, client: SocketAddr) -> anyhow::Result<Listeners> {
+    Ok(Listeners {
+        peer: TcpListener::bind(peer).await?,
+        client: TcpListener::bind(client).await?,
+        kafka: None,
+    })
+}
+
+async fn api(addr: SocketAddr) -> anyhow::Result<FerrologClient<tonic::transport::Channel>> {
+    Ok(FerrologClient::connect(format!("http://{addr}")).await?)
+}
+
+/// Produces one record `value` through whichever running broker leads,
+/// retrying until 30 s pass; returns its offset.
+async fn produce(members: &[&Member], value: &str) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let request = ProduceRequest {
+        topic: TOPIC.into(),
+        partition: 0,
+        records: vec![Record { value: value.as_bytes().to_vec().into(), ..Default::default() }],
+        producer_id: -1,
+        ..Default::default()
+    };
+    loop {
+        for m in members {
+            if let Ok(mut c) = api(m.client).await
+                && let Ok(r) = c.produce(request.clone()).await
+                && r.get_ref().error.is_none()
+            {
+                return Ok(r.into_inner().base_offset);
+            }
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{value} was never produced");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn status(addr: SocketAddr) -> anyhow::Result<PartitionStatusResponse> {
+    Ok(api(addr)
+        .await?
+        .partition_status(PartitionStatusRequest { topic: TOPIC.into(), partition: 0 })
+        .await?
+        .into_inner())
+}
+
+fn tempdir_in(root: &Path, id: u32) -> anyhow::Result<PathBuf> {
+    let dir = root.join(format!("broker-{id}"));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_brokers_share_a_process_and_one_restarts_in_it_with_a_new_boot_id() -> anyhow::Result<()> {
+    let root = tempfile::tempdir()?;
+    let mut listeners = BTreeMap::new();
+    let mut members = BTreeMap::new();
+    for id in 1..=3u32 {
+        let peer = TcpListener::bind("127.0.0.1:0").await?;
+        let client = TcpListener::bind("127.0.0.1:0").await?;
+        let member = Member {
+            peer: peer.local_addr()?,
+            client: client.local_addr()?,
+            dir: tempdir_in(root.path(), id)?,
+            running: None,
+        };
+        members.insert(id, member);
+        listeners.insert(id, Listeners { peer, client, kafka: None });
+    }
+    let cluster: BTreeMap<u32, SocketAddr> = members.iter().map(|(id, m)| (*id, m.peer)).collect();
+    let started = futures::future::try_join_all(
+        listeners.into_iter().map(|(id, l)| start(id, members[&id].dir.clone(), &cluster, l)),
+    )
+    .await?;
+    let mut boot_ids = BTreeMap::new();
+    for ((id, m), (boot_id, stop, serving)) in members.iter_mut().zip(started) {
+        boot_ids.insert(*id, boot_id);
+        m.running = Some((stop, serving));
+    }
+    let distinct: std::collections::BTreeSet<u64> = boot_ids.values().copied().collect();
+    assert_eq!(distinct.len(), 3, "every broker of the process has its own boot id: {boot_ids:?}");
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let create =
+        CreateTopicRequest { name: TOPIC.into(), partitions: 1, replication_factor: 3, ..Default::default() };
+    while api(members[&1].client).await?.create_topic(create.clone()).await?.into_inner().error.is_some() {
+        anyhow::ensure!(Instant::now() < deadline, "the topic was never created");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for i in 0..10u64 {
+        let all: Vec<&Member> = members.values().collect();
+        assert_eq!(produce(&all, &format!("r{i}")).await?, i);
+    }
+
+    // Broker 2 stops; the other two keep taking writes.
+    let two = members.get_mut(&2).expect("member 2");
+    stop(two).await?;
+    for i in 10..20u64 {
+        let up = [&members[&1], &members[&3]];
+        assert_eq!(produce(&up, &format!("r{i}")).await?, i);
+    }
+
+    // It starts again in this process, on its directory and ports.
+    let two = members.get_mut(&2).expect("member 2");
+    let (again, stop_two, serving) =
+        start(2, two.dir.clone(), &cluster, bind(two.peer, two.client).await?).await?;
+    two.running = Some((stop_two, serving));
+    assert_ne!(again, boot_ids[&2], "a broker restarted in the same process keeps its old boot id");
+
+    // It catches up: its replica runs and holds everything the leader does.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut leader = None;
+        for m in members.values() {
+            if let Ok(s) = status(m.client).await
+                && s.error.is_none()
+                && s.leader != 0
+            {
+                leader = Some(s.leader);
+                break;
+            }
+        }
+        let mine = status(members[&2].client).await.ok();
+        if let (Some(l), Some(mine)) = (leader, &mine) {
+            let theirs = status(members[&l].client).await?;
+            if mine.replica_state == ReplicaState::Running as i32
+                && theirs.high_watermark >= 20
+                && mine.last_log_index == theirs.last_log_index
+            {
+                break;
+            }
+        }
+        anyhow::ensure!(Instant::now() < deadline, "broker 2 did not catch up: {mine:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Every acknowledged record, once, in order.
+    let mut values = Vec::new();
+    for m in members.values() {
+        let r = api(m.client)
+            .await?
+            .fetch(FetchRequest {
+                topic: TOPIC.into(),
+                partition: 0,
+                offset: 0,
+                max_bytes: 1 << 20,
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        if r.error.is_none() {
+            for b in &r.batches {
+                let set = <RecordSet as prost::Message>::decode(b.records.clone())?;
+                values.extend(set.records.iter().map(|r| String::from_utf8_lossy(&r.value).into_owned()));
+            }
+            break;
+        }
+    }
+    let want: Vec<String> = (0..20).map(|i| format!("r{i}")).collect();
+    assert_eq!(values, want);
+
+    for m in members.values_mut() {
+        stop(m).await?;
+    }
+    Ok(())
+}
