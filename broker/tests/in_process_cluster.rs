@@ -14,8 +14,8 @@ use ferrolog_broker::config::BrokerConfig;
 use ferrolog_broker::server::{Broker, Listeners};
 use ferrolog_proto::client::ferrolog_client::FerrologClient;
 use ferrolog_proto::client::{
-    CreateTopicRequest, FetchRequest, PartitionStatusRequest, PartitionStatusResponse, ProduceRequest,
-    Record, RecordSet, ReplicaState,
+    CreateTopicRequest, FetchRequest, InitProducerIdRequest, PartitionStatusRequest, PartitionStatusResponse,
+    ProduceRequest, Record, RecordSet, ReplicaState,
 };
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -76,19 +76,50 @@ async fn bind(peer: SocketAddr, client: SocketAddr) -> anyhow::Result<Listeners>
     })
 }
 
+/// A client of the broker at `addr` whose every call gives up after 5 s (a
+/// stuck call fails the test instead of holding it).
 async fn api(addr: SocketAddr) -> anyhow::Result<FerrologClient<tonic::transport::Channel>> {
-    Ok(FerrologClient::connect(format!("http://{addr}")).await?)
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(5));
+    Ok(FerrologClient::new(endpoint.connect().await?))
 }
 
-/// Produces one record `value` through whichever running broker leads,
-/// retrying until 30 s pass; returns its offset.
-async fn produce(members: &[&Member], value: &str) -> anyhow::Result<u64> {
+/// An idempotent producer's id and epoch (KIP-98), from any running broker.
+async fn producer_id(members: &[&Member]) -> anyhow::Result<(i64, i32)> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        for m in members {
+            if let Ok(mut c) = api(m.client).await
+                && let Ok(r) = c.init_producer_id(InitProducerIdRequest {}).await
+                && r.get_ref().error.is_none()
+            {
+                return Ok((r.get_ref().producer_id, r.get_ref().producer_epoch));
+            }
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no producer id");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Produces one record `value` with sequence number `sequence` of
+/// `producer` through whichever running broker leads, retrying until 30 s
+/// pass (a retry of a stored record is answered as a duplicate, with its
+/// offset); returns its offset.
+async fn produce(
+    members: &[&Member],
+    producer: (i64, i32),
+    sequence: i32,
+    value: &str,
+) -> anyhow::Result<u64> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let request = ProduceRequest {
         topic: TOPIC.into(),
         partition: 0,
         records: vec![Record { value: value.as_bytes().to_vec().into(), ..Default::default() }],
-        producer_id: -1,
+        producer_id: producer.0,
+        producer_epoch: producer.1,
+        base_sequence: sequence,
         ..Default::default()
     };
     loop {
@@ -156,17 +187,18 @@ async fn three_brokers_share_a_process_and_one_restarts_in_it_with_a_new_boot_id
         anyhow::ensure!(Instant::now() < deadline, "the topic was never created");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    for i in 0..10u64 {
-        let all: Vec<&Member> = members.values().collect();
-        assert_eq!(produce(&all, &format!("r{i}")).await?, i);
+    let all: Vec<&Member> = members.values().collect();
+    let producer = producer_id(&all).await?;
+    for i in 0..10 {
+        assert_eq!(produce(&all, producer, i, &format!("r{i}")).await?, u64::try_from(i)?);
     }
 
     // Broker 2 stops; the other two keep taking writes.
     let two = members.get_mut(&2).expect("member 2");
     stop(two).await?;
-    for i in 10..20u64 {
+    for i in 10..20 {
         let up = [&members[&1], &members[&3]];
-        assert_eq!(produce(&up, &format!("r{i}")).await?, i);
+        assert_eq!(produce(&up, producer, i, &format!("r{i}")).await?, u64::try_from(i)?);
     }
 
     // It starts again in this process, on its directory and ports.

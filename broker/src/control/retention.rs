@@ -16,8 +16,9 @@
 //! Besides the check every `retention.check_interval_ms`, the task looks,
 //! as soon as it is woken and at least every [`EVENT_POLL`], for
 //! partitions whose log rolled its active segment
-//! or moved its log start ([`Replica::segment_events`], lock-free counters,
-//! and one for the whole process so an idle broker scans nothing) and runs
+//! or moved its log start ([`Replica::segment_events`], a lock-free counter
+//! per replica, and a watched one for the whole process so an idle broker
+//! scans nothing) and runs
 //! the same steps for them at once: the leader decides when a segment
 //! seals, a follower deletes when the new log start applies. Partitions
 //! of one round step side by side (up to [`STEPS_AT_ONCE`]), so a stuck
@@ -119,7 +120,7 @@ pub fn new_log_start(segments: &[SegmentSummary], now_ms: i64, limits: Limits, c
 /// How often the retention task looks whether a retry is due, or whether
 /// any log rolled a segment or moved its log start (one process-wide
 /// counter, [`Replica::segment_events_total`]; it is also woken at once on
-/// each such event by [`Replica::segment_event`]); only when the counter
+/// each such event by [`Replica::segment_event_after`]); only when the counter
 /// moved does it look for which partitions did.
 pub const EVENT_POLL: Duration = Duration::from_millis(25);
 

@@ -374,6 +374,18 @@ impl PartitionQueue {
         Failure::Failed(batch, error)
     }
 
+    /// A request of batch `batch_id` was still unanswered at the batch's
+    /// delivery deadline (`error` says so): it is no longer in flight and
+    /// may have been stored; [`PartitionQueue::expire`] fails it next. The
+    /// partition's back-off and failure count are left alone: the broker
+    /// did not fail, the batch ran out of time.
+    pub(crate) fn on_deadline(&mut self, batch_id: u64, error: Error) {
+        let Some(index) = self.take_in_flight(batch_id) else { return };
+        let batch = &mut self.batches[index];
+        batch.maybe_stored = true;
+        batch.last_error = Some(error);
+    }
+
     /// The sequence breaks before the batch now at `index`: it and every
     /// later batch are to be renumbered.
     fn open_gap(&mut self, index: usize) {
@@ -541,6 +553,25 @@ mod tests {
         assert!(q.on_success(0).is_some() && q.on_success(1).is_some() && q.on_success(2).is_some());
         assert!(q.is_idle());
         assert_eq!(q.next_sequence, 6);
+    }
+
+    /// A request cut at its batch's delivery deadline blames no broker: the
+    /// partition neither backs off nor counts a failure, and the batch
+    /// expires as maybe stored, opening a sequence gap.
+    #[test]
+    fn a_request_cut_at_its_deadline_expires_its_batch_without_backing_off() {
+        let (mut q, _rx) = queue_with(&[1, 1]);
+        let now = Instant::now();
+        assert_eq!(q.next_send(now, 1).map(|s| s.batch_id), Some(0));
+        let cut = Error::Timeout { operation: "produce".into(), address: "b".into(), timeout_ms: 3 };
+        q.on_deadline(0, cut);
+        assert_eq!((q.in_flight, q.failures, q.retry_at), (0, 0, None));
+        let expired = q.expire(now + Duration::from_secs(1), Duration::from_millis(500));
+        assert_eq!(
+            expired.iter().map(|b| (b.id, b.maybe_stored)).collect::<Vec<_>>(),
+            [(0, true), (1, false)]
+        );
+        assert!(q.gap, "whether batch 0 was stored is unknown: its sequence is a gap");
     }
 
     #[test]

@@ -46,6 +46,9 @@ enum Event {
         /// The broker the request went to.
         address: String,
         result: Result<u64>,
+        /// The wait ended at the batch's delivery deadline, before the
+        /// request timeout: the batch expires, the broker is not blamed.
+        at_deadline: bool,
     },
     ProducerId {
         target: Option<(String, u32)>,
@@ -384,7 +387,7 @@ impl Worker {
     fn event(&mut self, event: Event) {
         let now = Instant::now();
         match event {
-            Event::Produced { topic, partition, batch_id, topic_id, address, result } => {
+            Event::Produced { topic, partition, batch_id, topic_id, address, result, at_deadline } => {
                 if let Err(Error::TopicRecreated { .. }) = &result {
                     self.topic_recreated(&topic, topic_id);
                 }
@@ -393,6 +396,14 @@ impl Worker {
                     return;
                 };
                 match result {
+                    // The batch's own delivery timeout ended the wait, not a
+                    // failure of the broker: no metadata refresh, no
+                    // back-off for the partition's other batches. It
+                    // expires at the next drive, as of unknown outcome.
+                    Err(e @ Error::Timeout { .. }) if at_deadline => {
+                        tracing::debug!(%topic, partition, batch_id, "delivery timeout reached in flight");
+                        queue.on_deadline(batch_id, e);
+                    }
                     Ok(base_offset) => {
                         tracing::trace!(%topic, partition, batch_id, base_offset, "produced");
                         if let Some(batch) = queue.on_success(batch_id) {
@@ -645,7 +656,9 @@ impl Worker {
         // KIP-91): past that the batch fails as of unknown outcome, rather
         // than a full `request_timeout_ms` after a broker stopped answering.
         let deadline = spec.created + Duration::from_millis(self.config.delivery_timeout_ms);
-        let left_ms = deadline.saturating_duration_since(Instant::now()).as_millis();
+        // Rounded up: a wait cut at the deadline ends at or after it, so the
+        // batch has expired by the time its answer is handled.
+        let left_ms = deadline.saturating_duration_since(Instant::now()).as_micros().div_ceil(1000);
         let timeout_ms =
             u64::try_from(left_ms).unwrap_or(u64::MAX).clamp(1, meta.config().request_timeout_ms);
         let task = async move {
@@ -664,7 +677,9 @@ impl Worker {
                 .await
                 .map_err(|e| oversized_request(&topic, partition, spec.bytes, e))
                 .and_then(|r| Error::from_wire(&op, r.error).map(|()| r.base_offset));
+            let at_deadline = timeout_ms < meta.config().request_timeout_ms;
             let _ = events.send(Event::Produced {
+                at_deadline,
                 topic,
                 partition,
                 batch_id: spec.batch_id,
