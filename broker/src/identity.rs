@@ -7,6 +7,8 @@
 
 use std::path::Path;
 
+use ferrolog_raft_store::vfs::Vfs;
+
 use serde::{Deserialize, Serialize};
 
 use crate::config::BrokerId;
@@ -50,8 +52,8 @@ pub fn random_id() -> u64 {
 ///
 /// # Errors
 /// An unreadable or malformed file, or one that names another broker id.
-pub fn load(data_dir: &Path, broker_id: BrokerId) -> anyhow::Result<Option<Identity>> {
-    let id = load_any(data_dir)?;
+pub fn load(fs: &dyn Vfs, data_dir: &Path, broker_id: BrokerId) -> anyhow::Result<Option<Identity>> {
+    let id = load_any(fs, data_dir)?;
     if let Some(id) = &id {
         anyhow::ensure!(
             id.broker_id == broker_id,
@@ -68,13 +70,13 @@ pub fn load(data_dir: &Path, broker_id: BrokerId) -> anyhow::Result<Option<Ident
 ///
 /// # Errors
 /// An unreadable or malformed file.
-pub fn load_any(data_dir: &Path) -> anyhow::Result<Option<Identity>> {
+pub fn load_any(fs: &dyn Vfs, data_dir: &Path) -> anyhow::Result<Option<Identity>> {
     let path = data_dir.join(IDENTITY_FILE);
-    match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
+    match ferrolog_raft_store::read_if_exists(fs, &path) {
+        Ok(Some(bytes)) => serde_json::from_slice(&bytes)
             .map(Some)
             .map_err(|e| anyhow::anyhow!("{} is damaged: {e}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Ok(None) => Ok(None),
         Err(e) => Err(anyhow::anyhow!("reading {}: {e}", path.display())),
     }
 }
@@ -85,39 +87,73 @@ pub fn fresh(broker_id: BrokerId) -> Identity {
     Identity { broker_id, incarnation: random_id(), metadata_node: u64::from(broker_id), founder: false }
 }
 
-/// Writes the identity durably (temp file, fsync, rename, fsync directory).
+/// Writes the identity durably on `fs` (temp file, fsync, rename, fsync of
+/// the directory).
 ///
 /// # Errors
 /// IO errors, naming the file.
-pub fn store(data_dir: &Path, id: &Identity) -> anyhow::Result<()> {
+pub fn store(fs: &dyn Vfs, data_dir: &Path, id: &Identity) -> anyhow::Result<()> {
     let path = data_dir.join(IDENTITY_FILE);
-    let tmp = data_dir.join(format!("{IDENTITY_FILE}.tmp"));
     let bytes = serde_json::to_vec_pretty(id)?;
-    let write = || -> std::io::Result<()> {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        std::fs::File::open(data_dir)?.sync_all()
-    };
-    write().map_err(|e| anyhow::anyhow!("writing the broker identity {}: {e}", path.display()))
+    ferrolog_raft_store::write_durable(fs, &path, &bytes)
+        .map_err(|e| anyhow::anyhow!("writing the broker identity {}: {e}", path.display()))
 }
 
 #[cfg(test)]
 mod tests {
+    use ferrolog_raft_store::RealFs;
+    use ferrolog_raft_store::vfs::{FaultyFs, PowerCut};
+
     use super::*;
 
     #[test]
     fn stored_then_loaded_and_checked() {
         let dir = tempfile::tempdir().expect("tempdir");
-        assert_eq!(load(dir.path(), 3).expect("load"), None);
+        assert_eq!(load(&RealFs, dir.path(), 3).expect("load"), None);
         let a = fresh(3);
         assert_ne!(a.incarnation, 0);
-        store(dir.path(), &a).expect("store");
-        assert_eq!(load(dir.path(), 3).expect("load"), Some(a));
-        assert!(load(dir.path(), 4).is_err());
+        store(&RealFs, dir.path(), &a).expect("store");
+        assert_eq!(load(&RealFs, dir.path(), 3).expect("load"), Some(a));
+        assert!(load(&RealFs, dir.path(), 4).is_err());
         std::fs::write(dir.path().join(IDENTITY_FILE), b"{").expect("write");
-        assert!(load(dir.path(), 3).is_err());
+        assert!(load(&RealFs, dir.path(), 3).is_err());
+    }
+
+    /// On the disk that keeps only what fsync covered: a stored identity
+    /// survives a power cut, and a rewrite cut by the power at any of its
+    /// steps leaves the old identity or the new one, whole, never none or
+    /// a torn file (the broker would refuse to start on either).
+    #[test]
+    fn a_power_cut_leaves_the_old_identity_or_the_new_one_whole() {
+        let dir = Path::new("/data");
+        let (old, new) = (fresh(3), fresh(3));
+        let mut outcomes = std::collections::BTreeSet::new();
+        for ops in 1..=8u64 {
+            for how in [PowerCut::Clean, PowerCut::Torn] {
+                let disk = FaultyFs::new(ops);
+                let fs = disk.mount();
+                ferrolog_raft_store::create_dir_durable(&*fs, dir).expect("mkdir");
+                store(&*fs, dir, &old).expect("store");
+                disk.power_cut(PowerCut::Torn);
+                let fs = disk.mount();
+                assert_eq!(
+                    load(&*fs, dir, 3).expect("load"),
+                    Some(old.clone()),
+                    "a stored identity was lost"
+                );
+                disk.power_cut_after(ops, how);
+                let stored = store(&*fs, dir, &new).is_ok();
+                if stored {
+                    disk.power_cut(how);
+                }
+                let after = load(&*disk.mount(), dir, 3).expect("a whole identity after the cut");
+                if stored {
+                    assert_eq!(after.as_ref(), Some(&new), "an identity stored before the cut was lost");
+                }
+                assert!(after.as_ref() == Some(&old) || after.as_ref() == Some(&new), "{after:?}");
+                outcomes.insert(after.as_ref() == Some(&new));
+            }
+        }
+        assert_eq!(outcomes.len(), 2, "the cuts must land both before and after the rewrite took");
     }
 }

@@ -241,7 +241,7 @@ impl Broker {
         // The metadata group. A new data directory asks the founding members
         // how to enter (`how_to_enter`): found the group, run as a founding
         // member that never ran, or rejoin a wiped broker under new node ids.
-        let identity = match identity::load(&config.data_dir, me)? {
+        let identity = match identity::load(&RealFs, &config.data_dir, me)? {
             Some(id) if id.join_pending() => anyhow::bail!(
                 "{} holds an unfinished join: start the broker again with --join",
                 config.data_dir.display()
@@ -266,7 +266,7 @@ impl Broker {
                 }
                 // Only now does the directory get its identity: a crash
                 // before this point decides again.
-                identity::store(&config.data_dir, &id)?;
+                identity::store(&RealFs, &config.data_dir, &id)?;
                 id
             }
         };
@@ -895,7 +895,7 @@ async fn forward_to_controller(
 /// decommissioned), no broker of `join` answers within a minute, or the
 /// directory cannot be written.
 async fn enter_by_join(config: &mut BrokerConfig, peers: &PeerAddresses) -> anyhow::Result<()> {
-    let stored = identity::load_any(&config.data_dir)?;
+    let stored = identity::load_any(&RealFs, &config.data_dir)?;
     if config.node_id == 0
         && let Some(id) = &stored
     {
@@ -918,12 +918,12 @@ async fn enter_by_join(config: &mut BrokerConfig, peers: &PeerAddresses) -> anyh
         id.broker_id,
         config.node_id
     );
-    identity::store(&config.data_dir, &id)?;
+    identity::store(&RealFs, &config.data_dir, &id)?;
     tracing::info!(join = ?config.join, broker = id.broker_id, "joining a running cluster");
     let (broker_id, metadata_node) = ask_to_join(config, id.incarnation, peers).await?;
     id.broker_id = broker_id;
     id.metadata_node = metadata_node;
-    identity::store(&config.data_dir, &id)?;
+    identity::store(&RealFs, &config.data_dir, &id)?;
     config.node_id = broker_id;
     tracing::info!(broker = broker_id, metadata_node, "joined the cluster");
     Ok(())

@@ -36,6 +36,21 @@ pub fn read(fs: &dyn Vfs, path: &Path) -> Result<Vec<u8>> {
     read_up_to(&*f, path, 0, usize::try_from(len).unwrap_or(usize::MAX))
 }
 
+/// Reads the whole file at `path`, or `None` if there is none.
+///
+/// # Errors
+/// [`StoreError::Io`] other than `NotFound`.
+pub fn read_if_exists(fs: &dyn Vfs, path: &Path) -> Result<Option<Vec<u8>>> {
+    match fs.open(path, OpenMode::Read) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StoreError::io("open", path, e)),
+        Ok(f) => {
+            let len = f.len().map_err(|e| StoreError::io("stat", path, e))?;
+            read_up_to(&*f, path, 0, usize::try_from(len).unwrap_or(usize::MAX)).map(Some)
+        }
+    }
+}
+
 /// Whether `path` exists; an error other than `NotFound` is an error.
 ///
 /// # Errors
@@ -91,6 +106,9 @@ pub fn write_synced(fs: &dyn Vfs, path: &Path, bytes: &[u8]) -> Result<()> {
 
 /// Writes `bytes` to `path` atomically and durably: temp file, fsync,
 /// rename over `path`, fsync of the directory.
+///
+/// # Errors
+/// [`StoreError::Io`].
 pub fn write_durable(fs: &dyn Vfs, path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
     write_synced(fs, &tmp, bytes)?;
