@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use ferrolog_raft_store::meta_db::MetaDb;
+use ferrolog_raft_store::vfs::Vfs;
 use ferrolog_raft_store::{Flusher, Founding, Replica, StoreConfig};
 use ferrolog_replica::{NodeId, RaftNode, ValidSettings};
 use tokio::sync::watch;
@@ -163,13 +164,13 @@ pub const REPLICA_DIR: &str = "replica";
 /// Removes a partition directory: the replica's storage and its keys in the
 /// shared metadata database first (see [`Replica::remove`]), then the rest.
 /// Blocking; failures are logged (the directory sweep tries again).
-fn remove_partition_dir(meta_db: &Arc<MetaDb>, dir: &Path) {
+fn remove_partition_dir(fs: &dyn Vfs, meta_db: &Arc<MetaDb>, dir: &Path) {
     let result =
-        Replica::remove(meta_db, &dir.join(REPLICA_DIR)).map_err(anyhow::Error::from).and_then(|()| {
-            match std::fs::remove_dir_all(dir) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
-                _ => Ok(()),
-            }
+        Replica::remove(meta_db, &dir.join(REPLICA_DIR)).map_err(anyhow::Error::from).and_then(|()| match fs
+            .remove_dir_all(dir)
+        {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
         });
     if let Err(e) = result {
         tracing::warn!(dir = %dir.display(), "cannot remove a replica: {e:#}");
@@ -340,7 +341,8 @@ impl Reconciler {
             // A replica that failed is started again only on a disk that
             // takes writes (crate::control::writable); checked once per pass.
             if previous.as_ref().is_some_and(|f| f.running_since.is_none()) {
-                let verdict = disk.get_or_insert_with(|| crate::control::writable::probe(&self.root));
+                let verdict = disk
+                    .get_or_insert_with(|| crate::control::writable::probe(&**self.flusher.fs(), &self.root));
                 if let Err(why) = verdict {
                     if let Some(f) = self.failures.failures().get_mut(group) {
                         if f.waiting_for_disk.is_none() {
@@ -480,19 +482,19 @@ impl Reconciler {
         image: &MetadataImage,
         wanted: &BTreeMap<u64, (String, u32, PartitionAssignment)>,
     ) -> Vec<PathBuf> {
-        let Ok(entries) = std::fs::read_dir(&self.root) else { return Vec::new() };
-        entries
-            .flatten()
-            .filter(|e| e.path().is_dir())
-            .filter(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
+        let fs = self.flusher.fs();
+        let Ok(names) = fs.list(&self.root) else { return Vec::new() };
+        names
+            .into_iter()
+            .filter(|name| fs.metadata(&self.root.join(name)).is_ok_and(|m| m.is_dir))
+            .filter(|name| {
                 name.rsplit_once(".g").and_then(|(_, g)| g.parse::<u64>().ok()).is_some_and(|group| {
                     group < image.next_group_id
                         && !wanted.contains_key(&group)
                         && !self.groups.contains(group)
                 })
             })
-            .map(|e| e.path())
+            .map(|name| self.root.join(name))
             .collect()
     }
 
@@ -521,8 +523,8 @@ impl Reconciler {
 
     /// Removes a stopped replica's partition directory, off the async threads.
     async fn remove(&self, dir: &Path) {
-        let (db, dir) = (self.meta_db.clone(), dir.to_owned());
-        let _ = tokio::task::spawn_blocking(move || remove_partition_dir(&db, &dir)).await;
+        let (fs, db, dir) = (self.flusher.fs().clone(), self.meta_db.clone(), dir.to_owned());
+        let _ = tokio::task::spawn_blocking(move || remove_partition_dir(&*fs, &db, &dir)).await;
     }
 
     async fn start(
@@ -555,8 +557,9 @@ impl Reconciler {
         tokio::task::spawn_blocking(move || {
             let _span = span.enter();
             let result = (|| -> anyhow::Result<Replica> {
-                std::fs::create_dir_all(&staging)?;
-                ferrolog_replica::snapshot::clear_staging(&staging)?;
+                let fs = flusher.fs().clone();
+                ferrolog_raft_store::create_dir_durable(&*fs, &staging)?;
+                ferrolog_replica::snapshot::clear_staging(&*fs, &staging)?;
                 Ok(Replica::open_in(&meta_db, &dir.join(REPLICA_DIR), storage, flusher, rescan)?)
             })();
             if let Err(Ok(unwanted)) = opened_tx.send(result)

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use ferrolog_raft_store::meta_db::MetaDb;
-use ferrolog_raft_store::{Flusher, RealFs, Replica, create_dir_durable};
+use ferrolog_raft_store::vfs::{Fs, Vfs};
+use ferrolog_raft_store::{Flusher, Replica, create_dir_durable};
 use ferrolog_replica::{NodeId, RaftNode, Settings, ValidSettings};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
@@ -129,10 +130,10 @@ pub fn raft_settings(c: &BrokerConfig) -> anyhow::Result<ValidSettings> {
 /// Fails, naming the directory, unless a file can be written and fsynced
 /// in the data directory: a read-only or failing disk is refused at start
 /// with its path rather than met later by the first write.
-fn check_writable(dir: &std::path::Path) -> anyhow::Result<()> {
+fn check_writable(fs: &dyn Vfs, dir: &std::path::Path) -> anyhow::Result<()> {
     let probe = dir.join(".write-probe");
-    let written = std::fs::File::create(&probe).and_then(|f| f.sync_all());
-    let _ = std::fs::remove_file(&probe);
+    let written = ferrolog_raft_store::write_durable(fs, &probe, b"");
+    let _ = fs.remove_file(&probe);
     written.with_context(|| format!("data directory {} is not writable", dir.display()))
 }
 
@@ -165,12 +166,30 @@ async fn bind(addr: std::net::SocketAddr, what: &str) -> anyhow::Result<TcpListe
 impl Broker {
     /// Starts a broker from a validated config on `listeners`; it runs
     /// until `shutdown` resolves (see [`Broker::serve`]). A listener bound
-    /// to port 0 is advertised with the port it got.
+    /// to port 0 is advertised with the port it got. Its data directory is
+    /// on the operating system's file system.
     ///
     /// # Errors
     /// An unusable data directory, a failure to open storage, a founding
     /// member that cannot be reached while deciding how to enter.
     pub async fn start(
+        config: BrokerConfig,
+        listeners: Listeners,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<Self> {
+        Self::start_on(ferrolog_raft_store::vfs::real(), config, listeners, shutdown).await
+    }
+
+    /// As [`Broker::start`], with the data directory on `fs`: the file
+    /// system the store's seam gives (issue 15), e.g. an in-memory disk
+    /// that keeps only what fsync covered. Every file the broker and its
+    /// replicas write goes through it, except snapshot transfers between
+    /// brokers (`ferrolog_replica::snapshot`), still on the OS's.
+    ///
+    /// # Errors
+    /// As [`Broker::start`].
+    pub async fn start_on(
+        fs: Fs,
         mut config: BrokerConfig,
         listeners: Listeners,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -196,19 +215,20 @@ impl Broker {
         // plain mkdir can vanish in a power cut with every fsynced file
         // under it (caught with the power-loss disk of
         // tests/src/fuse_disk.rs).
-        create_dir_durable(&RealFs, &config.data_dir)
+        create_dir_durable(&*fs, &config.data_dir)
             .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;
-        check_writable(&config.data_dir)?;
+        check_writable(&*fs, &config.data_dir)?;
         let peers = PeerAddresses::new(
             config.peer_routes.iter().map(|(peer, via)| (*peer, *via)),
             Duration::from_millis(config.raft.election_timeout_min_ms),
         )
         .with_reassignment_throttle(config.reassignment.replication_throttled_rate);
         // A broker joining a running cluster learns its id first.
-        enter_by_join(&mut config, &peers).await?;
+        enter_by_join(&*fs, &mut config, &peers).await?;
         let me = config.node_id;
         let raft_settings = raft_settings(&config)?;
-        let flusher = Flusher::spawn(&format!("broker-{me}")).context("starting the flusher")?;
+        let flusher =
+            Flusher::spawn_on(&format!("broker-{me}"), fs.clone()).context("starting the flusher")?;
         let groups = GroupRegistry::default();
 
         // Peer API first: the metadata group needs to reach the others.
@@ -241,7 +261,7 @@ impl Broker {
         // The metadata group. A new data directory asks the founding members
         // how to enter (`how_to_enter`): found the group, run as a founding
         // member that never ran, or rejoin a wiped broker under new node ids.
-        let identity = match identity::load(&RealFs, &config.data_dir, me)? {
+        let identity = match identity::load(&*fs, &config.data_dir, me)? {
             Some(id) if id.join_pending() => anyhow::bail!(
                 "{} holds an unfinished join: start the broker again with --join",
                 config.data_dir.display()
@@ -266,14 +286,14 @@ impl Broker {
                 }
                 // Only now does the directory get its identity: a crash
                 // before this point decides again.
-                identity::store(&RealFs, &config.data_dir, &id)?;
+                identity::store(&*fs, &config.data_dir, &id)?;
                 id
             }
         };
         let meta_dir = config.data_dir.join("metadata");
         let staging_dir = meta_dir.join("staging");
-        create_dir_durable(&RealFs, &staging_dir)?;
-        ferrolog_replica::snapshot::clear_staging(&staging_dir)?;
+        create_dir_durable(&*fs, &staging_dir)?;
+        ferrolog_replica::snapshot::clear_staging(&*fs, &staging_dir)?;
         // The metadata log is always fsynced before it acknowledges, whatever
         // storage.flush says: its writes are rare, and it must never need
         // the unclean recovery of ferrolog_replica::recovery.
@@ -366,9 +386,10 @@ impl Broker {
 
         let failures = Failures::default();
         let partitions_root = config.data_dir.join("partitions");
-        create_dir_durable(&RealFs, &partitions_root)
+        create_dir_durable(&*fs, &partitions_root)
             .with_context(|| format!("creating {}", partitions_root.display()))?;
-        let meta_db = MetaDb::open(&partitions_root).context("opening the replicas' metadata database")?;
+        let meta_db =
+            MetaDb::open_on(&fs, &partitions_root).context("opening the replicas' metadata database")?;
         let reconciler = Reconciler {
             broker: me,
             root: partitions_root,
@@ -894,8 +915,8 @@ async fn forward_to_controller(
 /// The controller refuses (the id is a live broker's, or was
 /// decommissioned), no broker of `join` answers within a minute, or the
 /// directory cannot be written.
-async fn enter_by_join(config: &mut BrokerConfig, peers: &PeerAddresses) -> anyhow::Result<()> {
-    let stored = identity::load_any(&RealFs, &config.data_dir)?;
+async fn enter_by_join(fs: &dyn Vfs, config: &mut BrokerConfig, peers: &PeerAddresses) -> anyhow::Result<()> {
+    let stored = identity::load_any(fs, &config.data_dir)?;
     if config.node_id == 0
         && let Some(id) = &stored
     {
@@ -918,12 +939,12 @@ async fn enter_by_join(config: &mut BrokerConfig, peers: &PeerAddresses) -> anyh
         id.broker_id,
         config.node_id
     );
-    identity::store(&RealFs, &config.data_dir, &id)?;
+    identity::store(fs, &config.data_dir, &id)?;
     tracing::info!(join = ?config.join, broker = id.broker_id, "joining a running cluster");
     let (broker_id, metadata_node) = ask_to_join(config, id.incarnation, peers).await?;
     id.broker_id = broker_id;
     id.metadata_node = metadata_node;
-    identity::store(&RealFs, &config.data_dir, &id)?;
+    identity::store(fs, &config.data_dir, &id)?;
     config.node_id = broker_id;
     tracing::info!(broker = broker_id, metadata_node, "joined the cluster");
     Ok(())

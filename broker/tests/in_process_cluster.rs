@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use ferrolog_broker::config::BrokerConfig;
@@ -17,6 +17,7 @@ use ferrolog_proto::client::{
     CreateTopicRequest, FetchRequest, InitProducerIdRequest, PartitionStatusRequest, PartitionStatusResponse,
     ProduceRequest, Record, RecordSet, ReplicaState,
 };
+use ferrolog_raft_store::vfs::{self, FaultyFs, Fs, PowerCut};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -36,10 +37,11 @@ struct Member {
 /// A started broker: its boot id, the sender that stops it, its task.
 type Started = (u64, oneshot::Sender<()>, JoinHandle<()>);
 
-/// Starts broker `id` of `cluster` on `listeners`, with data in `dir`.
-/// (A founding broker may wait for its peers to answer before it returns:
-/// start the founders together.)
+/// Starts broker `id` of `cluster` on `listeners`, with data in `dir` on
+/// `fs`. (A founding broker may wait for its peers to answer before it
+/// returns: start the founders together.)
 async fn start(
+    fs: Fs,
     id: u32,
     dir: PathBuf,
     cluster: &BTreeMap<u32, SocketAddr>,
@@ -57,7 +59,7 @@ async fn start(
     let signal = async move {
         let _ = stopped.await;
     };
-    let broker = Broker::start(config, listeners, signal).await?;
+    let broker = Broker::start_on(fs, config, listeners, signal).await?;
     Ok((broker.boot_id(), stop, tokio::spawn(broker.serve())))
 }
 
@@ -144,15 +146,75 @@ async fn status(addr: SocketAddr) -> anyhow::Result<PartitionStatusResponse> {
         .into_inner())
 }
 
-fn tempdir_in(root: &Path, id: u32) -> anyhow::Result<PathBuf> {
-    let dir = root.join(format!("broker-{id}"));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
+/// Where each broker's data directory lives.
+enum Disks {
+    /// The operating system's file system, under a temporary directory.
+    Os(tempfile::TempDir),
+    /// One in-memory disk per broker that keeps only what fsync covered
+    /// (the store's fault-injecting file system).
+    Memory(BTreeMap<u32, FaultyFs>),
+}
+
+impl Disks {
+    fn memory() -> Self {
+        Disks::Memory((1..=3).map(|id| (id, FaultyFs::new(u64::from(id)))).collect())
+    }
+
+    /// Broker `id`'s file system, as a process started now sees it.
+    fn fs(&self, id: u32) -> Fs {
+        match self {
+            Disks::Os(_) => vfs::real(),
+            Disks::Memory(disks) => disks[&id].mount(),
+        }
+    }
+
+    fn dir(&self, id: u32) -> PathBuf {
+        match self {
+            Disks::Os(root) => root.path().join(format!("broker-{id}")),
+            Disks::Memory(_) => PathBuf::from(format!("/data/broker-{id}")),
+        }
+    }
+
+    /// Broker `id` has stopped: on an in-memory disk its power is cut as
+    /// well (what no fsync covered is lost, the last write torn).
+    fn after_stop(&self, id: u32) {
+        if let Disks::Memory(disks) = self {
+            disks[&id].power_cut(PowerCut::Torn);
+        }
+    }
+
+    /// On in-memory disks: that every broker's files went there (each disk
+    /// saw file and directory fsyncs) and broker 2's lost power once.
+    fn assert_used(&self) {
+        if let Disks::Memory(disks) = self {
+            for (id, disk) in disks {
+                let s = disk.stats();
+                assert!(s.file_syncs > 0 && s.dir_syncs > 0, "broker {id}'s disk saw no fsync: {s:?}");
+                assert_eq!(s.power_cuts, u64::from(*id == 2), "broker {id}'s disk: {s:?}");
+            }
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_brokers_share_a_process_and_one_restarts_in_it_with_a_new_boot_id() -> anyhow::Result<()> {
-    let root = tempfile::tempdir()?;
+    run(Disks::Os(tempfile::tempdir()?)).await
+}
+
+/// The same on in-memory disks, nothing of them on the OS's file system:
+/// every file the brokers keep goes through the store's file-system seam
+/// (`Broker::start_on`), and broker 2's disk loses power while it is
+/// stopped. What it had acknowledged was fsynced, so it comes back and
+/// catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_brokers_run_on_in_memory_disks_and_one_comes_back_from_a_power_cut() -> anyhow::Result<()> {
+    run(Disks::memory()).await
+}
+
+/// Three brokers of one process replicate a topic; broker 2 stops (and on
+/// in-memory disks loses power), the others take more writes, and broker 2
+/// starts again on its directory and ports.
+async fn run(disks: Disks) -> anyhow::Result<()> {
     let mut listeners = BTreeMap::new();
     let mut members = BTreeMap::new();
     for id in 1..=3u32 {
@@ -161,7 +223,7 @@ async fn three_brokers_share_a_process_and_one_restarts_in_it_with_a_new_boot_id
         let member = Member {
             peer: peer.local_addr()?,
             client: client.local_addr()?,
-            dir: tempdir_in(root.path(), id)?,
+            dir: disks.dir(id),
             running: None,
         };
         members.insert(id, member);
@@ -169,7 +231,7 @@ async fn three_brokers_share_a_process_and_one_restarts_in_it_with_a_new_boot_id
     }
     let cluster: BTreeMap<u32, SocketAddr> = members.iter().map(|(id, m)| (*id, m.peer)).collect();
     let started = futures::future::try_join_all(
-        listeners.into_iter().map(|(id, l)| start(id, members[&id].dir.clone(), &cluster, l)),
+        listeners.into_iter().map(|(id, l)| start(disks.fs(id), id, members[&id].dir.clone(), &cluster, l)),
     )
     .await?;
     let mut boot_ids = BTreeMap::new();
@@ -196,6 +258,7 @@ async fn three_brokers_share_a_process_and_one_restarts_in_it_with_a_new_boot_id
     // Broker 2 stops; the other two keep taking writes.
     let two = members.get_mut(&2).expect("member 2");
     stop(two).await?;
+    disks.after_stop(2);
     for i in 10..20 {
         let up = [&members[&1], &members[&3]];
         assert_eq!(produce(&up, producer, i, &format!("r{i}")).await?, u64::try_from(i)?);
@@ -204,7 +267,7 @@ async fn three_brokers_share_a_process_and_one_restarts_in_it_with_a_new_boot_id
     // It starts again in this process, on its directory and ports.
     let two = members.get_mut(&2).expect("member 2");
     let (again, stop_two, serving) =
-        start(2, two.dir.clone(), &cluster, bind(two.peer, two.client).await?).await?;
+        start(disks.fs(2), 2, two.dir.clone(), &cluster, bind(two.peer, two.client).await?).await?;
     two.running = Some((stop_two, serving));
     assert_ne!(again, boot_ids[&2], "a broker restarted in the same process keeps its old boot id");
 
@@ -263,5 +326,6 @@ async fn three_brokers_share_a_process_and_one_restarts_in_it_with_a_new_boot_id
     for m in members.values_mut() {
         stop(m).await?;
     }
+    disks.assert_used();
     Ok(())
 }

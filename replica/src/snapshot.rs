@@ -11,6 +11,7 @@ use ferrolog_proto::raft::SnapshotChunk;
 use ferrolog_raft_store::snapshot::SnapshotFiles;
 use ferrolog_raft_store::state_machine::Snapshot;
 use ferrolog_raft_store::types::{NodeId, SnapshotMeta, Vote};
+use ferrolog_raft_store::vfs::Vfs;
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -176,10 +177,10 @@ impl Received {
 ///
 /// # Errors
 /// The directory cannot be listed or an entry not removed.
-pub fn clear_staging(staging_root: &Path) -> std::io::Result<()> {
-    for ent in fs::read_dir(staging_root)? {
-        let path = ent?.path();
-        if path.is_dir() { fs::remove_dir_all(&path)? } else { fs::remove_file(&path)? }
+pub fn clear_staging(vfs: &dyn Vfs, staging_root: &Path) -> std::io::Result<()> {
+    for name in vfs.list(staging_root)? {
+        let path = staging_root.join(name);
+        if vfs.metadata(&path)?.is_dir { vfs.remove_dir_all(&path)? } else { vfs.remove_file(&path)? }
     }
     Ok(())
 }
@@ -334,7 +335,7 @@ mod tests {
         std::fs::create_dir_all(root.path().join("incoming-1")).unwrap();
         std::fs::write(root.path().join("incoming-1").join("a.seg"), b"partial").unwrap();
         std::fs::write(root.path().join("stray"), b"x").unwrap();
-        clear_staging(root.path()).unwrap();
+        clear_staging(&ferrolog_raft_store::RealFs, root.path()).unwrap();
         assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
         assert!(root.path().is_dir(), "the staging root itself stays");
     }

@@ -114,8 +114,8 @@ pub async fn run(r: MetadataRestart) {
         let mut waited_since = None;
         loop {
             // A write and an fsync: off the async threads.
-            let dir = r.dir.clone();
-            let probed = tokio::task::spawn_blocking(move || writable::probe(&dir)).await;
+            let (fs, dir) = (r.flusher.fs().clone(), r.dir.clone());
+            let probed = tokio::task::spawn_blocking(move || writable::probe(&*fs, &dir)).await;
             let Err(why) = probed.unwrap_or_else(|e| Err(format!("the write probe failed: {e}"))) else {
                 break;
             };
@@ -158,7 +158,7 @@ async fn restart(r: &MetadataRestart, old: RaftNode) -> anyhow::Result<()> {
     let (replica, storage, flusher) = (r.metadata.replica(), r.storage.clone(), r.flusher.clone());
     let staging = r.staging_dir.clone();
     let reopened = tokio::task::spawn_blocking(move || -> anyhow::Result<Replica> {
-        ferrolog_replica::snapshot::clear_staging(&staging)?;
+        ferrolog_replica::snapshot::clear_staging(&**flusher.fs(), &staging)?;
         Ok(replica.reopen(storage, flusher)?)
     })
     .await

@@ -11,8 +11,9 @@
 //! fsynced and removed. It needs no broker restart: the probe runs on every
 //! reconcile pass (each second) while a replica waits.
 
-use std::io::Write;
 use std::path::Path;
+
+use ferrolog_raft_store::vfs::{OpenMode, Vfs};
 
 /// Free space a data directory needs before a failed replica on it is
 /// started again, bytes (16 MiB: room for the metadata of a replica and
@@ -22,27 +23,31 @@ pub const RESTART_FREE_BYTES_MIN: u64 = 16 << 20;
 /// Name of the probe file written in the directory.
 const PROBE_FILE: &str = ".ferrolog-write-probe";
 
-/// Checks that `dir` has at least [`RESTART_FREE_BYTES_MIN`] available to
-/// unprivileged writers and takes a durable write.
+/// Checks that `dir` on `fs` has at least [`RESTART_FREE_BYTES_MIN`]
+/// available to unprivileged writers (on the operating system's file
+/// system: another one has no such count, and shows a full disk by refusing
+/// the write) and takes a durable write.
 ///
 /// # Errors
 /// A message saying which check failed: too little space (with the bytes
 /// available), or the OS error of the write (e.g. read-only file system).
-pub fn probe(dir: &Path) -> Result<(), String> {
-    let st = rustix::fs::statvfs(dir).map_err(|e| format!("statvfs {}: {e}", dir.display()))?;
-    let available = st.f_bavail.saturating_mul(st.f_frsize);
-    if available < RESTART_FREE_BYTES_MIN {
-        return Err(format!(
-            "{} has {available} bytes available, below the {RESTART_FREE_BYTES_MIN} needed to restart a replica",
-            dir.display()
-        ));
+pub fn probe(fs: &dyn Vfs, dir: &Path) -> Result<(), String> {
+    if fs.is_os() {
+        let st = rustix::fs::statvfs(dir).map_err(|e| format!("statvfs {}: {e}", dir.display()))?;
+        let available = st.f_bavail.saturating_mul(st.f_frsize);
+        if available < RESTART_FREE_BYTES_MIN {
+            return Err(format!(
+                "{} has {available} bytes available, below the {RESTART_FREE_BYTES_MIN} needed to restart a replica",
+                dir.display()
+            ));
+        }
     }
     let path = dir.join(PROBE_FILE);
-    let written = std::fs::File::create(&path).and_then(|mut f| {
-        f.write_all(&[0u8; 4096])?;
+    let written = fs.open(&path, OpenMode::CreateTruncate).and_then(|f| {
+        f.write_all_at(&[0u8; 4096], 0)?;
         f.sync_all()
     });
-    let _ = std::fs::remove_file(&path);
+    let _ = fs.remove_file(&path);
     written.map_err(|e| format!("cannot write to {}: {e}", dir.display()))
 }
 
@@ -53,7 +58,7 @@ mod tests {
     #[test]
     fn a_writable_directory_with_space_passes_and_leaves_nothing() {
         let dir = tempfile::tempdir().expect("tempdir");
-        probe(dir.path()).expect("probe");
+        probe(&ferrolog_raft_store::RealFs, dir.path()).expect("probe");
         assert_eq!(std::fs::read_dir(dir.path()).expect("list").count(), 0, "the probe file was left behind");
     }
 
@@ -61,7 +66,7 @@ mod tests {
     fn a_missing_directory_fails_with_its_name() {
         let dir = tempfile::tempdir().expect("tempdir");
         let gone = dir.path().join("gone");
-        let e = probe(&gone).expect_err("probe of a missing directory");
+        let e = probe(&ferrolog_raft_store::RealFs, &gone).expect_err("probe of a missing directory");
         assert!(e.contains("gone"), "{e}");
     }
 }
