@@ -132,7 +132,8 @@ pub fn raft_settings(c: &BrokerConfig) -> anyhow::Result<ValidSettings> {
 /// with its path rather than met later by the first write.
 fn check_writable(fs: &dyn Vfs, dir: &std::path::Path) -> anyhow::Result<()> {
     let probe = dir.join(".write-probe");
-    let written = ferrolog_raft_store::write_durable(fs, &probe, b"");
+    let written =
+        fs.open(&probe, ferrolog_raft_store::vfs::OpenMode::CreateTruncate).and_then(|f| f.sync_all());
     let _ = fs.remove_file(&probe);
     written.with_context(|| format!("data directory {} is not writable", dir.display()))
 }
@@ -183,8 +184,8 @@ impl Broker {
     /// As [`Broker::start`], with the data directory on `fs`: the file
     /// system the store's seam gives (issue 15), e.g. an in-memory disk
     /// that keeps only what fsync covered. Every file the broker and its
-    /// replicas write goes through it, except snapshot transfers between
-    /// brokers (`ferrolog_replica::snapshot`), still on the OS's.
+    /// replicas read and write goes through it, snapshot transfers between
+    /// brokers included.
     ///
     /// # Errors
     /// As [`Broker::start`].

@@ -47,7 +47,7 @@ async fn start(
     cluster: &BTreeMap<u32, SocketAddr>,
     listeners: Listeners,
 ) -> anyhow::Result<Started> {
-    let config = BrokerConfig {
+    let mut config = BrokerConfig {
         node_id: id,
         client_addr: listeners.client.local_addr()?,
         peer_addr: listeners.peer.local_addr()?,
@@ -55,6 +55,8 @@ async fn start(
         initial_cluster: cluster.clone(),
         ..BrokerConfig::default()
     };
+    // Snapshots every few entries: a restarted broker may be sent one.
+    config.raft.snapshot_after_entries = 5;
     let (stop, stopped) = oneshot::channel::<()>();
     let signal = async move {
         let _ = stopped.await;
@@ -171,13 +173,14 @@ impl Disks {
     fn dir(&self, id: u32) -> PathBuf {
         match self {
             Disks::Os(root) => root.path().join(format!("broker-{id}")),
-            Disks::Memory(_) => PathBuf::from(format!("/data/broker-{id}")),
+            Disks::Memory(_) => memory_root().join(format!("broker-{id}")),
         }
     }
 
-    /// Broker `id` has stopped: on an in-memory disk its power is cut as
-    /// well (what no fsync covered is lost, the last write torn).
-    fn after_stop(&self, id: u32) {
+    /// On an in-memory disk, cuts broker `id`'s power (what no fsync
+    /// covered is lost, the last write torn; the running broker's every
+    /// file operation fails from then on).
+    fn cut_power(&self, id: u32) {
         if let Disks::Memory(disks) = self {
             disks[&id].power_cut(PowerCut::Torn);
         }
@@ -192,8 +195,18 @@ impl Disks {
                 assert!(s.file_syncs > 0 && s.dir_syncs > 0, "broker {id}'s disk saw no fsync: {s:?}");
                 assert_eq!(s.power_cuts, u64::from(*id == 2), "broker {id}'s disk: {s:?}");
             }
+            assert!(
+                !memory_root().exists(),
+                "an in-memory disk's directory was made on the OS's file system"
+            );
         }
     }
+}
+
+/// Where the in-memory disks keep the data directories: a path that does
+/// not exist on this machine's file system, and must not come to.
+fn memory_root() -> PathBuf {
+    PathBuf::from(format!("/ferrolog-in-memory-{}", std::process::id()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,9 +216,8 @@ async fn three_brokers_share_a_process_and_one_restarts_in_it_with_a_new_boot_id
 
 /// The same on in-memory disks, nothing of them on the OS's file system:
 /// every file the brokers keep goes through the store's file-system seam
-/// (`Broker::start_on`), and broker 2's disk loses power while it is
-/// stopped. What it had acknowledged was fsynced, so it comes back and
-/// catches up.
+/// (`Broker::start_on`), and broker 2's disk loses power while it runs.
+/// What it had acknowledged was fsynced, so it comes back and catches up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_brokers_run_on_in_memory_disks_and_one_comes_back_from_a_power_cut() -> anyhow::Result<()> {
     run(Disks::memory()).await
@@ -255,10 +267,11 @@ async fn run(disks: Disks) -> anyhow::Result<()> {
         assert_eq!(produce(&all, producer, i, &format!("r{i}")).await?, u64::try_from(i)?);
     }
 
-    // Broker 2 stops; the other two keep taking writes.
+    // Broker 2 loses power (on in-memory disks) and stops; the other two
+    // keep taking writes.
     let two = members.get_mut(&2).expect("member 2");
+    disks.cut_power(2);
     stop(two).await?;
-    disks.after_stop(2);
     for i in 10..20 {
         let up = [&members[&1], &members[&3]];
         assert_eq!(produce(&up, producer, i, &format!("r{i}")).await?, u64::try_from(i)?);

@@ -111,6 +111,11 @@ pub const LOG_DIR: &str = "log";
 pub const SNAPSHOT_DIR: &str = "snapshots";
 
 impl Replica {
+    /// The file system the replica's directory is on.
+    pub fn fs(&self) -> &Fs {
+        &self.inner.fs
+    }
+
     /// Opens the replica stored under `dir` (created if missing), recovering
     /// the log (see [`PartitionLog::open`]) and the high watermark: the
     /// offset after the persisted commit index, so reads are served from the

@@ -789,7 +789,7 @@ impl RaftNode {
     /// # Errors
     /// [`HandleError::Stopped`].
     pub async fn install_snapshot(&self, received: Received) -> Result<pb::SnapshotResponse, HandleError> {
-        let staged = received.files.dir.clone();
+        let (fs, staged) = (received.files.fs.clone(), received.files.dir.clone());
         let snapshot = Snapshot { meta: received.meta, snapshot: received.files };
         let result = match self.running("install_snapshot").await {
             Ok(raft) => raft.install_full_snapshot(received.vote, snapshot).await.map_err(|e| e.to_string()),
@@ -797,7 +797,7 @@ impl RaftNode {
         };
         // The state machine adopted its own copy (hard links); the staging
         // directory is no longer needed either way.
-        let _ = std::fs::remove_dir_all(&staged);
+        let _ = fs.remove_dir_all(&staged);
         let r = result.map_err(HandleError::Stopped)?;
         Ok(pb::SnapshotResponse { error: None, vote: Some(wire::vote_to_wire(&r.vote)) })
     }

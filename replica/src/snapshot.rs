@@ -2,16 +2,13 @@
 //! brokers in chunks, and staging it on the receiver before install.
 
 use std::collections::HashMap;
-use std::fs::{self, File, OpenOptions};
-use std::io::Read;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use ferrolog_proto::raft::SnapshotChunk;
 use ferrolog_raft_store::snapshot::SnapshotFiles;
 use ferrolog_raft_store::state_machine::Snapshot;
 use ferrolog_raft_store::types::{NodeId, SnapshotMeta, Vote};
-use ferrolog_raft_store::vfs::Vfs;
+use ferrolog_raft_store::vfs::{FileRef, Fs, OpenMode, Vfs};
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -63,12 +60,8 @@ pub(crate) fn chunks(
     vote: &Vote,
     snapshot: &Snapshot,
 ) -> Result<impl Stream<Item = SnapshotChunk> + Send + 'static + use<>, SnapshotTransferError> {
-    let dir = snapshot.snapshot.dir.clone();
-    let mut files = Vec::new();
-    for ent in fs::read_dir(&dir).map_err(io_err("list", &dir))? {
-        let ent = ent.map_err(io_err("list", &dir))?;
-        files.push(ent.file_name().to_string_lossy().into_owned());
-    }
+    let (fs, dir) = (snapshot.snapshot.fs.clone(), snapshot.snapshot.dir.clone());
+    let files = fs.list(&dir).map_err(io_err("list", &dir))?;
     // A segment the snapshot holds only a prefix of (linked while the log
     // still appended to it) is streamed up to there.
     let files_of = &snapshot.snapshot;
@@ -103,7 +96,7 @@ pub(crate) fn chunks(
                 continue;
             }
             let path = dir.join(&name);
-            let Ok(mut f) = File::open(&path) else {
+            let Ok(f) = fs.open(&path, OpenMode::Read) else {
                 tracing::warn!(path = %path.display(), "snapshot file vanished while sending");
                 return;
             };
@@ -117,7 +110,7 @@ pub(crate) fn chunks(
                     break;
                 }
                 let mut buf = vec![0u8; want];
-                let n = match f.read(&mut buf) {
+                let n = match f.read_at(&mut buf, offset) {
                     Ok(0) if limit.is_some() => {
                         tracing::warn!(path = %path.display(), offset, ?limit,
                             "snapshot file shorter than its manifest says; not sending it");
@@ -169,6 +162,11 @@ impl Received {
     pub fn staged_dir(&self) -> &Path {
         &self.files.dir
     }
+
+    /// The file system the files were staged on.
+    pub fn fs(&self) -> &Fs {
+        &self.files.fs
+    }
 }
 
 /// Removes what earlier receptions left in `staging_root` (a transfer cut
@@ -201,7 +199,7 @@ fn valid_file_name(name: &str) -> bool {
 /// chunk); `Io` for disk failures. The staging directory is removed on error.
 pub async fn receive<S, E>(
     mut stream: S,
-    staging_root: impl Fn(GroupId) -> Option<PathBuf>,
+    staging_root: impl Fn(GroupId) -> Option<(Fs, PathBuf)>,
 ) -> Result<Received, SnapshotTransferError>
 where
     S: Stream<Item = Result<SnapshotChunk, E>> + Unpin,
@@ -223,33 +221,30 @@ where
     let meta: SnapshotMeta = ferrolog_raft_store::wire::snapshot_meta_from_wire(meta)
         .map_err(|e| invalid(format!("meta: {e}")))?;
     let (group, target) = (first.group_id, first.target_node);
-    let root = staging_root(group).ok_or_else(|| invalid(format!("unknown group {group}")))?;
+    let (fs, root) = staging_root(group).ok_or_else(|| invalid(format!("unknown group {group}")))?;
     // Random, from the generator a simulation seeds: a clock's reading
     // could repeat there.
     let dir = root.join(format!("incoming-{:016x}", ferrolog_raft_store::runtime::random_u64()));
-    fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
-    let result = receive_files(&mut stream, &dir, group).await;
+    fs.create_dir_all(&dir).map_err(io_err("create", &dir))?;
+    let result = receive_files(&*fs, &mut stream, &dir, group).await;
     if let Err(e) = result {
-        let _ = fs::remove_dir_all(&dir);
+        let _ = fs.remove_dir_all(&dir);
         return Err(e);
     }
-    // The transfer writes through the OS's file system (brokers run on it;
-    // the store's fault-injecting one is for the store's own tests).
-    Ok(Received {
-        group,
-        target,
-        vote,
-        meta,
-        files: SnapshotFiles::new(ferrolog_raft_store::vfs::real(), dir),
-    })
+    Ok(Received { group, target, vote, meta, files: SnapshotFiles::new(fs, dir) })
 }
 
-async fn receive_files<S, E>(stream: &mut S, dir: &Path, group: GroupId) -> Result<(), SnapshotTransferError>
+async fn receive_files<S, E>(
+    fs: &dyn Vfs,
+    stream: &mut S,
+    dir: &Path,
+    group: GroupId,
+) -> Result<(), SnapshotTransferError>
 where
     S: Stream<Item = Result<SnapshotChunk, E>> + Unpin,
     E: std::fmt::Display,
 {
-    let mut open: HashMap<String, File> = HashMap::new();
+    let mut open: HashMap<String, FileRef> = HashMap::new();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| SnapshotTransferError::Invalid(format!("stream failed: {e}")))?;
         if chunk.group_id != group {
@@ -262,7 +257,7 @@ where
             for (name, f) in &open {
                 f.sync_all().map_err(io_err("fsync", &dir.join(name)))?;
             }
-            File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("fsync", dir))?;
+            fs.sync_dir(dir).map_err(io_err("fsync", dir))?;
             return Ok(());
         }
         if !valid_file_name(&chunk.file_name) {
@@ -283,14 +278,9 @@ where
         let path = dir.join(&chunk.file_name);
         let f = match open.entry(chunk.file_name.clone()) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(
-                OpenOptions::new()
-                    .create(true)
-                    .write(true)
-                    .truncate(true)
-                    .open(&path)
-                    .map_err(io_err("create", &path))?,
-            ),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(fs.open(&path, OpenMode::CreateTruncate).map_err(io_err("create", &path))?)
+            }
         };
         f.write_all_at(&chunk.data, chunk.file_offset).map_err(io_err("write", &path))?;
     }
@@ -316,7 +306,7 @@ mod tests {
     async fn run(chunks: Vec<SnapshotChunk>, root: &Path) -> Result<Received, SnapshotTransferError> {
         let stream = futures::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>));
         let root = root.to_owned();
-        receive(stream, move |g| (g == 9).then(|| root.clone())).await
+        receive(stream, move |g| (g == 9).then(|| (ferrolog_raft_store::vfs::real(), root.clone()))).await
     }
 
     fn data(name: &str, offset: u64, bytes: &[u8]) -> SnapshotChunk {

@@ -350,8 +350,10 @@ impl Peer for RaftPeerServer {
     ) -> Result<Response<pb::SnapshotResponse>, Status> {
         let refused = |error| Ok(Response::new(pb::SnapshotResponse { error: Some(error), vote: None }));
         let groups = self.groups.clone();
-        let received =
-            snapshot::receive(request.into_inner(), |g| groups.get(g).map(|h| h.staging_dir)).await;
+        let received = snapshot::receive(request.into_inner(), |g| {
+            groups.get(g).map(|h| (h.replica.fs().clone(), h.staging_dir))
+        })
+        .await;
         let received = match received {
             Ok(r) => r,
             Err(e) => return refused(refuse(PeerErrorCode::InvalidRequest, e.to_string())),
@@ -359,7 +361,7 @@ impl Peer for RaftPeerServer {
         let h = match self.hosted(received.group, received.target) {
             Ok(h) => h,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(received.staged_dir());
+                let _ = received.fs().remove_dir_all(received.staged_dir());
                 return refused(e);
             }
         };

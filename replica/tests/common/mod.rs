@@ -214,7 +214,10 @@ impl PeerTransport for Local {
     ) -> Result<pb::SnapshotResponse, PeerUnreachable> {
         let (node, staging) = self.node(target)?;
         let stream = Box::pin(chunks.map(Ok::<_, Infallible>));
-        let received = snapshot::receive(stream, move |_| Some(staging.clone()))
+        // Staged on the OS's file system, as the harness's staging
+        // directories are.
+        let os = ferrolog_raft_store::vfs::real();
+        let received = snapshot::receive(stream, move |_| Some((os.clone(), staging.clone())))
             .await
             .map_err(|e| PeerUnreachable(e.to_string()))?;
         Ok(node
