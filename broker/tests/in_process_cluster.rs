@@ -3,7 +3,9 @@
 //! the caller, replicate a topic, and one is stopped and started again
 //! inside the process on the same data directory and ports. Nothing they
 //! keep per process may mix them up: the restarted broker gets a new boot
-//! id (its peers tell a restart from a pause by it) and catches up.
+//! id (its peers tell a restart from a pause by it) and catches up, across
+//! a log start that retention moved past everything it held meanwhile.
+//! Every record retention kept reads back once, in order.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -24,6 +26,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 const TOPIC: &str = "in-process";
+/// Records produced in all: 10 with every broker up, the rest while broker 2
+/// is down.
+const RECORDS: i32 = 1_110;
 
 /// One broker of the process: its addresses, and while it runs, the means
 /// to stop it.
@@ -106,21 +111,24 @@ async fn producer_id(members: &[&Member]) -> anyhow::Result<(i64, i32)> {
     }
 }
 
-/// Produces one record `value` with sequence number `sequence` of
-/// `producer` through whichever running broker leads, retrying until 30 s
-/// pass (a retry of a stored record is answered as a duplicate, with its
-/// offset); returns its offset.
+/// Produces records `values` as one batch with base sequence number
+/// `sequence` of `producer` through whichever running broker leads,
+/// retrying until 30 s pass (a retry of a stored batch is answered as a
+/// duplicate, with its offset); returns its base offset.
 async fn produce(
     members: &[&Member],
     producer: (i64, i32),
     sequence: i32,
-    value: &str,
+    values: &[String],
 ) -> anyhow::Result<u64> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let request = ProduceRequest {
         topic: TOPIC.into(),
         partition: 0,
-        records: vec![Record { value: value.as_bytes().to_vec().into(), ..Default::default() }],
+        records: values
+            .iter()
+            .map(|v| Record { value: v.as_bytes().to_vec().into(), ..Default::default() })
+            .collect(),
         producer_id: producer.0,
         producer_epoch: producer.1,
         base_sequence: sequence,
@@ -135,9 +143,14 @@ async fn produce(
                 return Ok(r.into_inner().base_offset);
             }
         }
-        anyhow::ensure!(Instant::now() < deadline, "{value} was never produced");
+        anyhow::ensure!(Instant::now() < deadline, "batch {sequence} was never produced");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Record `i`'s value: 1 KiB, so that a few records fill a segment.
+fn value(i: i32) -> String {
+    format!("r{i}-{}", "x".repeat(1024))
 }
 
 async fn status(addr: SocketAddr) -> anyhow::Result<PartitionStatusResponse> {
@@ -255,8 +268,15 @@ async fn run(disks: Disks) -> anyhow::Result<()> {
     assert_eq!(distinct.len(), 3, "every broker of the process has its own boot id: {boot_ids:?}");
 
     let deadline = Instant::now() + Duration::from_secs(30);
-    let create =
-        CreateTopicRequest { name: TOPIC.into(), partitions: 1, replication_factor: 3, ..Default::default() };
+    // Segments of 4 KiB (the least allowed) and 4 KiB retained: while
+    // broker 2 is down the others delete the segments it never got.
+    let configs = [("segment.bytes", "4096"), ("retention.bytes", "4096")];
+    let create = CreateTopicRequest {
+        name: TOPIC.into(),
+        partitions: 1,
+        replication_factor: 3,
+        configs: configs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+    };
     while api(members[&1].client).await?.create_topic(create.clone()).await?.into_inner().error.is_some() {
         anyhow::ensure!(Instant::now() < deadline, "the topic was never created");
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -264,7 +284,7 @@ async fn run(disks: Disks) -> anyhow::Result<()> {
     let all: Vec<&Member> = members.values().collect();
     let producer = producer_id(&all).await?;
     for i in 0..10 {
-        assert_eq!(produce(&all, producer, i, &format!("r{i}")).await?, u64::try_from(i)?);
+        assert_eq!(produce(&all, producer, i, &[value(i)]).await?, u64::try_from(i)?);
     }
 
     // Broker 2 loses power (on in-memory disks) and stops; the other two
@@ -272,10 +292,30 @@ async fn run(disks: Disks) -> anyhow::Result<()> {
     let two = members.get_mut(&2).expect("member 2");
     disks.cut_power(2);
     stop(two).await?;
-    for i in 10..20 {
+    // 1,100 records of 1 KiB in batches of 50: retention (4 KiB kept)
+    // moves the log start past all that broker 2 holds.
+    for first in (10..RECORDS).step_by(50) {
         let up = [&members[&1], &members[&3]];
-        assert_eq!(produce(&up, producer, i, &format!("r{i}")).await?, u64::try_from(i)?);
+        let batch: Vec<String> = (first..(first + 50).min(RECORDS)).map(value).collect();
+        assert_eq!(produce(&up, producer, first, &batch).await?, u64::try_from(first)?);
     }
+
+    // Retention on the others catches up: their log start nears the end.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let log_start = loop {
+        let starts: Vec<u64> = futures::future::join_all([1, 3].map(|id| status(members[&id].client)))
+            .await
+            .into_iter()
+            .map(|s| s.map_or(0, |s| s.log_start_offset))
+            .collect();
+        if let Some(start) =
+            starts.iter().copied().min().filter(|s| *s + 100 > u64::try_from(RECORDS).unwrap_or(0))
+        {
+            break start;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "retention did not catch up: {starts:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
 
     // It starts again in this process, on its directory and ports.
     let two = members.get_mut(&2).expect("member 2");
@@ -284,7 +324,9 @@ async fn run(disks: Disks) -> anyhow::Result<()> {
     two.running = Some((stop_two, serving));
     assert_ne!(again, boot_ids[&2], "a broker restarted in the same process keeps its old boot id");
 
-    // It catches up: its replica runs and holds everything the leader does.
+    // It catches up, across a log start that moved past everything it
+    // held: its replica runs, holds everything the leader does, and has
+    // moved its log start as far.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let mut leader = None;
@@ -301,8 +343,11 @@ async fn run(disks: Disks) -> anyhow::Result<()> {
         if let (Some(l), Some(mine)) = (leader, &mine) {
             let theirs = status(members[&l].client).await?;
             if mine.replica_state == ReplicaState::Running as i32
-                && theirs.high_watermark >= 20
+                && theirs.high_watermark >= u64::try_from(RECORDS)?
                 && mine.last_log_index == theirs.last_log_index
+                // The others' log start, applied here too (a follower
+                // moves its own once the entry that moves it applies).
+                && mine.log_start_offset >= log_start
             {
                 break;
             }
@@ -311,21 +356,23 @@ async fn run(disks: Disks) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    // Every acknowledged record, once, in order.
-    let mut values = Vec::new();
+    // Every acknowledged record retention kept, once, in order.
+    let (mut values, mut read_from) = (Vec::new(), 0);
     for m in members.values() {
+        let Ok(s) = status(m.client).await else { continue };
         let r = api(m.client)
             .await?
             .fetch(FetchRequest {
                 topic: TOPIC.into(),
                 partition: 0,
-                offset: 0,
-                max_bytes: 1 << 20,
+                offset: s.log_start_offset,
+                max_bytes: 16 << 20,
                 ..Default::default()
             })
             .await?
             .into_inner();
         if r.error.is_none() {
+            read_from = s.log_start_offset;
             for b in &r.batches {
                 let set = <RecordSet as prost::Message>::decode(b.records.clone())?;
                 values.extend(set.records.iter().map(|r| String::from_utf8_lossy(&r.value).into_owned()));
@@ -333,7 +380,13 @@ async fn run(disks: Disks) -> anyhow::Result<()> {
             break;
         }
     }
-    let want: Vec<String> = (0..20).map(|i| format!("r{i}")).collect();
+    // Retention may have moved the log start on since broker 2 returned.
+    assert!(read_from >= log_start, "the log start moved back: {read_from} < {log_start}");
+    let want: Vec<String> =
+        (read_from..u64::try_from(RECORDS)?).map(|i| value(i32::try_from(i).expect("small"))).collect();
+    let names =
+        |v: &[String]| v.iter().map(|v| v.split('-').next().unwrap_or("").to_owned()).collect::<Vec<_>>();
+    assert_eq!(names(&values), names(&want));
     assert_eq!(values, want);
 
     for m in members.values_mut() {
