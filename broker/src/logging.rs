@@ -128,6 +128,10 @@ fn summarise() {
 /// library at `warn`: [`ferrolog_replica::QUIET_RAFT_LOGS`]) to standard error, with [`RateLimit`], and a thread
 /// that logs the suppressed counts. Does nothing if a subscriber is already
 /// installed.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the broker binary's logging: a summary of suppressed lines, nothing a broker acts on"
+)]
 pub fn init() {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(format!("info,{}", ferrolog_replica::QUIET_RAFT_LOGS)));

@@ -165,13 +165,8 @@ pub const REPLICA_DIR: &str = "replica";
 /// shared metadata database first (see [`Replica::remove`]), then the rest.
 /// Blocking; failures are logged (the directory sweep tries again).
 fn remove_partition_dir(fs: &dyn Vfs, meta_db: &Arc<MetaDb>, dir: &Path) {
-    let result =
-        Replica::remove(meta_db, &dir.join(REPLICA_DIR)).map_err(anyhow::Error::from).and_then(|()| match fs
-            .remove_dir_all(dir)
-        {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
-            _ => Ok(()),
-        });
+    let result = Replica::remove(meta_db, &dir.join(REPLICA_DIR))
+        .and_then(|()| ferrolog_raft_store::remove_dir_if_exists(fs, dir));
     if let Err(e) = result {
         tracing::warn!(dir = %dir.display(), "cannot remove a replica: {e:#}");
     }
@@ -227,7 +222,7 @@ impl Reconciler {
                 && (self.stopped_replicas_dropped() || t.elapsed() >= RELEASE_MEMORY_AFTER)
             {
                 stopped_at = None;
-                crate::control::memory::release_freed().await;
+                crate::control::memory::release_freed(&**self.flusher.fs()).await;
             }
             tokio::select! {
                 changed = image.changed() => if changed.is_err() { return },
@@ -341,9 +336,16 @@ impl Reconciler {
             // A replica that failed is started again only on a disk that
             // takes writes (crate::control::writable); checked once per pass.
             if previous.as_ref().is_some_and(|f| f.running_since.is_none()) {
-                let verdict = disk
-                    .get_or_insert_with(|| crate::control::writable::probe(&**self.flusher.fs(), &self.root));
-                if let Err(why) = verdict {
+                if disk.is_none() {
+                    let (fs, root) = (self.flusher.fs().clone(), self.root.clone());
+                    let on = fs.clone();
+                    let probed = ferrolog_raft_store::runtime::blocking(&*on, move || {
+                        crate::control::writable::probe(&*fs, &root)
+                    })
+                    .await;
+                    disk = Some(probed.unwrap_or_else(|e| Err(e.to_string())));
+                }
+                if let Some(Err(why)) = &disk {
                     if let Some(f) = self.failures.failures().get_mut(group) {
                         if f.waiting_for_disk.is_none() {
                             tracing::warn!(%topic, partition, group, "not restarting the replica yet: {why}");
@@ -524,7 +526,9 @@ impl Reconciler {
     /// Removes a stopped replica's partition directory, off the async threads.
     async fn remove(&self, dir: &Path) {
         let (fs, db, dir) = (self.flusher.fs().clone(), self.meta_db.clone(), dir.to_owned());
-        let _ = tokio::task::spawn_blocking(move || remove_partition_dir(&*fs, &db, &dir)).await;
+        let on = fs.clone();
+        let _ =
+            ferrolog_raft_store::runtime::blocking(&*on, move || remove_partition_dir(&*fs, &db, &dir)).await;
     }
 
     async fn start(
@@ -554,7 +558,10 @@ impl Reconciler {
         let meta_db = self.meta_db.clone();
         let (opened_tx, opened) = tokio::sync::oneshot::channel::<anyhow::Result<Replica>>();
         let span = tracing::Span::current();
-        tokio::task::spawn_blocking(move || {
+        let fs = self.flusher.fs().clone();
+        // Awaited, and if this start is dropped meanwhile the open still
+        // finishes (a blocking task is not cancelled) and closes it.
+        let _ = ferrolog_raft_store::runtime::blocking(&*fs, move || {
             let _span = span.enter();
             let result = (|| -> anyhow::Result<Replica> {
                 let fs = flusher.fs().clone();
@@ -567,7 +574,8 @@ impl Reconciler {
             {
                 tracing::warn!("cannot record a clean stop of a replica opened during shutdown: {e}");
             }
-        });
+        })
+        .await;
         let replica = opened.await.map_err(|_| anyhow::anyhow!("the replica's open was cut off"))??;
         // A new group's founding members each write the same first
         // configuration, and their vote for the founding leader (the
@@ -671,7 +679,9 @@ impl Reconciler {
                 // fsynced: off the runtime's threads.
                 Ok(()) => {
                     let replica = p.replica.clone();
-                    let marked = tokio::task::spawn_blocking(move || replica.close_cleanly()).await;
+                    let fs = replica.fs().clone();
+                    let marked =
+                        ferrolog_raft_store::runtime::blocking(&*fs, move || replica.close_cleanly()).await;
                     if let Ok(Err(e)) = marked {
                         tracing::warn!(topic = %p.topic, partition = p.partition, "cannot record a clean stop: {e}");
                     }

@@ -131,11 +131,8 @@ pub fn raft_settings(c: &BrokerConfig) -> anyhow::Result<ValidSettings> {
 /// in the data directory: a read-only or failing disk is refused at start
 /// with its path rather than met later by the first write.
 fn check_writable(fs: &dyn Vfs, dir: &std::path::Path) -> anyhow::Result<()> {
-    let probe = dir.join(".write-probe");
-    let written =
-        fs.open(&probe, ferrolog_raft_store::vfs::OpenMode::CreateTruncate).and_then(|f| f.sync_all());
-    let _ = fs.remove_file(&probe);
-    written.with_context(|| format!("data directory {} is not writable", dir.display()))
+    crate::control::writable::write(fs, dir)
+        .with_context(|| format!("data directory {} is not writable", dir.display()))
 }
 
 /// Serves `router` on `listener` (see [`crate::listener::incoming`]) in a
@@ -436,6 +433,7 @@ impl Broker {
                 reconciler.groups.clone(),
                 liveness.clone(),
                 Duration::from_millis(config.raft.dormant_after_ms),
+                fs.clone(),
             ),
         ));
         let hand_over = crate::control::handover::HandOver::new(
@@ -465,9 +463,8 @@ impl Broker {
                 image_rx.clone(),
                 topic_defaults.clone(),
                 liveness.clone(),
-                Duration::from_millis(config.compaction.check_interval_ms),
-                config.compaction.io_max_bytes_per_second,
-                usize::try_from(config.compaction.dedupe_buffer_bytes).unwrap_or(usize::MAX),
+                config.compaction.clone(),
+                fs.clone(),
             ),
         ));
         tasks.push(spawn_task(
@@ -478,6 +475,7 @@ impl Broker {
                 reconciler.groups.clone(),
                 Duration::from_millis(config.scrub.interval_ms),
                 config.scrub.io_max_bytes_per_second,
+                fs.clone(),
             ),
         ));
         tasks.push(spawn_task(
@@ -531,7 +529,7 @@ impl Broker {
                 },
             ),
         ));
-        tasks.push(spawn_task("files", me, &stopping, crate::control::files::watch()));
+        tasks.push(spawn_task("files", me, &stopping, crate::control::files::watch(fs.clone())));
         tasks.push(spawn_task("leadership", me, &stopping, reconciler.groups.clone().watch_leadership()));
         tasks.push(spawn_task(
             "register",

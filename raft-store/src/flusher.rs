@@ -149,6 +149,10 @@ impl Flusher {
         Self::spawn_with(name, fs, false)
     }
 
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the flusher's thread only where the file system is not a simulation's"
+    )]
     fn spawn_with(name: &str, fs: Fs, fsync: bool) -> io::Result<Self> {
         let stats = Arc::new(FlushStats::default());
         let s = stats.clone();

@@ -67,7 +67,7 @@ pub use compaction::{CompactionStats, CompactionTarget, KeyedRecord, RecordCodec
 pub use config::{FlushPolicy, StoreConfig};
 pub use error::StoreError;
 pub use flusher::Flusher;
-pub use fsutil::{create_dir_durable, read_if_exists, write_durable};
+pub use fsutil::{create_dir_durable, read_if_exists, remove_dir_if_exists, write_durable};
 pub use log::{Damage, PartitionLog, ReadPlan, SegmentSummary, StoredBatch};
 pub use log_store::LogStore;
 pub use producer::{ProducerStates, SequenceCheck};

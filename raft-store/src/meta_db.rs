@@ -242,6 +242,10 @@ impl MetaDb {
     ///
     /// # Errors
     /// As [`MetaDb::open`].
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the writer's thread only where the file system is not a simulation's"
+    )]
     pub fn open_on(fs: &Fs, dir: &Path) -> Result<Arc<Self>> {
         let given = if fs.is_os() {
             std::path::absolute(dir).map_err(|e| StoreError::io("resolve", dir, e))?

@@ -11,7 +11,10 @@
 //! [`random_u64`] and [`random_u128`] (ids, back-off jitter) draw from that
 //! generator, and [`wall_clock`] (record timestamps, retention by time,
 //! producer id expiry) reads the system clock, or a simulation's wall clock
-//! that moves with tokio's paused clock ([`simulate_wall_clock`]).
+//! that moves with tokio's paused clock ([`simulate_clocks`]), which also
+//! sets the origin of [`monotonic_ms`].
+//! Blocking file-system work goes through [`blocking`]: to tokio's blocking
+//! pool, or, on a simulation's in-memory disk, run right on the task.
 
 use std::cell::Cell;
 use std::convert::Infallible;
@@ -22,24 +25,45 @@ use openraft::{AsyncRuntime, OptionalSend};
 use openraft_rt_tokio::TokioRuntime;
 use rand::TryRng;
 
+use crate::vfs::Vfs;
+
 thread_local! {
     /// The state of this thread's seeded generator, if a simulation set one.
     static SEEDED: Cell<Option<u64>> = const { Cell::new(None) };
     /// This thread's simulated wall clock, if a simulation set one: the
     /// time since the Unix epoch at an instant of tokio's clock.
     static SIMULATED_WALL: Cell<Option<(Duration, tokio::time::Instant)>> = const { Cell::new(None) };
+    /// This thread's origin of [`monotonic_ms`], if a simulation set one.
+    static SIMULATED_ORIGIN: Cell<Option<tokio::time::Instant>> = const { Cell::new(None) };
 }
 
 /// Makes [`wall_clock`] on this thread read `since_epoch` now and advance
-/// with tokio's clock from here on (`None`: the system clock again). For
+/// with tokio's clock from here on, and [`monotonic_ms`] count from now
+/// (`None`: the system clock and the process's origin again). For
 /// deterministic simulations, whose runtime's clock is paused; call it
-/// inside that runtime. Nothing else should call it.
-pub fn simulate_wall_clock(since_epoch: Option<Duration>) {
-    SIMULATED_WALL.with(|w| w.set(since_epoch.map(|d| (d, tokio::time::Instant::now()))));
+/// inside that runtime, at its start. Nothing else should call it.
+pub fn simulate_clocks(since_epoch: Option<Duration>) {
+    let now = tokio::time::Instant::now();
+    SIMULATED_WALL.with(|w| w.set(since_epoch.map(|d| (d, now))));
+    SIMULATED_ORIGIN.with(|o| o.set(since_epoch.map(|_| now)));
+}
+
+/// The process's origin of [`monotonic_ms`]: its first reading.
+static PROCESS_ORIGIN: std::sync::LazyLock<tokio::time::Instant> =
+    std::sync::LazyLock::new(tokio::time::Instant::now);
+
+/// Milliseconds on tokio's clock since an origin: the process's first
+/// reading, or in a simulation the start set by [`simulate_clocks`] (a
+/// process-wide origin would carry a sub-millisecond phase from whatever
+/// ran before, and round a replayed seed's times otherwise). For instants
+/// kept in atomics as numbers; compare only readings of one process.
+pub fn monotonic_ms() -> u64 {
+    let origin = SIMULATED_ORIGIN.with(Cell::get).unwrap_or_else(|| *PROCESS_ORIGIN);
+    u64::try_from(origin.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The wall-clock time: the system's (`SystemTime::now`), or this thread's
-/// simulated one ([`simulate_wall_clock`]). Use it, not the system clock,
+/// simulated one ([`simulate_clocks`]). Use it, not the system clock,
 /// for every wall-clock reading a broker acts on.
 #[allow(clippy::disallowed_methods, reason = "the one place the system's wall clock is read")]
 pub fn wall_clock() -> SystemTime {
@@ -107,6 +131,46 @@ impl TryRng for RaftRng {
         }
         Ok(())
     }
+}
+
+/// Blocking work ([`blocking`]) that panicked: the panic's message.
+#[derive(Debug, thiserror::Error)]
+#[error("blocking work panicked: {0}")]
+pub struct BlockingPanicked(pub String);
+
+/// Runs `work`, which blocks on file-system calls, without stalling the
+/// runtime's other tasks: on tokio's blocking pool, or here on the calling
+/// task when `fs` runs its background work on the runtime
+/// ([`Vfs::background_on_runtime`]: an in-memory disk in a deterministic
+/// simulation, whose calls never block, and where another thread would
+/// make the order of events depend on the operating system's scheduler).
+///
+/// # Errors
+/// [`BlockingPanicked`] when `work` panicked (on the calling task too: the
+/// panic is caught, as the blocking pool would).
+#[allow(clippy::disallowed_methods, reason = "the one place blocking work is sent to tokio's pool")]
+pub async fn blocking<T, F>(fs: &dyn Vfs, work: F) -> Result<T, BlockingPanicked>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    if fs.background_on_runtime() {
+        return std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+            .map_err(|p| BlockingPanicked(panic_message(&*p)));
+    }
+    tokio::task::spawn_blocking(work).await.map_err(|e| match e.try_into_panic() {
+        Ok(p) => BlockingPanicked(panic_message(&*p)),
+        Err(e) => BlockingPanicked(e.to_string()),
+    })
+}
+
+/// A panic payload's message, when it is a string.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
 }
 
 /// openraft's tokio runtime with [`RaftRng`] as its random numbers.
@@ -208,17 +272,23 @@ mod tests {
         assert_ne!(draw(), first, "unseeded: from the OS-seeded generator");
     }
 
-    /// A simulation's wall clock moves with tokio's paused clock, and only
-    /// with it.
+    /// A simulation's wall clock and monotonic milliseconds move with
+    /// tokio's paused clock, and only with it.
     #[tokio::test(start_paused = true)]
     async fn a_simulated_wall_clock_moves_with_the_paused_clock() {
-        simulate_wall_clock(Some(Duration::from_millis(1_700_000_000_000)));
+        // The process's origin, read before: the simulation's is its own.
+        let _ = monotonic_ms();
+        tokio::time::advance(Duration::from_micros(700)).await;
+        simulate_clocks(Some(Duration::from_millis(1_700_000_000_000)));
         assert_eq!(wall_clock_ms(), 1_700_000_000_000);
+        assert_eq!(monotonic_ms(), 0);
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(wall_clock_ms(), 1_700_000_000_000, "real time passing moves nothing");
+        assert_eq!(monotonic_ms(), 0, "real time passing moves nothing");
         tokio::time::advance(Duration::from_millis(1_234)).await;
         assert_eq!(wall_clock_ms(), 1_700_000_001_234);
-        simulate_wall_clock(None);
+        assert_eq!(monotonic_ms(), 1_234, "counted from the simulation's start, not the process's");
+        simulate_clocks(None);
         assert!(wall_clock_ms() > 1_700_000_001_234, "the system clock again (this is after 2023)");
     }
 }

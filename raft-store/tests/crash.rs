@@ -98,6 +98,7 @@ fn crash_recovery_keeps_every_acknowledged_entry() {
         let stdout = child.stdout.take().expect("stdout");
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (acked_tx, acked_rx) = std::sync::mpsc::channel();
+        #[allow(clippy::disallowed_methods, reason = "the test's reader of a child process, no store work")]
         let reader = std::thread::spawn(move || {
             let mut acked = None;
             let mut ready = false;

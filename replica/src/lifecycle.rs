@@ -58,11 +58,10 @@ static DORMANT: AtomicUsize = AtomicUsize::new(0);
 static WOKEN: LazyLock<std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>> =
     LazyLock::new(Default::default);
 
-/// When the process first looked at a clock, for timestamps in atomics.
-static ORIGIN: LazyLock<Instant> = LazyLock::new(Instant::now);
-
+/// Now, for timestamps in atomics: ms on
+/// [`ferrolog_raft_store::runtime::monotonic_ms`]'s clock.
 fn now_ms() -> u64 {
-    ORIGIN.elapsed().as_millis() as u64
+    ferrolog_raft_store::runtime::monotonic_ms()
 }
 
 /// How many nodes of this process are dormant now (see the module's
@@ -112,7 +111,7 @@ pub(crate) struct Lifecycle {
     slot: RwLock<Slot>,
     /// Calls in progress that hold the running instance ([`InUse`]).
     in_use: AtomicUsize,
-    /// When the last call that used the instance ended, ms since [`ORIGIN`].
+    /// When the last call that used the instance ended, ms on [`now_ms`]'s clock.
     last_used_ms: AtomicU64,
     /// Serialises starting and stopping instances; held by the task that
     /// does either, to its end.
@@ -130,7 +129,7 @@ pub(crate) struct Lifecycle {
     pub(crate) ack_before_commit: AtomicBool,
     /// [`crate::InjectedBug::VoteWhileRecovering`] is on.
     pub(crate) vote_while_recovering: AtomicBool,
-    /// Until when (ms since [`ORIGIN`]) the dormant node keeps the lease of
+    /// Until when (ms on [`now_ms`]'s clock) the dormant node keeps the lease of
     /// the leader whose heartbeat it acknowledged from its kept state: as a
     /// running follower does (Raft thesis §4.2.3, §6.4), it refuses other
     /// candidates' votes meanwhile.
@@ -396,7 +395,8 @@ impl Lifecycle {
             }
             drop(raft);
             let replica = this.replica.clone();
-            let synced = match tokio::task::spawn_blocking(move || replica.sync()).await {
+            let fs = replica.fs().clone();
+            let synced = match ferrolog_raft_store::runtime::blocking(&*fs, move || replica.sync()).await {
                 Ok(Ok(())) => return Ok(true),
                 Ok(Err(e)) => e.to_string(),
                 Err(e) => e.to_string(),

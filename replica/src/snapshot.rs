@@ -73,72 +73,164 @@ pub(crate) fn chunks(
     let manifest = files_of.manifest_for_peer().map_err(bad)?;
     let vote = ferrolog_raft_store::wire::vote_to_wire(vote);
     let meta = ferrolog_raft_store::wire::snapshot_meta_to_wire(&snapshot.meta);
+    let base = SnapshotChunk { group_id: group, target_node: target, ..SnapshotChunk::default() };
+    let first = SnapshotChunk { vote: Some(vote), meta: Some(meta), ..base.clone() };
+    let mut reader = ChunkReader {
+        fs: fs.clone(),
+        dir,
+        prefixes,
+        manifest,
+        first: Some(first),
+        files: files.into(),
+        file: None,
+        base,
+        ended: false,
+    };
+    // On a simulation's in-memory disk the files are read as the stream is
+    // polled (ferrolog_raft_store::runtime::blocking says why); else on a
+    // blocking thread, CHUNKS_AHEAD ahead of the network.
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "a sender on a blocking thread, only off a simulation's disk"
+    )]
+    if fs.background_on_runtime() {
+        return Ok(futures::future::Either::Left(futures::stream::iter(std::iter::from_fn(move || {
+            reader.next_chunk()
+        }))));
+    }
     let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_AHEAD);
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "a sender on a blocking thread, only off a simulation's disk"
+    )]
     tokio::task::spawn_blocking(move || {
-        let base = SnapshotChunk { group_id: group, target_node: target, ..SnapshotChunk::default() };
-        let first = SnapshotChunk { vote: Some(vote), meta: Some(meta), ..base.clone() };
-        if tx.blocking_send(first).is_err() {
-            return;
+        while let Some(chunk) = reader.next_chunk() {
+            if tx.blocking_send(chunk).is_err() {
+                return;
+            }
         }
-        for name in files {
-            if name == ferrolog_raft_store::snapshot::MANIFEST_FILE {
-                for (i, part) in manifest.chunks(CHUNK_BYTES).enumerate() {
-                    let chunk = SnapshotChunk {
-                        file_name: name.clone(),
-                        file_offset: (i * CHUNK_BYTES) as u64,
-                        data: part.to_vec().into(),
-                        ..base.clone()
-                    };
-                    if tx.blocking_send(chunk).is_err() {
-                        return;
+    });
+    Ok(futures::future::Either::Right(ReceiverStream::new(rx)))
+}
+
+/// Reads a snapshot directory's chunks in order: the vote and metadata,
+/// each file's (the manifest as given), then the `done` mark. A file that
+/// vanished, cannot be read or is shorter than the manifest says ends the
+/// chunks without that mark, so the receiver refuses the snapshot.
+struct ChunkReader {
+    fs: Fs,
+    dir: PathBuf,
+    /// Files sent only up to a length (bytes), by name.
+    prefixes: std::collections::BTreeMap<String, u64>,
+    /// The manifest as the peer must read it.
+    manifest: Vec<u8>,
+    /// The opening chunk, until sent.
+    first: Option<SnapshotChunk>,
+    /// Names of the files not yet begun.
+    files: std::collections::VecDeque<String>,
+    /// The file being sent: its name, where its bytes come from, and the
+    /// offset of its next chunk.
+    file: Option<(String, Source, u64)>,
+    /// The group and target every chunk carries.
+    base: SnapshotChunk,
+    /// The `done` mark was sent, or the transfer failed.
+    ended: bool,
+}
+
+/// Where a file's chunks are read from.
+enum Source {
+    /// [`ChunkReader::manifest`].
+    Manifest,
+    /// The open file, sent up to a length (bytes) if one is given.
+    File(FileRef, Option<u64>),
+}
+
+impl ChunkReader {
+    /// The next chunk; `None` after the `done` mark or a failure.
+    fn next_chunk(&mut self) -> Option<SnapshotChunk> {
+        if self.ended {
+            return None;
+        }
+        if let Some(first) = self.first.take() {
+            return Some(first);
+        }
+        loop {
+            if self.file.is_some() {
+                match self.read_chunk() {
+                    Ok(Some(chunk)) => return Some(chunk),
+                    Ok(None) => self.file = None,
+                    Err(()) => {
+                        self.ended = true;
+                        return None;
                     }
                 }
+            }
+            let Some(name) = self.files.pop_front() else {
+                self.ended = true;
+                return Some(SnapshotChunk { done: true, ..self.base.clone() });
+            };
+            if name == ferrolog_raft_store::snapshot::MANIFEST_FILE {
+                self.file = Some((name, Source::Manifest, 0));
                 continue;
             }
-            let path = dir.join(&name);
-            let Ok(f) = fs.open(&path, OpenMode::Read) else {
+            let path = self.dir.join(&name);
+            let Ok(f) = self.fs.open(&path, OpenMode::Read) else {
                 tracing::warn!(path = %path.display(), "snapshot file vanished while sending");
-                return;
+                self.ended = true;
+                return None;
             };
-            let limit = prefixes.get(&name).copied();
-            let mut offset = 0u64;
-            loop {
+            let limit = self.prefixes.get(&name).copied();
+            self.file = Some((name, Source::File(f, limit), 0));
+        }
+    }
+
+    /// The current file's next chunk; `Ok(None)` at its end, `Err` (logged)
+    /// when it cannot be sent.
+    fn read_chunk(&mut self) -> Result<Option<SnapshotChunk>, ()> {
+        let Some((name, source, offset)) = &mut self.file else { return Ok(None) };
+        let data = match source {
+            Source::Manifest => {
+                let from = usize::try_from(*offset).unwrap_or(usize::MAX).min(self.manifest.len());
+                let part = &self.manifest[from..];
+                if part.is_empty() {
+                    return Ok(None);
+                }
+                part[..part.len().min(CHUNK_BYTES)].to_vec()
+            }
+            Source::File(f, limit) => {
+                let path = self.dir.join(&*name);
                 let want = limit.map_or(CHUNK_BYTES, |l| {
-                    usize::try_from(l.saturating_sub(offset)).unwrap_or(usize::MAX).min(CHUNK_BYTES)
+                    usize::try_from(l.saturating_sub(*offset)).unwrap_or(usize::MAX).min(CHUNK_BYTES)
                 });
                 if want == 0 {
-                    break;
+                    return Ok(None);
                 }
                 let mut buf = vec![0u8; want];
-                let n = match f.read_at(&mut buf, offset) {
+                match f.read_at(&mut buf, *offset) {
                     Ok(0) if limit.is_some() => {
-                        tracing::warn!(path = %path.display(), offset, ?limit,
+                        tracing::warn!(path = %path.display(), offset = *offset, ?limit,
                             "snapshot file shorter than its manifest says; not sending it");
-                        return;
+                        return Err(());
                     }
-                    Ok(0) => break,
-                    Ok(n) => n,
+                    Ok(0) => return Ok(None),
+                    Ok(n) => buf.truncate(n),
                     Err(e) => {
                         tracing::warn!(path = %path.display(), error = %e, "reading snapshot file");
-                        return;
+                        return Err(());
                     }
-                };
-                buf.truncate(n);
-                let chunk = SnapshotChunk {
-                    file_name: name.clone(),
-                    file_offset: offset,
-                    data: buf.into(),
-                    ..base.clone()
-                };
-                offset += n as u64;
-                if tx.blocking_send(chunk).is_err() {
-                    return;
                 }
+                buf
             }
-        }
-        let _ = tx.blocking_send(SnapshotChunk { done: true, ..base });
-    });
-    Ok(ReceiverStream::new(rx))
+        };
+        let chunk = SnapshotChunk {
+            file_name: name.clone(),
+            file_offset: *offset,
+            data: data.into(),
+            ..self.base.clone()
+        };
+        *offset += chunk.data.len() as u64;
+        Ok(Some(chunk))
+    }
 }
 
 /// A snapshot received and staged on disk, ready to install.

@@ -906,6 +906,7 @@ fn env(name: &str) -> Option<u64> {
 /// `FERROLOG_SIM_SEED` (default 1), on [`THREADS`] threads (each seed on
 /// its own runtime); fails naming the lowest seed that found a violation.
 #[test]
+#[allow(clippy::disallowed_methods, reason = "threads that each run whole simulations, one seed at a time")]
 fn many_seeds() {
     let first = env("FERROLOG_SIM_SEED").unwrap_or(1);
     let seeds = env("FERROLOG_SIM_SEEDS").unwrap_or(SEEDS_IN_TEST);

@@ -53,7 +53,7 @@ use tokio::time::Instant;
 use ferrolog_raft_store::{CompactionTarget, Control, SegmentSummary};
 use tokio::sync::watch;
 
-use crate::control::cleaner::{Cleaner, IoThrottle};
+use crate::control::cleaner::Cleaner;
 use crate::control::liveness::Liveness;
 use crate::groups::GroupRegistry;
 use crate::metadata::image::MetadataImage;
@@ -181,29 +181,26 @@ impl Reached {
     }
 }
 
-/// Runs compaction on this broker every `interval` until the task is
-/// dropped: decides for the compacted partitions it leads (while every live
-/// broker speaks [`COMPACTION_MINOR`] or later), then compacts each hosted
-/// replica whose target it has not reached.
+/// Runs compaction on this broker every `settings.check_interval_ms` until
+/// the task is dropped: decides for the compacted partitions it leads
+/// (while every live broker speaks [`COMPACTION_MINOR`] or later), then
+/// compacts each hosted replica whose target it has not reached, on the log
+/// cleaner ([`Cleaner::for_fs`] on `fs`, the data directory's file system).
 pub async fn run(
     groups: GroupRegistry,
     image: watch::Receiver<Arc<MetadataImage>>,
     defaults: Arc<TopicDefaults>,
     liveness: Liveness,
-    interval: Duration,
-    io_max_bytes_per_second: u64,
-    dedupe_buffer_bytes: usize,
+    settings: crate::config::CompactionConfig,
+    fs: ferrolog_raft_store::Fs,
 ) {
+    let interval = Duration::from_millis(settings.check_interval_ms);
+    let io_max_bytes_per_second = settings.io_max_bytes_per_second;
+    let dedupe_buffer_bytes = usize::try_from(settings.dedupe_buffer_bytes).unwrap_or(usize::MAX);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reached: std::collections::HashMap<u64, Horizon> = std::collections::HashMap::new();
-    let cleaner = match Cleaner::spawn() {
-        Ok(c) => Some(c),
-        Err(e) => {
-            tracing::warn!("no log cleaner thread ({e}): compaction passes run on the blocking pool");
-            None
-        }
-    };
+    let cleaner = Cleaner::for_fs(fs, "ferrolog-cleaner");
     loop {
         tick.tick().await;
         let img = image.borrow().clone();
@@ -233,8 +230,7 @@ pub async fn run(
             if old.is_empty() && p.raft.is_leader() {
                 decide(&p, policy, &seen.reached, now).await;
             }
-            compact(&p, io_max_bytes_per_second, dedupe_buffer_bytes, tombstones_below_max, cleaner.as_ref())
-                .await;
+            compact(&p, io_max_bytes_per_second, dedupe_buffer_bytes, tombstones_below_max, &cleaner).await;
         }
     }
 }
@@ -245,7 +241,7 @@ async fn decide(p: &Partition, policy: Policy, reached: &Reached, now: i64) {
         return;
     }
     let replica = p.replica.clone();
-    let listed = tokio::task::spawn_blocking(move || {
+    let listed = ferrolog_raft_store::runtime::blocking(&**p.replica.fs(), move || {
         replica.segment_summaries().map(|s| (s, replica.compaction_target(), replica.high_watermark()))
     })
     .await;
@@ -274,21 +270,18 @@ async fn compact(
     rate: u64,
     map_bytes_max: usize,
     tombstones_below_max: u64,
-    cleaner: Option<&Cleaner>,
+    cleaner: &Cleaner,
 ) {
     if !p.replica.compaction_pending(tombstones_below_max) {
         return;
     }
     let replica = p.replica.clone();
     let started = Instant::now();
+    let mut throttle = cleaner.throttle(rate);
     let pass = move || {
-        let mut throttle = IoThrottle::new(rate);
         replica.compact(&Codec, map_bytes_max, tombstones_below_max, &mut |bytes| throttle.read(bytes))
     };
-    let result = match cleaner {
-        Some(c) => c.run(pass).await.ok_or("the pass panicked, or the log cleaner thread is gone"),
-        None => tokio::task::spawn_blocking(pass).await.map_err(|_| "the compaction task panicked"),
-    };
+    let result = cleaner.run(pass).await.ok_or("the pass panicked, or the log cleaner thread is gone");
     let elapsed_ms = started.elapsed().as_millis() as u64;
     match result {
         Ok(Ok(Some(s))) => {

@@ -25,6 +25,7 @@
 
 use std::time::Duration;
 
+use ferrolog_raft_store::Fs;
 use ferrolog_replica::Role;
 use futures::StreamExt;
 
@@ -52,7 +53,8 @@ pub fn period(after: Duration) -> Duration {
 
 /// Makes idle followers dormant, forever; returns at once if `after` is
 /// zero (configured off).
-pub async fn run(me: BrokerId, groups: GroupRegistry, liveness: Liveness, after: Duration) {
+/// `fs` is the data directory's file system (for [`crate::control::memory`]).
+pub async fn run(me: BrokerId, groups: GroupRegistry, liveness: Liveness, after: Duration, fs: Fs) {
     if after.is_zero() {
         return;
     }
@@ -80,7 +82,7 @@ pub async fn run(me: BrokerId, groups: GroupRegistry, liveness: Liveness, after:
             .count()
             .await;
         if went >= TRIM_AFTER {
-            crate::control::memory::release_freed().await;
+            crate::control::memory::release_freed(&*fs).await;
         }
         if went > 0 {
             crate::logging::every(

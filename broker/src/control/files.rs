@@ -74,14 +74,18 @@ pub fn near_limit(open: u64, limit: u64) -> bool {
     limit > 0 && open.saturating_mul(100) > limit.saturating_mul(WARN_AT_PERCENT)
 }
 
-/// Checks usage every [`CHECK_EVERY`] (on the blocking pool), forever,
+/// Checks usage every [`CHECK_EVERY`] (through
+/// [`ferrolog_raft_store::runtime::blocking`] on `fs`, the data directory's
+/// file system), forever,
 /// records it for [`last_usage`], and warns (at most once a minute) while
 /// it is above [`WARN_AT_PERCENT`] of the limit.
-pub async fn watch() {
+pub async fn watch(fs: ferrolog_raft_store::Fs) {
     let mut tick = tokio::time::interval(CHECK_EVERY);
     loop {
         tick.tick().await;
-        let Ok(Some((open, limit))) = tokio::task::spawn_blocking(usage).await else { continue };
+        let Ok(Some((open, limit))) = ferrolog_raft_store::runtime::blocking(&*fs, usage).await else {
+            continue;
+        };
         record((open, limit));
         if near_limit(open, limit) {
             crate::logging::every(

@@ -24,12 +24,13 @@ use tokio::time::Instant;
 
 /// Returns the memory freed by stopped replicas to the operating system
 /// (glibc's `malloc_trim(0)`; elsewhere nothing), off the async runtime's
-/// worker threads, logging how long it took and the resident memory
+/// worker threads ([`ferrolog_raft_store::runtime::blocking`] on `fs`,
+/// the data directory's file system), logging how long it took and the resident memory
 /// before and after (from `/proc/self/status`, on Linux).
-pub async fn release_freed() {
+pub async fn release_freed(fs: &dyn ferrolog_raft_store::vfs::Vfs) {
     let before = resident_bytes();
     let t0 = Instant::now();
-    let _ = tokio::task::spawn_blocking(trim).await;
+    let _ = ferrolog_raft_store::runtime::blocking(fs, trim).await;
     tracing::info!(
         rss_before_mb = before.map(|b| b / (1 << 20)),
         rss_after_mb = resident_bytes().map(|b| b / (1 << 20)),

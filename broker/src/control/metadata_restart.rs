@@ -115,7 +115,9 @@ pub async fn run(r: MetadataRestart) {
         loop {
             // A write and an fsync: off the async threads.
             let (fs, dir) = (r.flusher.fs().clone(), r.dir.clone());
-            let probed = tokio::task::spawn_blocking(move || writable::probe(&*fs, &dir)).await;
+            let on = fs.clone();
+            let probed =
+                ferrolog_raft_store::runtime::blocking(&*on, move || writable::probe(&*fs, &dir)).await;
             let Err(why) = probed.unwrap_or_else(|e| Err(format!("the write probe failed: {e}"))) else {
                 break;
             };
@@ -157,7 +159,8 @@ async fn restart(r: &MetadataRestart, old: RaftNode) -> anyhow::Result<()> {
     }
     let (replica, storage, flusher) = (r.metadata.replica(), r.storage.clone(), r.flusher.clone());
     let staging = r.staging_dir.clone();
-    let reopened = tokio::task::spawn_blocking(move || -> anyhow::Result<Replica> {
+    let fs = flusher.fs().clone();
+    let reopened = ferrolog_raft_store::runtime::blocking(&*fs, move || -> anyhow::Result<Replica> {
         ferrolog_replica::snapshot::clear_staging(&**flusher.fs(), &staging)?;
         Ok(replica.reopen(storage, flusher)?)
     })

@@ -136,13 +136,12 @@ pub const RETURN_WINDOW: Duration = Duration::from_secs(30);
 /// `crate::network::server` are meant to prevent).
 pub const ANNOUNCE_GRACE: Duration = Duration::from_secs(1);
 
-/// The origin of the campaigns' clocks: one for the process, so a round
-/// of [`run`] reads the clock once, not once per group.
-static ORIGIN: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
-
-/// Now, ms since [`ORIGIN`] (at least 1: 0 means "never" below).
+/// Now, ms since the campaigns' clocks' origin
+/// ([`ferrolog_raft_store::runtime::monotonic_ms`]: one for the process, so
+/// a round of [`run`] reads the clock once, not once per group; a
+/// simulation's own), at least 1: 0 means "never" below.
 fn now_ms() -> u64 {
-    (ORIGIN.elapsed().as_millis() as u64).max(1)
+    ferrolog_raft_store::runtime::monotonic_ms().max(1)
 }
 
 /// One group's election bookkeeping on this replica.
@@ -150,9 +149,9 @@ fn now_ms() -> u64 {
 pub struct Campaign {
     /// Campaigns since this replica last knew a live leader.
     attempts: AtomicU32,
-    /// No campaign before this, ms since [`ORIGIN`] (0 until one is started).
+    /// No campaign before this, ms on [`now_ms`]'s clock (0 until one is started).
     not_before_ms: AtomicU64,
-    /// Since when this replica has known no live leader, ms since [`ORIGIN`]
+    /// Since when this replica has known no live leader, ms on [`now_ms`]'s clock
     /// (0: it knows one).
     leaderless_since_ms: AtomicU64,
     /// Whether this replica may campaign at all (`crate::control::recovery` clears it
@@ -165,11 +164,11 @@ pub struct Campaign {
     /// when.
     known_leader: Mutex<Option<((NodeId, u64), Instant)>>,
     /// Since when this replica has presumed its founding leader alive only
-    /// because that leader's broker had not opened the group yet, ms since
-    /// [`ORIGIN`] (0: never). Bounded by [`OPEN_WAIT_MAX`].
+    /// because that leader's broker had not opened the group yet, ms on
+    /// [`now_ms`]'s clock (0: never). Bounded by [`OPEN_WAIT_MAX`].
     founder_wait_since_ms: AtomicU64,
     /// Leader: no heartbeat round for a returned follower
-    /// ([`Decision::Heartbeat`]) before this, ms since [`ORIGIN`].
+    /// ([`Decision::Heartbeat`]) before this, ms on [`now_ms`]'s clock.
     heartbeat_after_ms: AtomicU64,
 }
 
@@ -259,7 +258,7 @@ impl Campaign {
     }
 
     /// Whether the back-off since the last campaign has passed at `now`
-    /// (ms since [`ORIGIN`]).
+    /// (ms on [`now_ms`]'s clock).
     fn due(&self, now: u64) -> bool {
         now >= self.not_before_ms.load(Ordering::Relaxed)
     }
@@ -273,7 +272,7 @@ impl Campaign {
     }
 
     /// Whether a heartbeat round for a returned follower is due at `now`
-    /// (ms since [`ORIGIN`]); if so, the next is due [`RECHECK_EVERY`]
+    /// (ms on [`now_ms`]'s clock); if so, the next is due [`RECHECK_EVERY`]
     /// later. A group is looked at whenever its node's state changes, and
     /// a heartbeat round and each answer change it: without this, rounds
     /// followed each other every few hundred ms, not once a second.
@@ -287,7 +286,7 @@ impl Campaign {
     }
 
     /// Pushes the end of the back-off of a campaign started earlier to
-    /// `until` (ms since [`ORIGIN`]), once it was sent (it first waited
+    /// `until` (ms on [`now_ms`]'s clock), once it was sent (it first waited
     /// for its node to wake); not if a live leader was known meanwhile
     /// ([`Campaign::led`] cleared it). Returns whether it did.
     fn not_before(&self, until: u64) -> bool {
@@ -299,7 +298,7 @@ impl Campaign {
     /// Records a campaign started now; the next one waits a randomised
     /// back-off of `base` × 2^attempts (capped at [`BACKOFF_MAX`]), between
     /// half and all of it.
-    /// Returns the end of that back-off, ms since [`ORIGIN`].
+    /// Returns the end of that back-off, ms on [`now_ms`]'s clock.
     fn started(&self, base: Duration) -> u64 {
         let now = now_ms();
         self.waiting.store(false, Ordering::Relaxed);
@@ -727,13 +726,13 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut schedule = Schedule::default();
     // The groups whose campaign was started here, and when its back-off
-    // ends (ms since ORIGIN): at most CAMPAIGNS_IN_FLIGHT unresolved.
+    // ends (ms on now_ms's clock): at most CAMPAIGNS_IN_FLIGHT unresolved.
     let mut backing_off: BTreeMap<u64, u64> = BTreeMap::new();
     // Campaigns being sent, each on a task of its own (a campaign may first
     // wake a dormant node), by task: unresolved until sent, and their
     // back-off counted from then. Dropped with this loop, which aborts the
     // ones not sent yet (a broker stopping sends none).
-    // Each task answers when it sent its campaign (ms since ORIGIN).
+    // Each task answers when it sent its campaign (ms on now_ms's clock).
     let mut sending: tokio::task::JoinSet<u64> = tokio::task::JoinSet::new();
     let mut sending_groups: BTreeMap<tokio::task::Id, (u64, u64)> = BTreeMap::new();
     let mut changes = None;
@@ -940,7 +939,7 @@ pub async fn run(
 struct Awaited {
     /// Per broker: how many groups it led at the last fresh look, when that
     /// count last grew (or the broker was first awaited), and when a group
-    /// here last waited for it, ms since [`ORIGIN`].
+    /// here last waited for it, ms on [`now_ms`]'s clock.
     brokers: BTreeMap<BrokerId, AwaitedBroker>,
 }
 
@@ -953,7 +952,7 @@ struct AwaitedBroker {
 }
 
 impl Awaited {
-    /// How long `broker` has won no group at `now` (ms since [`ORIGIN`]);
+    /// How long `broker` has won no group at `now` (ms on [`now_ms`]'s clock);
     /// zero for one not awaited before this round.
     fn idle_for(&self, broker: BrokerId, now: u64) -> Duration {
         let since = self.brokers.get(&broker).map_or(now, |b| b.won_at);
@@ -993,7 +992,7 @@ impl Awaited {
 }
 
 /// Which groups [`run`] looks at in a round that is not a full one: the
-/// awake ones, and those whose timed rest ended (times in ms since ORIGIN).
+/// awake ones, and those whose timed rest ended (times in ms on now_ms's clock).
 #[derive(Debug, Default)]
 struct Schedule {
     awake: BTreeSet<u64>,

@@ -328,12 +328,13 @@ async fn purge_retired(p: &Partition, pending: &mut Option<AskedPurge>, wait: bo
         *pending = None;
     }
     let replica = p.replica.clone();
-    let Ok((retired, stale_snapshot)) = tokio::task::spawn_blocking(move || {
-        let retired = replica.retired_through_index();
-        let stale = replica.snapshot_behind_log_start();
-        (retired, stale)
-    })
-    .await
+    let Ok((retired, stale_snapshot)) =
+        ferrolog_raft_store::runtime::blocking(&**p.replica.fs(), move || {
+            let retired = replica.retired_through_index();
+            let stale = replica.snapshot_behind_log_start();
+            (retired, stale)
+        })
+        .await
     else {
         return false;
     };
@@ -408,7 +409,7 @@ async fn decide(p: &Partition, image: &MetadataImage, defaults: &TopicDefaults) 
         return false;
     }
     let replica = p.replica.clone();
-    let summaries = match tokio::task::spawn_blocking(move || {
+    let summaries = match ferrolog_raft_store::runtime::blocking(&**p.replica.fs(), move || {
         replica.segment_summaries().map(|s| (s, replica.log_start_offset()))
     })
     .await

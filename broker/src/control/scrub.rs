@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use crate::control::cleaner::{Cleaner, IoThrottle};
+use crate::control::cleaner::Cleaner;
 use crate::groups::GroupRegistry;
 
 /// Bytes one read of a scrub reads at most (at least one frame).
@@ -58,23 +58,19 @@ pub struct PassStats {
 /// Runs scrub passes on this broker until the task is dropped: the first
 /// `interval` after the start (at most [`FIRST_PASS_AFTER_MAX`]), then
 /// each `interval` after the previous one ended. `interval` zero: no scrub.
-/// `rate`: bytes per second a pass reads at most (0: no limit).
-pub async fn run(groups: GroupRegistry, interval: Duration, rate: u64) {
+/// `rate`: bytes per second a pass reads at most (0: no limit). Passes run
+/// on a thread of their own ([`Cleaner::for_fs`] on `fs`, the data
+/// directory's file system).
+pub async fn run(groups: GroupRegistry, interval: Duration, rate: u64, fs: ferrolog_raft_store::Fs) {
     if interval.is_zero() {
         tracing::info!("scrub: off (scrub.interval_ms = 0)");
         return;
     }
-    let cleaner = match Cleaner::spawn() {
-        Ok(c) => Some(c),
-        Err(e) => {
-            tracing::warn!("scrub: no thread of its own ({e}); passes run on the blocking pool");
-            None
-        }
-    };
+    let cleaner = Cleaner::for_fs(fs, "ferrolog-scrub");
     tokio::time::sleep(interval.min(FIRST_PASS_AFTER_MAX)).await;
     loop {
         let started = Instant::now();
-        let s = pass(&groups, rate, cleaner.as_ref()).await;
+        let s = pass(&groups, rate, &cleaner).await;
         tracing::info!(
             replicas = s.replicas,
             segments = s.segments,
@@ -103,7 +99,7 @@ pub async fn run(groups: GroupRegistry, interval: Duration, rate: u64) {
 /// log's. (A cut of uncommitted entries reopens the segment's file, so
 /// damage in the committed part of the segment it cut waits for the next
 /// pass.)
-pub async fn pass(groups: &GroupRegistry, rate: u64, cleaner: Option<&Cleaner>) -> PassStats {
+pub async fn pass(groups: &GroupRegistry, rate: u64, cleaner: &Cleaner) -> PassStats {
     let mut ids: Vec<u64> = groups.partitions().iter().map(|p| p.group).collect();
     ids.sort_unstable();
     if !ids.is_empty() {
@@ -111,7 +107,7 @@ pub async fn pass(groups: &GroupRegistry, rate: u64, cleaner: Option<&Cleaner>) 
         ids.rotate_left(start);
     }
     let mut stats = PassStats::default();
-    let mut throttle = Some(IoThrottle::new(rate));
+    let mut throttle = Some(cleaner.throttle(rate));
     for group in ids {
         let Some(p) = groups.partition_of(group) else { continue };
         if p.damage().is_some() {
@@ -133,10 +129,7 @@ pub async fn pass(groups: &GroupRegistry, rate: u64, cleaner: Option<&Cleaner>) 
                 let verified = reader.verify(CHUNK_BYTES, &mut |n| t.read(n));
                 (t, reader, verified)
             };
-            let done = match cleaner {
-                Some(c) => c.run(job).await,
-                None => tokio::task::spawn_blocking(job).await.ok(),
-            };
+            let done = cleaner.run(job).await;
             // A job that panicked took the throttle with it: the pass ends.
             let Some((t, reader, verified)) = done else {
                 tracing::error!(group, "scrub: a verification panicked; the pass ends");

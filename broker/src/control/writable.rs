@@ -42,13 +42,24 @@ pub fn probe(fs: &dyn Vfs, dir: &Path) -> Result<(), String> {
             ));
         }
     }
+    write(fs, dir).map_err(|e| format!("cannot write to {}: {e}", dir.display()))
+}
+
+/// Writes a 4 KiB file in `dir` on `fs`, fsyncs it and removes it (also
+/// after a failure): whether the directory takes durable writes now. The
+/// broker checks its data directory so at start, before
+/// [`probe`]'s free-space rule applies to restarts.
+///
+/// # Errors
+/// The file system's error for the create, write or fsync.
+pub fn write(fs: &dyn Vfs, dir: &Path) -> std::io::Result<()> {
     let path = dir.join(PROBE_FILE);
     let written = fs.open(&path, OpenMode::CreateTruncate).and_then(|f| {
         f.write_all_at(&[0u8; 4096], 0)?;
         f.sync_all()
     });
     let _ = fs.remove_file(&path);
-    written.map_err(|e| format!("cannot write to {}: {e}", dir.display()))
+    written
 }
 
 #[cfg(test)]

@@ -544,7 +544,8 @@ pub async fn follow(metadata: HostedMetadata, image: watch::Sender<Arc<MetadataI
         let mut changed = false;
         while !stuck && current.applied_offset < replica.high_watermark() {
             let (from, r) = (current.applied_offset, replica.clone());
-            let read = tokio::task::spawn_blocking(move || r.read(from, READ_BYTES)).await;
+            let fs = r.fs().clone();
+            let read = ferrolog_raft_store::runtime::blocking(&*fs, move || r.read(from, READ_BYTES)).await;
             let batches = match read.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
                 Ok(b) => b,
                 // Tried again in a second, whether or not more is committed

@@ -708,10 +708,12 @@ impl Partition {
             READS.acquire().await.map_err(|e| ApiError::Unavailable(format!("reads are shut: {e}")))?;
         let replica = self.replica.clone();
         let (batches, high_watermark) =
-            tokio::task::spawn_blocking(move || replica.read_with_high_watermark(offset, max_bytes))
-                .await
-                .map_err(|e| ApiError::Unavailable(format!("read task failed: {e}")))?
-                .map_err(|e| self.read_error(e))?;
+            ferrolog_raft_store::runtime::blocking(&**self.replica.fs(), move || {
+                replica.read_with_high_watermark(offset, max_bytes)
+            })
+            .await
+            .map_err(|e| ApiError::Unavailable(format!("read task failed: {e}")))?
+            .map_err(|e| self.read_error(e))?;
         Ok(FetchOutcome { batches, high_watermark, log_start_offset: self.replica.log_start_offset() })
     }
 

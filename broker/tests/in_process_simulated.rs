@@ -1,0 +1,74 @@
+//! Three brokers in one process on a simulation's disks (issue 15: the
+//! ground a simulation of whole brokers stands on): disks that ask for the
+//! brokers' background work to run as tasks of the runtime
+//! (`Vfs::background_on_runtime`), and a runtime of one thread. No broker
+//! work may leave that thread for another, where the order of events would
+//! be the operating system's scheduler's, not a simulation's. A test binary
+//! of its own: the threads of the process are this test's.
+
+mod in_process;
+
+use in_process::{Disks, run};
+
+/// The in-process scenario (`in_process::run`) on a simulation's disks:
+/// no thread of tokio's blocking pool (which starts one for its first job
+/// and keeps it 10 s) and none of the brokers' own (the flusher's, the
+/// metadata writer's, the log cleaner's and the scrub's) may be alive at
+/// the end, after replicas were opened, read, snapshotted, trimmed by
+/// retention, stopped and opened again.
+#[tokio::test(flavor = "current_thread")]
+async fn on_a_simulations_disks_three_brokers_keep_every_task_on_the_runtimes_thread() -> anyhow::Result<()> {
+    #[cfg(not(tokio_unstable))]
+    panic!(
+        "this test reads tokio's blocking-pool count, which needs --cfg tokio_unstable (.cargo/config.toml sets it)"
+    );
+    let metrics = tokio::runtime::Handle::current().metrics();
+    assert!(!threads().is_empty(), "no thread of this process could be listed");
+    // Threads end with the brokers that started them: they are looked for
+    // every 20 ms while the scenario runs (on the runtime's one thread, so
+    // between the brokers' steps).
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+    let (looks, watcher) = {
+        let seen = seen.clone();
+        let looks = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = looks.clone();
+        let watcher = tokio::spawn(async move {
+            loop {
+                for t in threads() {
+                    if THREADS_OF_A_BROKER.iter().any(|p| t.starts_with(p)) {
+                        seen.lock().expect("lock").insert(t);
+                    }
+                }
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        });
+        (looks, watcher)
+    };
+    run(Disks::simulated()).await?;
+    watcher.abort();
+    let looks = looks.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(looks >= 10, "the threads were looked at only {looks} times");
+    let seen = seen.lock().expect("lock").clone();
+    assert!(seen.is_empty(), "threads beside the runtime's while the brokers ran: {seen:?}");
+    #[cfg(tokio_unstable)]
+    {
+        assert_eq!(metrics.num_blocking_threads(), 0, "broker work went to tokio's blocking pool");
+        assert!(metrics.spawned_tasks_count() > 100, "the brokers ran on another runtime");
+    }
+    Ok(())
+}
+
+/// How the threads a broker or tokio could start are named (a thread's name
+/// as the kernel keeps it, cut to 15 bytes).
+const THREADS_OF_A_BROKER: [&str; 5] =
+    ["tokio-runtime", "flusher", "replica-meta", "ferrolog-clean", "ferrolog-scrub"];
+
+/// The names of this process's threads (Linux: `/proc/self/task/*/comm`).
+fn threads() -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return Vec::new() };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim_end().to_owned())
+        .collect()
+}
