@@ -131,7 +131,7 @@ pub fn raft_settings(c: &BrokerConfig) -> anyhow::Result<ValidSettings> {
 /// in the data directory: a read-only or failing disk is refused at start
 /// with its path rather than met later by the first write.
 fn check_writable(fs: &dyn Vfs, dir: &std::path::Path) -> anyhow::Result<()> {
-    crate::control::writable::write(fs, dir)
+    crate::control::writable::write(fs, dir, 0)
         .with_context(|| format!("data directory {} is not writable", dir.display()))
 }
 

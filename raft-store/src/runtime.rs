@@ -56,7 +56,9 @@ static PROCESS_ORIGIN: std::sync::LazyLock<tokio::time::Instant> =
 /// reading, or in a simulation the start set by [`simulate_clocks`] (a
 /// process-wide origin would carry a sub-millisecond phase from whatever
 /// ran before, and round a replayed seed's times otherwise). For instants
-/// kept in atomics as numbers; compare only readings of one process.
+/// kept in atomics as numbers; compare only readings of one process, and in
+/// a simulation of its one thread (a simulation runs on a current-thread
+/// runtime: the origin it sets is that thread's).
 pub fn monotonic_ms() -> u64 {
     let origin = SIMULATED_ORIGIN.with(Cell::get).unwrap_or_else(|| *PROCESS_ORIGIN);
     u64::try_from(origin.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -133,10 +135,11 @@ impl TryRng for RaftRng {
     }
 }
 
-/// Blocking work ([`blocking`]) that panicked: the panic's message.
+/// Blocking work ([`blocking`]) that panicked (the panic's message) or
+/// was cancelled (the runtime shut down before it ran).
 #[derive(Debug, thiserror::Error)]
-#[error("blocking work panicked: {0}")]
-pub struct BlockingPanicked(pub String);
+#[error("blocking work failed: {0}")]
+pub struct BlockingFailed(pub String);
 
 /// Runs `work`, which blocks on file-system calls, without stalling the
 /// runtime's other tasks: on tokio's blocking pool, or here on the calling
@@ -146,21 +149,22 @@ pub struct BlockingPanicked(pub String);
 /// make the order of events depend on the operating system's scheduler).
 ///
 /// # Errors
-/// [`BlockingPanicked`] when `work` panicked (on the calling task too: the
-/// panic is caught, as the blocking pool would).
+/// [`BlockingFailed`] when `work` panicked (on the calling task too: the
+/// panic is caught, as the blocking pool would) or the runtime shut down
+/// before it ran.
 #[allow(clippy::disallowed_methods, reason = "the one place blocking work is sent to tokio's pool")]
-pub async fn blocking<T, F>(fs: &dyn Vfs, work: F) -> Result<T, BlockingPanicked>
+pub async fn blocking<T, F>(fs: &dyn Vfs, work: F) -> Result<T, BlockingFailed>
 where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
 {
     if fs.background_on_runtime() {
         return std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
-            .map_err(|p| BlockingPanicked(panic_message(&*p)));
+            .map_err(|p| BlockingFailed(panic_message(&*p)));
     }
     tokio::task::spawn_blocking(work).await.map_err(|e| match e.try_into_panic() {
-        Ok(p) => BlockingPanicked(panic_message(&*p)),
-        Err(e) => BlockingPanicked(e.to_string()),
+        Ok(p) => BlockingFailed(panic_message(&*p)),
+        Err(e) => BlockingFailed(e.to_string()),
     })
 }
 

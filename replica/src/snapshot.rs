@@ -89,10 +89,6 @@ pub(crate) fn chunks(
     // On a simulation's in-memory disk the files are read as the stream is
     // polled (ferrolog_raft_store::runtime::blocking says why); else on a
     // blocking thread, CHUNKS_AHEAD ahead of the network.
-    #[allow(
-        clippy::disallowed_methods,
-        reason = "a sender on a blocking thread, only off a simulation's disk"
-    )]
     if fs.background_on_runtime() {
         return Ok(futures::future::Either::Left(futures::stream::iter(std::iter::from_fn(move || {
             reader.next_chunk()
@@ -468,5 +464,80 @@ mod tests {
         }
         // Nothing but the accepted snapshot is left behind.
         assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
+    }
+
+    /// A reader over `files` (name, bytes) in a directory of an in-memory
+    /// disk, `prefixes` sending some only up to a length.
+    fn reader(files: &[(&str, Vec<u8>)], prefixes: &[(&str, u64)], manifest: &[u8]) -> ChunkReader {
+        let fs: Fs = ferrolog_raft_store::FaultyFs::new(1).mount();
+        let dir = PathBuf::from("/snap");
+        fs.create_dir_all(&dir).unwrap();
+        for (name, bytes) in files {
+            let f = fs.open(&dir.join(name), OpenMode::CreateTruncate).unwrap();
+            f.write_all_at(bytes, 0).unwrap();
+        }
+        let base = SnapshotChunk { group_id: 9, target_node: 2, ..SnapshotChunk::default() };
+        let mut names: Vec<String> = files.iter().map(|(n, _)| (*n).to_owned()).collect();
+        names.push(ferrolog_raft_store::snapshot::MANIFEST_FILE.to_owned());
+        ChunkReader {
+            fs,
+            dir,
+            prefixes: prefixes.iter().map(|(n, l)| ((*n).to_owned(), *l)).collect(),
+            manifest: manifest.to_vec(),
+            first: Some(first(9)),
+            files: names.into(),
+            file: None,
+            base,
+            ended: false,
+        }
+    }
+
+    /// Every chunk the reader gives, as (file, offset, length, done).
+    fn drain(mut r: ChunkReader) -> Vec<(String, u64, usize, bool)> {
+        let mut out = Vec::new();
+        while let Some(c) = r.next_chunk() {
+            out.push((c.file_name, c.file_offset, c.data.len(), c.done));
+            assert!(out.len() < 100, "the reader does not end");
+        }
+        assert!(r.next_chunk().is_none(), "a chunk after the end");
+        out
+    }
+
+    #[test]
+    fn the_chunk_reader_sends_each_file_in_chunks_up_to_its_prefix_then_done() {
+        let big = vec![7u8; CHUNK_BYTES * 2 + 10];
+        let got = drain(reader(
+            &[("a.seg", big), ("b.seg", vec![1u8; 500]), ("empty.seg", Vec::new())],
+            &[("b.seg", 100)],
+            &vec![2u8; CHUNK_BYTES + 1],
+        ));
+        let m = ferrolog_raft_store::snapshot::MANIFEST_FILE.to_owned();
+        let want = vec![
+            (String::new(), 0, 0, false),
+            ("a.seg".to_owned(), 0, CHUNK_BYTES, false),
+            ("a.seg".to_owned(), CHUNK_BYTES as u64, CHUNK_BYTES, false),
+            ("a.seg".to_owned(), 2 * CHUNK_BYTES as u64, 10, false),
+            ("b.seg".to_owned(), 0, 100, false),
+            (m.clone(), 0, CHUNK_BYTES, false),
+            (m, CHUNK_BYTES as u64, 1, false),
+            (String::new(), 0, 0, true),
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn the_chunk_reader_ends_without_done_when_a_file_is_short_or_gone() {
+        // Shorter than the manifest says.
+        let got = drain(reader(&[("a.seg", vec![1u8; 50])], &[("a.seg", 100)], b"m"));
+        assert_eq!(got.last().map(|c| (c.0.as_str(), c.1, c.2, c.3)), Some(("a.seg", 0, 50, false)));
+        // Gone between the listing and the read.
+        let mut r = reader(&[], &[], b"m");
+        r.files.push_front("gone.seg".to_owned());
+        let got = drain(r);
+        assert_eq!(got.len(), 1, "only the opening chunk: {got:?}");
+        assert!(!got.iter().any(|c| c.3), "no done mark");
+        // An empty manifest sends no chunk of it, then done.
+        let got = drain(reader(&[], &[], b""));
+        assert_eq!(got, vec![(String::new(), 0, 0, false), (String::new(), 0, 0, true)]);
     }
 }

@@ -42,20 +42,27 @@ pub fn probe(fs: &dyn Vfs, dir: &Path) -> Result<(), String> {
             ));
         }
     }
-    write(fs, dir).map_err(|e| format!("cannot write to {}: {e}", dir.display()))
+    write(fs, dir, PROBE_BYTES).map_err(|e| format!("cannot write to {}: {e}", dir.display()))
 }
 
-/// Writes a 4 KiB file in `dir` on `fs`, fsyncs it and removes it (also
-/// after a failure): whether the directory takes durable writes now. The
-/// broker checks its data directory so at start, before
-/// [`probe`]'s free-space rule applies to restarts.
+/// Bytes [`probe`] writes: a block, as a replica's next append would need.
+const PROBE_BYTES: usize = 4096;
+
+/// Creates a file of `bytes` zeros in `dir` on `fs`, fsyncs it and removes
+/// it (also after a failure): whether the directory takes durable writes
+/// now. The broker checks its data directory so at start with 0 bytes (a
+/// full disk still lets a broker start and serve what it holds; its
+/// replicas then fail on their first append), before [`probe`]'s rules
+/// apply to restarts of failed replicas.
 ///
 /// # Errors
 /// The file system's error for the create, write or fsync.
-pub fn write(fs: &dyn Vfs, dir: &Path) -> std::io::Result<()> {
+pub fn write(fs: &dyn Vfs, dir: &Path, bytes: usize) -> std::io::Result<()> {
     let path = dir.join(PROBE_FILE);
     let written = fs.open(&path, OpenMode::CreateTruncate).and_then(|f| {
-        f.write_all_at(&[0u8; 4096], 0)?;
+        if bytes > 0 {
+            f.write_all_at(&vec![0u8; bytes], 0)?;
+        }
         f.sync_all()
     });
     let _ = fs.remove_file(&path);

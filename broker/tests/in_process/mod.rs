@@ -59,6 +59,9 @@ pub async fn start(
     };
     // Snapshots every few entries: a restarted broker may be sent one.
     config.raft.snapshot_after_entries = 5;
+    // Scrub passes every 200 ms: segments are verified while the scenario
+    // runs (on the log cleaner's kind of thread, or on a simulation's task).
+    config.scrub.interval_ms = 200;
     let (stop, stopped) = oneshot::channel::<()>();
     let signal = async move {
         let _ = stopped.await;
