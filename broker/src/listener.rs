@@ -4,6 +4,10 @@
 //! once and counted in the log), a connection that sends nothing for
 //! [`FIRST_BYTES_TIMEOUT`] is closed, and a client-port connection writing
 //! a large answer yields its CPU every [`WRITE_BYTES_PER_YIELD`].
+//!
+//! A listener is the operating system's TCP or an address of an in-memory
+//! network ([`crate::network::memory`], for a simulation); connections of
+//! the latter are handed on at once (nothing but the process dials them).
 
 use std::io;
 use std::pin::Pin;
@@ -17,10 +21,61 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use crate::network::memory::{MemoryListener, MemoryStream};
+
+/// A listening socket: the operating system's TCP, or an address of an
+/// in-memory network.
+#[derive(Debug)]
+pub enum Listener {
+    /// A TCP listener.
+    Tcp(TcpListener),
+    /// An address of a [`crate::network::memory::MemoryNetwork`].
+    Memory(MemoryListener),
+}
+
+impl From<TcpListener> for Listener {
+    fn from(l: TcpListener) -> Self {
+        Listener::Tcp(l)
+    }
+}
+
+impl From<MemoryListener> for Listener {
+    fn from(l: MemoryListener) -> Self {
+        Listener::Memory(l)
+    }
+}
+
+impl Listener {
+    /// The address it listens on.
+    ///
+    /// # Errors
+    /// The OS's, for a TCP listener.
+    pub fn local_addr(&self) -> io::Result<std::net::SocketAddr> {
+        match self {
+            Listener::Tcp(l) => l.local_addr(),
+            Listener::Memory(l) => Ok(l.local_addr()),
+        }
+    }
+
+    async fn accept(&mut self) -> io::Result<(Socket, std::net::SocketAddr)> {
+        match self {
+            Listener::Tcp(l) => l.accept().await.map(|(s, a)| (Socket::Tcp(s), a)),
+            Listener::Memory(l) => l.accept().await.map(|(s, a)| (Socket::Memory(s), a)),
+        }
+    }
+}
+
+/// An accepted connection's stream.
+#[derive(Debug)]
+enum Socket {
+    Tcp(TcpStream),
+    Memory(MemoryStream),
+}
+
 /// An accepted connection holding one of the listener's permits.
 #[derive(Debug)]
 pub struct Conn {
-    stream: TcpStream,
+    stream: Socket,
     _permit: OwnedSemaphorePermit,
     /// Bytes written between yields of the CPU; `None`: never yields.
     yield_every: Option<usize>,
@@ -73,7 +128,10 @@ impl Conn {
 
     /// The remote address, if the socket still knows it.
     pub fn peer(&self) -> Option<std::net::SocketAddr> {
-        self.stream.peer_addr().ok()
+        match &self.stream {
+            Socket::Tcp(s) => s.peer_addr().ok(),
+            Socket::Memory(s) => Some(s.peer_addr()),
+        }
     }
 }
 
@@ -81,7 +139,54 @@ impl Connected for Conn {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
+        match &self.stream {
+            Socket::Tcp(s) => s.connect_info(),
+            Socket::Memory(s) => {
+                TcpConnectInfo { local_addr: Some(s.local_addr()), remote_addr: Some(s.peer_addr()) }
+            }
+        }
+    }
+}
+
+/// Calls `$call` on the stream inside a `Socket`.
+macro_rules! on_stream {
+    ($stream:expr, $s:ident => $call:expr) => {
+        match $stream {
+            Socket::Tcp($s) => $call,
+            Socket::Memory($s) => $call,
+        }
+    };
+}
+
+impl AsyncRead for Socket {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        on_stream!(self.get_mut(), s => Pin::new(s).poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Socket {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        on_stream!(self.get_mut(), s => Pin::new(s).poll_write(cx, buf))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        on_stream!(self.get_mut(), s => Pin::new(s).poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        on_stream!(self.get_mut(), s => Pin::new(s).poll_shutdown(cx))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        on_stream!(self.get_mut(), s => Pin::new(s).poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        on_stream!(self, s => s.is_write_vectored())
     }
 }
 
@@ -139,7 +244,7 @@ pub const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
 /// of its CPU ([`WRITE_BYTES_PER_YIELD`]); `None`: never. The listener
 /// closes when the returned stream is dropped.
 pub fn incoming(
-    listener: TcpListener,
+    mut listener: Listener,
     max_connections: usize,
     what: &'static str,
     yield_every: Option<usize>,
@@ -167,12 +272,21 @@ pub fn incoming(
                 drop(stream);
                 continue;
             };
+            let stream = match stream {
+                Socket::Tcp(s) => s,
+                memory @ Socket::Memory(_) => {
+                    let _ =
+                        tx.send(Ok(Conn { stream: memory, _permit: permit, yield_every, written: 0 })).await;
+                    continue;
+                }
+            };
             let _ = stream.set_nodelay(true);
             let tx = tx.clone();
             tokio::spawn(async move {
                 let mut first = [0u8; 1];
                 match tokio::time::timeout(FIRST_BYTES_TIMEOUT, stream.peek(&mut first)).await {
                     Ok(Ok(n)) if n > 0 => {
+                        let stream = Socket::Tcp(stream);
                         let _ = tx.send(Ok(Conn { stream, _permit: permit, yield_every, written: 0 })).await;
                     }
                     _ => tracing::debug!(listener = what, %peer, "closed a connection that sent nothing"),

@@ -20,11 +20,13 @@ use crate::control::liveness::Liveness;
 use crate::groups::{GroupRegistry, HostedGroup};
 use crate::grpc::ClientService;
 use crate::identity;
+use crate::listener::Listener;
 use crate::metadata::METADATA_GROUP;
 use crate::metadata::command::ControllerRequest;
 use crate::metadata::controller::{self, Controller};
 use crate::metadata::hosted::HostedMetadata;
 use crate::metadata::image::MetadataImage;
+use crate::network::memory::MemoryNetwork;
 use crate::network::{PeerAddresses, RaftPeerServer};
 use crate::partition::records::batch_encoded_bytes_max;
 use crate::partitions::{Failures, Reconciler};
@@ -87,11 +89,15 @@ impl std::fmt::Debug for Broker {
 #[derive(Debug)]
 pub struct Listeners {
     /// The peer port (Raft and controller traffic between brokers).
-    pub peer: TcpListener,
+    pub peer: Listener,
     /// The client port (the client API).
-    pub client: TcpListener,
+    pub client: Listener,
     /// The Kafka listener's port, when `kafka.enabled`.
-    pub kafka: Option<TcpListener>,
+    pub kafka: Option<Listener>,
+    /// The in-memory network the listeners are on, which the broker then
+    /// also dials its peers through (as the node of its peer address);
+    /// `None`: the operating system's TCP.
+    pub network: Option<MemoryNetwork>,
 }
 
 impl Listeners {
@@ -101,12 +107,13 @@ impl Listeners {
     /// An address in use or not available, naming it and its setting.
     pub async fn bind(config: &BrokerConfig) -> anyhow::Result<Self> {
         Ok(Self {
-            peer: bind(config.peer_addr, "peer_addr").await?,
-            client: bind(config.client_addr, "client_addr").await?,
+            peer: bind(config.peer_addr, "peer_addr").await?.into(),
+            client: bind(config.client_addr, "client_addr").await?.into(),
             kafka: match config.kafka.enabled {
-                true => Some(bind(config.kafka_addr, "kafka_addr").await?),
+                true => Some(bind(config.kafka_addr, "kafka_addr").await?.into()),
                 false => None,
             },
+            network: None,
         })
     }
 }
@@ -139,7 +146,7 @@ fn check_writable(fs: &dyn Vfs, dir: &std::path::Path) -> anyhow::Result<()> {
 /// task, until the returned sender fires or is dropped.
 fn serve(
     router: tonic::transport::server::Router,
-    listener: TcpListener,
+    listener: Listener,
     max_connections: usize,
     what: &'static str,
     yield_every: Option<usize>,
@@ -192,7 +199,8 @@ impl Broker {
         listeners: Listeners,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<Self> {
-        let Listeners { peer: peer_listener, client: client_listener, kafka: kafka_listener } = listeners;
+        let Listeners { peer: peer_listener, client: client_listener, kafka: kafka_listener, network } =
+            listeners;
         if config.peer_addr.port() == 0 {
             config.peer_addr = peer_listener.local_addr()?;
         }
@@ -220,7 +228,8 @@ impl Broker {
             config.peer_routes.iter().map(|(peer, via)| (*peer, *via)),
             Duration::from_millis(config.raft.election_timeout_min_ms),
         )
-        .with_reassignment_throttle(config.reassignment.replication_throttled_rate);
+        .with_reassignment_throttle(config.reassignment.replication_throttled_rate)
+        .with_network(network, config.peer_addr);
         // A broker joining a running cluster learns its id first.
         enter_by_join(&*fs, &mut config, &peers).await?;
         let me = config.node_id;

@@ -32,7 +32,12 @@ async fn an_embedded_broker_serves_on_its_listeners_and_stops_on_its_signal() ->
     let signal = async move {
         let _ = stopped.await;
     };
-    let broker = Broker::start(config, Listeners { peer, client, kafka: Some(kafka) }, signal).await?;
+    let broker = Broker::start(
+        config,
+        Listeners { peer: peer.into(), client: client.into(), kafka: Some(kafka.into()), network: None },
+        signal,
+    )
+    .await?;
     assert_eq!(broker.config().peer_addr, peer_addr, "port 0 is advertised as the port it got");
     assert_eq!(broker.config().client_addr, client_addr);
     assert_eq!(broker.config().kafka_addr, kafka_addr);

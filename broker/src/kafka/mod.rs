@@ -36,7 +36,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -55,7 +54,10 @@ pub struct KafkaService {
 
 /// Serves Kafka clients on `listener` in a task, until the returned sender
 /// fires or is dropped. Open connections end with the broker.
-pub fn serve(service: KafkaService, listener: TcpListener) -> (oneshot::Sender<()>, JoinHandle<()>) {
+pub fn serve(
+    service: KafkaService,
+    listener: crate::listener::Listener,
+) -> (oneshot::Sender<()>, JoinHandle<()>) {
     let (tx, mut rx) = oneshot::channel::<()>();
     let service = Arc::new(service);
     let task = tokio::spawn(async move {

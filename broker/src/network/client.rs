@@ -36,6 +36,9 @@ pub struct PeerAddresses {
     min_rpc_timeout: std::time::Duration,
     /// The reassignment throttle on traffic to replicas being added.
     throttle: super::throttle::Throttle,
+    /// The in-memory network peers are dialled on, as the node listening
+    /// on the address given; `None`: the operating system's TCP.
+    network: Option<(super::memory::MemoryNetwork, SocketAddr)>,
 }
 
 impl PeerAddresses {
@@ -61,7 +64,19 @@ impl PeerAddresses {
             routes: Arc::new(routes.into_iter().collect()),
             min_rpc_timeout,
             throttle: super::throttle::Throttle::new(0),
+            network: None,
         }
+    }
+
+    /// Dials peers on `network` (an in-memory network, as the node
+    /// listening on `me`, whose cut isolates it) instead of TCP; `None`
+    /// changes nothing.
+    #[must_use]
+    pub fn with_network(mut self, network: Option<super::memory::MemoryNetwork>, me: SocketAddr) -> Self {
+        if let Some(n) = network {
+            self.network = Some((n, me));
+        }
+        self
     }
 
     /// Limits entries and snapshot chunks sent to replicas that
@@ -119,7 +134,10 @@ impl PeerAddresses {
         if !self.min_rpc_timeout.is_zero() {
             endpoint = endpoint.connect_timeout(self.min_rpc_timeout);
         }
-        let channel = endpoint.connect_lazy();
+        let channel = match &self.network {
+            Some((network, me)) => endpoint.connect_with_connector_lazy(network.connector(Some(*me))),
+            None => endpoint.connect_lazy(),
+        };
         map.insert(addr.to_owned(), channel.clone());
         Ok(channel)
     }

@@ -13,6 +13,7 @@
 
 pub mod batch;
 pub mod client;
+pub mod memory;
 pub mod protocol;
 pub mod server;
 pub mod throttle;

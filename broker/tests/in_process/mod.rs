@@ -10,6 +10,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ferrolog_broker::config::BrokerConfig;
+use ferrolog_broker::listener::Listener;
+use ferrolog_broker::network::memory::MemoryNetwork;
 use ferrolog_broker::server::{Broker, Listeners};
 use ferrolog_proto::client::ferrolog_client::FerrologClient;
 use ferrolog_proto::client::{
@@ -30,6 +32,8 @@ pub const RECORDS: i32 = 1_110;
 /// One broker of the process: its addresses, and while it runs, the means
 /// to stop it.
 pub struct Member {
+    /// The network its clients dial it on.
+    net: Net,
     peer: SocketAddr,
     client: SocketAddr,
     dir: PathBuf,
@@ -77,21 +81,53 @@ pub async fn stop(m: &mut Member) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn bind(peer: SocketAddr, client: SocketAddr) -> anyhow::Result<Listeners> {
+/// The network the brokers and the test's clients are on.
+#[derive(Clone, Debug)]
+pub enum Net {
+    /// The operating system's TCP on loopback.
+    Os,
+    /// An in-memory network (`ferrolog_broker::network::memory`).
+    Memory(MemoryNetwork),
+}
+
+impl Net {
+    /// A listener on `addr` (port 0: any free one).
+    pub async fn listen(&self, addr: SocketAddr) -> anyhow::Result<Listener> {
+        Ok(match self {
+            Net::Os => TcpListener::bind(addr).await?.into(),
+            Net::Memory(n) => n.bind(addr)?.into(),
+        })
+    }
+
+    /// The in-memory network, if it is one.
+    pub fn memory(&self) -> Option<MemoryNetwork> {
+        match self {
+            Net::Os => None,
+            Net::Memory(n) => Some(n.clone()),
+        }
+    }
+}
+
+pub async fn bind(net: &Net, peer: SocketAddr, client: SocketAddr) -> anyhow::Result<Listeners> {
     Ok(Listeners {
-        peer: TcpListener::bind(peer).await?,
-        client: TcpListener::bind(client).await?,
+        peer: net.listen(peer).await?,
+        client: net.listen(client).await?,
+        network: net.memory(),
         kafka: None,
     })
 }
 
 /// A client of the broker at `addr` whose every call gives up after 5 s (a
 /// stuck call fails the test instead of holding it).
-pub async fn api(addr: SocketAddr) -> anyhow::Result<FerrologClient<tonic::transport::Channel>> {
+pub async fn api(net: &Net, addr: SocketAddr) -> anyhow::Result<FerrologClient<tonic::transport::Channel>> {
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
         .connect_timeout(Duration::from_secs(5))
         .timeout(Duration::from_secs(5));
-    Ok(FerrologClient::new(endpoint.connect().await?))
+    let channel = match net {
+        Net::Os => endpoint.connect().await?,
+        Net::Memory(n) => endpoint.connect_with_connector(n.connector(None)).await?,
+    };
+    Ok(FerrologClient::new(channel))
 }
 
 /// An idempotent producer's id and epoch (KIP-98), from any running broker.
@@ -99,7 +135,7 @@ pub async fn producer_id(members: &[&Member]) -> anyhow::Result<(i64, i32)> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         for m in members {
-            if let Ok(mut c) = api(m.client).await
+            if let Ok(mut c) = api(&m.net, m.client).await
                 && let Ok(r) = c.init_producer_id(InitProducerIdRequest {}).await
                 && r.get_ref().error.is_none()
             {
@@ -136,7 +172,7 @@ pub async fn produce(
     };
     loop {
         for m in members {
-            if let Ok(mut c) = api(m.client).await
+            if let Ok(mut c) = api(&m.net, m.client).await
                 && let Ok(r) = c.produce(request.clone()).await
                 && r.get_ref().error.is_none()
             {
@@ -153,8 +189,8 @@ pub fn value(i: i32) -> String {
     format!("r{i}-{}", "x".repeat(1024))
 }
 
-pub async fn status(addr: SocketAddr) -> anyhow::Result<PartitionStatusResponse> {
-    Ok(api(addr)
+pub async fn status(net: &Net, addr: SocketAddr) -> anyhow::Result<PartitionStatusResponse> {
+    Ok(api(net, addr)
         .await?
         .partition_status(PartitionStatusRequest { topic: TOPIC.into(), partition: 0 })
         .await?
@@ -232,20 +268,21 @@ pub fn memory_root() -> PathBuf {
 /// Three brokers of one process replicate a topic; broker 2 stops (and on
 /// in-memory disks loses power), the others take more writes, and broker 2
 /// starts again on its directory and ports.
-pub async fn run(disks: Disks) -> anyhow::Result<()> {
+pub async fn run(disks: Disks, net: Net) -> anyhow::Result<()> {
     let mut listeners = BTreeMap::new();
     let mut members = BTreeMap::new();
     for id in 1..=3u32 {
-        let peer = TcpListener::bind("127.0.0.1:0").await?;
-        let client = TcpListener::bind("127.0.0.1:0").await?;
+        let peer = net.listen("127.0.0.1:0".parse()?).await?;
+        let client = net.listen("127.0.0.1:0".parse()?).await?;
         let member = Member {
+            net: net.clone(),
             peer: peer.local_addr()?,
             client: client.local_addr()?,
             dir: disks.dir(id),
             running: None,
         };
         members.insert(id, member);
-        listeners.insert(id, Listeners { peer, client, kafka: None });
+        listeners.insert(id, Listeners { peer, client, kafka: None, network: net.memory() });
     }
     let cluster: BTreeMap<u32, SocketAddr> = members.iter().map(|(id, m)| (*id, m.peer)).collect();
     let started = futures::future::try_join_all(
@@ -270,7 +307,14 @@ pub async fn run(disks: Disks) -> anyhow::Result<()> {
         replication_factor: 3,
         configs: configs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
     };
-    while api(members[&1].client).await?.create_topic(create.clone()).await?.into_inner().error.is_some() {
+    while api(&net, members[&1].client)
+        .await?
+        .create_topic(create.clone())
+        .await?
+        .into_inner()
+        .error
+        .is_some()
+    {
         anyhow::ensure!(Instant::now() < deadline, "the topic was never created");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -296,7 +340,7 @@ pub async fn run(disks: Disks) -> anyhow::Result<()> {
     // Retention on the others catches up: their log start nears the end.
     let deadline = Instant::now() + Duration::from_secs(60);
     let log_start = loop {
-        let starts: Vec<u64> = futures::future::join_all([1, 3].map(|id| status(members[&id].client)))
+        let starts: Vec<u64> = futures::future::join_all([1, 3].map(|id| status(&net, members[&id].client)))
             .await
             .into_iter()
             .map(|s| s.map_or(0, |s| s.log_start_offset))
@@ -313,7 +357,7 @@ pub async fn run(disks: Disks) -> anyhow::Result<()> {
     // It starts again in this process, on its directory and ports.
     let two = members.get_mut(&2).expect("member 2");
     let (again, stop_two, serving) =
-        start(disks.fs(2), 2, two.dir.clone(), &cluster, bind(two.peer, two.client).await?).await?;
+        start(disks.fs(2), 2, two.dir.clone(), &cluster, bind(&net, two.peer, two.client).await?).await?;
     two.running = Some((stop_two, serving));
     assert_ne!(again, boot_ids[&2], "a broker restarted in the same process keeps its old boot id");
 
@@ -324,7 +368,7 @@ pub async fn run(disks: Disks) -> anyhow::Result<()> {
     loop {
         let mut leader = None;
         for m in members.values() {
-            if let Ok(s) = status(m.client).await
+            if let Ok(s) = status(&net, m.client).await
                 && s.error.is_none()
                 && s.leader != 0
             {
@@ -332,9 +376,9 @@ pub async fn run(disks: Disks) -> anyhow::Result<()> {
                 break;
             }
         }
-        let mine = status(members[&2].client).await.ok();
+        let mine = status(&net, members[&2].client).await.ok();
         if let (Some(l), Some(mine)) = (leader, &mine) {
-            let theirs = status(members[&l].client).await?;
+            let theirs = status(&net, members[&l].client).await?;
             if mine.replica_state == ReplicaState::Running as i32
                 && theirs.high_watermark >= u64::try_from(RECORDS)?
                 && mine.last_log_index == theirs.last_log_index
@@ -352,8 +396,8 @@ pub async fn run(disks: Disks) -> anyhow::Result<()> {
     // Every acknowledged record retention kept, once, in order.
     let (mut values, mut read_from) = (Vec::new(), 0);
     for m in members.values() {
-        let Ok(s) = status(m.client).await else { continue };
-        let r = api(m.client)
+        let Ok(s) = status(&net, m.client).await else { continue };
+        let r = api(&m.net, m.client)
             .await?
             .fetch(FetchRequest {
                 topic: TOPIC.into(),
