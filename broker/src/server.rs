@@ -402,7 +402,7 @@ impl Broker {
             root: partitions_root,
             meta_db,
             storage: config.storage.clone(),
-            flusher,
+            flusher: flusher.clone(),
             raft_settings,
             peers: peers.clone(),
             groups,
@@ -461,6 +461,7 @@ impl Broker {
                 topic_defaults.clone(),
                 liveness.clone(),
                 Duration::from_millis(config.retention.check_interval_ms),
+                flusher.clone(),
             ),
         ));
         tasks.push(spawn_task(

@@ -13,7 +13,7 @@ use in_process::{Disks, Net, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_brokers_share_a_process_and_one_restarts_in_it_with_a_new_boot_id() -> anyhow::Result<()> {
-    run(Disks::Os(tempfile::tempdir()?), Net::Os).await
+    run(&Disks::Os(tempfile::tempdir()?), Net::Os).await.map(drop)
 }
 
 /// The same on in-memory disks, nothing of them on the OS's file system:
@@ -22,5 +22,5 @@ async fn three_brokers_share_a_process_and_one_restarts_in_it_with_a_new_boot_id
 /// What it had acknowledged was fsynced, so it comes back and catches up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_brokers_run_on_in_memory_disks_and_one_comes_back_from_a_power_cut() -> anyhow::Result<()> {
-    run(Disks::memory(), Net::Os).await
+    run(&Disks::memory(), Net::Os).await.map(drop)
 }

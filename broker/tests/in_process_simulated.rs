@@ -23,7 +23,7 @@ use in_process::{Disks, Net, run};
 /// count of blocking threads must also be 0 at the end. The process holds
 /// no socket meanwhile, and every connection went through the in-memory
 /// network.
-#[tokio::test(flavor = "current_thread")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn on_a_simulations_disks_and_network_three_brokers_keep_every_task_on_the_runtimes_thread()
 -> anyhow::Result<()> {
     let network = MemoryNetwork::new();
@@ -57,7 +57,7 @@ async fn on_a_simulations_disks_and_network_three_brokers_keep_every_task_on_the
         });
         (looks, watcher)
     };
-    run(Disks::simulated(), Net::Memory(network.clone())).await?;
+    run(&Disks::simulated(), Net::Memory(network.clone())).await?;
     watcher.abort();
     let looks = looks.load(std::sync::atomic::Ordering::Relaxed);
     assert!(looks >= 10, "the threads were looked at only {looks} times");

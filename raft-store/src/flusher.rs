@@ -108,6 +108,9 @@ pub struct Flusher {
     tx: Queue,
     stats: Arc<FlushStats>,
     fs: Fs,
+    /// The count of segment events of the logs of this data directory
+    /// ([`Flusher::segment_events_total`]), watched.
+    segment_events: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl std::fmt::Debug for Flusher {
@@ -164,16 +167,38 @@ impl Flusher {
             })?;
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             runtime.spawn(run_task(rx, s, fsync));
-            return Ok(Self { tx: Queue::Task(tx), stats, fs });
+            return Ok(Self { tx: Queue::Task(tx), stats, fs, segment_events: Arc::default() });
         }
         let (tx, rx) = mpsc::sync_channel(QUEUE_REQUESTS_MAX);
         thread::Builder::new().name(format!("flusher {name}")).spawn(move || run(rx, &s, fsync))?;
-        Ok(Self { tx: Queue::Thread(tx), stats, fs })
+        Ok(Self { tx: Queue::Thread(tx), stats, fs, segment_events: Arc::default() })
     }
 
     /// The file system of this flusher's data directory.
     pub fn fs(&self) -> &Fs {
         &self.fs
+    }
+
+    /// Counts a segment event of a log of this data directory (see
+    /// `PartitionLog::segment_events`), waking [`Flusher::segment_event_after`].
+    pub(crate) fn note_segment_event(&self) {
+        self.segment_events.send_modify(|total| *total += 1);
+    }
+
+    /// The sum of the segment events of every log opened with this flusher
+    /// (one broker's data directory, one load): when it has not moved, no
+    /// log there rolled a segment or moved its log start.
+    pub fn segment_events_total(&self) -> u64 {
+        *self.segment_events.borrow()
+    }
+
+    /// Completes once [`Flusher::segment_events_total`] differs from `seen`
+    /// (at once if it already does). Per flusher, so brokers of one process
+    /// (a simulation, an embedding) wake only for their own logs.
+    pub async fn segment_event_after(&self, seen: u64) {
+        let mut events = self.segment_events.subscribe();
+        // `self` holds the sender: the wait cannot fail while it is polled.
+        let _ = events.wait_for(|total| *total != seen).await;
     }
 
     /// Queues `file` to be synced and `done` to run afterwards. With `done`

@@ -895,10 +895,10 @@ impl PartitionLog {
         Some(crate::flusher::CacheDrop { offset, len, mark: self.sync_mark.clone() })
     }
 
-    /// Counts a segment event on this log and in the process-wide total.
+    /// Counts a segment event on this log and in its flusher's total.
     fn note_segment_event(&self) {
         self.segment_events.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        SEGMENT_EVENTS.send_modify(|total| *total += 1);
+        self.flusher.note_segment_event();
     }
 
     /// Writes encoded frames (`frames`, described by `headers`) to the
@@ -1844,27 +1844,6 @@ impl FlushedRecord {
     fn recorded(&self) -> u64 {
         self.state().recorded
     }
-}
-
-/// The process-wide count of segment events (see
-/// [`PartitionLog::segment_events`]), watched: every waiter sees every
-/// change, so several brokers in one process (a simulation, an embedding)
-/// each wake for it.
-static SEGMENT_EVENTS: std::sync::LazyLock<tokio::sync::watch::Sender<u64>> =
-    std::sync::LazyLock::new(|| tokio::sync::watch::Sender::new(0));
-
-/// The process-wide count of segment events (see
-/// [`PartitionLog::segment_events`]).
-pub fn segment_events_total() -> u64 {
-    *SEGMENT_EVENTS.borrow()
-}
-
-/// Completes once the process-wide count of segment events differs from
-/// `seen` (at once if it already does).
-pub async fn segment_event_after(seen: u64) {
-    let mut events = SEGMENT_EVENTS.subscribe();
-    // The sender is a static: it is never dropped, so this cannot fail.
-    let _ = events.wait_for(|total| *total != seen).await;
 }
 
 /// Damage that [`PartitionLog::open`] found in the segment files and set

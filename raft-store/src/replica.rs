@@ -636,20 +636,6 @@ impl Replica {
         self.inner.segment_events.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The sum of [`Replica::segment_events`] over every replica opened in
-    /// this process (one load): when it has not moved, no log has.
-    pub fn segment_events_total() -> u64 {
-        crate::log::segment_events_total()
-    }
-
-    /// Completes once [`Replica::segment_events_total`] differs from `seen`
-    /// (at once if it already does): a roll of an active segment or a move
-    /// of a log start in any replica of this process. Every waiter wakes
-    /// (each broker's retention task, when several run in one process).
-    pub async fn segment_event_after(seen: u64) {
-        crate::log::segment_event_after(seen).await;
-    }
-
     /// The Raft index of the last entry of the segments retention retired
     /// (wholly below the log start offset, never the active one) that are
     /// still on disk; `None` if there are none. Raft purging through it

@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use ferrolog_raft_store::{Control, Replica, SegmentSummary};
+use ferrolog_raft_store::{Control, SegmentSummary};
 use futures::StreamExt;
 use tokio::sync::watch;
 
@@ -119,8 +119,9 @@ pub fn new_log_start(segments: &[SegmentSummary], now_ms: i64, limits: Limits, c
 
 /// How often the retention task looks whether a retry is due, or whether
 /// any log rolled a segment or moved its log start (one process-wide
-/// counter, [`Replica::segment_events_total`]; it is also woken at once on
-/// each such event by [`Replica::segment_event_after`]); only when the counter
+/// counter per data directory, `Flusher::segment_events_total`; it is also
+/// woken at once on each such event by `Flusher::segment_event_after`); only
+/// when the counter
 /// moved does it look for which partitions did.
 pub const EVENT_POLL: Duration = Duration::from_millis(25);
 
@@ -142,6 +143,7 @@ pub async fn run(
     defaults: Arc<TopicDefaults>,
     liveness: Liveness,
     interval: Duration,
+    flusher: ferrolog_raft_store::Flusher,
 ) {
     // The first check one interval after start (Kafka waits
     // `log.initial.task.delay.ms`): a broker that just started has other work.
@@ -155,12 +157,12 @@ pub async fn run(
     let mut seen: BTreeMap<u64, u64> = BTreeMap::new();
     let mut purges: BTreeMap<u64, AskedPurge> = BTreeMap::new();
     let mut retry: BTreeMap<u64, Retry> = BTreeMap::new();
-    let mut total_seen = Replica::segment_events_total();
+    let mut total_seen = flusher.segment_events_total();
     loop {
         let every = tokio::select! {
             _ = tick.tick() => true,
             _ = poll.tick() => false,
-            () = Replica::segment_event_after(total_seen) => false,
+            () = flusher.segment_event_after(total_seen) => false,
         };
         let now = Instant::now();
         let partitions = if every {
@@ -171,7 +173,7 @@ pub async fn run(
             retry.retain(|g, _| hosted.contains(g));
             all
         } else {
-            let total = Replica::segment_events_total();
+            let total = flusher.segment_events_total();
             if total == total_seen && !retry.values().any(|r| r.at <= now) {
                 continue;
             }

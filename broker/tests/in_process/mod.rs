@@ -242,6 +242,14 @@ impl Disks {
         }
     }
 
+    /// Each in-memory disk's counts of syncs, faults and losses.
+    pub fn stats(&self) -> Vec<ferrolog_raft_store::vfs::FaultyStats> {
+        match self {
+            Disks::Os(_) => Vec::new(),
+            Disks::Memory(disks) => disks.values().map(FaultyFs::stats).collect(),
+        }
+    }
+
     /// On in-memory disks: that every broker's files went there (each disk
     /// saw file and directory fsyncs) and broker 2's lost power once.
     fn assert_used(&self) {
@@ -267,8 +275,9 @@ pub fn memory_root() -> PathBuf {
 
 /// Three brokers of one process replicate a topic; broker 2 stops (and on
 /// in-memory disks loses power), the others take more writes, and broker 2
-/// starts again on its directory and ports.
-pub async fn run(disks: Disks, net: Net) -> anyhow::Result<()> {
+/// starts again on its directory and ports. Returns the boot ids the
+/// brokers had, in order (broker 2's again last).
+pub async fn run(disks: &Disks, net: Net) -> anyhow::Result<Vec<u64>> {
     let mut listeners = BTreeMap::new();
     let mut members = BTreeMap::new();
     for id in 1..=3u32 {
@@ -430,5 +439,5 @@ pub async fn run(disks: Disks, net: Net) -> anyhow::Result<()> {
         stop(m).await?;
     }
     disks.assert_used();
-    Ok(())
+    Ok(boot_ids.values().copied().chain([again]).collect())
 }
