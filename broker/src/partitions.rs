@@ -233,7 +233,9 @@ impl Reconciler {
 
     /// Whether no stopped replica is alive any more: no more partitions and
     /// open replicas in this process than hosted (the registry also holds
-    /// the metadata group's replica).
+    /// the metadata group's replica). The counts are the process's: with
+    /// several brokers in one process this is never true, and
+    /// `RELEASE_MEMORY_AFTER` alone decides.
     fn stopped_replicas_dropped(&self) -> bool {
         Partition::live_count() as usize <= self.groups.partitions().len()
             && Replica::open_count() <= self.groups.all().len()

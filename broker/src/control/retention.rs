@@ -118,11 +118,10 @@ pub fn new_log_start(segments: &[SegmentSummary], now_ms: i64, limits: Limits, c
 }
 
 /// How often the retention task looks whether a retry is due, or whether
-/// any log rolled a segment or moved its log start (one process-wide
-/// counter per data directory, `Flusher::segment_events_total`; it is also
-/// woken at once on each such event by `Flusher::segment_event_after`); only
-/// when the counter
-/// moved does it look for which partitions did.
+/// any log rolled a segment or moved its log start (one counter per data
+/// directory, `Flusher::segment_events_total`; the task is also woken at
+/// once on each such event by `Flusher::segment_event_after`); only when
+/// the counter moved does it look for which partitions did.
 pub const EVENT_POLL: Duration = Duration::from_millis(25);
 
 /// After a step that could not finish (followers not caught up, a snapshot
@@ -136,7 +135,8 @@ const RETRY: Duration = Duration::from_secs(1);
 /// whose log rolled a segment or moved its log start (or whose last step
 /// asked to be retried). For each, decides if it leads the partition (while
 /// every live broker speaks [`CONTROL_ENTRIES_MINOR`] or later), then lets
-/// Raft purge any retired segments ([`purge_retired`]).
+/// Raft purge any retired segments ([`purge_retired`]). `flusher` is the
+/// data directory's, whose count of segment events wakes it.
 pub async fn run(
     groups: GroupRegistry,
     image: watch::Receiver<Arc<MetadataImage>>,

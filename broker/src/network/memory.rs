@@ -9,9 +9,15 @@
 //! bound once (`AddrInUse` otherwise) until its listener is dropped, a
 //! dial to an address nobody listens on is refused (`ConnectionRefused`),
 //! and a connection's bytes arrive in order, once. [`MemoryNetwork::cut`]
-//! isolates a node (named by an address it listens on): dials from and to
-//! it are refused and its open connections fail (`ConnectionReset`), until
-//! [`MemoryNetwork::heal`].
+//! isolates an address: dials to it, and from the node that dials as it
+//! (a broker dials its peers as its peer address), are refused, and the
+//! open connections to and from it fail (`ConnectionReset`, waking any
+//! task waiting on them), until [`MemoryNetwork::heal`]. A broker's other
+//! listeners (client, Kafka) are addresses of their own.
+//!
+//! Listeners asking for port 0 get ports from 1024 up, in turn (a port
+//! freed is not handed out again at once, as an OS avoids); diallers' own
+//! ends get ports from the ephemeral range, 49152 up.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -19,7 +25,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use futures::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
@@ -32,6 +38,13 @@ pub const PIPE_BYTES: usize = 256 << 10;
 /// Connections waiting to be accepted, per listener (a TCP listener's
 /// backlog).
 const BACKLOG: usize = 128;
+
+/// The first port of diallers' ends (the IANA ephemeral range); listeners
+/// asking for port 0 get one below it.
+const EPHEMERAL_FIRST: u16 = 49152;
+
+/// The first port a listener asking for port 0 gets.
+const LISTEN_FIRST: u16 = 1024;
 
 /// A connection as a listener accepts it: the stream and the dialler's
 /// address.
@@ -50,13 +63,54 @@ struct Inner {
     /// Nodes cut off ([`MemoryNetwork::cut`]).
     cut: BTreeSet<SocketAddr>,
     /// Open connections: the dialling node (if it said), the dialled
-    /// address, and the flag that fails both ends.
-    links: Vec<(Option<SocketAddr>, SocketAddr, Weak<AtomicBool>)>,
-    /// The last listener id and dialler port handed out.
+    /// address, and what fails both ends.
+    links: Vec<(Option<SocketAddr>, SocketAddr, Weak<Link>)>,
+    /// The last listener id handed out.
     next_id: u64,
-    next_port: u16,
+    /// The next port tried for a listener asking for port 0, and the last
+    /// dialler port handed out.
+    next_listen_port: u16,
+    next_dial_port: u16,
     /// Dials that reached a listener.
     connections: u64,
+    /// A digest of those dials, in order (dialler node, dialled address).
+    dial_digest: u64,
+}
+
+/// What the two ends of a connection share: whether the network cut it,
+/// and the tasks waiting on either end, woken when it does.
+#[derive(Debug, Default)]
+struct Link {
+    failed: AtomicBool,
+    /// Per end (0: the dialler's), a reader's and a writer's waker.
+    wakers: Mutex<[Option<Waker>; 4]>,
+}
+
+impl Link {
+    /// Fails both ends and wakes whoever waits on them.
+    fn fail(&self) {
+        self.failed.store(true, Ordering::SeqCst);
+        let wakers =
+            std::mem::take(&mut *self.wakers.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        for w in wakers.into_iter().flatten() {
+            w.wake();
+        }
+    }
+
+    /// Remembers `cx`'s waker in `slot`, then fails if the link is cut
+    /// (registered first, so a cut between the two still wakes it).
+    fn check(&self, slot: usize, cx: &Context<'_>) -> io::Result<()> {
+        {
+            let mut wakers = self.wakers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !wakers[slot].as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                wakers[slot] = Some(cx.waker().clone());
+            }
+        }
+        if self.failed.load(Ordering::SeqCst) {
+            return Err(io::Error::new(io::ErrorKind::ConnectionReset, "the network cut this connection"));
+        }
+        Ok(())
+    }
 }
 
 impl Inner {
@@ -84,9 +138,13 @@ impl MemoryNetwork {
         let mut inner = self.inner();
         let mut addr = addr;
         if addr.port() == 0 {
-            let free =
-                (1024..=u16::MAX).find(|p| !inner.listening.contains_key(&SocketAddr::new(addr.ip(), *p)));
-            addr.set_port(free.ok_or_else(|| io::Error::from(io::ErrorKind::AddrNotAvailable))?);
+            let start = inner.next_listen_port.clamp(LISTEN_FIRST, EPHEMERAL_FIRST - 1);
+            let free = (start..EPHEMERAL_FIRST)
+                .chain(LISTEN_FIRST..start)
+                .find(|p| !inner.listening.contains_key(&SocketAddr::new(addr.ip(), *p)));
+            let port = free.ok_or_else(|| io::Error::from(io::ErrorKind::AddrNotAvailable))?;
+            inner.next_listen_port = port + 1;
+            addr.set_port(port);
         }
         if inner.listening.contains_key(&addr) {
             return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("{addr} is bound already")));
@@ -113,34 +171,39 @@ impl MemoryNetwork {
             return Err(refused());
         }
         let Some((_, tx)) = inner.listening.get(&to).cloned() else { return Err(refused()) };
-        inner.next_port = inner.next_port.wrapping_add(1).max(1);
-        let dialler = from.map_or_else(
-            || SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), inner.next_port),
-            |f| SocketAddr::new(f.ip(), inner.next_port),
-        );
+        inner.next_dial_port = inner.next_dial_port.checked_add(1).unwrap_or(0).max(EPHEMERAL_FIRST);
+        let ip = from.map_or(std::net::Ipv4Addr::LOCALHOST.into(), |f| f.ip());
+        let dialler = SocketAddr::new(ip, inner.next_dial_port);
         let (mine, theirs) = tokio::io::duplex(PIPE_BYTES);
-        let failed = Arc::new(AtomicBool::new(false));
-        let local = MemoryStream { pipe: mine, failed: failed.clone(), local: dialler, remote: to };
-        let remote = MemoryStream { pipe: theirs, failed: failed.clone(), local: to, remote: dialler };
+        let link = Arc::new(Link::default());
+        let local = MemoryStream { pipe: mine, link: link.clone(), end: 0, local: dialler, remote: to };
+        let remote = MemoryStream { pipe: theirs, link: link.clone(), end: 1, local: to, remote: dialler };
         tx.try_send((remote, dialler)).map_err(|_| refused())?;
-        inner.links.retain(|(_, _, f)| f.strong_count() > 0);
-        inner.links.push((from, to, Arc::downgrade(&failed)));
+        inner.links.retain(|(_, _, l)| l.strong_count() > 0);
+        inner.links.push((from, to, Arc::downgrade(&link)));
         inner.connections += 1;
+        inner.dial_digest = digest(inner.dial_digest, &format!("{from:?}>{to}"));
         Ok(local)
     }
 
-    /// Isolates the node listening on `node`: dials from and to it are
-    /// refused, and its open connections fail, until
-    /// [`MemoryNetwork::heal`].
+    /// Isolates `node`: dials to it and from the node that dials as it
+    /// are refused, and the open connections to and from it fail (tasks
+    /// waiting on them are woken), until [`MemoryNetwork::heal`]. A
+    /// broker's peer address cuts its peer traffic; its client and Kafka
+    /// addresses are cut on their own.
     pub fn cut(&self, node: SocketAddr) {
-        let mut inner = self.inner();
-        inner.cut.insert(node);
-        for (from, to, failed) in &inner.links {
-            if (*from == Some(node) || *to == node)
-                && let Some(f) = failed.upgrade()
-            {
-                f.store(true, Ordering::Relaxed);
-            }
+        let failing: Vec<Arc<Link>> = {
+            let mut inner = self.inner();
+            inner.cut.insert(node);
+            inner
+                .links
+                .iter()
+                .filter(|(from, to, _)| *from == Some(node) || *to == node)
+                .filter_map(|(_, _, l)| l.upgrade())
+                .collect()
+        };
+        for link in failing {
+            link.fail();
         }
     }
 
@@ -153,6 +216,12 @@ impl MemoryNetwork {
     /// Dials that reached a listener so far.
     pub fn connections(&self) -> u64 {
         self.inner().connections
+    }
+
+    /// A digest of the dials that reached a listener, in order (which node
+    /// dialled which address): equal for runs that connected alike.
+    pub fn dial_digest(&self) -> u64 {
+        self.inner().dial_digest
     }
 
     /// A connector for tonic's `Endpoint::connect_with_connector_lazy`:
@@ -195,12 +264,24 @@ impl Drop for MemoryListener {
     }
 }
 
+/// FNV-1a of `text` continuing from `h` (0: a fresh digest).
+fn digest(h: u64, text: &str) -> u64 {
+    let mut h = if h == 0 { 0xcbf2_9ce4_8422_2325 } else { h };
+    for b in text.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
 /// One end of a connection of a [`MemoryNetwork`].
 #[derive(Debug)]
 pub struct MemoryStream {
     pipe: DuplexStream,
-    /// Set when either end's node is cut off: every call fails.
-    failed: Arc<AtomicBool>,
+    /// Shared with the other end: cut by the network, every call fails.
+    link: Arc<Link>,
+    /// Which end this is (0: the dialler's), for its wakers' slots.
+    end: usize,
     local: SocketAddr,
     remote: SocketAddr,
 }
@@ -215,13 +296,6 @@ impl MemoryStream {
     pub fn peer_addr(&self) -> SocketAddr {
         self.remote
     }
-
-    fn check(&self) -> io::Result<()> {
-        if self.failed.load(Ordering::Relaxed) {
-            return Err(io::Error::new(io::ErrorKind::ConnectionReset, "the network cut this connection"));
-        }
-        Ok(())
-    }
 }
 
 impl AsyncRead for MemoryStream {
@@ -230,19 +304,19 @@ impl AsyncRead for MemoryStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        self.check()?;
+        self.link.check(self.end * 2, cx)?;
         Pin::new(&mut self.pipe).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for MemoryStream {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        self.check()?;
+        self.link.check(self.end * 2 + 1, cx)?;
         Pin::new(&mut self.pipe).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.check()?;
+        self.link.check(self.end * 2 + 1, cx)?;
         Pin::new(&mut self.pipe).poll_flush(cx)
     }
 
@@ -327,7 +401,23 @@ mod tests {
         assert_eq!(net.connect(None, two).expect_err("to").kind(), io::ErrorKind::ConnectionRefused);
         assert_eq!(net.connect(Some(two), one).expect_err("from").kind(), io::ErrorKind::ConnectionRefused);
         net.heal(two);
-        net.connect(Some(two), one).expect("healed");
+        // A reader already waiting when the cut comes is woken with it.
+        let mut c = net.connect(Some(two), one).expect("healed");
+        let (_d, _) = l1.accept().await.expect("accept");
+        let blocked = tokio::spawn(async move {
+            let mut buf = [0u8; 1];
+            c.read(&mut buf).await
+        });
+        tokio::task::yield_now().await;
+        assert!(!blocked.is_finished(), "the reader has nothing to read yet");
+        net.cut(one);
+        let e = tokio::time::timeout(std::time::Duration::from_secs(5), blocked)
+            .await
+            .expect("the blocked reader was not woken by the cut")
+            .expect("task")
+            .expect_err("cut");
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+        net.heal(one);
         net.connect(None, two).expect("healed");
         let _ = l2.accept().await.expect("accept");
     }

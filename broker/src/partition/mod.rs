@@ -42,7 +42,8 @@ const SEQUENCE_GAP_WAIT: Duration = Duration::from_millis(500);
 /// up to `limits.max_fetch_bytes` of buffers each); more wait their turn.
 pub const READS_IN_FLIGHT: usize = 8;
 
-/// The broker-wide permits of [`READS_IN_FLIGHT`].
+/// The permits of [`READS_IN_FLIGHT`]: process-wide, so brokers sharing a
+/// process (a simulation, an embedding) share them.
 static READS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(READS_IN_FLIGHT);
 
 /// One hosted partition replica.

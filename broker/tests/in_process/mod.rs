@@ -33,11 +33,14 @@ pub const RECORDS: i32 = 1_110;
 /// to stop it.
 pub struct Member {
     /// The network its clients dial it on.
-    net: Net,
-    peer: SocketAddr,
-    client: SocketAddr,
-    dir: PathBuf,
-    running: Option<(oneshot::Sender<()>, JoinHandle<()>)>,
+    pub net: Net,
+    /// Its peer and client addresses.
+    pub peer: SocketAddr,
+    pub client: SocketAddr,
+    /// Its data directory.
+    pub dir: PathBuf,
+    /// While it runs: the sender that stops it, and its task.
+    pub running: Option<(oneshot::Sender<()>, JoinHandle<()>)>,
 }
 
 /// A started broker: its boot id, the sender that stops it, its task.
@@ -97,6 +100,17 @@ impl Net {
             Net::Os => TcpListener::bind(addr).await?.into(),
             Net::Memory(n) => n.bind(addr)?.into(),
         })
+    }
+
+    /// The IP address broker `id` listens on: loopback on the OS's
+    /// network; on an in-memory one an address of TEST-NET-1 (RFC 5737,
+    /// 192.0.2.0/24), which no real host has, so a dial that missed the
+    /// in-memory network fails instead of reaching some process here.
+    pub fn ip_of(&self, id: u32) -> std::net::IpAddr {
+        match self {
+            Net::Os => std::net::Ipv4Addr::LOCALHOST.into(),
+            Net::Memory(_) => std::net::Ipv4Addr::new(192, 0, 2, u8::try_from(id).unwrap_or(u8::MAX)).into(),
+        }
     }
 
     /// The in-memory network, if it is one.
@@ -219,14 +233,14 @@ impl Disks {
     }
 
     /// Broker `id`'s file system, as a process started now sees it.
-    fn fs(&self, id: u32) -> Fs {
+    pub fn fs(&self, id: u32) -> Fs {
         match self {
             Disks::Os(_) => vfs::real(),
             Disks::Memory(disks) => disks[&id].mount(),
         }
     }
 
-    fn dir(&self, id: u32) -> PathBuf {
+    pub fn dir(&self, id: u32) -> PathBuf {
         match self {
             Disks::Os(root) => root.path().join(format!("broker-{id}")),
             Disks::Memory(_) => memory_root().join(format!("broker-{id}")),
@@ -236,7 +250,7 @@ impl Disks {
     /// On an in-memory disk, cuts broker `id`'s power (what no fsync
     /// covered is lost, the last write torn; the running broker's every
     /// file operation fails from then on).
-    fn cut_power(&self, id: u32) {
+    pub fn cut_power(&self, id: u32) {
         if let Disks::Memory(disks) = self {
             disks[&id].power_cut(PowerCut::Torn);
         }
@@ -281,8 +295,9 @@ pub async fn run(disks: &Disks, net: Net) -> anyhow::Result<Vec<u64>> {
     let mut listeners = BTreeMap::new();
     let mut members = BTreeMap::new();
     for id in 1..=3u32 {
-        let peer = net.listen("127.0.0.1:0".parse()?).await?;
-        let client = net.listen("127.0.0.1:0".parse()?).await?;
+        let ip = net.ip_of(id);
+        let peer = net.listen(SocketAddr::new(ip, 0)).await?;
+        let client = net.listen(SocketAddr::new(ip, 0)).await?;
         let member = Member {
             net: net.clone(),
             peer: peer.local_addr()?,
