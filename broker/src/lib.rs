@@ -41,7 +41,9 @@
 //! - [`network`]: the broker-to-broker Raft transport (client, server, the
 //!   peer protocol's version check), many groups multiplexed on one
 //!   connection per peer; the messages themselves are converted in
-//!   `ferrolog_raft_store::wire`, snapshots chunked in `ferrolog_replica::snapshot`.
+//!   `ferrolog_raft_store::wire`, snapshots chunked in `ferrolog_replica::snapshot`;
+//!   `network::memory` is an in-memory network brokers of one process can
+//!   listen and dial on instead of TCP (a simulation's, with `cut`/`heal`).
 //! - [`control`]: the background control loops: liveness (one ping per
 //!   broker pair), quiesce (idle groups park; elections scheduled here),
 //!   CheckQuorum, membership, recovery of damaged replicas, the disk-writable

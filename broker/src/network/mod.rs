@@ -9,7 +9,9 @@
 //! files in chunks (`ferrolog_replica::snapshot`). Both sides check each
 //! other's [`protocol`] version. The groups' Raft nodes send through
 //! [`PeerAddresses`] (the `ferrolog_replica::PeerTransport` of this
-//! broker) and receive through [`RaftPeerServer`].
+//! broker) and receive through [`RaftPeerServer`]. Connections go over TCP,
+//! or over an in-memory network ([`memory`]) when the broker's listeners are
+//! on one.
 
 pub mod batch;
 pub mod client;
