@@ -28,6 +28,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use ferrolog_raft_store::meta_db::MetaDb;
+use ferrolog_raft_store::vfs::{self, Fs};
 use ferrolog_raft_store::{Flusher, Replica, StoreConfig};
 use serde_json::json;
 
@@ -56,23 +57,34 @@ pub fn parse_replica_dir_name(name: &str) -> Option<(String, u32, u64)> {
     Some((topic.to_owned(), partition.parse().ok()?, group.parse().ok()?))
 }
 
-/// The partition replicas stored in `data_dir`, sorted by topic and partition.
+/// The partition replicas stored in `data_dir` on the OS's file system,
+/// sorted by topic and partition (as [`replica_dirs_on`]).
 ///
 /// # Errors
 /// An unreadable directory.
 pub fn replica_dirs(data_dir: &Path) -> anyhow::Result<Vec<ReplicaDir>> {
+    replica_dirs_on(&vfs::real(), data_dir)
+}
+
+/// The partition replicas stored in `data_dir` on `fs`, sorted by topic
+/// and partition; none when `data_dir` has no `partitions` directory.
+///
+/// # Errors
+/// An unreadable directory.
+pub fn replica_dirs_on(fs: &Fs, data_dir: &Path) -> anyhow::Result<Vec<ReplicaDir>> {
     let root = data_dir.join("partitions");
-    let mut out = Vec::new();
-    if !root.exists() {
-        return Ok(out);
-    }
-    for ent in std::fs::read_dir(&root).with_context(|| format!("listing {}", root.display()))? {
-        let ent = ent?;
-        let name = ent.file_name().to_string_lossy().into_owned();
-        if let Some((topic, partition, group)) = parse_replica_dir_name(&name) {
-            out.push(ReplicaDir { topic, partition, group, path: ent.path() });
-        }
-    }
+    let names = match fs.list(&root) {
+        Ok(names) => names,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", root.display())),
+    };
+    let mut out: Vec<ReplicaDir> = names
+        .into_iter()
+        .filter_map(|name| {
+            let (topic, partition, group) = parse_replica_dir_name(&name)?;
+            Some(ReplicaDir { topic, partition, group, path: root.join(name) })
+        })
+        .collect();
     out.sort_by(|a, b| (&a.topic, a.partition, a.group).cmp(&(&b.topic, b.partition, b.group)));
     Ok(out)
 }
@@ -190,23 +202,36 @@ pub fn dump_replica(
 /// The `dump-log` command: every replica under `data_dir` to stdout.
 ///
 /// # Errors
-/// As [`dump_replica`].
+/// As [`dump_on`].
 pub fn run(data_dir: &Path) -> anyhow::Result<()> {
-    let flusher = Flusher::spawn("dump-log").context("starting the flusher")?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let replicas = replica_dirs(data_dir)?;
-    if replicas.is_empty() {
-        return Ok(());
-    }
-    let root = data_dir.join("partitions");
-    let meta_db = MetaDb::open(&root)
-        .with_context(|| format!("opening the metadata database in {}", root.display()))?;
-    for r in replicas {
-        dump_replica(&r, &meta_db, &flusher, &mut out)?;
-    }
+    dump_on(&vfs::real(), data_dir, &mut out)?;
     out.flush()?;
     Ok(())
+}
+
+/// Writes every replica stored in `data_dir` on `fs` (a stopped broker's)
+/// to `out`, as [`dump_replica`] does; returns how many records in all.
+/// On a simulation's file system ([`ferrolog_raft_store::vfs::Vfs::background_on_runtime`])
+/// it must run inside a tokio runtime, as the broker did.
+///
+/// # Errors
+/// As [`dump_replica`], and a metadata database that cannot be opened.
+pub fn dump_on(fs: &Fs, data_dir: &Path, out: &mut impl Write) -> anyhow::Result<u64> {
+    let replicas = replica_dirs_on(fs, data_dir)?;
+    if replicas.is_empty() {
+        return Ok(0);
+    }
+    let flusher = Flusher::spawn_on("dump-log", fs.clone()).context("starting the flusher")?;
+    let root = data_dir.join("partitions");
+    let meta_db = MetaDb::open_on(fs, &root)
+        .with_context(|| format!("opening the metadata database in {}", root.display()))?;
+    let mut n = 0;
+    for r in replicas {
+        n += dump_replica(&r, &meta_db, &flusher, out)?;
+    }
+    Ok(n)
 }
 
 #[cfg(test)]

@@ -144,6 +144,25 @@ pub async fn api(net: &Net, addr: SocketAddr) -> anyhow::Result<FerrologClient<t
     Ok(FerrologClient::new(channel))
 }
 
+/// Creates [`TOPIC`] (one partition, three replicas, `configs`) through
+/// `member`, asking again every 100 ms until it answers without an error
+/// (its controller may not have a leader yet) or 60 s pass.
+pub async fn create_topic(member: &Member, configs: &[(&str, &str)]) -> anyhow::Result<()> {
+    let create = CreateTopicRequest {
+        name: TOPIC.into(),
+        partitions: 1,
+        replication_factor: 3,
+        configs: configs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = api(&member.net, member.client).await?.create_topic(create.clone()).await?.into_inner();
+        let Some(error) = answer.error else { return Ok(()) };
+        anyhow::ensure!(Instant::now() < deadline, "the topic was never created: {error:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// An idempotent producer's id and epoch (KIP-98), from any running broker.
 pub async fn producer_id(members: &[&Member]) -> anyhow::Result<(i64, i32)> {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -229,7 +248,14 @@ impl Disks {
     /// tasks of the runtime (`Vfs::background_on_runtime`), as a
     /// deterministic simulation's do.
     pub fn simulated() -> Self {
-        Disks::Memory((1..=3).map(|id| (id, FaultyFs::new(u64::from(id)).simulated())).collect())
+        Self::simulated_from(0)
+    }
+
+    /// As [`Disks::simulated`], with the disks' own random numbers (where
+    /// a torn write ends) drawn from `seed`.
+    pub fn simulated_from(seed: u64) -> Self {
+        let disk = |id: u32| FaultyFs::new(seed.wrapping_mul(4).wrapping_add(u64::from(id))).simulated();
+        Disks::Memory((1..=3).map(|id| (id, disk(id))).collect())
     }
 
     /// Broker `id`'s file system, as a process started now sees it.
@@ -253,6 +279,14 @@ impl Disks {
     pub fn cut_power(&self, id: u32) {
         if let Disks::Memory(disks) = self {
             disks[&id].power_cut(PowerCut::Torn);
+        }
+    }
+
+    /// Broker `id`'s in-memory disk (none on the OS's file system).
+    pub fn memory_disk(&self, id: u32) -> Option<&FaultyFs> {
+        match self {
+            Disks::Os(_) => None,
+            Disks::Memory(disks) => disks.get(&id),
         }
     }
 
@@ -321,27 +355,9 @@ pub async fn run(disks: &Disks, net: Net) -> anyhow::Result<Vec<u64>> {
     let distinct: std::collections::BTreeSet<u64> = boot_ids.values().copied().collect();
     assert_eq!(distinct.len(), 3, "every broker of the process has its own boot id: {boot_ids:?}");
 
-    let deadline = Instant::now() + Duration::from_secs(30);
     // Segments of 4 KiB (the least allowed) and 4 KiB retained: while
     // broker 2 is down the others delete the segments it never got.
-    let configs = [("segment.bytes", "4096"), ("retention.bytes", "4096")];
-    let create = CreateTopicRequest {
-        name: TOPIC.into(),
-        partitions: 1,
-        replication_factor: 3,
-        configs: configs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
-    };
-    while api(&net, members[&1].client)
-        .await?
-        .create_topic(create.clone())
-        .await?
-        .into_inner()
-        .error
-        .is_some()
-    {
-        anyhow::ensure!(Instant::now() < deadline, "the topic was never created");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    create_topic(&members[&1], &[("segment.bytes", "4096"), ("retention.bytes", "4096")]).await?;
     let all: Vec<&Member> = members.values().collect();
     let producer = producer_id(&all).await?;
     for i in 0..10 {
