@@ -252,9 +252,10 @@ impl Disks {
     }
 
     /// As [`Disks::simulated`], with the disks' own random numbers (where
-    /// a torn write ends) drawn from `seed`.
+    /// a torn write ends) drawn from `seed`, another stream for each disk
+    /// (`FaultyFs::new` sets the lowest bit, so the streams differ above it).
     pub fn simulated_from(seed: u64) -> Self {
-        let disk = |id: u32| FaultyFs::new(seed.wrapping_mul(4).wrapping_add(u64::from(id))).simulated();
+        let disk = |id: u32| FaultyFs::new(seed.wrapping_mul(8).wrapping_add(2 * u64::from(id))).simulated();
         Disks::Memory((1..=3).map(|id| (id, disk(id))).collect())
     }
 
