@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use ferrolog_broker::network::memory::MemoryNetwork;
 use ferrolog_proto::client::{FetchRequest, RecordSet, ReplicaState};
-use ferrolog_raft_store::vfs::PowerCut;
+use ferrolog_raft_store::vfs::{Faults, PowerCut};
 use in_process::{Disks, Member, Net, api, bind, create_topic, produce, producer_id, start, status, stop};
 use tokio::time::Instant;
 
@@ -130,10 +130,25 @@ impl Outcome {
     }
 }
 
+/// A negative control's change to a seed: a broker whose disk, from the
+/// middle of the run on, acknowledges fsync without persisting anything,
+/// and no faults during the run (only the power cut after the brokers
+/// stop), so that only the comparison of the copies on the disks can see
+/// it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Variant {
+    lying_disk: Option<u32>,
+}
+
 /// Runs `seed` on a fresh one-thread runtime with paused time; returns
 /// what it did and the steps it took; `Err` names the seed, what was
 /// violated and the last steps taken.
 fn simulate(seed: u64) -> Result<(Outcome, Vec<String>), String> {
+    simulate_with(seed, Variant::default())
+}
+
+/// [`simulate`], changed as `variant` says.
+fn simulate_with(seed: u64, variant: Variant) -> Result<(Outcome, Vec<String>), String> {
     ferrolog_raft_store::runtime::seed_thread_rng(Some(seed));
     let mut builder = tokio::runtime::Builder::new_current_thread();
     builder.enable_all().start_paused(true);
@@ -143,7 +158,9 @@ fn simulate(seed: u64) -> Result<(Outcome, Vec<String>), String> {
     let mut steps = Vec::new();
     let result = runtime.block_on(async {
         ferrolog_raft_store::runtime::simulate_clocks(Some(Duration::from_secs(1_780_000_000)));
-        let r = match tokio::time::timeout(Duration::from_secs(1_800), scenario(seed, &mut steps)).await {
+        let r = match tokio::time::timeout(Duration::from_secs(1_800), scenario(seed, variant, &mut steps))
+            .await
+        {
             Ok(r) => r.map_err(|e| format!("{e:#}")),
             Err(_) => Err("did not finish within 1,800 s of simulated time".to_owned()),
         };
@@ -422,14 +439,16 @@ impl<'s> Sim<'s> {
 }
 
 /// One seed: three brokers, a producer, faults, then the checks.
-async fn scenario(seed: u64, steps: &mut Vec<String>) -> anyhow::Result<Outcome> {
+async fn scenario(seed: u64, variant: Variant, steps: &mut Vec<String>) -> anyhow::Result<Outcome> {
     let mut dice = Dice(seed ^ 0x5EED);
     let mut sim = Sim::start(Disks::simulated_from(seed), steps).await?;
-    faults_and_checks(&mut sim, &mut dice).await?;
+    faults_and_checks(&mut sim, &mut dice, variant).await?;
     Ok(std::mem::take(&mut sim.outcome))
 }
 
-async fn faults_and_checks(sim: &mut Sim<'_>, dice: &mut Dice) -> anyhow::Result<()> {
+/// The run and its checks (with a [`Variant`]'s lying disk: the same
+/// batches and reads without any fault).
+async fn faults_and_checks(sim: &mut Sim<'_>, dice: &mut Dice, variant: Variant) -> anyhow::Result<()> {
     create_topic(&sim.members[&1], &[]).await?;
     let producer = producer_id(&sim.members.values().collect::<Vec<_>>()).await?;
 
@@ -445,7 +464,12 @@ async fn faults_and_checks(sim: &mut Sim<'_>, dice: &mut Dice) -> anyhow::Result
     let mut reads: Vec<Read> = Vec::new();
     for batch in 0..BATCHES {
         sim.recover(batch).await?;
-        if dice.below(3) == 0 {
+        if let Some(disk) = variant.lying_disk.and_then(|id| sim.disks.memory_disk(id))
+            && batch == BATCHES / 2
+        {
+            disk.set_faults(Faults { fsync_lies: true, ..Faults::default() });
+        }
+        if dice.below(3) == 0 && variant.lying_disk.is_none() {
             let mut struck: Vec<Struck> = sim.strike(dice, batch, None).await?.into_iter().collect();
             // Now and then a second broker at once.
             if let Some(first) = struck.first().map(|s| s.id)
@@ -520,15 +544,28 @@ async fn faults_and_checks(sim: &mut Sim<'_>, dice: &mut Dice) -> anyhow::Result
         stop(m).await?;
     }
     for id in 1..=3 {
-        sim.disks.cut_power(id);
-        let copy = copy_on_disk(sim, id)?;
+        match sim.disks.memory_disk(id) {
+            // The control's lying disk loses all it never synced (a torn
+            // cut may keep all of it, by chance).
+            Some(disk) if variant.lying_disk == Some(id) => disk.power_cut(PowerCut::Clean),
+            _ => sim.disks.cut_power(id),
+        }
+        // A copy that cannot be read is as lost as a missing one.
+        let copy = copy_on_disk(sim, id).map_err(|e| {
+            if e.to_string().starts_with("violation: ") {
+                e
+            } else {
+                anyhow::anyhow!("violation: broker {id}'s copy on its disk cannot be read: {e:#}")
+            }
+        })?;
         anyhow::ensure!(
             copy == log,
             "violation: broker {id}'s copy on its disk differs from the leader's log: {} records \
-             against {}, first difference at {:?}",
+             against {}, first difference at offset {}",
             copy.len(),
             log.len(),
-            copy.iter().zip(&log).find(|(a, b)| a != b).map(|(a, _)| a.0)
+            // Both are gapless from offset 0: a record's index is its offset.
+            copy.iter().zip(&log).position(|(a, b)| a != b).unwrap_or(copy.len().min(log.len()))
         );
         sim.outcome.records_compared += copy.len();
     }
@@ -911,6 +948,18 @@ fn the_simulation_catches_an_injected_ack_before_commit() {
     );
     eprintln!("{}", text.lines().filter(|l| l.starts_with("seed ")).collect::<Vec<_>>().join("\n"));
     assert!(text.contains("1 passed") || text.contains("1 failed"), "the seeds' test did not run:\n{text}");
+}
+
+/// The negative control of the copies' comparison: a seed without faults
+/// whose broker 3 has a disk that acknowledges fsync without persisting
+/// must fail on broker 3's copy (its brokers' answers were all fine: only
+/// what the disk kept after the last power cut shows it).
+#[test]
+fn the_copies_on_the_disks_catch_a_disk_that_lies_about_fsync() {
+    let e = simulate_with(5, Variant { lying_disk: Some(3) })
+        .expect_err("a disk that lies about fsync went unnoticed");
+    assert!(e.contains("violation: broker 3's copy"), "the seed failed, but not on broker 3's copy:\n{e}");
+    eprintln!("{}", e.lines().next().unwrap_or_default());
 }
 
 /// A seed replays exactly: run twice, it takes the same steps (faults,

@@ -38,7 +38,7 @@ fn simulate(seed: u64) -> anyhow::Result<Fingerprint> {
         ferrolog_raft_store::runtime::simulate_clocks(Some(std::time::Duration::from_secs(1_780_000_000)));
         let started = tokio::time::Instant::now();
         let network = MemoryNetwork::new();
-        let disks = Disks::simulated();
+        let disks = Disks::simulated_from(seed);
         let ran = run(&disks, Net::Memory(network.clone())).await;
         ferrolog_raft_store::runtime::simulate_clocks(None);
         Ok(Fingerprint {
