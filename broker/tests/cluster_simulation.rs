@@ -505,7 +505,7 @@ async fn faults_and_checks(sim: &mut Sim<'_>, dice: &mut Dice, variant: Variant)
         if dice.below(3) == 0 {
             let acknowledged_end = base + size as u64;
             let from = dice.below(acknowledged_end + 1);
-            if let Some((records, _)) = fetch_once(sim, from).await? {
+            if let Ok((records, _)) = fetch_once(sim, from).await? {
                 sim.steps.push(format!("  read {} records from offset {from}", records.len()));
                 sim.outcome.records_read += records.len();
                 reads.push(Read { from, acknowledged_end, records });
@@ -579,15 +579,20 @@ async fn converge(sim: &Sim<'_>) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let mut states = Vec::new();
-        for m in sim.members.values() {
-            states.push(status(&sim.net, m.client).await.ok());
+        for (id, m) in &sim.members {
+            states.push((*id, status(&sim.net, m.client).await.ok()));
         }
-        let last = states[0].as_ref().map(|f| f.last_log_index);
-        let caught_up = states.iter().all(|s| {
+        let last = states[0].1.as_ref().map(|f| f.last_log_index);
+        // The leader as it says itself (the others' word for it may be
+        // stale: a leader that lost power and started again is a follower
+        // until the next election).
+        let caught_up = states.iter().all(|(_, s)| {
             s.as_ref().is_some_and(|s| {
                 s.replica_state == ReplicaState::Running as i32 && Some(s.last_log_index) == last
             })
-        }) && states.iter().flatten().any(|s| s.leader != 0 && Some(s.commit_index) == last);
+        }) && states
+            .iter()
+            .any(|(id, s)| s.as_ref().is_some_and(|s| s.leader == *id && Some(s.commit_index) == last));
         if caught_up {
             return Ok(());
         }
@@ -598,11 +603,14 @@ async fn converge(sim: &Sim<'_>) -> anyhow::Result<()> {
 
 /// One fetch from `offset` through whichever running broker serves it
 /// (the leader: a follower refuses fetches): the (offset, value) pairs
-/// read from `offset` on and the high watermark; `None` when no broker
-/// served it.
-async fn fetch_once(sim: &Sim<'_>, offset: u64) -> anyhow::Result<Option<(Vec<(u64, String)>, u64)>> {
-    for m in sim.members.values().filter(|m| m.running.is_some()) {
-        let Ok(mut client) = api(&sim.net, m.client).await else { continue };
+/// read from `offset` on and the high watermark; `Err` with each broker's
+/// refusal when none served it.
+async fn fetch_once(
+    sim: &Sim<'_>,
+    offset: u64,
+) -> anyhow::Result<Result<(Vec<(u64, String)>, u64), Vec<String>>> {
+    let mut refusals = Vec::new();
+    for (id, m) in sim.members.iter().filter(|(_, m)| m.running.is_some()) {
         let request = FetchRequest {
             topic: in_process::TOPIC.into(),
             partition: 0,
@@ -610,10 +618,24 @@ async fn fetch_once(sim: &Sim<'_>, offset: u64) -> anyhow::Result<Option<(Vec<(u
             max_bytes: 16 << 20,
             ..Default::default()
         };
-        let Ok(r) = client.fetch(request).await.map(tonic::Response::into_inner) else { continue };
-        if r.error.is_some() {
-            continue;
-        }
+        let r = match api(&sim.net, m.client).await {
+            Ok(mut client) => client.fetch(request).await.map(tonic::Response::into_inner),
+            Err(e) => {
+                refusals.push(format!("broker {id}: {e:#}"));
+                continue;
+            }
+        };
+        let r = match r {
+            Ok(r) if r.error.is_none() => r,
+            Ok(r) => {
+                refusals.push(format!("broker {id}: {:?}", r.error));
+                continue;
+            }
+            Err(status) => {
+                refusals.push(format!("broker {id}: {status}"));
+                continue;
+            }
+        };
         let mut read = Vec::new();
         for b in &r.batches {
             let set = <RecordSet as prost::Message>::decode(b.records.clone())?;
@@ -624,19 +646,27 @@ async fn fetch_once(sim: &Sim<'_>, offset: u64) -> anyhow::Result<Option<(Vec<(u
                 }
             }
         }
-        return Ok(Some((read, r.high_watermark)));
+        return Ok(Ok((read, r.high_watermark)));
     }
-    Ok(None)
+    Ok(Err(refusals))
 }
 
 /// The log as the leader serves it, read from offset 0 to the high
-/// watermark: (offset, value) pairs.
-async fn leader_log(sim: &Sim<'_>) -> anyhow::Result<Vec<(u64, String)>> {
+/// watermark: (offset, value) pairs. A consumer asks again while no broker
+/// serves it (a leader elected a moment ago may not yet), for 30 s.
+async fn leader_log(sim: &mut Sim<'_>) -> anyhow::Result<Vec<(u64, String)>> {
     let mut log: Vec<(u64, String)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let next = log.last().map_or(0, |(o, _)| o + 1);
-        let Some((read, high_watermark)) = fetch_once(sim, next).await? else {
-            anyhow::bail!("no broker served the partition")
+        let (read, high_watermark) = match fetch_once(sim, next).await? {
+            Ok(served) => served,
+            Err(refusals) if Instant::now() < deadline => {
+                sim.steps.push(format!("  final read from {next} refused: {refusals:?}"));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            Err(refusals) => anyhow::bail!("no broker served the partition: {refusals:?}"),
         };
         log.extend(read);
         let after = log.last().map_or(0, |(o, _)| o + 1);
