@@ -48,7 +48,9 @@ use std::time::Duration;
 use ferrolog_broker::network::memory::MemoryNetwork;
 use ferrolog_proto::client::{FetchRequest, RecordSet, ReplicaState};
 use ferrolog_raft_store::vfs::{Faults, PowerCut};
-use in_process::{Disks, Member, Net, api, bind, create_topic, produce, producer_id, start, status, stop};
+use in_process::{
+    Disks, Member, Net, api, bind, create_topic, produce, producer_id, start, start_founders, status, stop,
+};
 use tokio::time::Instant;
 
 /// Seeds `cargo test` runs.
@@ -222,30 +224,7 @@ impl<'s> Sim<'s> {
     async fn start(disks: Disks, steps: &'s mut Vec<String>) -> anyhow::Result<Self> {
         let network = MemoryNetwork::new();
         let net = Net::Memory(network.clone());
-        let mut members = BTreeMap::new();
-        let mut listeners = BTreeMap::new();
-        for id in 1..=3u32 {
-            let l = bind(&net, SocketAddr::new(net.ip_of(id), 0), SocketAddr::new(net.ip_of(id), 0)).await?;
-            let m = Member {
-                net: net.clone(),
-                peer: l.peer.local_addr()?,
-                client: l.client.local_addr()?,
-                dir: disks.dir(id),
-                running: None,
-            };
-            members.insert(id, m);
-            listeners.insert(id, l);
-        }
-        let cluster: BTreeMap<u32, SocketAddr> = members.iter().map(|(id, m)| (*id, m.peer)).collect();
-        let started = futures::future::try_join_all(
-            listeners
-                .into_iter()
-                .map(|(id, l)| start(disks.fs(id), id, members[&id].dir.clone(), &cluster, l)),
-        )
-        .await?;
-        for (m, (_, stop_tx, serving)) in members.values_mut().zip(started) {
-            m.running = Some((stop_tx, serving));
-        }
+        let (members, cluster, _) = start_founders(&net, &disks).await?;
         Ok(Self {
             net,
             network,

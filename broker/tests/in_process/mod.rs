@@ -322,26 +322,28 @@ pub fn memory_root() -> PathBuf {
     PathBuf::from(format!("/ferrolog-in-memory-{}", std::process::id()))
 }
 
-/// Three brokers of one process replicate a topic; broker 2 stops (and on
-/// in-memory disks loses power), the others take more writes, and broker 2
-/// starts again on its directory and ports. Returns the boot ids the
-/// brokers had, in order (broker 2's again last).
-pub async fn run(disks: &Disks, net: Net) -> anyhow::Result<Vec<u64>> {
+/// Starts brokers 1, 2 and 3 together as the founders of a cluster on
+/// `net`, each on listeners of its own IP address ([`Net::ip_of`]) and
+/// its data directory on `disks`; returns them, their peer addresses (the
+/// cluster each is configured with) and their boot ids.
+pub async fn start_founders(
+    net: &Net,
+    disks: &Disks,
+) -> anyhow::Result<(BTreeMap<u32, Member>, BTreeMap<u32, SocketAddr>, BTreeMap<u32, u64>)> {
     let mut listeners = BTreeMap::new();
     let mut members = BTreeMap::new();
     for id in 1..=3u32 {
         let ip = net.ip_of(id);
-        let peer = net.listen(SocketAddr::new(ip, 0)).await?;
-        let client = net.listen(SocketAddr::new(ip, 0)).await?;
+        let l = bind(net, SocketAddr::new(ip, 0), SocketAddr::new(ip, 0)).await?;
         let member = Member {
             net: net.clone(),
-            peer: peer.local_addr()?,
-            client: client.local_addr()?,
+            peer: l.peer.local_addr()?,
+            client: l.client.local_addr()?,
             dir: disks.dir(id),
             running: None,
         };
         members.insert(id, member);
-        listeners.insert(id, Listeners { peer, client, kafka: None, network: net.memory() });
+        listeners.insert(id, l);
     }
     let cluster: BTreeMap<u32, SocketAddr> = members.iter().map(|(id, m)| (*id, m.peer)).collect();
     let started = futures::future::try_join_all(
@@ -353,6 +355,15 @@ pub async fn run(disks: &Disks, net: Net) -> anyhow::Result<Vec<u64>> {
         boot_ids.insert(*id, boot_id);
         m.running = Some((stop, serving));
     }
+    Ok((members, cluster, boot_ids))
+}
+
+/// Three brokers of one process replicate a topic; broker 2 stops (and on
+/// in-memory disks loses power), the others take more writes, and broker 2
+/// starts again on its directory and ports. Returns the boot ids the
+/// brokers had, in order (broker 2's again last).
+pub async fn run(disks: &Disks, net: Net) -> anyhow::Result<Vec<u64>> {
+    let (mut members, cluster, boot_ids) = start_founders(&net, disks).await?;
     let distinct: std::collections::BTreeSet<u64> = boot_ids.values().copied().collect();
     assert_eq!(distinct.len(), 3, "every broker of the process has its own boot id: {boot_ids:?}");
 
