@@ -54,7 +54,7 @@ use in_process::{
 use tokio::time::Instant;
 
 /// Seeds `cargo test` runs.
-const SEEDS_IN_TEST: u64 = 24;
+const SEEDS_IN_TEST: u64 = 64;
 
 /// Simulated seconds after which a batch retried all along counts as never
 /// acknowledged (a fault lasts at most about 3 s, an election about one).

@@ -19,7 +19,7 @@ use crate::lifecycle::{InUse, Lifecycle};
 use crate::settings::{Timings, ValidSettings};
 use crate::snapshot::Received;
 use crate::state::{LogPosition, State};
-use crate::transport::{GroupNetwork, PeerTransport, PeerUnreachable};
+use crate::transport::{GroupNetwork, PeerTransport, PeerUnreachable, SharedTransport};
 
 /// One replica's Raft node: a partition's (or the metadata group's) member
 /// on this broker, over its storage ([`Replica`]). Cheap to clone; clones
@@ -190,7 +190,7 @@ impl RaftNode {
         replica: &Replica,
         transport: T,
     ) -> Result<Self, NodeError> {
-        Self::start_with(group, node, settings, replica, transport, false).await
+        Self::start_with(group, node, settings, replica, SharedTransport::new(transport), false).await
     }
 
     /// Starts the founding leader of a group founded just now
@@ -229,17 +229,18 @@ impl RaftNode {
                 "not a founding leader: vote {vote:?} (expected {founded:?}), last log index {last:?} (expected 0)"
             )));
         }
-        Self::start_with(group, node, settings, replica, transport, true).await
+        Self::start_with(group, node, settings, replica, SharedTransport::new(transport), true).await
     }
 
     /// [`RaftNode::start`], restoring a leader from its stored vote on
-    /// this first start if `restore_leader`.
-    async fn start_with<T: PeerTransport>(
+    /// this first start if `restore_leader`. Not generic: the Raft core is
+    /// built here, over [`SharedTransport`], once for every transport.
+    async fn start_with(
         group: u64,
         node: NodeId,
         settings: &ValidSettings,
         replica: &Replica,
-        transport: T,
+        transport: SharedTransport,
         restore_leader: bool,
     ) -> Result<Self, NodeError> {
         let config = settings.raft.clone();

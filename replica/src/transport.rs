@@ -5,6 +5,7 @@
 //! edge; the library's types never do.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferrolog_proto::raft as pb;
@@ -83,6 +84,180 @@ pub trait PeerTransport: Clone + Send + Sync + 'static {
         chunks: impl Stream<Item = pb::SnapshotChunk> + Send + 'static,
         timeout: Duration,
     ) -> impl Future<Output = Result<pb::SnapshotResponse, PeerUnreachable>> + Send;
+}
+
+/// A [`PeerTransport`] behind a shared pointer, each request's future
+/// boxed. Every node's Raft core is built over this one type, so the Raft
+/// library's generic code is compiled once, in this crate, whatever
+/// transport the broker (or a test) brings: with `opt-level = 1` for this
+/// crate and the storage crate in the workspace's `[profile.dev]`, debug
+/// builds run the Raft core optimized without optimizing the broker. A
+/// release build pays two small allocations per peer request for it (the
+/// boxed future and the owned address).
+#[derive(Clone)]
+pub(crate) struct SharedTransport(Arc<dyn ErasedTransport>);
+
+impl SharedTransport {
+    pub(crate) fn new(transport: impl PeerTransport) -> Self {
+        Self(Arc::new(transport))
+    }
+}
+
+impl std::fmt::Debug for SharedTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedTransport")
+    }
+}
+
+/// [`PeerTransport`] with its futures boxed (and the address owned, so a
+/// future borrows only the transport), so it can be a trait object.
+trait ErasedTransport: Send + Sync + 'static {
+    fn append_entries(
+        &self,
+        target: NodeId,
+        addr: String,
+        req: pb::AppendEntriesRequest,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<pb::AppendEntriesResponse, PeerUnreachable>>;
+
+    fn vote(
+        &self,
+        target: NodeId,
+        addr: String,
+        req: pb::VoteRequest,
+        pre_vote: bool,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<pb::VoteResponse, PeerUnreachable>>;
+
+    fn transfer_leader(
+        &self,
+        target: NodeId,
+        addr: String,
+        req: pb::TransferLeaderRequest,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<pb::TransferLeaderResponse, PeerUnreachable>>;
+
+    fn log_state(
+        &self,
+        target: NodeId,
+        addr: String,
+        req: pb::LogStateRequest,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<pb::LogStateResponse, PeerUnreachable>>;
+
+    fn install_snapshot(
+        &self,
+        target: NodeId,
+        addr: String,
+        chunks: BoxStream<'static, pb::SnapshotChunk>,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<pb::SnapshotResponse, PeerUnreachable>>;
+}
+
+impl<T: PeerTransport> ErasedTransport for T {
+    fn append_entries(
+        &self,
+        target: NodeId,
+        addr: String,
+        req: pb::AppendEntriesRequest,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<pb::AppendEntriesResponse, PeerUnreachable>> {
+        Box::pin(async move { PeerTransport::append_entries(self, target, &addr, req, timeout).await })
+    }
+
+    fn vote(
+        &self,
+        target: NodeId,
+        addr: String,
+        req: pb::VoteRequest,
+        pre_vote: bool,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<pb::VoteResponse, PeerUnreachable>> {
+        Box::pin(async move { PeerTransport::vote(self, target, &addr, req, pre_vote, timeout).await })
+    }
+
+    fn transfer_leader(
+        &self,
+        target: NodeId,
+        addr: String,
+        req: pb::TransferLeaderRequest,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<pb::TransferLeaderResponse, PeerUnreachable>> {
+        Box::pin(async move { PeerTransport::transfer_leader(self, target, &addr, req, timeout).await })
+    }
+
+    fn log_state(
+        &self,
+        target: NodeId,
+        addr: String,
+        req: pb::LogStateRequest,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<pb::LogStateResponse, PeerUnreachable>> {
+        Box::pin(async move { PeerTransport::log_state(self, target, &addr, req, timeout).await })
+    }
+
+    fn install_snapshot(
+        &self,
+        target: NodeId,
+        addr: String,
+        chunks: BoxStream<'static, pb::SnapshotChunk>,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<pb::SnapshotResponse, PeerUnreachable>> {
+        Box::pin(async move { PeerTransport::install_snapshot(self, target, &addr, chunks, timeout).await })
+    }
+}
+
+impl PeerTransport for SharedTransport {
+    fn append_entries(
+        &self,
+        target: NodeId,
+        addr: &str,
+        req: pb::AppendEntriesRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::AppendEntriesResponse, PeerUnreachable>> + Send {
+        self.0.append_entries(target, addr.to_owned(), req, timeout)
+    }
+
+    fn vote(
+        &self,
+        target: NodeId,
+        addr: &str,
+        req: pb::VoteRequest,
+        pre_vote: bool,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::VoteResponse, PeerUnreachable>> + Send {
+        self.0.vote(target, addr.to_owned(), req, pre_vote, timeout)
+    }
+
+    fn transfer_leader(
+        &self,
+        target: NodeId,
+        addr: &str,
+        req: pb::TransferLeaderRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::TransferLeaderResponse, PeerUnreachable>> + Send {
+        self.0.transfer_leader(target, addr.to_owned(), req, timeout)
+    }
+
+    fn log_state(
+        &self,
+        target: NodeId,
+        addr: &str,
+        req: pb::LogStateRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::LogStateResponse, PeerUnreachable>> + Send {
+        self.0.log_state(target, addr.to_owned(), req, timeout)
+    }
+
+    fn install_snapshot(
+        &self,
+        target: NodeId,
+        addr: &str,
+        chunks: impl Stream<Item = pb::SnapshotChunk> + Send + 'static,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::SnapshotResponse, PeerUnreachable>> + Send {
+        self.0.install_snapshot(target, addr.to_owned(), chunks.boxed(), timeout)
+    }
 }
 
 /// The network of one group: the library asks it for a link per peer.
