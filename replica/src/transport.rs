@@ -35,7 +35,9 @@ pub struct PeerUnreachable(pub String);
 /// own). Every request names its group and target inside.
 ///
 /// An answer carrying a `PeerError` is returned as is: the node treats it
-/// as a refusal.
+/// as a refusal. A request's future does nothing until first polled (as an
+/// `async fn`'s does): the node may drop one unpolled, as when a snapshot
+/// transfer is cancelled before it starts.
 pub trait PeerTransport: Clone + Send + Sync + 'static {
     /// AppendEntries (Raft paper §5.3), also the heartbeat.
     fn append_entries(
@@ -91,9 +93,10 @@ pub trait PeerTransport: Clone + Send + Sync + 'static {
 /// library's generic code is compiled once, in this crate, whatever
 /// transport the broker (or a test) brings: with `opt-level = 1` for this
 /// crate and the storage crate in the workspace's `[profile.dev]`, debug
-/// builds run the Raft core optimized without optimizing the broker. A
-/// release build pays two small allocations per peer request for it (the
-/// boxed future and the owned address).
+/// builds run the Raft core optimized without optimizing the broker. Each
+/// peer request pays two small allocations for it (the boxed future and
+/// the owned address), and a snapshot transfer one more (its boxed chunk
+/// stream).
 #[derive(Clone)]
 pub(crate) struct SharedTransport(Arc<dyn ErasedTransport>);
 
@@ -105,7 +108,7 @@ impl SharedTransport {
 
 impl std::fmt::Debug for SharedTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SharedTransport")
+        f.debug_struct("SharedTransport").finish_non_exhaustive()
     }
 }
 
