@@ -113,6 +113,9 @@ impl GroupConsumerConfig {
 pub enum RebalanceEvent {
     /// Partitions given to this member in `generation`.
     Assigned {
+        /// This member's id when it happened (a member that lost its
+        /// membership joins again under a new one).
+        member_id: String,
         /// The generation.
         generation: i32,
         /// The partitions added.
@@ -121,6 +124,9 @@ pub enum RebalanceEvent {
     /// Partitions given up in a rebalance (their positions were committed
     /// first when auto-commit is on).
     Revoked {
+        /// This member's id when it happened (a member that lost its
+        /// membership joins again under a new one).
+        member_id: String,
         /// The generation they were owned in.
         generation: i32,
         /// The partitions.
@@ -129,6 +135,9 @@ pub enum RebalanceEvent {
     /// Partitions lost without a rebalance: the member was evicted (its
     /// session ended, its generation is over) or replaced.
     Lost {
+        /// This member's id when it happened (a member that lost its
+        /// membership joins again under a new one).
+        member_id: String,
         /// The generation they were owned in.
         generation: i32,
         /// The partitions.
@@ -139,6 +148,9 @@ pub enum RebalanceEvent {
     /// A commit the coordinator refused: this member was no longer a
     /// member of its generation.
     CommitRefused {
+        /// This member's id when it happened (a member that lost its
+        /// membership joins again under a new one).
+        member_id: String,
         /// The generation it was made in.
         generation: i32,
         /// The coordinator's answer.
@@ -466,7 +478,11 @@ impl GroupConsumer {
             Err(e) => {
                 if membership_lost(&e) || e.code() == Some(ErrorCode::RebalanceInProgress) {
                     let generation = self.member.generation;
-                    self.event(RebalanceEvent::CommitRefused { generation, reason: e.to_string() });
+                    self.event(RebalanceEvent::CommitRefused {
+                        member_id: self.member.member_id.clone(),
+                        generation,
+                        reason: e.to_string(),
+                    });
                     let mut s = lock(&self.shared);
                     if signal && membership_lost(&e) {
                         s.member = None;
@@ -501,7 +517,12 @@ impl GroupConsumer {
             self.consumer.unassign(t, *p);
         }
         let generation = self.member.generation;
-        self.event(RebalanceEvent::Lost { generation, partitions, reason: reason.clone() });
+        self.event(RebalanceEvent::Lost {
+            member_id: self.member.member_id.clone(),
+            generation,
+            partitions,
+            reason: reason.clone(),
+        });
         self.joined = false;
         if reason.contains("FENCED_INSTANCE_ID") {
             return Err(Error::Config(format!(
@@ -536,7 +557,12 @@ impl GroupConsumer {
                     "the rebalance failed: {}",
                     r.as_ref().err().map(ToString::to_string).unwrap_or_default()
                 );
-                self.event(RebalanceEvent::Lost { generation, partitions, reason });
+                self.event(RebalanceEvent::Lost {
+                    member_id: self.member.member_id.clone(),
+                    generation,
+                    partitions,
+                    reason,
+                });
             }
         }
         r
@@ -553,7 +579,11 @@ impl GroupConsumer {
                 self.consumer.unassign(t, *p);
             }
             let generation = self.member.generation;
-            self.event(RebalanceEvent::Revoked { generation, partitions });
+            self.event(RebalanceEvent::Revoked {
+                member_id: self.member.member_id.clone(),
+                generation,
+                partitions,
+            });
         }
         lock(&self.shared).member = None;
         let assignment = loop {
@@ -590,7 +620,11 @@ impl GroupConsumer {
                 self.owned.remove(&(t.clone(), *p));
             }
             let generation = self.member.generation;
-            self.event(RebalanceEvent::Revoked { generation, partitions: revoked.into_iter().collect() });
+            self.event(RebalanceEvent::Revoked {
+                member_id: self.member.member_id.clone(),
+                generation,
+                partitions: revoked.into_iter().collect(),
+            });
             // The partitions move on in the next rebalance (KIP-429).
             lock(&self.shared).rejoin = true;
         }
@@ -623,7 +657,11 @@ impl GroupConsumer {
                 self.owned.insert((t.clone(), *p));
             }
             let generation = self.member.generation;
-            self.event(RebalanceEvent::Assigned { generation, partitions: added.into_iter().collect() });
+            self.event(RebalanceEvent::Assigned {
+                member_id: self.member.member_id.clone(),
+                generation,
+                partitions: added.into_iter().collect(),
+            });
         }
         self.joined = true;
         self.last_commit = Instant::now();

@@ -63,28 +63,27 @@ pub async fn run(bootstrap: &str, args: ConsumeArgs) -> anyhow::Result<()> {
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     let report = |consumer: &mut GroupConsumer| {
-        let member = consumer.member().member_id.clone();
         for e in consumer.take_events() {
             match e {
-                RebalanceEvent::Assigned { generation, partitions: p } => {
+                RebalanceEvent::Assigned { member_id: member, generation, partitions: p } => {
                     eprintln!(
                         "group {group}: member {member} generation {generation} assigned {}",
                         partitions(&p)
                     );
                 }
-                RebalanceEvent::Revoked { generation, partitions: p } => {
+                RebalanceEvent::Revoked { member_id: member, generation, partitions: p } => {
                     eprintln!(
                         "group {group}: member {member} generation {generation} revoked {}",
                         partitions(&p)
                     );
                 }
-                RebalanceEvent::Lost { generation, partitions: p, reason } => {
+                RebalanceEvent::Lost { member_id: member, generation, partitions: p, reason } => {
                     eprintln!(
                         "group {group}: member {member} generation {generation} lost {}: {reason}",
                         partitions(&p)
                     );
                 }
-                RebalanceEvent::CommitRefused { generation, reason } => {
+                RebalanceEvent::CommitRefused { member_id: member, generation, reason } => {
                     eprintln!(
                         "group {group}: member {member} commit refused (generation {generation}): {reason}"
                     );

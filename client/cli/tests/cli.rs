@@ -1730,6 +1730,49 @@ impl GroupMember {
             .collect()
     }
 
+    /// The partitions this member holds now, as (member id, generation,
+    /// partitions): its last `assigned` line, unless a `revoked` or `lost`
+    /// line came after it (it is rebalancing). For the eager assignors,
+    /// whose `assigned` lines each name the whole assignment.
+    fn held(&self) -> Option<(String, i32, Vec<String>)> {
+        let mut held = None;
+        for line in self.stderr().lines() {
+            let w: Vec<&str> = line.split_whitespace().collect();
+            if w.len() < 7 || w[2] != "member" || w[4] != "generation" {
+                continue;
+            }
+            match w[6] {
+                "assigned" if w.len() == 8 => {
+                    held = Some((
+                        w[3].to_owned(),
+                        w[5].parse().unwrap_or(-1),
+                        w[7].split(',').map(str::to_owned).collect(),
+                    ));
+                }
+                "revoked" | "lost" => held = None,
+                _ => {}
+            }
+        }
+        held
+    }
+
+    /// Waits (up to 60 s) until `members` hold the six partitions of
+    /// `orders` between them, all in one generation.
+    fn wait_for_one_generation(c: &Brokers, members: &[&GroupMember]) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let held: Vec<Option<(String, i32, Vec<String>)>> = members.iter().map(|m| m.held()).collect();
+            let gens: std::collections::BTreeSet<i32> = held.iter().flatten().map(|a| a.1).collect();
+            let parts: std::collections::BTreeSet<&String> =
+                held.iter().flatten().flat_map(|a| &a.2).collect();
+            if held.iter().all(Option::is_some) && gens.len() == 1 && parts.len() == 6 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "no stable generation: {held:?}\n{}", c.logs());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// (member id, generation, partitions) of each `assigned` line.
     fn assignments(&self) -> Vec<(String, i32, Vec<String>)> {
         self.stderr()
@@ -1805,19 +1848,7 @@ fn group_members_share_partitions_through_a_kill_a_pause_and_a_coordinator_kill(
 
     let mut members: Vec<GroupMember> =
         (1..=3).map(|i| GroupMember::start(&c, &format!("m{i}"), &[])).collect();
-    // Until the three share the six partitions in one generation.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let last: Vec<Option<(String, i32, Vec<String>)>> =
-            members.iter().map(|m| m.assignments().last().cloned()).collect();
-        let gens: std::collections::BTreeSet<i32> = last.iter().flatten().map(|a| a.1).collect();
-        let parts: usize = last.iter().flatten().map(|a| a.2.len()).sum();
-        if last.iter().all(Option::is_some) && gens.len() == 1 && parts == 6 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no stable generation: {last:?}\n{}", c.logs());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    GroupMember::wait_for_one_generation(&c, &members.iter().collect::<Vec<_>>());
 
     // The producer runs throughout; an observer samples the committed offsets.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1878,8 +1909,11 @@ fn group_members_share_partitions_through_a_kill_a_pause_and_a_coordinator_kill(
     c.kill(coordinator);
     std::thread::sleep(Duration::from_millis(3_000));
     c.restart_founder(coordinator);
-    // A member is paused past its session timeout, then resumed.
-    let before_pause = members[1].assignments().last().cloned().expect("m2 had an assignment");
+    // A member is paused past its session timeout, then resumed. It is
+    // paused holding partitions, not in the middle of a rebalance (where it
+    // would have revoked them already, and have nothing to lose).
+    GroupMember::wait_for_one_generation(&c, &members[1..].iter().collect::<Vec<_>>());
+    let before_pause = members[1].held().expect("m2 holds partitions");
     signal(&members[1].child, "-STOP");
     std::thread::sleep(Duration::from_millis(4_000));
     signal(&members[1].child, "-CONT");
