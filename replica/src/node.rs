@@ -190,7 +190,7 @@ impl RaftNode {
         replica: &Replica,
         transport: T,
     ) -> Result<Self, NodeError> {
-        Self::start_with(group, node, settings, replica, SharedTransport::new(transport), false).await
+        Self::start_with(group, node, settings, replica, Arc::new(transport), false).await
     }
 
     /// Starts the founding leader of a group founded just now
@@ -229,12 +229,12 @@ impl RaftNode {
                 "not a founding leader: vote {vote:?} (expected {founded:?}), last log index {last:?} (expected 0)"
             )));
         }
-        Self::start_with(group, node, settings, replica, SharedTransport::new(transport), true).await
+        Self::start_with(group, node, settings, replica, Arc::new(transport), true).await
     }
 
     /// [`RaftNode::start`], restoring a leader from its stored vote on
     /// this first start if `restore_leader`. Not generic: the Raft core is
-    /// built here, over [`SharedTransport`], once for every transport.
+    /// built here, over `Arc<dyn PeerTransport>`, once for every transport.
     async fn start_with(
         group: u64,
         node: NodeId,

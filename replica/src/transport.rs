@@ -15,8 +15,9 @@ use ferrolog_raft_store::types::{
     TransferLeaderResponse, TypeConfig, Vote, VoteRequest, VoteResponse,
 };
 use ferrolog_raft_store::wire;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::v2::RaftNetworkV2;
 use openraft::network::{RPCOption, RaftNetworkFactory};
@@ -36,244 +37,82 @@ pub struct PeerUnreachable(pub String);
 ///
 /// An answer carrying a `PeerError` is returned as is: the node treats it
 /// as a refusal. A request's future does nothing until first polled (as an
-/// `async fn`'s does): the node may drop one unpolled, as when a snapshot
-/// transfer is cancelled before it starts.
-pub trait PeerTransport: Clone + Send + Sync + 'static {
+/// `async` block's does): the node may drop one unpolled, as when a
+/// snapshot transfer is cancelled before it starts.
+///
+/// The futures are boxed so that the node holds its transport as
+/// `Arc<dyn PeerTransport>`: every node's Raft core is then built over
+/// that one type, and the Raft library's generic code is compiled once, in
+/// this crate, whatever transport the broker (or a test) brings. With
+/// `opt-level = 1` for this crate and the storage crate in the workspace's
+/// `[profile.dev]`, debug builds run the Raft core optimized without
+/// optimizing the broker. Each peer request pays one small allocation for
+/// it (the boxed future).
+pub trait PeerTransport: Send + Sync + 'static {
     /// AppendEntries (Raft paper §5.3), also the heartbeat.
-    fn append_entries(
-        &self,
+    fn append_entries<'a>(
+        &'a self,
         target: NodeId,
-        addr: &str,
+        addr: &'a str,
         req: pb::AppendEntriesRequest,
         timeout: Duration,
-    ) -> impl Future<Output = Result<pb::AppendEntriesResponse, PeerUnreachable>> + Send;
+    ) -> BoxFuture<'a, Result<pb::AppendEntriesResponse, PeerUnreachable>>;
 
     /// RequestVote (Raft paper §5.2), or the pre-vote (thesis §9.6) that
     /// changes nothing on the receiver.
-    fn vote(
-        &self,
+    fn vote<'a>(
+        &'a self,
         target: NodeId,
-        addr: &str,
+        addr: &'a str,
         req: pb::VoteRequest,
         pre_vote: bool,
         timeout: Duration,
-    ) -> impl Future<Output = Result<pb::VoteResponse, PeerUnreachable>> + Send;
+    ) -> BoxFuture<'a, Result<pb::VoteResponse, PeerUnreachable>>;
 
     /// A leader's request that `target` take over (Raft thesis §3.10).
-    fn transfer_leader(
-        &self,
+    fn transfer_leader<'a>(
+        &'a self,
         target: NodeId,
-        addr: &str,
+        addr: &'a str,
         req: pb::TransferLeaderRequest,
         timeout: Duration,
-    ) -> impl Future<Output = Result<pb::TransferLeaderResponse, PeerUnreachable>> + Send;
+    ) -> BoxFuture<'a, Result<pb::TransferLeaderResponse, PeerUnreachable>>;
 
     /// Asks `target` for its last log id and whether it is recovering
     /// (for a recovering replica's vote floor, [`crate::recovery`]).
-    fn log_state(
-        &self,
+    fn log_state<'a>(
+        &'a self,
         target: NodeId,
-        addr: &str,
+        addr: &'a str,
         req: pb::LogStateRequest,
         timeout: Duration,
-    ) -> impl Future<Output = Result<pb::LogStateResponse, PeerUnreachable>> + Send;
+    ) -> BoxFuture<'a, Result<pb::LogStateResponse, PeerUnreachable>>;
 
     /// Streams a snapshot's chunks ([`crate::snapshot::chunks`]) to `target`.
-    fn install_snapshot(
-        &self,
+    fn install_snapshot<'a>(
+        &'a self,
         target: NodeId,
-        addr: &str,
-        chunks: impl Stream<Item = pb::SnapshotChunk> + Send + 'static,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<pb::SnapshotResponse, PeerUnreachable>> + Send;
-}
-
-/// A [`PeerTransport`] behind a shared pointer, each request's future
-/// boxed. Every node's Raft core is built over this one type, so the Raft
-/// library's generic code is compiled once, in this crate, whatever
-/// transport the broker (or a test) brings: with `opt-level = 1` for this
-/// crate and the storage crate in the workspace's `[profile.dev]`, debug
-/// builds run the Raft core optimized without optimizing the broker. Each
-/// peer request pays two small allocations for it (the boxed future and
-/// the owned address), and a snapshot transfer one more (its boxed chunk
-/// stream).
-#[derive(Clone)]
-pub(crate) struct SharedTransport(Arc<dyn ErasedTransport>);
-
-impl SharedTransport {
-    pub(crate) fn new(transport: impl PeerTransport) -> Self {
-        Self(Arc::new(transport))
-    }
-}
-
-impl std::fmt::Debug for SharedTransport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedTransport").finish_non_exhaustive()
-    }
-}
-
-/// [`PeerTransport`] with its futures boxed (and the address owned, so a
-/// future borrows only the transport), so it can be a trait object.
-trait ErasedTransport: Send + Sync + 'static {
-    fn append_entries(
-        &self,
-        target: NodeId,
-        addr: String,
-        req: pb::AppendEntriesRequest,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<pb::AppendEntriesResponse, PeerUnreachable>>;
-
-    fn vote(
-        &self,
-        target: NodeId,
-        addr: String,
-        req: pb::VoteRequest,
-        pre_vote: bool,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<pb::VoteResponse, PeerUnreachable>>;
-
-    fn transfer_leader(
-        &self,
-        target: NodeId,
-        addr: String,
-        req: pb::TransferLeaderRequest,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<pb::TransferLeaderResponse, PeerUnreachable>>;
-
-    fn log_state(
-        &self,
-        target: NodeId,
-        addr: String,
-        req: pb::LogStateRequest,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<pb::LogStateResponse, PeerUnreachable>>;
-
-    fn install_snapshot(
-        &self,
-        target: NodeId,
-        addr: String,
+        addr: &'a str,
         chunks: BoxStream<'static, pb::SnapshotChunk>,
         timeout: Duration,
-    ) -> BoxFuture<'_, Result<pb::SnapshotResponse, PeerUnreachable>>;
+    ) -> BoxFuture<'a, Result<pb::SnapshotResponse, PeerUnreachable>>;
 }
 
-impl<T: PeerTransport> ErasedTransport for T {
-    fn append_entries(
-        &self,
-        target: NodeId,
-        addr: String,
-        req: pb::AppendEntriesRequest,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<pb::AppendEntriesResponse, PeerUnreachable>> {
-        Box::pin(async move { PeerTransport::append_entries(self, target, &addr, req, timeout).await })
-    }
-
-    fn vote(
-        &self,
-        target: NodeId,
-        addr: String,
-        req: pb::VoteRequest,
-        pre_vote: bool,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<pb::VoteResponse, PeerUnreachable>> {
-        Box::pin(async move { PeerTransport::vote(self, target, &addr, req, pre_vote, timeout).await })
-    }
-
-    fn transfer_leader(
-        &self,
-        target: NodeId,
-        addr: String,
-        req: pb::TransferLeaderRequest,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<pb::TransferLeaderResponse, PeerUnreachable>> {
-        Box::pin(async move { PeerTransport::transfer_leader(self, target, &addr, req, timeout).await })
-    }
-
-    fn log_state(
-        &self,
-        target: NodeId,
-        addr: String,
-        req: pb::LogStateRequest,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<pb::LogStateResponse, PeerUnreachable>> {
-        Box::pin(async move { PeerTransport::log_state(self, target, &addr, req, timeout).await })
-    }
-
-    fn install_snapshot(
-        &self,
-        target: NodeId,
-        addr: String,
-        chunks: BoxStream<'static, pb::SnapshotChunk>,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<pb::SnapshotResponse, PeerUnreachable>> {
-        Box::pin(async move { PeerTransport::install_snapshot(self, target, &addr, chunks, timeout).await })
-    }
-}
-
-impl PeerTransport for SharedTransport {
-    fn append_entries(
-        &self,
-        target: NodeId,
-        addr: &str,
-        req: pb::AppendEntriesRequest,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<pb::AppendEntriesResponse, PeerUnreachable>> + Send {
-        self.0.append_entries(target, addr.to_owned(), req, timeout)
-    }
-
-    fn vote(
-        &self,
-        target: NodeId,
-        addr: &str,
-        req: pb::VoteRequest,
-        pre_vote: bool,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<pb::VoteResponse, PeerUnreachable>> + Send {
-        self.0.vote(target, addr.to_owned(), req, pre_vote, timeout)
-    }
-
-    fn transfer_leader(
-        &self,
-        target: NodeId,
-        addr: &str,
-        req: pb::TransferLeaderRequest,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<pb::TransferLeaderResponse, PeerUnreachable>> + Send {
-        self.0.transfer_leader(target, addr.to_owned(), req, timeout)
-    }
-
-    fn log_state(
-        &self,
-        target: NodeId,
-        addr: &str,
-        req: pb::LogStateRequest,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<pb::LogStateResponse, PeerUnreachable>> + Send {
-        self.0.log_state(target, addr.to_owned(), req, timeout)
-    }
-
-    fn install_snapshot(
-        &self,
-        target: NodeId,
-        addr: &str,
-        chunks: impl Stream<Item = pb::SnapshotChunk> + Send + 'static,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<pb::SnapshotResponse, PeerUnreachable>> + Send {
-        self.0.install_snapshot(target, addr.to_owned(), chunks.boxed(), timeout)
-    }
-}
+/// The transport a node holds: shared by its group network, its links and
+/// its recovery's log-state asks.
+pub(crate) type SharedTransport = Arc<dyn PeerTransport>;
 
 /// The network of one group: the library asks it for a link per peer.
-#[derive(Clone, Debug)]
-pub(crate) struct GroupNetwork<T> {
+#[derive(Clone)]
+pub(crate) struct GroupNetwork {
     pub(crate) group: u64,
-    pub(crate) transport: T,
+    pub(crate) transport: SharedTransport,
     /// How long a commit notice waits to ride along ([`crate::commit_notice`]).
     pub(crate) hold: Duration,
 }
 
-impl<T: PeerTransport> RaftNetworkFactory<TypeConfig> for GroupNetwork<T> {
-    type Network = Link<T>;
+impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
+    type Network = Link;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Self::Network {
         Link {
@@ -287,13 +126,12 @@ impl<T: PeerTransport> RaftNetworkFactory<TypeConfig> for GroupNetwork<T> {
 }
 
 /// One group's link to one peer replica.
-#[derive(Debug)]
-pub(crate) struct Link<T> {
+pub(crate) struct Link {
     group: u64,
     target: NodeId,
     /// The target's address in the group's membership.
     addr: String,
-    transport: T,
+    transport: SharedTransport,
     /// How long a commit notice waits to ride along ([`crate::commit_notice`]).
     hold: Duration,
 }
@@ -314,7 +152,7 @@ fn refused(e: Option<&pb::PeerError>) -> Result<(), RPCError<TypeConfig>> {
     }
 }
 
-impl<T: PeerTransport> Link<T> {
+impl Link {
     async fn send_vote(
         &self,
         rpc: VoteRequest,
@@ -332,7 +170,7 @@ impl<T: PeerTransport> Link<T> {
     }
 }
 
-impl<T: PeerTransport> RaftNetworkV2<TypeConfig> for Link<T> {
+impl RaftNetworkV2<TypeConfig> for Link {
     type SnapshotData = ferrolog_raft_store::snapshot::SnapshotFiles;
 
     /// Sends a replication stream's AppendEntries one at a time, as the
@@ -441,7 +279,8 @@ impl<T: PeerTransport> RaftNetworkV2<TypeConfig> for Link<T> {
         let unreachable = |e: RPCError<TypeConfig>| StreamingError::Unreachable(Unreachable::new(&e));
         let chunks = crate::snapshot::chunks(self.group, self.target, &vote, &snapshot)
             .map_err(|e| StreamingError::Unreachable(Unreachable::new(&e)))?;
-        let send = self.transport.install_snapshot(self.target, &self.addr, chunks, option.hard_ttl());
+        let send =
+            self.transport.install_snapshot(self.target, &self.addr, chunks.boxed(), option.hard_ttl());
         let reply = tokio::select! {
             biased;
             closed = cancel => return Err(StreamingError::Closed(closed)),

@@ -9,7 +9,8 @@ use std::time::Duration;
 use ferrolog_proto::raft as pb;
 use ferrolog_proto::raft::peer_client::PeerClient;
 use ferrolog_replica::{NodeId, PeerTransport, PeerUnreachable};
-use futures::Stream;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
@@ -210,98 +211,131 @@ fn unreachable(e: tonic::Status) -> PeerUnreachable {
 }
 
 impl PeerTransport for PeerAddresses {
-    async fn append_entries(
-        &self,
+    fn append_entries<'a>(
+        &'a self,
         target: NodeId,
-        addr: &str,
+        addr: &'a str,
         req: pb::AppendEntriesRequest,
         timeout: Duration,
-    ) -> Result<pb::AppendEntriesResponse, PeerUnreachable> {
-        if req.entries.is_empty()
-            && let Some(queue) = self.queue(target, addr, Lane::Small)?
-        {
-            let call = pb::batch_call::Call::AppendEntries(req);
-            return match queue.call(call, timeout.max(self.min_rpc_timeout)).await? {
-                pb::batch_answer::Answer::AppendEntries(r) => Ok(r),
-                pb::batch_answer::Answer::Vote(_) => {
-                    Err(PeerUnreachable("the peer answered a heartbeat with a vote".into()))
-                }
-            };
-        }
-        if !req.entries.is_empty() && self.throttle.applies(target) {
-            self.throttle.charge(prost::Message::encoded_len(&req) as u64).await;
-        }
-        let req = self.request(req, timeout);
-        Ok(self.client(target, addr)?.append_entries(req).await.map_err(unreachable)?.into_inner())
+    ) -> BoxFuture<'a, Result<pb::AppendEntriesResponse, PeerUnreachable>> {
+        Box::pin(async move {
+            if req.entries.is_empty()
+                && let Some(queue) = self.queue(target, addr, Lane::Small)?
+            {
+                let call = pb::batch_call::Call::AppendEntries(req);
+                return match queue.call(call, timeout.max(self.min_rpc_timeout)).await? {
+                    pb::batch_answer::Answer::AppendEntries(r) => Ok(r),
+                    pb::batch_answer::Answer::Vote(_) => {
+                        Err(PeerUnreachable("the peer answered a heartbeat with a vote".into()))
+                    }
+                };
+            }
+            if !req.entries.is_empty() && self.throttle.applies(target) {
+                self.throttle.charge(prost::Message::encoded_len(&req) as u64).await;
+            }
+            let req = self.request(req, timeout);
+            Ok(self.client(target, addr)?.append_entries(req).await.map_err(unreachable)?.into_inner())
+        })
     }
 
-    async fn vote(
-        &self,
+    fn vote<'a>(
+        &'a self,
         target: NodeId,
-        addr: &str,
+        addr: &'a str,
         req: pb::VoteRequest,
         pre_vote: bool,
         timeout: Duration,
-    ) -> Result<pb::VoteResponse, PeerUnreachable> {
-        if let Some(queue) = self.queue(target, addr, Lane::Votes)? {
-            use pb::batch_call::Call;
-            let call = if pre_vote { Call::PreVote(req) } else { Call::Vote(req) };
-            match queue.call(call, timeout.max(self.min_rpc_timeout)).await? {
-                pb::batch_answer::Answer::Vote(r) => return Ok(r),
-                // A 1.2 broker answers a call it does not know so.
-                pb::batch_answer::Answer::AppendEntries(_) => queue.refused_by_peer(
-                    &self.address_of(target, addr),
-                    "the peer does not take batched votes (peer protocol older than 1.3)",
-                ),
+    ) -> BoxFuture<'a, Result<pb::VoteResponse, PeerUnreachable>> {
+        Box::pin(async move {
+            if let Some(queue) = self.queue(target, addr, Lane::Votes)? {
+                use pb::batch_call::Call;
+                let call = if pre_vote { Call::PreVote(req) } else { Call::Vote(req) };
+                match queue.call(call, timeout.max(self.min_rpc_timeout)).await? {
+                    pb::batch_answer::Answer::Vote(r) => return Ok(r),
+                    // A 1.2 broker answers a call it does not know so.
+                    pb::batch_answer::Answer::AppendEntries(_) => queue.refused_by_peer(
+                        &self.address_of(target, addr),
+                        "the peer does not take batched votes (peer protocol older than 1.3)",
+                    ),
+                }
             }
-        }
-        let req = self.request(req, timeout);
-        let mut client = self.client(target, addr)?;
-        let reply = if pre_vote { client.pre_vote(req).await } else { client.vote(req).await };
-        Ok(reply.map_err(unreachable)?.into_inner())
+            let req = self.request(req, timeout);
+            let mut client = self.client(target, addr)?;
+            let reply = if pre_vote { client.pre_vote(req).await } else { client.vote(req).await };
+            Ok(reply.map_err(unreachable)?.into_inner())
+        })
     }
 
-    async fn transfer_leader(
-        &self,
+    fn transfer_leader<'a>(
+        &'a self,
         target: NodeId,
-        addr: &str,
+        addr: &'a str,
         req: pb::TransferLeaderRequest,
         timeout: Duration,
-    ) -> Result<pb::TransferLeaderResponse, PeerUnreachable> {
-        let req = self.request(req, timeout);
-        Ok(self.client(target, addr)?.transfer_leader(req).await.map_err(unreachable)?.into_inner())
+    ) -> BoxFuture<'a, Result<pb::TransferLeaderResponse, PeerUnreachable>> {
+        Box::pin(async move {
+            let req = self.request(req, timeout);
+            Ok(self.client(target, addr)?.transfer_leader(req).await.map_err(unreachable)?.into_inner())
+        })
     }
 
-    async fn log_state(
-        &self,
+    fn log_state<'a>(
+        &'a self,
         target: NodeId,
-        addr: &str,
+        addr: &'a str,
         req: pb::LogStateRequest,
         timeout: Duration,
-    ) -> Result<pb::LogStateResponse, PeerUnreachable> {
-        let req = self.request(req, timeout);
-        Ok(self.client(target, addr)?.log_state(req).await.map_err(unreachable)?.into_inner())
+    ) -> BoxFuture<'a, Result<pb::LogStateResponse, PeerUnreachable>> {
+        Box::pin(async move {
+            let req = self.request(req, timeout);
+            Ok(self.client(target, addr)?.log_state(req).await.map_err(unreachable)?.into_inner())
+        })
     }
 
-    async fn install_snapshot(
-        &self,
+    fn install_snapshot<'a>(
+        &'a self,
         target: NodeId,
-        addr: &str,
-        chunks: impl Stream<Item = pb::SnapshotChunk> + Send + 'static,
+        addr: &'a str,
+        chunks: BoxStream<'static, pb::SnapshotChunk>,
         timeout: Duration,
-    ) -> Result<pb::SnapshotResponse, PeerUnreachable> {
+    ) -> BoxFuture<'a, Result<pb::SnapshotResponse, PeerUnreachable>> {
         let throttle = self.throttle.applies(target).then(|| self.throttle.clone());
-        let chunks = futures::StreamExt::then(chunks, move |c| {
-            let throttle = throttle.clone();
-            async move {
-                if let Some(t) = throttle {
-                    t.charge(prost::Message::encoded_len(&c) as u64).await;
-                }
-                c
+        let req = self.request(throttled(chunks, throttle), timeout);
+        Box::pin(async move {
+            Ok(self.client(target, addr)?.install_snapshot(req).await.map_err(unreachable)?.into_inner())
+        })
+    }
+}
+
+/// `chunks`, each sent once `throttle` (if any) allows its bytes.
+fn throttled(
+    chunks: BoxStream<'static, pb::SnapshotChunk>,
+    throttle: Option<super::throttle::Throttle>,
+) -> Chunks {
+    Chunks(Box::pin(futures::StreamExt::then(chunks, move |c| {
+        let throttle = throttle.clone();
+        async move {
+            if let Some(t) = throttle {
+                t.charge(prost::Message::encoded_len(&c) as u64).await;
             }
-        });
-        let req = self.request(chunks, timeout);
-        Ok(self.client(target, addr)?.install_snapshot(req).await.map_err(unreachable)?.into_inner())
+            c
+        }
+    })))
+}
+
+/// A snapshot's chunk stream as a named type: tonic's client-streaming
+/// future over a boxed `dyn Stream` directly is not proven `Send` when it
+/// is itself boxed (a higher-ranked lifetime error of the compiler).
+struct Chunks(BoxStream<'static, pb::SnapshotChunk>);
+
+impl futures::Stream for Chunks {
+    type Item = pb::SnapshotChunk;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.0.as_mut().poll_next(cx)
     }
 }
 

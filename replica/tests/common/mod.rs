@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use ferrolog_proto::raft as pb;
 use ferrolog_replica::{NodeId, PeerTransport, PeerUnreachable, RaftNode, snapshot};
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 
 /// Nodes by id, each with its snapshot staging directory. Clones share
 /// them; [`Local::as_node`] gives the transport one node sends with.
@@ -117,113 +119,123 @@ fn refused(e: impl std::fmt::Display) -> pb::PeerError {
 }
 
 impl PeerTransport for Local {
-    async fn append_entries(
-        &self,
+    fn append_entries<'a>(
+        &'a self,
         target: NodeId,
-        _addr: &str,
+        _addr: &'a str,
         req: pb::AppendEntriesRequest,
         timeout: Duration,
-    ) -> Result<pb::AppendEntriesResponse, PeerUnreachable> {
-        if req.entries.is_empty() {
-            self.empty_appends.fetch_add(1, Ordering::Relaxed);
-        }
-        let call = async {
-            self.travel().await;
-            self.note(|| {
-                format!(
-                    "append {:?}->{target} {} entries, commit {:?}",
-                    self.me,
-                    req.entries.len(),
-                    req.leader_commit
-                )
-            });
-            let (node, _) = self.node(target)?;
-            let response = match node.handle_append(req).await {
-                Ok(a) => a.response,
-                Err(e) => pb::AppendEntriesResponse { error: Some(refused(e)), result: None },
+    ) -> BoxFuture<'a, Result<pb::AppendEntriesResponse, PeerUnreachable>> {
+        Box::pin(async move {
+            if req.entries.is_empty() {
+                self.empty_appends.fetch_add(1, Ordering::Relaxed);
+            }
+            let call = async {
+                self.travel().await;
+                self.note(|| {
+                    format!(
+                        "append {:?}->{target} {} entries, commit {:?}",
+                        self.me,
+                        req.entries.len(),
+                        req.leader_commit
+                    )
+                });
+                let (node, _) = self.node(target)?;
+                let response = match node.handle_append(req).await {
+                    Ok(a) => a.response,
+                    Err(e) => pb::AppendEntriesResponse { error: Some(refused(e)), result: None },
+                };
+                self.travel().await;
+                // A partition that began meanwhile loses the answer.
+                self.node(target)?;
+                Ok(response)
             };
-            self.travel().await;
-            // A partition that began meanwhile loses the answer.
-            self.node(target)?;
-            Ok(response)
-        };
-        within(timeout, target, call).await
+            within(timeout, target, call).await
+        })
     }
 
-    async fn vote(
-        &self,
+    fn vote<'a>(
+        &'a self,
         target: NodeId,
-        _addr: &str,
+        _addr: &'a str,
         req: pb::VoteRequest,
         pre_vote: bool,
         timeout: Duration,
-    ) -> Result<pb::VoteResponse, PeerUnreachable> {
-        self.votes.fetch_add(1, Ordering::Relaxed);
-        let call = async {
-            self.travel().await;
-            let (node, _) = self.node(target)?;
-            let response = node.handle_vote(&req, pre_vote).await.unwrap_or_else(|e| pb::VoteResponse {
-                error: Some(refused(e)),
-                ..pb::VoteResponse::default()
-            });
-            self.travel().await;
-            self.node(target)?;
-            Ok(response)
-        };
-        within(timeout, target, call).await
+    ) -> BoxFuture<'a, Result<pb::VoteResponse, PeerUnreachable>> {
+        Box::pin(async move {
+            self.votes.fetch_add(1, Ordering::Relaxed);
+            let call = async {
+                self.travel().await;
+                let (node, _) = self.node(target)?;
+                let response = node.handle_vote(&req, pre_vote).await.unwrap_or_else(|e| pb::VoteResponse {
+                    error: Some(refused(e)),
+                    ..pb::VoteResponse::default()
+                });
+                self.travel().await;
+                self.node(target)?;
+                Ok(response)
+            };
+            within(timeout, target, call).await
+        })
     }
 
-    async fn transfer_leader(
-        &self,
+    fn transfer_leader<'a>(
+        &'a self,
         target: NodeId,
-        _addr: &str,
+        _addr: &'a str,
         req: pb::TransferLeaderRequest,
         _timeout: Duration,
-    ) -> Result<pb::TransferLeaderResponse, PeerUnreachable> {
-        let (node, _) = self.node(target)?;
-        Ok(node
-            .handle_transfer(&req)
-            .await
-            .unwrap_or_else(|e| pb::TransferLeaderResponse { error: Some(refused(e)), refused: None }))
+    ) -> BoxFuture<'a, Result<pb::TransferLeaderResponse, PeerUnreachable>> {
+        Box::pin(async move {
+            let (node, _) = self.node(target)?;
+            Ok(node
+                .handle_transfer(&req)
+                .await
+                .unwrap_or_else(|e| pb::TransferLeaderResponse { error: Some(refused(e)), refused: None }))
+        })
     }
 
-    async fn log_state(
-        &self,
+    fn log_state<'a>(
+        &'a self,
         target: NodeId,
-        _addr: &str,
+        _addr: &'a str,
         _req: pb::LogStateRequest,
         timeout: Duration,
-    ) -> Result<pb::LogStateResponse, PeerUnreachable> {
-        let call = async {
-            self.travel().await;
-            let (node, _) = self.node(target)?;
-            let response = node.log_state();
-            self.travel().await;
-            self.node(target)?;
-            Ok(response)
-        };
-        within(timeout, target, call).await
+    ) -> BoxFuture<'a, Result<pb::LogStateResponse, PeerUnreachable>> {
+        Box::pin(async move {
+            let call = async {
+                self.travel().await;
+                let (node, _) = self.node(target)?;
+                let response = node.log_state();
+                self.travel().await;
+                self.node(target)?;
+                Ok(response)
+            };
+            within(timeout, target, call).await
+        })
     }
 
-    async fn install_snapshot(
-        &self,
+    fn install_snapshot<'a>(
+        &'a self,
         target: NodeId,
-        _addr: &str,
-        chunks: impl Stream<Item = pb::SnapshotChunk> + Send + 'static,
+        _addr: &'a str,
+        chunks: BoxStream<'static, pb::SnapshotChunk>,
         _timeout: Duration,
-    ) -> Result<pb::SnapshotResponse, PeerUnreachable> {
-        let (node, staging) = self.node(target)?;
-        let stream = Box::pin(chunks.map(Ok::<_, Infallible>));
-        // Staged on the OS's file system, as the harness's staging
-        // directories are.
-        let os = ferrolog_raft_store::vfs::real();
-        let received = snapshot::receive(stream, move |_| Some((os.clone(), staging.clone())))
-            .await
-            .map_err(|e| PeerUnreachable(e.to_string()))?;
-        Ok(node
-            .install_snapshot(received)
-            .await
-            .unwrap_or_else(|e| pb::SnapshotResponse { error: Some(refused(e)), vote: None }))
+    ) -> BoxFuture<'a, Result<pb::SnapshotResponse, PeerUnreachable>> {
+        Box::pin(async move {
+            let (node, staging) = self.node(target)?;
+            let stream = Box::pin(chunks.map(Ok::<_, Infallible>));
+            // Staged on the OS's file system, as the harness's staging
+            // directories are.
+            let os = ferrolog_raft_store::vfs::real();
+            let received = snapshot::receive(stream, move |_| Some((os.clone(), staging.clone())))
+                .await
+                .map_err(|e| PeerUnreachable(e.to_string()))?;
+            Ok(node
+                .install_snapshot(received)
+                .await
+                .unwrap_or_else(|e| pb::SnapshotResponse { error: Some(refused(e)), vote: None }))
+        })
     }
 }
 
