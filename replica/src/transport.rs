@@ -88,7 +88,9 @@ pub trait PeerTransport: Send + Sync + 'static {
         timeout: Duration,
     ) -> BoxFuture<'a, Result<pb::LogStateResponse, PeerUnreachable>>;
 
-    /// Streams a snapshot's chunks ([`crate::snapshot::chunks`]) to `target`.
+    /// Streams a snapshot's chunks to `target` (the node cuts a snapshot's
+    /// files into chunks; the receiver takes them with
+    /// [`crate::snapshot::receive`]).
     fn install_snapshot<'a>(
         &'a self,
         target: NodeId,
