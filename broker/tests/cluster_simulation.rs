@@ -54,7 +54,7 @@ use in_process::{
 use tokio::time::Instant;
 
 /// Seeds `cargo test` runs.
-const SEEDS_IN_TEST: u64 = 64;
+const SEEDS_IN_TEST: u64 = 300;
 
 /// From this many seeds on, a run must have struck every kind of fault
 /// (24 seeds did, when `cargo test` ran 24).
