@@ -113,8 +113,7 @@ impl GroupConsumerConfig {
 pub enum RebalanceEvent {
     /// Partitions given to this member in `generation`.
     Assigned {
-        /// This member's id when it happened (a member that lost its
-        /// membership joins again under a new one).
+        /// The member id they were given to.
         member_id: String,
         /// The generation.
         generation: i32,
@@ -124,7 +123,7 @@ pub enum RebalanceEvent {
     /// Partitions given up in a rebalance (their positions were committed
     /// first when auto-commit is on).
     Revoked {
-        /// This member's id when it happened (a member that lost its
+        /// The member id they were owned under (a member that lost its
         /// membership joins again under a new one).
         member_id: String,
         /// The generation they were owned in.
@@ -135,8 +134,7 @@ pub enum RebalanceEvent {
     /// Partitions lost without a rebalance: the member was evicted (its
     /// session ended, its generation is over) or replaced.
     Lost {
-        /// This member's id when it happened (a member that lost its
-        /// membership joins again under a new one).
+        /// The member id they were owned under.
         member_id: String,
         /// The generation they were owned in.
         generation: i32,
@@ -148,8 +146,7 @@ pub enum RebalanceEvent {
     /// A commit the coordinator refused: this member was no longer a
     /// member of its generation.
     CommitRefused {
-        /// This member's id when it happened (a member that lost its
-        /// membership joins again under a new one).
+        /// The member id the commit was made under.
         member_id: String,
         /// The generation it was made in.
         generation: i32,
@@ -182,6 +179,10 @@ pub struct GroupConsumer {
     consumer: Consumer,
     member: MemberRef,
     owned: BTreeSet<TopicPartition>,
+    /// The member id and generation `owned` was last confirmed in (the
+    /// end of the last rebalance): what a revocation or a loss names, since
+    /// a rebalance may have joined under a new id or generation by then.
+    owned_in: (String, i32),
     joined: bool,
     shared: Arc<Mutex<Shared>>,
     heartbeat: Option<JoinHandle<()>>,
@@ -255,6 +256,7 @@ impl GroupConsumer {
                 instance_id: config.group_instance_id.clone(),
             },
             owned: BTreeSet::new(),
+            owned_in: (String::new(), -1),
             joined: false,
             shared,
             heartbeat: None,
@@ -516,9 +518,9 @@ impl GroupConsumer {
         for (t, p) in &partitions {
             self.consumer.unassign(t, *p);
         }
-        let generation = self.member.generation;
+        let generation = self.owned_in.1;
         self.event(RebalanceEvent::Lost {
-            member_id: self.member.member_id.clone(),
+            member_id: self.owned_in.0.clone(),
             generation,
             partitions,
             reason: reason.clone(),
@@ -552,13 +554,13 @@ impl GroupConsumer {
                 for (t, p) in &partitions {
                     self.consumer.unassign(t, *p);
                 }
-                let generation = self.member.generation;
+                let generation = self.owned_in.1;
                 let reason = format!(
                     "the rebalance failed: {}",
                     r.as_ref().err().map(ToString::to_string).unwrap_or_default()
                 );
                 self.event(RebalanceEvent::Lost {
-                    member_id: self.member.member_id.clone(),
+                    member_id: self.owned_in.0.clone(),
                     generation,
                     partitions,
                     reason,
@@ -578,9 +580,9 @@ impl GroupConsumer {
             for (t, p) in &partitions {
                 self.consumer.unassign(t, *p);
             }
-            let generation = self.member.generation;
+            let generation = self.owned_in.1;
             self.event(RebalanceEvent::Revoked {
-                member_id: self.member.member_id.clone(),
+                member_id: self.owned_in.0.clone(),
                 generation,
                 partitions,
             });
@@ -619,9 +621,9 @@ impl GroupConsumer {
                 self.consumer.unassign(t, *p);
                 self.owned.remove(&(t.clone(), *p));
             }
-            let generation = self.member.generation;
+            let generation = self.owned_in.1;
             self.event(RebalanceEvent::Revoked {
-                member_id: self.member.member_id.clone(),
+                member_id: self.owned_in.0.clone(),
                 generation,
                 partitions: revoked.into_iter().collect(),
             });
@@ -664,6 +666,7 @@ impl GroupConsumer {
             });
         }
         self.joined = true;
+        self.owned_in = (self.member.member_id.clone(), self.member.generation);
         self.last_commit = Instant::now();
         let mut s = lock(&self.shared);
         s.member = Some(self.member.clone());

@@ -1,7 +1,8 @@
 //! `ferrolog consume TOPIC --group G`: reads as a member of a consumer
 //! group ([`ferrolog_client::GroupConsumer`]), printing records as `consume`
 //! does and committing the position after each batch it printed. What
-//! happens to the member's partitions goes to stderr, one line each:
+//! happens to the member's partitions goes to stderr as it happens, one
+//! line each:
 //!
 //! ```text
 //! group G: member M generation N assigned t/0,t/3
@@ -19,6 +20,28 @@ use ferrolog_client::{AutoOffsetReset, GroupConsumer, GroupConsumerConfig, Rebal
 
 use crate::consume::{ConsumeArgs, OutputFormat};
 use crate::output::record_json;
+
+/// Prints one rebalance event of `group` on stderr, one line, naming the
+/// member id it happened under.
+fn report(group: &str, e: &RebalanceEvent) {
+    match e {
+        RebalanceEvent::Assigned { member_id: member, generation, partitions: p } => {
+            eprintln!("group {group}: member {member} generation {generation} assigned {}", partitions(p));
+        }
+        RebalanceEvent::Revoked { member_id: member, generation, partitions: p } => {
+            eprintln!("group {group}: member {member} generation {generation} revoked {}", partitions(p));
+        }
+        RebalanceEvent::Lost { member_id: member, generation, partitions: p, reason } => {
+            eprintln!(
+                "group {group}: member {member} generation {generation} lost {}: {reason}",
+                partitions(p)
+            );
+        }
+        RebalanceEvent::CommitRefused { member_id: member, generation, reason } => {
+            eprintln!("group {group}: member {member} commit refused (generation {generation}): {reason}");
+        }
+    }
+}
 
 fn partitions(list: &[(String, u32)]) -> String {
     list.iter().map(|(t, p)| format!("{t}/{p}")).collect::<Vec<_>>().join(",")
@@ -62,41 +85,17 @@ pub async fn run(bootstrap: &str, args: ConsumeArgs) -> anyhow::Result<()> {
     let mut printed = 0u64;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
-    let report = |consumer: &mut GroupConsumer| {
-        for e in consumer.take_events() {
-            match e {
-                RebalanceEvent::Assigned { member_id: member, generation, partitions: p } => {
-                    eprintln!(
-                        "group {group}: member {member} generation {generation} assigned {}",
-                        partitions(&p)
-                    );
-                }
-                RebalanceEvent::Revoked { member_id: member, generation, partitions: p } => {
-                    eprintln!(
-                        "group {group}: member {member} generation {generation} revoked {}",
-                        partitions(&p)
-                    );
-                }
-                RebalanceEvent::Lost { member_id: member, generation, partitions: p, reason } => {
-                    eprintln!(
-                        "group {group}: member {member} generation {generation} lost {}: {reason}",
-                        partitions(&p)
-                    );
-                }
-                RebalanceEvent::CommitRefused { member_id: member, generation, reason } => {
-                    eprintln!(
-                        "group {group}: member {member} commit refused (generation {generation}): {reason}"
-                    );
-                }
-            }
-        }
-    };
+    // Each event printed as it happens (a revocation before the rejoin
+    // that follows it, however long that takes), not when the poll returns.
+    let listening = group.clone();
+    consumer.on_rebalance(move |e| report(&listening, e));
     while printed < max {
         let polled = tokio::select! {
             r = consumer.poll(Duration::from_millis(500)) => r,
             _ = &mut ctrl_c => break,
         };
-        report(&mut consumer);
+        // Printed by the listener already.
+        consumer.take_events();
         let records = polled.with_context(|| format!("reading {} in group {group}", args.topic))?;
         if records.is_empty() {
             continue;
@@ -125,7 +124,7 @@ pub async fn run(bootstrap: &str, args: ConsumeArgs) -> anyhow::Result<()> {
         if let Err(e) = consumer.commit().await {
             eprintln!("warning: group {group}: commit: {e}");
         }
-        report(&mut consumer);
+        consumer.take_events();
     }
     let member = consumer.member().member_id.clone();
     consumer.close().await.context("leaving the group")?;

@@ -1730,13 +1730,22 @@ impl GroupMember {
             .collect()
     }
 
+    /// This member's complete stderr lines from byte `from` on (a line
+    /// still being written is left out).
+    fn lines_from(&self, from: usize) -> Vec<String> {
+        let text = self.stderr();
+        let complete = &text[..text.rfind('\n').map_or(0, |n| n + 1)];
+        complete.get(from..).unwrap_or_default().lines().map(str::to_owned).collect()
+    }
+
     /// The partitions this member holds now, as (member id, generation,
     /// partitions): its last `assigned` line, unless a `revoked` or `lost`
-    /// line came after it (it is rebalancing). For the eager assignors,
-    /// whose `assigned` lines each name the whole assignment.
+    /// line came after it (the CLI prints each as it happens: a member
+    /// that is rebalancing has printed its revocation). For the eager
+    /// assignors, whose `assigned` lines each name the whole assignment.
     fn held(&self) -> Option<(String, i32, Vec<String>)> {
         let mut held = None;
-        for line in self.stderr().lines() {
+        for line in self.lines_from(0) {
             let w: Vec<&str> = line.split_whitespace().collect();
             if w.len() < 7 || w[2] != "member" || w[4] != "generation" {
                 continue;
@@ -1757,7 +1766,10 @@ impl GroupMember {
     }
 
     /// Waits (up to 60 s) until `members` hold the six partitions of
-    /// `orders` between them, all in one generation.
+    /// `orders` between them, all in one generation, and the coordinator
+    /// describes group `g` as stable in that generation with just them
+    /// (not a rebalance under way that a member has not noticed yet).
+    /// Every member must hold some partition.
     fn wait_for_one_generation(c: &Brokers, members: &[&GroupMember]) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -1765,18 +1777,31 @@ impl GroupMember {
             let gens: std::collections::BTreeSet<i32> = held.iter().flatten().map(|a| a.1).collect();
             let parts: std::collections::BTreeSet<&String> =
                 held.iter().flatten().flat_map(|a| &a.2).collect();
-            if held.iter().all(Option::is_some) && gens.len() == 1 && parts.len() == 6 {
-                return;
+            if held.iter().all(Option::is_some)
+                && gens.len() == 1
+                && parts.len() == 6
+                && let Some(generation) = gens.first()
+            {
+                let described = c.run(&["group", "describe", "g"], None);
+                let stable = format!("Stable, generation {generation}, {} members", members.len());
+                if String::from_utf8_lossy(&described.stdout).contains(&stable) {
+                    return;
+                }
             }
-            assert!(Instant::now() < deadline, "no stable generation: {held:?}\n{}", c.logs());
+            assert!(
+                Instant::now() < deadline,
+                "no stable generation: {held:?}\n{}\n{}",
+                members.iter().map(|m| m.stderr()).collect::<Vec<_>>().join("\n"),
+                c.logs()
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
     }
 
     /// (member id, generation, partitions) of each `assigned` line.
     fn assignments(&self) -> Vec<(String, i32, Vec<String>)> {
-        self.stderr()
-            .lines()
+        self.lines_from(0)
+            .iter()
             .filter_map(|l| {
                 let w: Vec<&str> = l.split_whitespace().collect();
                 (w.len() == 8 && w[2] == "member" && w[4] == "generation" && w[6] == "assigned").then(|| {
@@ -1914,6 +1939,7 @@ fn group_members_share_partitions_through_a_kill_a_pause_and_a_coordinator_kill(
     // would have revoked them already, and have nothing to lose).
     GroupMember::wait_for_one_generation(&c, &members[1..].iter().collect::<Vec<_>>());
     let before_pause = members[1].held().expect("m2 holds partitions");
+    let printed_before_pause = members[1].stderr().len();
     signal(&members[1].child, "-STOP");
     std::thread::sleep(Duration::from_millis(4_000));
     signal(&members[1].child, "-CONT");
@@ -1944,9 +1970,24 @@ fn group_members_share_partitions_through_a_kill_a_pause_and_a_coordinator_kill(
         e.to_string().contains("UNKNOWN_MEMBER_ID") || e.to_string().contains("ILLEGAL_GENERATION"),
         "{e}"
     );
+    // After the pause, m2 said so under its old id, then was given
+    // partitions under a new one.
     let m2 = members[1].stderr();
-    assert!(m2.contains("lost") || m2.contains("commit refused"), "m2 did not notice its eviction:\n{m2}");
-    assert!(members[1].assignments().iter().any(|a| a.0 != old_member), "m2 did not rejoin:\n{m2}");
+    let after: Vec<Vec<String>> = members[1]
+        .lines_from(printed_before_pause)
+        .iter()
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect();
+    let noticed = after
+        .iter()
+        .position(|w| {
+            w.len() >= 7 && w[2] == "member" && w[3] == old_member && (w[6] == "lost" || w[4] == "commit")
+        })
+        .unwrap_or_else(|| panic!("m2 did not notice its eviction:\n{m2}"));
+    assert!(
+        after[noticed..].iter().any(|w| w.len() == 8 && w[6] == "assigned" && w[3] != old_member),
+        "m2 did not rejoin under a new member id:\n{m2}"
+    );
 
     // Every acknowledged record was processed by some member.
     let deadline = Instant::now() + Duration::from_secs(60);
