@@ -43,11 +43,10 @@ pub struct PeerUnreachable(pub String);
 /// The futures are boxed so that the node holds its transport as
 /// `Arc<dyn PeerTransport>`: every node's Raft core is then built over
 /// that one type, and the Raft library's generic code is compiled once, in
-/// this crate, whatever transport the broker (or a test) brings. With
-/// `opt-level = 1` for this crate and the storage crate in the workspace's
-/// `[profile.dev]`, debug builds run the Raft core optimized without
-/// optimizing the broker. Each peer request pays one small allocation for
-/// it (the boxed future).
+/// this crate, whatever transport the broker (or a test) brings; debug
+/// builds optimize it there (`opt-level = 1` for this crate in the
+/// workspace's `[profile.dev]`). Each peer request pays one small
+/// allocation for it (the boxed future).
 pub trait PeerTransport: Send + Sync + 'static {
     /// AppendEntries (Raft paper §5.3), also the heartbeat.
     fn append_entries<'a>(

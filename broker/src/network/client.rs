@@ -299,9 +299,9 @@ impl PeerTransport for PeerAddresses {
         chunks: BoxStream<'static, pb::SnapshotChunk>,
         timeout: Duration,
     ) -> BoxFuture<'a, Result<pb::SnapshotResponse, PeerUnreachable>> {
-        let throttle = self.throttle.applies(target).then(|| self.throttle.clone());
-        let req = self.request(throttled(chunks, throttle), timeout);
         Box::pin(async move {
+            let throttle = self.throttle.applies(target).then(|| self.throttle.clone());
+            let req = self.request(throttled(chunks, throttle), timeout);
             Ok(self.client(target, addr)?.install_snapshot(req).await.map_err(unreachable)?.into_inner())
         })
     }
