@@ -107,8 +107,14 @@ impl GroupConsumerConfig {
     }
 }
 
+/// Most events [`GroupConsumer::take_events`] keeps between two calls
+/// when no listener is set; beyond it the oldest are dropped (and counted
+/// in a warning), so a member whose owner never asks does not grow without
+/// bound.
+pub const EVENTS_KEPT_MAX: usize = 1024;
+
 /// What happened to this member's partitions, in order
-/// ([`GroupConsumer::take_events`] and the listener).
+/// ([`GroupConsumer::take_events`], or the listener when one is set).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RebalanceEvent {
     /// Partitions given to this member in `generation`.
@@ -187,7 +193,8 @@ pub struct GroupConsumer {
     shared: Arc<Mutex<Shared>>,
     heartbeat: Option<JoinHandle<()>>,
     last_commit: Instant,
-    events: Vec<RebalanceEvent>,
+    /// Events not yet taken, when no listener is set (at most [`EVENTS_KEPT_MAX`]).
+    events: std::collections::VecDeque<RebalanceEvent>,
     /// In a mutex so the consumer stays `Sync` (its futures `Send`).
     listener: Mutex<Option<Listener>>,
 }
@@ -220,6 +227,16 @@ fn membership_lost(e: &Error) -> bool {
         e.code(),
         Some(ErrorCode::UnknownMemberId | ErrorCode::IllegalGeneration | ErrorCode::FencedInstanceId)
     )
+}
+
+/// Keeps `e` for [`GroupConsumer::take_events`], dropping the oldest
+/// beyond [`EVENTS_KEPT_MAX`].
+fn keep_event(events: &mut std::collections::VecDeque<RebalanceEvent>, e: RebalanceEvent, group: &str) {
+    if events.len() >= EVENTS_KEPT_MAX {
+        events.pop_front();
+        tracing::warn!(group, kept = EVENTS_KEPT_MAX, "rebalance events not taken: dropped the oldest");
+    }
+    events.push_back(e);
 }
 
 impl GroupConsumer {
@@ -261,7 +278,7 @@ impl GroupConsumer {
             shared,
             heartbeat: None,
             last_commit: Instant::now(),
-            events: Vec::new(),
+            events: std::collections::VecDeque::new(),
             listener: Mutex::new(None),
             config,
         };
@@ -270,14 +287,17 @@ impl GroupConsumer {
     }
 
     /// Calls `listener` with every [`RebalanceEvent`] as it happens
-    /// (Kafka's `ConsumerRebalanceListener`), before poll returns.
+    /// (Kafka's `ConsumerRebalanceListener`), before poll returns. From
+    /// then on events go to the listener only, and
+    /// [`GroupConsumer::take_events`] returns those kept before it was set.
     pub fn on_rebalance(&mut self, listener: impl FnMut(&RebalanceEvent) + Send + 'static) {
         *self.listener.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(listener));
     }
 
-    /// The events since the last call.
+    /// The events since the last call, oldest first, while no listener is
+    /// set: at most the newest [`EVENTS_KEPT_MAX`].
     pub fn take_events(&mut self) -> Vec<RebalanceEvent> {
-        std::mem::take(&mut self.events)
+        std::mem::take(&mut self.events).into()
     }
 
     /// This member's id and generation (-1 before it joined).
@@ -294,8 +314,9 @@ impl GroupConsumer {
         tracing::info!(group = %self.config.group_id, "{e:?}");
         if let Some(l) = self.listener.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
             l(&e);
+            return;
         }
-        self.events.push(e);
+        keep_event(&mut self.events, e, &self.config.group_id);
     }
 
     fn cooperative(&self) -> bool {
@@ -638,10 +659,14 @@ impl GroupConsumer {
             let asked: Vec<(String, u32, Option<ferrolog_proto::TopicId>)> =
                 added.iter().map(|(t, p)| (t.clone(), *p, id_of(t))).collect();
             let committed = self.groups.committed_in(&self.config.group_id, &asked).await?;
+            // Every added partition's start decided before any is taken: a
+            // refusal takes none, so a loss that follows names only
+            // partitions an `Assigned` event named before.
+            let mut starts = Vec::with_capacity(added.len());
             for (t, p) in &added {
                 let offset =
                     committed.iter().find(|c| c.topic == *t && c.partition == *p).and_then(|c| c.offset);
-                let from = match (offset, self.config.auto_offset_reset) {
+                starts.push(match (offset, self.config.auto_offset_reset) {
                     (Some(o), _) => Seek::Offset(o),
                     (None, AutoOffsetReset::Earliest) => Seek::Earliest,
                     (None, AutoOffsetReset::Latest) => Seek::Latest,
@@ -651,7 +676,9 @@ impl GroupConsumer {
                             self.config.group_id
                         )));
                     }
-                };
+                });
+            }
+            for ((t, p), from) in added.iter().zip(starts) {
                 self.consumer.seek(t, *p, from);
                 if let (Seek::Offset(_), Some(id)) = (from, id_of(t)) {
                     self.consumer.bind_partition(t, *p, id);
@@ -797,5 +824,44 @@ impl GroupConsumer {
             tracing::debug!(group = %self.config.group_id, "leave: {e}");
         }
         committed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assigned(generation: i32) -> RebalanceEvent {
+        RebalanceEvent::Assigned { member_id: "m".into(), generation, partitions: Vec::new() }
+    }
+
+    #[test]
+    fn events_nobody_takes_stay_bounded_and_the_newest_are_kept() {
+        let mut events = std::collections::VecDeque::new();
+        let total = EVENTS_KEPT_MAX as i32 + 10;
+        for g in 0..total {
+            keep_event(&mut events, assigned(g), "g");
+        }
+        assert_eq!(events.len(), EVENTS_KEPT_MAX);
+        assert_eq!(events.front(), Some(&assigned(10)), "the oldest ten were dropped");
+        assert_eq!(events.back(), Some(&assigned(total - 1)));
+    }
+
+    #[tokio::test]
+    async fn with_a_listener_events_go_to_it_and_are_not_kept() {
+        let meta =
+            MetadataCache::new(crate::ClientConfig::from_list("127.0.0.1:1")).expect("a metadata cache");
+        let mut consumer =
+            GroupConsumer::new(meta, GroupConsumerConfig::new("g"), &["t"]).expect("a group consumer");
+        consumer.event(assigned(1));
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let h = heard.clone();
+        consumer.on_rebalance(move |e| h.lock().expect("lock").push(e.clone()));
+        for g in 2..5 {
+            consumer.event(assigned(g));
+        }
+        assert_eq!(*heard.lock().expect("lock"), vec![assigned(2), assigned(3), assigned(4)]);
+        assert_eq!(consumer.take_events(), vec![assigned(1)], "only the event from before the listener");
+        assert!(consumer.take_events().is_empty());
     }
 }

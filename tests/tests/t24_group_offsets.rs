@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use ferrolog_client::error::ErrorCode;
 use ferrolog_client::group::OffsetToCommit;
-use ferrolog_client::{ClientConfig, Groups, MetadataCache};
+use ferrolog_client::{
+    AutoOffsetReset, ClientConfig, GroupConsumer, GroupConsumerConfig, Groups, MetadataCache, RebalanceEvent,
+};
 use ferrolog_proto::client::{
     DeleteTopicRequest, OffsetCommitPartition, OffsetCommitRequest, ProduceRequest,
 };
@@ -84,6 +86,32 @@ async fn offsets_are_committed_checked_kept_across_a_coordinator_kill_and_never_
     assert_eq!(described.state, "Empty");
     assert_eq!(described.offsets.len(), 3);
     assert!(described.offsets.iter().any(|o| o.metadata == "at 7"), "{described:?}");
+
+    // auto.offset.reset = none: a member given partitions of which one
+    // has no committed offset takes none of them, and reports no loss of
+    // partitions it was never given (orders/0 has an offset in "half",
+    // orders/1 and /2 do not; the member gets all three).
+    assert!(groups.commit("half", &[at("orders", 0, 5)], false).await?[0].1.is_ok());
+    let mut config = GroupConsumerConfig::new("half");
+    config.auto_offset_reset = AutoOffsetReset::None;
+    let mut member = GroupConsumer::new(groups.metadata().clone(), config, &["orders"])?;
+    // (A coordinator still loading may refuse a join first: tried again.)
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let e = member.poll(Duration::from_secs(5)).await.expect_err("no committed offset under reset none");
+        if e.to_string().contains("no committed offset") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never refused for the missing offset: {e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(member.assignment().is_empty(), "{:?}", member.assignment());
+    let events = member.take_events();
+    assert!(
+        !events.iter().any(|e| matches!(e, RebalanceEvent::Lost { .. } | RebalanceEvent::Assigned { .. })),
+        "{events:?}"
+    );
+    drop(member);
 
     // A commit that goes back is refused for that partition only; the
     // others of the same request are committed; with allow_backwards it is taken.

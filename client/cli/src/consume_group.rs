@@ -94,8 +94,6 @@ pub async fn run(bootstrap: &str, args: ConsumeArgs) -> anyhow::Result<()> {
             r = consumer.poll(Duration::from_millis(500)) => r,
             _ = &mut ctrl_c => break,
         };
-        // Printed by the listener already.
-        consumer.take_events();
         let records = polled.with_context(|| format!("reading {} in group {group}", args.topic))?;
         if records.is_empty() {
             continue;
@@ -124,7 +122,6 @@ pub async fn run(bootstrap: &str, args: ConsumeArgs) -> anyhow::Result<()> {
         if let Err(e) = consumer.commit().await {
             eprintln!("warning: group {group}: commit: {e}");
         }
-        consumer.take_events();
     }
     let member = consumer.member().member_id.clone();
     consumer.close().await.context("leaving the group")?;
