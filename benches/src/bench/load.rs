@@ -40,6 +40,11 @@ pub struct ProduceArgs {
     /// Most records sent per second (paced evenly); unlimited when absent.
     #[arg(long)]
     rate: Option<f64>,
+    /// Brokers with `flush = { policy = "interval", interval_ms = N }`
+    /// instead of the default `always`: acknowledged before any fsync, to
+    /// show what the fsyncs on the path cost (not a safe setting).
+    #[arg(long)]
+    flush_interval_ms: Option<u64>,
 }
 
 impl ProduceArgs {
@@ -54,6 +59,7 @@ impl ProduceArgs {
             linger_ms: 2,
             batch_bytes: 256 * 1024,
             rate: None,
+            flush_interval_ms: None,
         }
     }
 
@@ -215,12 +221,30 @@ pub async fn consume(
     Ok((read as f64 / s, read as f64 * record_bytes as f64 / s / 1e6))
 }
 
+/// The 3-broker cluster of `produce` and `consume`: flush = always, or
+/// the interval `a.flush_interval_ms` names (with its config file, kept
+/// while the cluster runs).
+async fn bench_cluster(
+    name: &str,
+    a: &ProduceArgs,
+) -> anyhow::Result<(ferrolog_tests::Cluster, Option<tempfile::TempPath>)> {
+    match a.flush_interval_ms {
+        None => Ok((cluster::start(name).await?, None)),
+        Some(ms) => {
+            println!("brokers acknowledge before any fsync (flush interval {ms} ms)");
+            let config = format!("[storage]\nflush = {{ policy = \"interval\", interval_ms = {ms} }}\n");
+            let (c, path) = cluster::start_configured(name, 3, &config).await?;
+            Ok((c, Some(path)))
+        }
+    }
+}
+
 /// `produce`.
 ///
 /// # Errors
 /// As [`produce`].
 pub async fn produce_only(a: ProduceArgs) -> anyhow::Result<()> {
-    let c = cluster::start("bench-produce").await?;
+    let (c, _config) = bench_cluster("bench-produce", &a).await?;
     let meta = MetadataCache::new(ClientConfig::from_list(&c.bootstrap()))?;
     topic(&meta, "bench", a.partitions).await?;
     produce(&meta, "bench", &a)
@@ -234,7 +258,7 @@ pub async fn produce_only(a: ProduceArgs) -> anyhow::Result<()> {
 /// # Errors
 /// As [`produce`] and [`consume`].
 pub async fn produce_and_consume(a: ProduceArgs) -> anyhow::Result<()> {
-    let c = cluster::start("bench-consume").await?;
+    let (c, _config) = bench_cluster("bench-consume", &a).await?;
     let meta = MetadataCache::new(ClientConfig::from_list(&c.bootstrap()))?;
     topic(&meta, "bench", a.partitions).await?;
     let p = produce(&meta, "bench", &a).await?;
@@ -266,6 +290,7 @@ pub async fn e2e(a: E2eArgs) -> anyhow::Result<()> {
             linger_ms: 2,
             batch_bytes: 256 * 1024,
             rate: None,
+            flush_interval_ms: None,
         };
         let p = produce(&meta, &name, &args).await?;
         let (rps, mbps) = consume(&meta, &name, p.records, bytes).await?;
