@@ -108,8 +108,8 @@ impl GroupConsumerConfig {
 }
 
 /// Most events [`GroupConsumer::take_events`] keeps between two calls
-/// when no listener is set; beyond it the oldest are dropped (and counted
-/// in a warning), so a member whose owner never asks does not grow without
+/// when no listener is set; beyond it the oldest are dropped (a warning
+/// each time), so a member whose owner never asks does not grow without
 /// bound.
 pub const EVENTS_KEPT_MAX: usize = 1024;
 

@@ -77,7 +77,9 @@ pub use consumer::{Consumer, ConsumerConfig, OnTopicRecreated, Seek, TopicRestar
 pub use error::{Error, Result};
 pub use ferrolog_proto::TopicId;
 pub use group::Groups;
-pub use group_consumer::{AutoOffsetReset, GroupConsumer, GroupConsumerConfig, RebalanceEvent};
+pub use group_consumer::{
+    AutoOffsetReset, EVENTS_KEPT_MAX, GroupConsumer, GroupConsumerConfig, RebalanceEvent,
+};
 pub use metadata::{ClientConfig, MetadataCache};
 pub use producer::{Delivery, Producer, ProducerConfig};
 pub use record::{ConsumerRecord, Header, Record, RecordMetadata};

@@ -42,8 +42,9 @@ pub struct ProduceArgs {
     rate: Option<f64>,
     /// Brokers with `flush = { policy = "interval", interval_ms = N }`
     /// instead of the default `always`: acknowledged before any fsync, to
-    /// show what the fsyncs on the path cost (not a safe setting).
-    #[arg(long)]
+    /// show what the fsyncs on the path cost (not a safe setting); at
+    /// least 1.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     flush_interval_ms: Option<u64>,
 }
 
