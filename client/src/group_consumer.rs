@@ -528,6 +528,16 @@ impl GroupConsumer {
         }
     }
 
+    /// Stops reading every owned partition and returns them: this member
+    /// owns nothing afterwards.
+    fn give_up_all(&mut self) -> Vec<TopicPartition> {
+        let partitions: Vec<TopicPartition> = std::mem::take(&mut self.owned).into_iter().collect();
+        for (t, p) in &partitions {
+            self.consumer.unassign(t, *p);
+        }
+        partitions
+    }
+
     /// Gives every partition up without a rebalance: the membership is
     /// gone. A commit is still tried first: the coordinator refuses it
     /// unless this member's generation is still current.
@@ -535,17 +545,9 @@ impl GroupConsumer {
         if self.config.enable_auto_commit {
             self.commit_quietly(false).await;
         }
-        let partitions: Vec<TopicPartition> = std::mem::take(&mut self.owned).into_iter().collect();
-        for (t, p) in &partitions {
-            self.consumer.unassign(t, *p);
-        }
-        let generation = self.owned_in.1;
-        self.event(RebalanceEvent::Lost {
-            member_id: self.owned_in.0.clone(),
-            generation,
-            partitions,
-            reason: reason.clone(),
-        });
+        let partitions = self.give_up_all();
+        let (member_id, generation) = self.owned_in.clone();
+        self.event(RebalanceEvent::Lost { member_id, generation, partitions, reason: reason.clone() });
         self.joined = false;
         if reason.contains("FENCED_INSTANCE_ID") {
             return Err(Error::Config(format!(
@@ -571,21 +573,13 @@ impl GroupConsumer {
             // poll joins again (with the same member id).
             lock(&self.shared).member = None;
             if !self.owned.is_empty() {
-                let partitions: Vec<TopicPartition> = std::mem::take(&mut self.owned).into_iter().collect();
-                for (t, p) in &partitions {
-                    self.consumer.unassign(t, *p);
-                }
-                let generation = self.owned_in.1;
+                let partitions = self.give_up_all();
+                let (member_id, generation) = self.owned_in.clone();
                 let reason = format!(
                     "the rebalance failed: {}",
                     r.as_ref().err().map(ToString::to_string).unwrap_or_default()
                 );
-                self.event(RebalanceEvent::Lost {
-                    member_id: self.owned_in.0.clone(),
-                    generation,
-                    partitions,
-                    reason,
-                });
+                self.event(RebalanceEvent::Lost { member_id, generation, partitions, reason });
             }
         }
         r
@@ -597,16 +591,9 @@ impl GroupConsumer {
             self.commit_quietly(false).await;
         }
         if !cooperative && !self.owned.is_empty() {
-            let partitions: Vec<TopicPartition> = std::mem::take(&mut self.owned).into_iter().collect();
-            for (t, p) in &partitions {
-                self.consumer.unassign(t, *p);
-            }
-            let generation = self.owned_in.1;
-            self.event(RebalanceEvent::Revoked {
-                member_id: self.owned_in.0.clone(),
-                generation,
-                partitions,
-            });
+            let partitions = self.give_up_all();
+            let (member_id, generation) = self.owned_in.clone();
+            self.event(RebalanceEvent::Revoked { member_id, generation, partitions });
         }
         lock(&self.shared).member = None;
         let assignment = loop {
@@ -642,9 +629,9 @@ impl GroupConsumer {
                 self.consumer.unassign(t, *p);
                 self.owned.remove(&(t.clone(), *p));
             }
-            let generation = self.owned_in.1;
+            let (member_id, generation) = self.owned_in.clone();
             self.event(RebalanceEvent::Revoked {
-                member_id: self.owned_in.0.clone(),
+                member_id,
                 generation,
                 partitions: revoked.into_iter().collect(),
             });
